@@ -1,0 +1,1 @@
+"""MuJoCo tabletop tasks (gymnasium API) and the robot bridge; imports only `capsules`."""

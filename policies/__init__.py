@@ -1,0 +1,1 @@
+"""VLA flow/diffusion policy and its graph runner; imports only `capsules`."""

@@ -1,0 +1,4 @@
+"""RolloutHost state machine, hand-off channel, episode recorders and the Ray layer.
+
+The only package that imports ray.
+"""
