@@ -1,0 +1,71 @@
+"""Domain errors of the capsule mechanism; each message says what to change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class CapsuleError(Exception):
+    """Base class of every error raised by `capsules`."""
+
+
+class SpecError(CapsuleError, ValueError):
+    """A buffer spec or a component registration is invalid."""
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One difference between a capsule and the arena it is meant for."""
+
+    kind: str  # "fingerprint" or "spec"
+    key: str
+    capsule: str
+    arena: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.key!r}: capsule has {self.capsule}, arena has {self.arena}"
+
+
+class CapsuleMismatchError(CapsuleError):
+    """A capsule does not belong to this arena (specs or fingerprint differ)."""
+
+    def __init__(self, label: str, mismatches: list[Mismatch]):
+        self.mismatches = list(mismatches)
+        lines = "\n".join(f"  - {m}" for m in self.mismatches)
+        super().__init__(
+            f"capsule {label!r} cannot be restored into this arena; "
+            f"{len(self.mismatches)} difference(s):\n{lines}\n"
+            "Restore a capsule taken from components with the same buffer specs, "
+            "weights and code version, or take a new snapshot."
+        )
+
+
+class CapsuleAlignmentError(CapsuleError):
+    """A snapshot was asked for at a step that is not a committed boundary."""
+
+
+class CapsuleFormatError(CapsuleError):
+    """A serialized capsule is truncated, malformed or of another format version."""
+
+
+class CapsuleIntegrityError(CapsuleError):
+    """A capsule's bytes do not match the digests recorded when it was taken."""
+
+    def __init__(self, source: str, bad_keys: list[str]):
+        self.bad_keys = list(bad_keys)
+        super().__init__(
+            f"capsule {source}: digest mismatch in {len(bad_keys)} buffer(s): "
+            f"{', '.join(bad_keys)}. The bytes were changed after the snapshot "
+            "(tampered or corrupted file); take a new snapshot instead."
+        )
+
+
+class CapsuleNotFoundError(CapsuleError, KeyError):
+    """A capsule store has no entry under the requested key."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else "capsule not found"
+
+
+class StoreBudgetError(CapsuleError):
+    """Pinned capsules do not fit the device-tier budget of a capsule store."""

@@ -1,0 +1,32 @@
+"""Test environment: Triton's CPU interpreter without a GPU, headless rendering, no Ray telemetry."""
+
+from __future__ import annotations
+
+import os
+
+# Must be set before any @triton.jit runs (module import time).
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import torch  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "project", deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "project"))
+
+DEVICES = ["cpu", "cuda"] if HAS_CUDA else ["cpu"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
