@@ -1,0 +1,169 @@
+import pytest
+
+from capsules import (
+    CapsuleIntegrityError,
+    CapsuleNotFoundError,
+    CapsuleStore,
+    StoreBudgetError,
+    Tier,
+    restore,
+    snapshot,
+)
+from tests.capsules.fakes import fill_state, make_arena, same_bytes
+
+
+@pytest.fixture
+def arena():
+    arena, _ = make_arena()
+    return arena
+
+
+def _capsules(arena, n):
+    out = []
+    for i in range(n):
+        fill_state(arena, i)
+        out.append(snapshot(arena, label=f"c{i}", step=i))
+    return out
+
+
+def test_put_get_hit_and_miss_with_suggestion(arena):
+    store = CapsuleStore()
+    (cap,) = _capsules(arena, 1)
+    store.put("seed-17", cap)
+    assert store.get("seed-17") is cap
+    with pytest.raises(CapsuleNotFoundError, match="did you mean 'seed-17'"):
+        store.get("seed-71")
+    stats = store.stats()
+    assert stats.hits["device"] == 1 and stats.misses == 1
+    assert stats.bytes["device"] == cap.nbytes and stats.entries["device"] == 1
+
+
+def test_lru_demotes_device_to_host_to_disk(arena, tmp_path):
+    caps = _capsules(arena, 4)
+    size = caps[0].nbytes
+    store = CapsuleStore(device_bytes=2 * size, host_bytes=1 * size, disk_dir=tmp_path)
+    for i, cap in enumerate(caps[:3]):
+        store.put(f"k{i}", cap)
+    assert store.lru_order(Tier.DEVICE) == ["k1", "k2"] and store.tier_of("k0") is Tier.HOST
+    store.get("k1")  # k1 becomes most recent: k2 is now the device LRU
+    store.put("k3", caps[3])
+    assert store.lru_order(Tier.DEVICE) == ["k1", "k3"]
+    assert store.tier_of("k2") is Tier.HOST and store.tier_of("k0") is Tier.DISK
+    assert len(list(tmp_path.glob("*.capsule"))) == 1
+    stats = store.stats()
+    assert stats.evictions["device"] == 2 and stats.evictions["host"] == 1
+
+
+def test_rehydration_from_host_and_disk_is_bit_exact(arena, tmp_path):
+    caps = _capsules(arena, 3)
+    size = caps[0].nbytes
+    store = CapsuleStore(device_bytes=size, host_bytes=size, disk_dir=tmp_path)
+    for i, cap in enumerate(caps):
+        store.put(f"k{i}", cap)
+    assert [store.tier_of(f"k{i}") for i in range(3)] == [Tier.DISK, Tier.HOST, Tier.DEVICE]
+    for i in (1, 0):  # host hit first: promoting k0 later pushes k1 back down
+        got = store.get(f"k{i}")
+        assert store.tier_of(f"k{i}") is Tier.DEVICE
+        restore(arena, got)
+        for k in caps[i].specs:
+            assert same_bytes(arena.buffer(k), caps[i].buffer(k))
+    stats = store.stats()
+    assert stats.hits["disk"] == 1 and stats.hits["host"] == 1 and stats.rehydrations == 2
+
+
+def test_pinned_capsules_are_never_demoted(arena):
+    caps = _capsules(arena, 4)
+    size = caps[0].nbytes
+    store = CapsuleStore(device_bytes=2 * size, host_bytes=size)
+    store.put("eval-0", caps[0], pin=True)
+    for i in range(1, 4):
+        store.put(f"k{i}", caps[i])
+    assert store.tier_of("eval-0") is Tier.DEVICE and store.is_pinned("eval-0")
+    assert store.lru_order(Tier.DEVICE) == ["eval-0", "k3"]
+    assert store.lru_order(Tier.HOST) == ["k2"]
+    assert store.stats().dropped == 1  # no disk tier: the host LRU (k1) was forgotten
+
+
+def test_pin_beyond_device_budget_is_refused(arena):
+    caps = _capsules(arena, 3)
+    size = caps[0].nbytes
+    store = CapsuleStore(device_bytes=2 * size)
+    store.put("a", caps[0], pin=True)
+    store.put("b", caps[1], pin=True)
+    with pytest.raises(StoreBudgetError, match="raise device_bytes or unpin"):
+        store.put("c", caps[2], pin=True)
+    assert "c" not in store
+    store.unpin("a")
+    store.put("c", caps[2], pin=True)
+    assert store.tier_of("a") is Tier.HOST
+
+
+def test_pin_promotes_from_lower_tiers(arena, tmp_path):
+    caps = _capsules(arena, 3)
+    size = caps[0].nbytes
+    store = CapsuleStore(device_bytes=size, host_bytes=0, disk_dir=tmp_path)
+    for i, cap in enumerate(caps):
+        store.put(f"k{i}", cap)
+    assert store.tier_of("k0") is Tier.DISK
+    store.pin("k0")
+    assert store.tier_of("k0") is Tier.DEVICE and store.tier_of("k2") is Tier.DISK
+
+
+def test_store_reopens_its_disk_tier(arena, tmp_path):
+    caps = _capsules(arena, 2)
+    first = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path)
+    first.put("alpha", caps[0])
+    first.put("beta", caps[1])
+    again = CapsuleStore(disk_dir=tmp_path)
+    assert sorted(again.keys()) == ["alpha", "beta"]
+    got = again.get("beta")
+    assert dict(got.digests) == dict(caps[1].digests)
+
+
+def test_corrupt_disk_file_is_refused_and_set_aside(arena, tmp_path):
+    (cap,) = _capsules(arena, 1)
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path)
+    store.put("k", cap)
+    (path,) = tmp_path.glob("*.capsule")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CapsuleIntegrityError):
+        store.get("k")
+    assert "k" not in store
+    assert len(list(tmp_path.glob("*.corrupt"))) == 1
+
+
+def test_disk_budget_drops_least_recent_files(arena, tmp_path):
+    caps = _capsules(arena, 3)
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path)
+    store.put("k0", caps[0])
+    file_size = store.stats().bytes["disk"]
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path, disk_bytes=2 * file_size)
+    store.put("k1", caps[1])
+    store.put("k2", caps[2])
+    assert sorted(store.keys()) == ["k1", "k2"] and len(list(tmp_path.glob("*.capsule"))) == 2
+
+
+def test_replace_and_remove(arena, tmp_path):
+    caps = _capsules(arena, 2)
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path)
+    store.put("k", caps[0])
+    store.put("k", caps[1])
+    assert len(list(tmp_path.glob("*.capsule"))) == 1
+    assert dict(store.get("k").digests) == dict(caps[1].digests)
+    store.remove("k")
+    assert "k" not in store and not list(tmp_path.glob("*.capsule"))
+    assert store.stats().bytes == {"device": 0, "host": 0, "disk": 0}
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="non-negative"):
+        CapsuleStore(device_bytes=-1)
+    with pytest.raises(ValueError, match="disk_dir"):
+        CapsuleStore(disk_bytes=10)
+    store = CapsuleStore()
+    with pytest.raises(ValueError, match="non-empty"):
+        store.put("", None)
+    with pytest.raises(TypeError, match="Capsule"):
+        store.put("k", object())
