@@ -1,0 +1,62 @@
+"""Execution-state capsules: named state buffers, snapshot / restore / fork / time-travel.
+
+Mechanism only: this package copies named buffers and knows nothing of episodes,
+robots or Ray. It imports torch, numpy and (optionally) triton and safetensors.
+"""
+
+from capsules.arena import Arena
+from capsules.buffer_spec import BufferSpec, Role
+from capsules.capsule import Capsule, CapsuleMeta, fork, mismatches, restore, snapshot
+from capsules.capsule_file import capsule_from_bytes, capsule_to_bytes, load_capsule, save_capsule
+from capsules.capsule_store import CapsuleStore, StoreStats, Tier
+from capsules.component import BufferComponent, CapsuleComponent
+from capsules.digest import digest_slab, digest_tensors
+from capsules.errors import (
+    CapsuleAlignmentError,
+    CapsuleError,
+    CapsuleFormatError,
+    CapsuleIntegrityError,
+    CapsuleMismatchError,
+    CapsuleNotFoundError,
+    Mismatch,
+    SpecError,
+    StoreBudgetError,
+)
+from capsules.timeline import Timeline
+from capsules.verify import Steppable, VerifyReport, verify_steppable
+
+__all__ = [
+    "Arena",
+    "BufferComponent",
+    "BufferSpec",
+    "Capsule",
+    "CapsuleAlignmentError",
+    "CapsuleComponent",
+    "CapsuleError",
+    "CapsuleFormatError",
+    "CapsuleIntegrityError",
+    "CapsuleMeta",
+    "CapsuleMismatchError",
+    "CapsuleNotFoundError",
+    "CapsuleStore",
+    "Mismatch",
+    "Role",
+    "SpecError",
+    "Steppable",
+    "StoreBudgetError",
+    "StoreStats",
+    "Tier",
+    "Timeline",
+    "VerifyReport",
+    "capsule_from_bytes",
+    "capsule_to_bytes",
+    "digest_slab",
+    "digest_tensors",
+    "fork",
+    "load_capsule",
+    "mismatches",
+    "restore",
+    "save_capsule",
+    "snapshot",
+    "verify_steppable",
+]
