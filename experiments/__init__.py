@@ -1,0 +1,1 @@
+"""Thin entry points and named configs: `python -m experiments.run NAME [--field value ...]`."""

@@ -1,0 +1,65 @@
+"""Shared pieces of the benchmarks: timing, statistics, machine facts, docs sections."""
+
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds one call of `fn` takes, synchronising CUDA around it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def stats_us(samples: list[float]) -> dict[str, float]:
+    """Median, p10, p90 and p99 of samples given in seconds, in microseconds."""
+    us = sorted(s * 1e6 for s in samples)
+    pick = lambda q: us[min(len(us) - 1, int(q * (len(us) - 1) + 0.5))]  # noqa: E731
+    return {"median": statistics.median(us), "p10": pick(0.10), "p90": pick(0.90), "p99": pick(0.99), "n": len(us)}
+
+
+def machine() -> dict[str, object]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, object] = {
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def update_markdown_section(path: str | Path, name: str, body: str) -> Path:
+    """Replace (or append) the block between `<!-- name:begin -->` and `<!-- name:end -->`."""
+    path = Path(path)
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else ""
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text = text.rstrip() + ("\n\n" if text else "") + block + "\n"
+    path.write_text(text)
+    return path

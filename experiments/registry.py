@@ -1,0 +1,71 @@
+"""Registry of named experiments: name -> default config + runner (imported lazily)."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from experiments.configs import BenchCapsulesConfig, VerifyCapsuleConfig
+from experiments.result import ExperimentResult
+
+
+class UnknownExperimentError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    config: Any  # the default config (a frozen dataclass instance)
+    runner: str  # "module:function"; imported only when the experiment runs
+    summary: str
+
+    def load_runner(self) -> Callable[[Any], ExperimentResult]:
+        module, func = self.runner.split(":")
+        return getattr(importlib.import_module(module), func)
+
+
+_REGISTRY: dict[str, Experiment] = {}
+
+
+def register(experiment: Experiment) -> None:
+    if experiment.name in _REGISTRY:
+        raise ValueError(f"experiment {experiment.name!r} is registered twice")
+    _REGISTRY[experiment.name] = experiment
+
+
+def get(name: str) -> Experiment:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        raise UnknownExperimentError(
+            f"unknown experiment {name!r}; {hint}known: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+register(
+    Experiment(
+        "verify_capsule",
+        VerifyCapsuleConfig(),
+        "experiments.verify_capsule:run",
+        "Bit-exactness report for every capsule-bearing component (exits non-zero if any is not exact).",
+    )
+)
+register(
+    Experiment(
+        "bench_capsules",
+        BenchCapsulesConfig(),
+        "experiments.bench_capsules:run",
+        "Snapshot/restore latency vs a contiguous copy of the same bytes; disk save/load MB/s.",
+    )
+)

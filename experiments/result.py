@@ -1,0 +1,37 @@
+"""What an experiment returns, and the machine-readable summary written by `--json`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ExperimentResult:
+    summary: dict[str, Any] = field(default_factory=dict)  # written to --json PATH
+    exit_code: int = 0  # non-zero: the experiment's check failed
+
+
+def _jsonable(value: Any) -> Any:
+    """Strict JSON: non-finite floats become null, tuples lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_json(path: str | os.PathLike, data: dict[str, Any]) -> Path:
+    """Write `data` as strict JSON, atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path

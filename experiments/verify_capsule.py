@@ -1,0 +1,59 @@
+"""verify_capsule: the bit-exactness report for every capsule-bearing component."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from rich.markup import escape
+from rich.table import Table
+
+from capsules import Steppable, VerifyReport, verify_steppable
+from capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
+from experiments.configs import VerifyCapsuleConfig
+from experiments.console import make_console
+from experiments.result import ExperimentResult
+
+
+def _devices(config: VerifyCapsuleConfig) -> list[str]:
+    has_cuda = torch.cuda.is_available()
+    if config.device == "cuda" and not has_cuda:
+        raise SystemExit("error: --device cuda but no CUDA device is visible; use --device cpu or auto")
+    if config.device == "cpu":
+        return ["cpu"]
+    if config.device == "cuda":
+        return ["cuda"]
+    return ["cpu", "cuda"] if has_cuda else ["cpu"]
+
+
+def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
+    """Factories of every component verified; each later package adds its own here."""
+    found: list[Callable[[], Steppable]] = []
+    for device in _devices(config):
+        found.append(lambda device=device: NoisyChunkSteppable(device))
+    found += [NumpyWalkerSteppable, CombinedStandIn]
+    return found
+
+
+def report_table(reports: list[VerifyReport]) -> Table:
+    table = Table(title="capsule bit-exactness")
+    for col in ("component", "device", "bit_exact", "max_abs_diff", "cosine", "capsule_bytes", "failures"):
+        table.add_column(col)
+    for r in reports:
+        table.add_row(
+            escape(r.name), r.device, "[green]yes[/]" if r.bit_exact else "[red]NO[/]", f"{r.max_abs_diff:.3g}",
+            f"{r.cosine:.6f}", str(r.capsule_bytes), escape("; ".join(r.failures)) or "-",
+        )
+    return table
+
+
+def run(config: VerifyCapsuleConfig) -> ExperimentResult:
+    reports = [verify_steppable(f, steps=config.steps, warmup=config.warmup, seed=config.seed) for f in targets(config)]
+    make_console().print(report_table(reports))
+    all_exact = all(r.bit_exact for r in reports)
+    components = [
+        {k: v for k, v in r.to_json().items() if k in ("name", "bit_exact", "max_abs_diff", "cosine", "capsule_bytes")}
+        | {"device": r.device, "checks": r.checks, "failures": r.failures}
+        for r in reports
+    ]
+    return ExperimentResult({"components": components, "all_bit_exact": all_exact}, exit_code=0 if all_exact else 1)

@@ -1,0 +1,71 @@
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import registry
+from experiments.config_cli import field_docs
+from experiments.run import main, parse
+
+
+def test_usage_lists_every_experiment(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name in registry.names():
+        assert name in out
+
+
+def test_unknown_experiment_suggests_the_closest(capsys):
+    assert main(["verify_capsul"]) == 2
+    assert "did you mean 'verify_capsule'" in capsys.readouterr().err
+
+
+def test_unknown_option_suggests_the_closest(capsys):
+    assert main(["bench_capsules", "--round", "3"]) == 2
+    assert "did you mean --rounds" in capsys.readouterr().err
+    assert main(["verify_capsule", "stray"]) == 2
+    assert "unknown argument 'stray'" in capsys.readouterr().err
+
+
+def test_bad_values_get_clear_errors(capsys):
+    assert main(["verify_capsule", "--steps", "0"]) == 2
+    assert "--steps must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse("verify_capsule", ["--device", "tpu"])
+    assert "'tpu' is not one of" in capsys.readouterr().err
+    assert main(["bench_capsules", "--sizes_kib", "4", "8"]) == 2
+    assert "one buffer count per size" in capsys.readouterr().err
+
+
+def test_every_config_field_is_documented_and_shown_in_help():
+    for name in registry.names():
+        config = registry.get(name).config
+        docs = field_docs(type(config))
+        fields = [f.name for f in dataclasses.fields(config)]
+        assert set(fields) <= set(docs), f"{name}: undocumented fields {set(fields) - set(docs)}"
+        help_text = subprocess.run(
+            [sys.executable, "-m", "experiments.run", name, "--help"], capture_output=True, text=True, check=True
+        ).stdout
+        for field in fields:
+            assert f"--{field}" in help_text
+            assert docs[field].split()[0] in help_text
+        assert "--json" in help_text
+
+
+def test_values_and_tuples_are_parsed():
+    _, config, json_path = parse(
+        "bench_capsules", ["--sizes_kib", "4", "8", "--buffers", "2", "3", "--quick", "--json", "out.json"]
+    )
+    assert config.sizes_kib == (4, 8) and config.buffers == (2, 3) and config.quick is True
+    assert json_path == "out.json"
+    _, config, _ = parse("bench_capsules", ["--no-quick"])
+    assert config.quick is False
+
+
+def test_json_summary_is_written(tmp_path):
+    out = tmp_path / "sub" / "v.json"
+    assert main(["verify_capsule", "--steps", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["all_bit_exact"] is True

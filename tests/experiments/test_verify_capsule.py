@@ -1,0 +1,32 @@
+import json
+
+from capsules.standins import NoisyChunkSteppable
+from experiments import verify_capsule
+from experiments.run import main
+
+
+def test_report_is_all_bit_exact_with_the_documented_fields(tmp_path):
+    out = tmp_path / "verify.json"
+    assert main(["verify_capsule", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["all_bit_exact"] is True
+    assert len(data["components"]) >= 3
+    for comp in data["components"]:
+        assert {"name", "bit_exact", "max_abs_diff", "cosine", "capsule_bytes"} <= set(comp)
+        assert comp["bit_exact"] is True and comp["max_abs_diff"] == 0.0 and comp["cosine"] == 1.0
+        assert comp["capsule_bytes"] > 0
+
+
+def test_exit_code_is_non_zero_when_a_component_is_not_exact(tmp_path, monkeypatch):
+    class Broken(NoisyChunkSteppable):
+        def __init__(self):
+            super().__init__()
+            self.policy.after_restore = lambda: None
+
+    original = verify_capsule.targets
+    monkeypatch.setattr(verify_capsule, "targets", lambda config: original(config) + [Broken])
+    out = tmp_path / "verify.json"
+    assert main(["verify_capsule", "--json", str(out)]) == 1
+    data = json.loads(out.read_text())
+    assert data["all_bit_exact"] is False
+    assert [c["bit_exact"] for c in data["components"]].count(False) == 1
