@@ -140,7 +140,7 @@ def verify_steppable(
     warm = [a.sample_inputs(gen) for _ in range(boundary)]
     xs = [a.sample_inputs(gen) for _ in range(steps)]
     ys = [a.sample_inputs(gen) for _ in range(steps)]
-    device = str(next(iter(a.arena.buffers().values())).device)
+    device = "+".join(sorted({torch.device(lay.device).type for lay, _ in a.arena.slabs()}))
     report = VerifyReport(a.name, False, math.inf, 0.0, 0, steps=steps, device=device)
     cmp = _Comparison()
     try:

@@ -63,3 +63,4 @@ def test_triton_digest_is_chosen_on_cuda_and_matches_torch():
 def test_cuda_standin_is_bit_exact():
     report = verify_steppable(lambda: NoisyChunkSteppable("cuda"))
     assert report.bit_exact, report.failures
+    assert report.device == "cpu+cuda"  # generator state is a CPU tensor

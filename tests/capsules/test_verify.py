@@ -15,6 +15,7 @@ def test_standins_are_bit_exact_on_every_check():
             "fork_branches_independent", "capsule_untouched", "addresses_static",
         }
         assert report.capsule_bytes > 0
+        assert report.device == "cpu"
 
 
 def test_boundary_is_rounded_up_to_the_chunk_alignment():
