@@ -24,6 +24,7 @@ import torch
 from capsules.arena import Arena
 from capsules.buffer_spec import BufferSpec, Role
 from capsules.component import BufferComponent
+from capsules.rng_state import PCG64_WORDS, pack_pcg64, unpack_pcg64
 
 
 def weights_digest(tensors: Sequence[torch.Tensor]) -> str:
@@ -124,8 +125,7 @@ class NumpyWalkerStandIn(BufferComponent):
             BufferSpec("pos", (n, 3), torch.float64),
             BufferSpec("vel", (n, 3), torch.float32),
             BufferSpec("t", (), torch.int64),
-            # PCG64 state: state (lo, hi), increment (lo, hi), has_uint32, uinteger
-            BufferSpec("rng", (6,), torch.int64),
+            BufferSpec("rng", (PCG64_WORDS,), torch.int64),
             BufferSpec("force", (n, 3), torch.float64, role=Role.IO),
         ]
 
@@ -139,19 +139,10 @@ class NumpyWalkerStandIn(BufferComponent):
         self.force = buffers["force"].numpy()
 
     def before_snapshot(self) -> None:
-        st = self.rng.bit_generator.state
-        mask = (1 << 64) - 1
-        s, inc = st["state"]["state"], st["state"]["inc"]
-        self.rng_words[:] = [s & mask, s >> 64, inc & mask, inc >> 64, st["has_uint32"], st["uinteger"]]
+        pack_pcg64(self.rng, self.rng_words)
 
     def after_restore(self) -> None:
-        w = [int(x) for x in self.rng_words]
-        self.rng.bit_generator.state = {
-            "bit_generator": "PCG64",
-            "state": {"state": w[0] | (w[1] << 64), "inc": w[2] | (w[3] << 64)},
-            "has_uint32": w[4],
-            "uinteger": w[5],
-        }
+        unpack_pcg64(self.rng, self.rng_words)
 
     def advance(self, force: np.ndarray) -> np.ndarray:
         """One physics step under `force` (bodies, 3); returns positions (a live view)."""
