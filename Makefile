@@ -13,7 +13,6 @@ DEMO_OUT ?= runs/demo
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-export MUJOCO_GL ?= egl
 export RAY_USAGE_STATS_ENABLED ?= 0
 export PYTHONUNBUFFERED ?= 1
 

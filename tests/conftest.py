@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 
-# Must be set before any @triton.jit runs (module import time).
-os.environ.setdefault("MUJOCO_GL", "egl")
+# MUJOCO_GL is left to envs.gl_backend (the same path users take).
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
+if not HAS_CUDA:  # before any @triton.jit runs (module import time)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
