@@ -1,0 +1,211 @@
+"""`Episode` (time-major step arrays + metadata), its validation, and `EpisodeBuilder`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from rollout import episode_schema as S
+
+
+class EpisodeError(ValueError):
+    """An episode does not follow the schema; the message lists every problem."""
+
+
+@dataclass(frozen=True)
+class EpisodeMeta:
+    episode_id: str
+    seed: int
+    task: str
+    instruction: str
+    success: bool
+    stop_reason: str
+    length: int
+    initial_capsule_id: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Episode:
+    steps: dict[str, np.ndarray]  # time-major, see rollout.episode_schema
+    meta: EpisodeMeta
+    extra: dict = field(default_factory=dict)  # not persisted
+
+    @property
+    def length(self) -> int:
+        return self.meta.length
+
+    @property
+    def image_keys(self) -> list[str]:
+        return sorted(k for k in self.steps if k.startswith(S.IMAGE_PREFIX))
+
+
+def validate_episode(episode: Episode, *, expect_keys: Mapping[str, tuple] | None = None) -> Episode:
+    """Check every field against the schema; returns the episode with arrays in schema dtypes.
+
+    `expect_keys` (key -> per-step shape), when given, is what a store already holds:
+    the episode must have exactly those keys and shapes.
+    """
+    problems: list[str] = []
+    meta = episode.meta
+    steps: dict[str, np.ndarray] = {}
+    required = set(S.STEP_FIELDS)
+    missing = sorted(required - set(episode.steps))
+    if missing:
+        problems.append(f"missing step fields {missing}")
+    for key, value in episode.steps.items():
+        try:
+            rule = S.step_field(key)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        arr = np.asarray(value)
+        if rule is S.IMAGE_FIELD and arr.dtype != np.uint8:
+            problems.append(f"{key}: images must be uint8 (H, W, 3), got {arr.dtype}")
+            continue
+        if not np.can_cast(arr.dtype, rule.dtype, casting="same_kind") or (
+            rule.dtype.kind in "iub" and arr.dtype.kind == "f"
+        ):
+            problems.append(f"{key}: dtype {arr.dtype} cannot be stored as {rule.dtype}")
+            continue
+        if arr.ndim != rule.ndim + 1:
+            problems.append(f"{key}: expected {rule.ndim + 1} dims (T{', ...' * rule.ndim}), got shape {arr.shape}")
+            continue
+        if rule is S.IMAGE_FIELD and arr.shape[-1] != 3:
+            problems.append(f"{key}: images must be (T, H, W, 3), got {arr.shape}")
+            continue
+        arr = arr.astype(rule.dtype, copy=False)
+        if rule.dtype.kind == "f" and not rule.nan_allowed and not np.all(np.isfinite(arr)):
+            bad = np.argwhere(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)).ravel()
+            problems.append(f"{key}: non-finite values at steps {bad[:5].tolist()} (NaN/inf not allowed here)")
+        steps[key] = arr
+    lengths = {k: len(v) for k, v in steps.items()}
+    if len(set(lengths.values())) > 1:
+        problems.append(f"step fields differ in length: {lengths}")
+    length = next(iter(lengths.values()), 0)
+    if length < 1:
+        problems.append("an episode needs at least one step")
+    if meta.length != length and lengths:
+        problems.append(f"meta.length is {meta.length} but the step arrays hold {length} steps")
+    if S.DONE in steps and length and (not steps[S.DONE][-1] or steps[S.DONE][:-1].any()):
+        problems.append("done must be True exactly at the last step")
+    if expect_keys is not None:
+        got = {k: tuple(v.shape[1:]) for k, v in steps.items()}
+        if got != dict(expect_keys):
+            diff = sorted(set(got.items()) ^ set(dict(expect_keys).items()))
+            problems.append(f"step fields/shapes differ from the store's: {diff}")
+    problems += _meta_problems(meta)
+    if problems:
+        raise EpisodeError(
+            f"episode {meta.episode_id!r} is not valid ({len(problems)} problem(s)); nothing was written:\n  - "
+            + "\n  - ".join(problems)
+        )
+    return Episode(steps, meta, episode.extra)
+
+
+def _meta_problems(meta: EpisodeMeta) -> list[str]:
+    problems = []
+    if not meta.episode_id:
+        problems.append("episode_id is empty")
+    for name, dtype in S.EPISODE_FIELDS.items():
+        value = getattr(meta, name)
+        if dtype.kind == "U":
+            if not isinstance(value, str):
+                problems.append(f"{name} must be a str, got {type(value).__name__}")
+            elif len(value) > dtype.itemsize // 4:
+                problems.append(f"{name} is {len(value)} characters; at most {dtype.itemsize // 4} fit")
+    if meta.stop_reason not in S.STOP_REASONS:
+        problems.append(f"stop_reason {meta.stop_reason!r} is not one of {S.STOP_REASONS}")
+    if meta.success and meta.stop_reason != "success" and meta.stop_reason != "operator_end":
+        problems.append(f"success=True needs stop_reason 'success' or 'operator_end', got {meta.stop_reason!r}")
+    return problems
+
+
+class EpisodeBuilder:
+    """Accumulates steps (cheap per step) and produces a validated `Episode`.
+
+    Each `add` checks that step's shapes against the first step and that fields
+    where NaN is not allowed are finite, so a bad step is refused at once.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, list[np.ndarray]] = {}
+        self._shapes: dict[str, tuple] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows.get(S.STATE, []))
+
+    def add(
+        self,
+        *,
+        images: Mapping[str, np.ndarray],
+        state: np.ndarray,
+        action: np.ndarray,
+        reward: float,
+        policy_action: np.ndarray | None = None,
+        value: float = float("nan"),
+        intervention: bool = False,
+        subtask_id: int = 0,
+        timestamp: float | None = None,
+    ) -> None:
+        act = np.asarray(action, dtype=np.float32)
+        row = {
+            S.STATE: np.asarray(state, dtype=np.float32),
+            S.ACTION: act,
+            S.POLICY_ACTION: np.full_like(act, np.nan) if policy_action is None else np.asarray(policy_action, np.float32),
+            S.VALUE: np.float32(value),
+            S.REWARD: np.float32(reward),
+            S.INTERVENTION: np.bool_(intervention),
+            S.SUBTASK_ID: np.int32(subtask_id),
+            S.TIMESTAMP: np.float64(time.time() if timestamp is None else timestamp),
+        }
+        for camera, image in images.items():
+            img = np.asarray(image)
+            if img.dtype != np.uint8:
+                raise EpisodeError(f"image {camera!r} at step {len(self)}: uint8 expected, got {img.dtype}")
+            row[S.IMAGE_PREFIX + camera] = img
+        self._check(row)
+        for key, item in row.items():
+            self._rows.setdefault(key, []).append(item)
+
+    def _check(self, row: dict[str, np.ndarray]) -> None:
+        t = len(self)
+        if self._shapes and set(row) != set(self._shapes):
+            raise EpisodeError(f"step {t} has fields {sorted(row)}, earlier steps had {sorted(self._shapes)}")
+        for key, value in row.items():
+            shape = np.shape(value)
+            if self._shapes and shape != self._shapes[key]:
+                raise EpisodeError(f"{key} at step {t}: shape {shape}, earlier steps had {self._shapes[key]}")
+            rule = S.step_field(key)
+            if rule.dtype.kind == "f" and not rule.nan_allowed and not np.all(np.isfinite(value)):
+                raise EpisodeError(f"{key} at step {t} is not finite ({value}); NaN/inf is not allowed there")
+        if not self._shapes:
+            self._shapes = {k: np.shape(v) for k, v in row.items()}
+
+    def finish(
+        self,
+        *,
+        episode_id: str,
+        seed: int,
+        task: str,
+        instruction: str,
+        success: bool,
+        stop_reason: str,
+        initial_capsule_id: str = "",
+    ) -> Episode:
+        """The recorded episode (validated); the builder is empty afterwards."""
+        if not len(self):
+            raise EpisodeError(f"episode {episode_id!r} has no steps")
+        steps = {k: np.stack(v) for k, v in self._rows.items()}
+        done = np.zeros(len(self), dtype=np.bool_)
+        done[-1] = True
+        steps[S.DONE] = done
+        meta = EpisodeMeta(episode_id, int(seed), task, instruction, bool(success), stop_reason, len(self),
+                           initial_capsule_id)
+        self._rows, self._shapes = {}, {}
+        return validate_episode(Episode(steps, meta))

@@ -1,0 +1,91 @@
+"""Episode schema: every per-step and per-episode field, its dtype and rules, in one place.
+
+Per step (time-major arrays, T = episode length):
+  image_<camera>  (T, H, W, 3) uint8   one per camera
+  state           (T, S) float32       proprio state
+  action          (T, A) float32       the action executed
+  policy_action   (T, A) float32       the chunk element the policy proposed (NaN when none ran)
+  value           (T,)   float32       critic value (NaN when none ran)
+  reward          (T,)   float32
+  done            (T,)   bool          True exactly at the last step
+  intervention    (T,)   bool          a human (or the expert, in sim) acted
+  subtask_id      (T,)   int32
+  timestamp       (T,)   float64       unix seconds
+Per episode: episode_id, seed, task, instruction, success, stop_reason, length,
+initial_capsule_id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+IMAGE_PREFIX = "image_"
+STATE = "state"
+ACTION = "action"
+POLICY_ACTION = "policy_action"
+VALUE = "value"
+REWARD = "reward"
+DONE = "done"
+INTERVENTION = "intervention"
+SUBTASK_ID = "subtask_id"
+TIMESTAMP = "timestamp"
+
+EPISODE_ID = "episode_id"
+SEED = "seed"
+TASK = "task"
+INSTRUCTION = "instruction"
+SUCCESS = "success"
+STOP_REASON = "stop_reason"
+LENGTH = "length"
+INITIAL_CAPSULE_ID = "initial_capsule_id"
+
+STOP_REASONS = ("success", "operator_end", "low_value", "timeout", "safety", "error")
+
+
+@dataclass(frozen=True)
+class StepField:
+    """Rules of one per-step field. `ndim` counts the per-step dims (0 = scalar per step)."""
+
+    dtype: np.dtype
+    ndim: int
+    nan_allowed: bool = False
+
+
+STEP_FIELDS: dict[str, StepField] = {
+    STATE: StepField(np.dtype(np.float32), 1),
+    ACTION: StepField(np.dtype(np.float32), 1),
+    POLICY_ACTION: StepField(np.dtype(np.float32), 1, nan_allowed=True),
+    VALUE: StepField(np.dtype(np.float32), 0, nan_allowed=True),
+    REWARD: StepField(np.dtype(np.float32), 0),
+    DONE: StepField(np.dtype(np.bool_), 0),
+    INTERVENTION: StepField(np.dtype(np.bool_), 0),
+    SUBTASK_ID: StepField(np.dtype(np.int32), 0),
+    TIMESTAMP: StepField(np.dtype(np.float64), 0),
+}
+IMAGE_FIELD = StepField(np.dtype(np.uint8), 3)
+
+# Per-episode fields: fixed-width strings (readable by zarr 2 and numpy without pickle).
+EPISODE_FIELDS: dict[str, np.dtype] = {
+    EPISODE_ID: np.dtype("<U64"),
+    SEED: np.dtype(np.int64),
+    TASK: np.dtype("<U32"),
+    INSTRUCTION: np.dtype("<U256"),
+    SUCCESS: np.dtype(np.bool_),
+    STOP_REASON: np.dtype("<U16"),
+    LENGTH: np.dtype(np.int64),
+    INITIAL_CAPSULE_ID: np.dtype("<U64"),
+}
+
+
+def step_field(key: str) -> StepField:
+    """Rules for a per-step key (images by prefix); a clear error for unknown keys."""
+    if key.startswith(IMAGE_PREFIX) and len(key) > len(IMAGE_PREFIX):
+        return IMAGE_FIELD
+    try:
+        return STEP_FIELDS[key]
+    except KeyError:
+        raise ValueError(
+            f"unknown step field {key!r}; fields are {sorted(STEP_FIELDS)} and image_<camera>"
+        ) from None

@@ -1,0 +1,97 @@
+"""`ZarrEpisodeReader`: complete episodes of a zarr store, and random windows for training."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from rollout import episode_schema as S
+from rollout.episode import Episode, EpisodeMeta
+from rollout.zarr_recorder import ENDS, committed_episodes
+
+
+class ZarrEpisodeReader:
+    """Read-only view of the complete episodes (an uncommitted tail is ignored, not repaired)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        if not (self.path / ".zgroup").exists():
+            raise FileNotFoundError(f"{self.path} is not a zarr store (no .zgroup)")
+        root = zarr.open_group(str(self.path), mode="r")
+        self._data = dict(root["data"].arrays()) if "data" in root else {}
+        meta = root["meta"]
+        self._meta = {name: meta[name] for name in S.EPISODE_FIELDS if name in meta}
+        ends = meta[ENDS][:]
+        n = committed_episodes(ends, [a.shape[0] for a in self._data.values()] or [0],
+                               [a.shape[0] for a in self._meta.values()])
+        self.ends = ends[:n].astype(np.int64) if self._data else ends[:0].astype(np.int64)
+        self.starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)
+        self._meta_cache = {name: array[: len(self.ends)] for name, array in self._meta.items()}
+        self._loaded: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(self._data)
+
+    @property
+    def episode_ids(self) -> list[str]:
+        return [str(x) for x in self._meta_cache.get(S.EPISODE_ID, [])]
+
+    def meta(self, index: int) -> EpisodeMeta:
+        i = self._index(index)
+        fields = {}
+        for name, dtype in S.EPISODE_FIELDS.items():
+            value = self._meta_cache[name][i]
+            fields[name] = str(value) if dtype.kind == "U" else value.item()
+        return EpisodeMeta(**fields)
+
+    def episode(self, index: int, keys: Sequence[str] | None = None) -> Episode:
+        i = self._index(index)
+        lo, hi = int(self.starts[i]), int(self.ends[i])
+        steps = {k: (self._loaded[k][lo:hi] if k in self._loaded else self._data[k][lo:hi]) for k in (keys or self._data)}
+        return Episode(steps, self.meta(i))
+
+    def episodes(self, keys: Sequence[str] | None = None) -> Iterator[Episode]:
+        for i in range(len(self)):
+            yield self.episode(i, keys)
+
+    def load(self, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Whole arrays of the complete episodes, in memory (cached)."""
+        for k in keys or self._data:
+            if k not in self._loaded:
+                self._loaded[k] = self._data[k][: self.n_steps]
+        return {k: self._loaded[k] for k in (keys or self._data)}
+
+    def sample(
+        self, batch: int, horizon: int, rng: np.random.Generator, keys: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """`batch` windows of `horizon` steps, each inside one episode; a window that runs
+        past its episode's end repeats the last step. Returns (batch, horizon, ...) arrays
+        plus `episode_index` (batch,) and `t` (batch,) of each window's first step."""
+        if not len(self):
+            raise ValueError(f"{self.path} holds no complete episode to sample from")
+        arrays = self.load(keys)
+        ep = rng.integers(0, len(self), size=batch)
+        start, end = self.starts[ep], self.ends[ep]
+        t0 = start + (rng.random(batch) * (end - start)).astype(np.int64)
+        idx = np.minimum(t0[:, None] + np.arange(horizon)[None, :], (end - 1)[:, None])
+        out = {k: v[idx] for k, v in arrays.items()}
+        out["episode_index"] = ep
+        out["t"] = t0 - start
+        return out
+
+    def _index(self, index: int) -> int:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"episode {index} out of range: the store holds {len(self)} complete episodes")
+        return index % len(self)

@@ -1,0 +1,219 @@
+"""`ZarrRecorder`: episodes appended to one zarr store, off the caller's thread, crash-safe.
+
+Layout (zarr format 2, diffusion_policy's replay-buffer layout): `data/<key>`
+time-major arrays of all steps, `meta/episode_ends` (int64, cumulative step counts)
+and flat per-episode arrays `meta/<field>` (see `rollout.episode_schema`).
+
+Commit protocol: an episode's data arrays are written first, then its metadata,
+and `meta/episode_ends` last; an episode exists only once its end is there. Every
+key zarr writes goes to a temp file that is renamed into place, so a killed writer
+leaves at most an uncommitted tail, which reopening the store truncates. Readers
+only ever see complete episodes.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import zarr
+
+from rollout import episode_schema as S
+from rollout.episode import Episode, EpisodeError, validate_episode
+
+ENDS = "episode_ends"
+IMAGE_CHUNK_BYTES = 1 << 20  # about 85 frames of 64x64x3 per chunk
+LOWDIM_CHUNK_STEPS = 4096
+META_CHUNK = 1024
+
+
+class RecorderError(RuntimeError):
+    """The writer thread failed; episodes committed before the failure are intact."""
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    episodes: int  # complete episodes in the store
+    dropped_steps: int  # uncommitted steps truncated from data arrays
+    dropped_meta: int  # uncommitted per-episode entries truncated
+    partial_files: int  # leftover temp files removed
+
+
+def committed_episodes(ends: np.ndarray, data_lengths: list[int], meta_lengths: list[int]) -> int:
+    """How many leading episodes are complete: increasing ends backed by data and metadata."""
+    limit = min(data_lengths, default=0)
+    n, prev = 0, 0
+    for end in ends:
+        if end <= prev or end > limit:
+            break
+        n, prev = n + 1, int(end)
+    return min([n, *meta_lengths])
+
+
+def _compressor(dtype: np.dtype) -> numcodecs.abc.Codec:
+    shuffle = numcodecs.Blosc.NOSHUFFLE if dtype.itemsize == 1 else numcodecs.Blosc.SHUFFLE
+    return numcodecs.Blosc(cname="zstd", clevel=3, shuffle=shuffle)
+
+
+class ZarrRecorder:
+    """Appends validated episodes on a writer thread; `flush()` waits for them.
+
+    Validation (schema, shapes against the store, duplicate ids) happens in the
+    caller, so a bad episode raises at once and never reaches the store.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, max_pending: int = 256) -> None:
+        self.path = Path(path)
+        self.root = zarr.open_group(str(self.path), mode="a", zarr_format=2)
+        self._data = self.root.require_group("data")
+        self._meta = self.root.require_group("meta")
+        if ENDS not in self._meta:
+            self._meta.create_array(ENDS, shape=(0,), chunks=(LOWDIM_CHUNK_STEPS,), dtype=np.int64,
+                                    compressors=None, fill_value=0)
+        self.repair_report = self._repair()
+        self._n_episodes = self.repair_report.episodes
+        self._n_steps = int(self._meta[ENDS][self._n_episodes - 1]) if self._n_episodes else 0
+        self._keys: dict[str, tuple] | None = (
+            {k: tuple(a.shape[1:]) for k, a in self._data.arrays()} if self._n_episodes else None
+        )
+        ids = self._meta[S.EPISODE_ID][: self._n_episodes] if S.EPISODE_ID in self._meta else []
+        self._ids: set[str] = {str(i) for i in ids}
+        self._queue: queue.Queue[Episode | None] = queue.Queue(maxsize=max_pending)
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"zarr-writer:{self.path.name}", daemon=True)
+        self._thread.start()
+
+    # -- caller side --------------------------------------------------------------
+    def write(self, episode: Episode) -> None:
+        """Validate and enqueue; returns without waiting for the disk."""
+        self._raise_if_failed()
+        if self._closed:
+            raise RecorderError("the recorder is closed")
+        episode = validate_episode(episode, expect_keys=self._keys)
+        if episode.meta.episode_id in self._ids:
+            raise EpisodeError(f"episode {episode.meta.episode_id!r} is already in {self.path}; ids are unique")
+        if self._keys is None:
+            self._keys = {k: tuple(v.shape[1:]) for k, v in episode.steps.items()}
+        self._ids.add(episode.meta.episode_id)
+        self._queue.put(episode)
+
+    def flush(self) -> None:
+        """Wait until every enqueued episode is committed (or the writer failed)."""
+        self._queue.join()
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+        self._raise_if_failed()
+
+    def __enter__(self) -> ZarrRecorder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __contains__(self, episode_id: str) -> bool:
+        return episode_id in self._ids
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def committed(self) -> int:
+        """Episodes whose `episode_ends` entry is written."""
+        return self._n_episodes
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RecorderError(
+                f"writing to {self.path} failed ({type(self._error).__name__}: {self._error}); "
+                f"the {self._n_episodes} episodes committed before are intact"
+            ) from self._error
+
+    # -- writer thread ------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            episode = self._queue.get()
+            try:
+                if episode is None:
+                    return
+                if self._error is None:
+                    self._append(episode)
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                self._error = exc
+                try:
+                    self._repair()  # drop this episode's uncommitted tail
+                except Exception:  # noqa: BLE001 - reopening repairs as well
+                    pass
+            finally:
+                self._queue.task_done()
+
+    def _append(self, episode: Episode) -> None:
+        start, length = self._n_steps, episode.length
+        for key, values in episode.steps.items():
+            array = self._data[key] if key in self._data else self._create_data_array(key, values)
+            array.resize((start + length, *array.shape[1:]))
+            array[start : start + length] = values
+        n = self._n_episodes
+        for name, dtype in S.EPISODE_FIELDS.items():
+            if name not in self._meta:
+                fill = "" if dtype.kind == "U" else 0
+                self._meta.create_array(name, shape=(0,), chunks=(META_CHUNK,), dtype=dtype, fill_value=fill,
+                                        compressors=_compressor(dtype))
+            array = self._meta[name]
+            array.resize((n + 1,))
+            array[n] = getattr(episode.meta, name)
+        self._commit(n, start + length)
+        self._n_episodes, self._n_steps = n + 1, start + length
+
+    def _commit(self, index: int, end: int) -> None:
+        """Write episode `index`'s end: the moment it becomes part of the store."""
+        ends = self._meta[ENDS]
+        ends.resize((index + 1,))
+        ends[index] = end
+
+    def _create_data_array(self, key: str, values: np.ndarray):
+        row_bytes = values[0].nbytes if len(values) else 1
+        if key.startswith(S.IMAGE_PREFIX):
+            chunk = int(np.clip(IMAGE_CHUNK_BYTES // max(row_bytes, 1), 1, 1024))
+        else:
+            chunk = LOWDIM_CHUNK_STEPS
+        shape = (0, *values.shape[1:])
+        return self._data.create_array(key, shape=shape, chunks=(chunk, *values.shape[1:]), dtype=values.dtype,
+                                       fill_value=0, compressors=_compressor(values.dtype))
+
+    def _repair(self) -> RepairReport:
+        """Truncate whatever the last committed `episode_ends` entry does not cover."""
+        ends_array = self._meta[ENDS]
+        ends = ends_array[:]
+        data = dict(self._data.arrays())
+        meta = {name: self._meta[name] for name in S.EPISODE_FIELDS if name in self._meta}
+        n = committed_episodes(ends, [a.shape[0] for a in data.values()] or [0], [a.shape[0] for a in meta.values()])
+        if not data:
+            n = 0
+        n_steps = int(ends[n - 1]) if n else 0
+        dropped_steps = max((a.shape[0] - n_steps for a in data.values()), default=0)
+        dropped_meta = max((a.shape[0] - n for a in meta.values()), default=0)
+        for array in data.values():
+            if array.shape[0] != n_steps:
+                array.resize((n_steps, *array.shape[1:]))
+        for array in meta.values():
+            if array.shape[0] != n:
+                array.resize((n,))
+        if ends_array.shape[0] != n:
+            ends_array.resize((n,))
+        partial = list(self.path.rglob("*.partial"))
+        for p in partial:
+            p.unlink(missing_ok=True)
+        return RepairReport(n, dropped_steps, dropped_meta, len(partial))

@@ -1,0 +1,77 @@
+import numpy as np
+import pytest
+
+from rollout import episode_schema as S
+from rollout.episode import Episode, EpisodeBuilder, EpisodeError, validate_episode
+from tests.rollout.fakes import fake_episode
+
+
+def test_builder_produces_schema_dtypes_and_done_at_the_end():
+    ep = fake_episode(3, length=5, cameras=("front", "top"))
+    assert ep.length == 5 and ep.image_keys == ["image_front", "image_top"]
+    for key, rule in S.STEP_FIELDS.items():
+        assert ep.steps[key].dtype == rule.dtype and ep.steps[key].shape[0] == 5
+    assert ep.steps[S.DONE].tolist() == [False] * 4 + [True]
+    assert np.isnan(ep.steps[S.POLICY_ACTION][0]).all() and not np.isnan(ep.steps[S.POLICY_ACTION][1]).any()
+
+
+def _add(builder, **overrides):
+    args = dict(images={"front": np.zeros((4, 4, 3), np.uint8)}, state=np.zeros(3), action=np.zeros(2), reward=-1.0)
+    args.update(overrides)
+    builder.add(**args)
+
+
+def test_bad_steps_are_refused_at_once_and_earlier_steps_kept():
+    b = EpisodeBuilder()
+    _add(b)
+    with pytest.raises(EpisodeError, match="state at step 1 is not finite"):
+        _add(b, state=np.array([0.0, np.nan, 0.0]))
+    with pytest.raises(EpisodeError, match="uint8 expected"):
+        _add(b, images={"front": np.zeros((4, 4, 3), np.float32)})
+    with pytest.raises(EpisodeError, match="action at step 1: shape"):
+        _add(b, action=np.zeros(3))
+    with pytest.raises(EpisodeError, match="fields"):
+        _add(b, images={})
+    _add(b, value=float("nan"), policy_action=np.full(2, np.nan))  # NaN allowed there
+    assert len(b) == 2
+
+
+@pytest.mark.parametrize(
+    "meta_change, fragment",
+    [
+        (dict(stop_reason="bored"), "stop_reason 'bored'"),
+        (dict(success=True, stop_reason="timeout"), "success=True needs"),
+        (dict(instruction="x" * 300), "at most 256"),
+        (dict(episode_id=""), "episode_id is empty"),
+    ],
+)
+def test_bad_metadata_is_refused(meta_change, fragment):
+    b = EpisodeBuilder()
+    _add(b)
+    args = dict(episode_id="e", seed=0, task="t", instruction="i", success=False, stop_reason="timeout")
+    args.update(meta_change)
+    with pytest.raises(EpisodeError, match=fragment):
+        b.finish(**args)
+
+
+def test_validate_lists_every_problem():
+    ep = fake_episode(0, length=4)
+    steps = dict(ep.steps)
+    steps[S.STATE] = steps[S.STATE][:3]
+    steps[S.REWARD] = np.array([0, np.inf, 0, 0], np.float32)
+    del steps[S.TIMESTAMP]
+    steps["velocity"] = np.zeros((4, 2))
+    with pytest.raises(EpisodeError) as err:
+        validate_episode(Episode(steps, ep.meta))
+    text = str(err.value)
+    for fragment in ("missing step fields ['timestamp']", "reward: non-finite", "unknown step field 'velocity'", "differ in length"):
+        assert fragment in text
+
+
+def test_store_shapes_must_match():
+    ep = fake_episode(0)
+    shapes = {k: v.shape[1:] for k, v in ep.steps.items()}
+    validate_episode(ep, expect_keys=shapes)
+    shapes["image_front"] = (32, 32, 3)
+    with pytest.raises(EpisodeError, match="differ from the store"):
+        validate_episode(ep, expect_keys=shapes)

@@ -1,0 +1,200 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rollout import episode_schema as S
+from rollout.episode import Episode, EpisodeError
+from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.zarr_recorder import RecorderError, ZarrRecorder
+from tests.rollout.fakes import assert_same_episode, fake_episode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_round_trip_and_reader_api(tmp_path):
+    path = tmp_path / "store.zarr"
+    eps = [fake_episode(i, length=5 + i, cameras=("front", "top")) for i in range(4)]
+    with ZarrRecorder(path) as rec:
+        for ep in eps:
+            rec.write(ep)
+    reader = ZarrEpisodeReader(path)
+    assert len(reader) == 4 and reader.episode_ids == [e.meta.episode_id for e in eps]
+    assert reader.ends.tolist() == np.cumsum([e.length for e in eps]).tolist()
+    for i, ep in enumerate(eps):
+        assert_same_episode(reader.episode(i), ep)
+    assert [e.meta for e in reader.episodes()] == [e.meta for e in eps]
+    with pytest.raises(IndexError, match="holds 4"):
+        reader.episode(4)
+
+
+def test_reopen_appends_and_ids_stay_unique(tmp_path):
+    path = tmp_path / "store.zarr"
+    with ZarrRecorder(path) as rec:
+        rec.write(fake_episode(0))
+    with ZarrRecorder(path) as rec:
+        assert rec.committed == 1 and "ep-00000" in rec
+        with pytest.raises(EpisodeError, match="already in"):
+            rec.write(fake_episode(0))
+        rec.write(fake_episode(1))
+    assert ZarrEpisodeReader(path).episode_ids == ["ep-00000", "ep-00001"]
+
+
+def test_bad_episodes_raise_in_the_caller_and_the_store_stays_valid(tmp_path):
+    path = tmp_path / "store.zarr"
+    with ZarrRecorder(path) as rec:
+        rec.write(fake_episode(0, image_size=16))
+        with pytest.raises(EpisodeError, match="differ from the store"):
+            rec.write(fake_episode(1, image_size=32))
+        good = fake_episode(2)
+        steps = dict(good.steps)
+        steps[S.ACTION] = steps[S.ACTION].copy()
+        steps[S.ACTION][3, 1] = np.nan
+        with pytest.raises(EpisodeError, match="action: non-finite values at steps \\[3\\]"):
+            rec.write(Episode(steps, good.meta))
+        rec.write(fake_episode(3))
+    reader = ZarrEpisodeReader(path)
+    assert reader.episode_ids == ["ep-00000", "ep-00003"]
+
+
+def test_writes_do_not_wait_for_the_disk(tmp_path, monkeypatch):
+    rec = ZarrRecorder(tmp_path / "store.zarr")
+    gate = __import__("threading").Event()
+    original = rec._append
+    monkeypatch.setattr(rec, "_append", lambda ep: (gate.wait(), original(ep)))
+    for i in range(3):
+        rec.write(fake_episode(i))  # returns although the writer is blocked
+    assert rec.committed == 0 and ZarrEpisodeReader(tmp_path / "store.zarr").episode_ids == []
+    gate.set()
+    rec.close()
+    assert rec.committed == 3
+
+
+def test_a_writer_failure_is_reported_and_committed_episodes_survive(tmp_path, monkeypatch):
+    path = tmp_path / "store.zarr"
+    rec = ZarrRecorder(path)
+    rec.write(fake_episode(0))
+    rec.flush()
+
+    def full_disk(self, index, end):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ZarrRecorder, "_commit", full_disk)
+    rec.write(fake_episode(1))
+    with pytest.raises(RecorderError, match="disk full.*1 episodes committed before are intact"):
+        rec.flush()
+    with pytest.raises(RecorderError):
+        rec.write(fake_episode(2))
+    monkeypatch.undo()
+    reopened = ZarrRecorder(path)
+    assert reopened.committed == 1
+    reopened.close()
+    reader = ZarrEpisodeReader(path)
+    assert reader.episode_ids == ["ep-00000"] and reader.n_steps == fake_episode(0).length
+    assert all(a.shape[0] == reader.n_steps for a in reader._data.values())
+
+
+def _child(path, *args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(ROOT / "tests/rollout/crash_writer.py"), str(path), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def _check_intact(path):
+    reader = ZarrEpisodeReader(path)
+    for i, ep in enumerate(reader.episodes(keys=[S.STATE, S.DONE, "image_front"])):
+        assert ep.meta.episode_id == f"ep-{i:05d}" and ep.meta.length == 40 + i % 7
+        assert (ep.steps[S.STATE][:, 0] == i).all() and (ep.steps[S.STATE][:, 1] == np.arange(ep.length)).all()
+        assert ep.steps[S.DONE][-1] and not ep.steps[S.DONE][:-1].any()
+        assert ep.steps["image_front"][-1, 0, 0, 0] == (i + ep.length - 1) % 256
+    return reader
+
+
+def test_killed_inside_an_append_leaves_no_partial_episode(tmp_path):
+    path = tmp_path / "store.zarr"
+    child = _child(path, "mid_append", "3")
+    child.wait(timeout=60)
+    assert child.returncode == 9, child.stderr.read()
+    raw = ZarrEpisodeReader(path)  # read-only: ignores the uncommitted tail
+    assert len(raw) == 3
+    with ZarrRecorder(path) as rec:  # reopening for writing truncates it
+        assert rec.repair_report.episodes == 3 and rec.repair_report.dropped_steps == 40 + 3 % 7
+        assert rec.repair_report.dropped_meta == 1
+    reader = _check_intact(path)
+    assert all(a.shape[0] == reader.n_steps for a in reader._data.values())
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_never_loses_or_half_writes(tmp_path):
+    path = tmp_path / "store.zarr"
+    rng = np.random.default_rng(0)
+    committed_before = 0
+    for _ in range(4):
+        child = _child(path, "sigkill")
+        seen = 0
+        deadline = time.monotonic() + 60
+        while seen < committed_before + 2 and time.monotonic() < deadline:
+            line = child.stdout.readline()
+            seen = int(line) if line.strip() else seen
+        time.sleep(rng.uniform(0.0, 0.05))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        with ZarrRecorder(path) as rec:
+            assert rec.committed >= seen  # everything reported as flushed survived
+            committed_before = rec.committed
+        _check_intact(path)
+    assert committed_before >= 8
+
+
+def test_random_windows_stay_inside_episodes(tmp_path):
+    path = tmp_path / "store.zarr"
+    with ZarrRecorder(path) as rec:
+        for i in range(5):
+            rec.write(fake_episode(i, length=3 + 2 * i))
+    reader = ZarrEpisodeReader(path)
+    batch = reader.sample(64, 6, np.random.default_rng(1), keys=[S.STATE, S.ACTION])
+    assert batch[S.STATE].shape == (64, 6, 8) and batch[S.ACTION].shape == (64, 6, 4)
+    for b in range(64):
+        ep, t = batch["episode_index"][b], batch["t"][b]
+        states = batch[S.STATE][b]
+        assert (states[:, 0] == ep).all()  # never crosses into another episode
+        length = 3 + 2 * ep
+        assert states[:, 1].tolist() == [min(t + k, length - 1) for k in range(6)]
+
+
+def test_reader_refuses_a_non_store(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a zarr store"):
+        ZarrEpisodeReader(tmp_path)
+
+
+@pytest.mark.slow
+def test_store_reads_with_zarr_2_like_diffusion_policy(tmp_path):
+    """The layout diffusion_policy's ReplayBuffer opens, checked with a real zarr 2.x."""
+    venv = tmp_path / "zarr2"
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True)
+    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", "zarr>=2.18,<3"], capture_output=True, text=True)
+    if made.returncode or install.returncode:
+        pytest.skip(f"could not install zarr 2 in a venv: {install.stderr[-300:]}")
+    path = tmp_path / "store.zarr"
+    with ZarrRecorder(path) as rec:
+        for i in range(3):
+            rec.write(fake_episode(i))
+    script = (
+        "import sys, zarr\n"
+        "root = zarr.open(sys.argv[1], 'r')\n"
+        "ends = root['meta']['episode_ends'][:]\n"
+        "for key, value in root['data'].items():\n"
+        "    assert value[:ends[-1]].shape[0] == ends[-1], key\n"
+        "meta = {k: v[:] for k, v in root['meta'].items()}\n"
+        "print(zarr.__version__, ends.tolist(), meta['episode_id'].tolist(), int(root['data']['state'][8, 0]))\n"
+    )
+    out = subprocess.run([str(venv / "bin/python"), "-c", script, str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(" ", 1)[0].startswith("2.")
+    assert "[7, 14, 21]" in out.stdout and "'ep-00000', 'ep-00001', 'ep-00002'" in out.stdout
+    assert out.stdout.strip().endswith(" 1")  # step 8 belongs to episode 1
