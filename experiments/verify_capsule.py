@@ -10,6 +10,8 @@ from rich.table import Table
 
 from capsules import Steppable, VerifyReport, verify_steppable
 from capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
+from envs.env_steppable import TabletopSteppable
+from envs.tasks import FAMILY_NAMES
 from experiments.configs import VerifyCapsuleConfig
 from experiments.console import make_console
 from experiments.result import ExperimentResult
@@ -32,6 +34,8 @@ def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
     for device in _devices(config):
         found.append(lambda device=device: NoisyChunkSteppable(device))
     found += [NumpyWalkerSteppable, CombinedStandIn]
+    # the env with both cameras: images must come back bit for bit too
+    found += [lambda family=family: TabletopSteppable(family) for family in FAMILY_NAMES]
     return found
 
 

@@ -10,7 +10,8 @@ def test_report_is_all_bit_exact_with_the_documented_fields(tmp_path):
     assert main(["verify_capsule", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["all_bit_exact"] is True
-    assert len(data["components"]) >= 3
+    names = [c["name"] for c in data["components"]]
+    assert len(names) >= 7 and "env/pick_place[front+top]" in names and "env/sort[front+top]" in names
     for comp in data["components"]:
         assert {"name", "bit_exact", "max_abs_diff", "cosine", "capsule_bytes"} <= set(comp)
         assert comp["bit_exact"] is True and comp["max_abs_diff"] == 0.0 and comp["cosine"] == 1.0
