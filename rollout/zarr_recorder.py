@@ -5,7 +5,11 @@ time-major arrays of all steps, `meta/episode_ends` (int64, cumulative step coun
 and flat per-episode arrays `meta/<field>` (see `rollout.episode_schema`).
 
 Commit protocol: an episode's data arrays are written first, then its metadata,
-and `meta/episode_ends` last; an episode exists only once its end is there. Every
+and `meta/episode_ends` last; an episode exists only once its end is there. When
+the writer gathers episodes for up to `batch_window` seconds (or until `flush`)
+and appends them as one batch (one write per array; zarr's per-call cost is
+milliseconds), committing their ends together. Episodes handed over but not yet
+committed are not in the store; `flush()` is the durability point. Every
 key zarr writes goes to a temp file that is renamed into place, so a killed writer
 leaves at most an uncommitted tail, which reopening the store truncates. Readers
 only ever see complete episodes.
@@ -16,6 +20,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +36,7 @@ ENDS = "episode_ends"
 IMAGE_CHUNK_BYTES = 1 << 20  # about 85 frames of 64x64x3 per chunk
 LOWDIM_CHUNK_STEPS = 4096
 META_CHUNK = 1024
+MAX_BATCH = 64  # most episodes appended together
 
 
 class RecorderError(RuntimeError):
@@ -55,6 +62,12 @@ def committed_episodes(ends: np.ndarray, data_lengths: list[int], meta_lengths: 
     return min([n, *meta_lengths])
 
 
+def _extend(array, start: int, values: np.ndarray) -> None:
+    """Grow `array` along time to `start + len(values)` and write `values` there."""
+    array.resize((start + len(values), *array.shape[1:]))
+    array[start : start + len(values)] = values
+
+
 def _compressor(dtype: np.dtype) -> numcodecs.abc.Codec:
     shuffle = numcodecs.Blosc.NOSHUFFLE if dtype.itemsize == 1 else numcodecs.Blosc.SHUFFLE
     return numcodecs.Blosc(cname="zstd", clevel=3, shuffle=shuffle)
@@ -67,7 +80,7 @@ class ZarrRecorder:
     caller, so a bad episode raises at once and never reaches the store.
     """
 
-    def __init__(self, path: str | os.PathLike, *, max_pending: int = 256) -> None:
+    def __init__(self, path: str | os.PathLike, *, max_pending: int = 256, batch_window: float = 0.5) -> None:
         self.path = Path(path)
         self.root = zarr.open_group(str(self.path), mode="a", zarr_format=2)
         self._data = self.root.require_group("data")
@@ -75,7 +88,10 @@ class ZarrRecorder:
         if ENDS not in self._meta:
             self._meta.create_array(ENDS, shape=(0,), chunks=(LOWDIM_CHUNK_STEPS,), dtype=np.int64,
                                     compressors=None, fill_value=0)
+        self._handles: dict = {}
         self.repair_report = self._repair()
+        self._data_keys = {k for k, _ in self._data.arrays()}
+        self._meta_keys = {k for k, _ in self._meta.arrays()}
         self._n_episodes = self.repair_report.episodes
         self._n_steps = int(self._meta[ENDS][self._n_episodes - 1]) if self._n_episodes else 0
         self._keys: dict[str, tuple] | None = (
@@ -85,7 +101,10 @@ class ZarrRecorder:
         self._ids: set[str] = {str(i) for i in ids}
         self._queue: queue.Queue[Episode | None] = queue.Queue(maxsize=max_pending)
         self._error: BaseException | None = None
+        self.batch_window = batch_window  # seconds the writer gathers episodes into one append
+        self._hurry = threading.Event()
         self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="zarr-io")
         self._thread = threading.Thread(target=self._run, name=f"zarr-writer:{self.path.name}", daemon=True)
         self._thread.start()
 
@@ -105,15 +124,21 @@ class ZarrRecorder:
 
     def flush(self) -> None:
         """Wait until every enqueued episode is committed (or the writer failed)."""
-        self._queue.join()
+        self._hurry.set()
+        try:
+            self._queue.join()
+        finally:
+            self._hurry.clear()
         self._raise_if_failed()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._hurry.set()
         self._queue.put(None)
         self._thread.join()
+        self._pool.shutdown()
         self._raise_if_failed()
 
     def __enter__(self) -> ZarrRecorder:
@@ -144,44 +169,78 @@ class ZarrRecorder:
     # -- writer thread ------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            episode = self._queue.get()
+            batch = self._next_batch()
+            stop = batch[-1] is None
+            episodes = [ep for ep in batch if ep is not None]
             try:
-                if episode is None:
-                    return
-                if self._error is None:
-                    self._append(episode)
+                if episodes and self._error is None:
+                    self._append(episodes)
             except BaseException as exc:  # noqa: BLE001 - reported to the caller
                 self._error = exc
                 try:
-                    self._repair()  # drop this episode's uncommitted tail
+                    self._repair()  # drop the uncommitted tail
                 except Exception:  # noqa: BLE001 - reopening repairs as well
                     pass
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    self._queue.task_done()
+            if stop:
+                return
 
-    def _append(self, episode: Episode) -> None:
-        start, length = self._n_steps, episode.length
-        for key, values in episode.steps.items():
-            array = self._data[key] if key in self._data else self._create_data_array(key, values)
-            array.resize((start + length, *array.shape[1:]))
-            array[start : start + length] = values
-        n = self._n_episodes
+    def _next_batch(self) -> list[Episode | None]:
+        """The next episode plus whatever arrives within `batch_window` (sooner on flush/close)."""
+        batch = [self._queue.get()]
+        deadline = time.monotonic() + self.batch_window
+        while batch[-1] is not None and len(batch) < MAX_BATCH:
+            wait = 0.0 if self._hurry.is_set() else deadline - time.monotonic()
+            try:
+                batch.append(self._queue.get(timeout=max(0.0, min(wait, 0.05))) if wait > 0 else self._queue.get_nowait())
+            except queue.Empty:
+                if wait <= 0:
+                    break
+        return batch
+
+    def _array(self, group, name: str):
+        """Cached array handle (a group lookup re-reads metadata from disk)."""
+        key = f"{group.basename}/{name}"
+        if key not in self._handles:
+            self._handles[key] = group[name]
+        return self._handles[key]
+
+    def _append(self, episodes: list[Episode]) -> None:
+        """Append a batch: data arrays, then metadata, then all its episode ends at once.
+
+        Arrays are written concurrently (each zarr call waits on zarr's IO loop;
+        issuing them together overlaps that wait); the commit comes after all of them.
+        """
+        start = self._n_steps
+        total = sum(ep.length for ep in episodes)
+        n, k = self._n_episodes, len(episodes)
+        for key in episodes[0].steps:
+            if key not in self._data_keys:
+                self._create_data_array(key, episodes[0].steps[key])
         for name, dtype in S.EPISODE_FIELDS.items():
-            if name not in self._meta:
+            if name not in self._meta_keys:
                 fill = "" if dtype.kind == "U" else 0
                 self._meta.create_array(name, shape=(0,), chunks=(META_CHUNK,), dtype=dtype, fill_value=fill,
                                         compressors=_compressor(dtype))
-            array = self._meta[name]
-            array.resize((n + 1,))
-            array[n] = getattr(episode.meta, name)
-        self._commit(n, start + length)
-        self._n_episodes, self._n_steps = n + 1, start + length
+                self._meta_keys.add(name)
+        writes = [
+            (self._array(self._data, key), start, np.concatenate([ep.steps[key] for ep in episodes]))
+            for key in episodes[0].steps
+        ]
+        writes += [
+            (self._array(self._meta, name), n, np.array([getattr(ep.meta, name) for ep in episodes], dtype=dtype))
+            for name, dtype in S.EPISODE_FIELDS.items()
+        ]
+        for future in [self._pool.submit(_extend, *w) for w in writes]:
+            future.result()  # re-raises a failed write before anything is committed
+        self._commit(n, start + np.cumsum([ep.length for ep in episodes]))
+        self._n_episodes, self._n_steps = n + k, start + total
 
-    def _commit(self, index: int, end: int) -> None:
-        """Write episode `index`'s end: the moment it becomes part of the store."""
-        ends = self._meta[ENDS]
-        ends.resize((index + 1,))
-        ends[index] = end
+    def _commit(self, index: int, ends: np.ndarray) -> None:
+        """Write the ends of episodes `index...`: the moment they become part of the store."""
+        _extend(self._array(self._meta, ENDS), index, ends)
 
     def _create_data_array(self, key: str, values: np.ndarray):
         row_bytes = values[0].nbytes if len(values) else 1
@@ -190,11 +249,13 @@ class ZarrRecorder:
         else:
             chunk = LOWDIM_CHUNK_STEPS
         shape = (0, *values.shape[1:])
-        return self._data.create_array(key, shape=shape, chunks=(chunk, *values.shape[1:]), dtype=values.dtype,
-                                       fill_value=0, compressors=_compressor(values.dtype))
+        self._data.create_array(key, shape=shape, chunks=(chunk, *values.shape[1:]), dtype=values.dtype,
+                                fill_value=0, compressors=_compressor(values.dtype))
+        self._data_keys.add(key)
 
     def _repair(self) -> RepairReport:
         """Truncate whatever the last committed `episode_ends` entry does not cover."""
+        self._handles.clear()  # shapes change below; drop cached handles
         ends_array = self._meta[ENDS]
         ends = ends_array[:]
         data = dict(self._data.arrays())

@@ -16,10 +16,10 @@ stop_at = int(sys.argv[3]) if len(sys.argv) > 3 else -1
 if mode == "mid_append":
     original = zarr_recorder.ZarrRecorder._commit
 
-    def dying_commit(self, index, end):  # data and metadata written, the commit point not
+    def dying_commit(self, index, ends):  # data and metadata written, the commit point not
         if index == stop_at:
             os._exit(9)
-        return original(self, index, end)
+        return original(self, index, ends)
 
     zarr_recorder.ZarrRecorder._commit = dying_commit
 

@@ -81,7 +81,7 @@ def test_a_writer_failure_is_reported_and_committed_episodes_survive(tmp_path, m
     rec.write(fake_episode(0))
     rec.flush()
 
-    def full_disk(self, index, end):
+    def full_disk(self, index, ends):
         raise OSError("disk full")
 
     monkeypatch.setattr(ZarrRecorder, "_commit", full_disk)
