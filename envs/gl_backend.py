@@ -42,3 +42,7 @@ def select_backend() -> str | None:
 
 
 BACKEND = select_backend()
+# Mesa's llvmpipe (CPU rasteriser) renders small images about 25% faster without
+# its worker threads, which would also compete with the simulation for cores.
+# Only Mesa reads this variable; GPU drivers ignore it.
+os.environ.setdefault("LP_NUM_THREADS", "0")
