@@ -109,13 +109,13 @@ def add_config_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
         base, optional = _unwrap_optional(tp)
         help_text = f"{doc} (default: {default!r})"
         if base is bool and not optional:
-            parser.add_argument(
-                option, dest=name, action=argparse.BooleanOptionalAction, default=default, help=f"{doc} (default: {default})"
-            )
+            parser.add_argument(option, dest=name, nargs="?", const=True, type=_scalar_parser(bool, option),
+                                default=default, metavar="BOOL", help=f"{doc} (default: {default})")
+            parser.add_argument(f"--no-{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
         elif typing.get_origin(base) is tuple:
             elem = typing.get_args(base)[0]
             parser.add_argument(
-                option, dest=name, nargs="+", type=_scalar_parser(elem, option), default=default,
+                option, dest=name, nargs="*", type=_scalar_parser(elem, option), default=default,
                 help=help_text, metavar=_metavar(elem),
             )
         else:

@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     except (registry.UnknownExperimentError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # argparse: --help (0) or a malformed value (2), already printed
+        return int(exc.code or 0)
     result: ExperimentResult = experiment.load_runner()(config)
     if json_path:
         path = write_json(json_path, result.summary)

@@ -60,8 +60,9 @@ def test_values_and_tuples_are_parsed():
     )
     assert config.sizes_kib == (4, 8) and config.buffers == (2, 3) and config.quick is True
     assert json_path == "out.json"
-    _, config, _ = parse("bench_capsules", ["--no-quick"])
-    assert config.quick is False
+    for argv, expected in ((["--no-quick"], False), (["--quick", "false"], False), (["--quick", "yes"], True)):
+        _, config, _ = parse("bench_capsules", argv)
+        assert config.quick is expected
 
 
 def test_json_summary_is_written(tmp_path):
