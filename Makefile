@@ -33,14 +33,16 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
 
-# Until the rollout layer lands, the demo is the capsule bit-exactness report and
-# the capsule benchmark; both leave their JSON summaries in $(DEMO_OUT).
+# Until the rollout layer lands, the demo is the capsule bit-exactness report, the
+# capsule benchmark and a few expert demonstrations; JSON summaries go to $(DEMO_OUT).
 demo: $(STAMP)
 	$(PY) -m experiments.run verify_capsule --json $(DEMO_OUT)/verify_capsule.json
 	$(PY) -m experiments.run bench_capsules --quick --json $(DEMO_OUT)/bench_capsules.json
+	$(PY) -m experiments.run collect_demos --episodes 10 --out $(DEMO_OUT)/demos.zarr --json $(DEMO_OUT)/collect_demos.json
 
 bench: $(STAMP)
 	$(PY) -m experiments.run bench_capsules --json runs/bench/bench_capsules.json --docs docs/BENCHMARKS.md
+	$(PY) -m experiments.run bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

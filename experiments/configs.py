@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # envs.tasks.FAMILY_NAMES
+CAMERAS = ("front", "top")  # envs.tabletop_env.CAMERAS
+
 
 @dataclass(frozen=True)
 class VerifyCapsuleConfig:
@@ -62,3 +65,60 @@ class BenchCapsulesConfig:
                 raise ValueError(f"{n} buffers do not fit {size} KiB with 64-byte buffers; use fewer --buffers")
         if self.rounds < 3 or self.disk_rounds < 1:
             raise ValueError("--rounds must be >= 3 and --disk_rounds >= 1")
+
+
+@dataclass(frozen=True)
+class CollectDemosConfig:
+    episodes: int = 100
+    """Episodes to collect (seeds `seed` .. `seed + episodes - 1`)."""
+    out: str = "runs/demos/pick_place.zarr"
+    """Output: a zarr store (appended to; seeds already in it are skipped) or an .npz directory."""
+    format: Literal["zarr", "npz"] = "zarr"
+    """zarr: one store, diffusion_policy layout; npz: one file per episode."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    noise: float = 0.0
+    """Expert degradation, 0 (perfect) .. 1 (poor): random motions and suction drop-outs."""
+    seed: int = 0
+    """First episode seed."""
+    cameras: tuple[str, ...] = ("front",)
+    """Cameras recorded (front, top); none for state-only episodes."""
+    image_size: int = 64
+    """Square image size in pixels."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1 (got {self.episodes})")
+        if not 0.0 <= self.noise <= 2.0:
+            raise ValueError(f"--noise must be within 0..2 (got {self.noise})")
+        bad = [c for c in self.cameras if c not in CAMERAS]
+        if bad:
+            raise ValueError(f"--cameras {bad} unknown; choose from {list(CAMERAS)}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0 (got {self.seed})")
+
+
+@dataclass(frozen=True)
+class BenchEnvConfig:
+    family: FAMILIES = "pick_place"
+    """Task family measured."""
+    image_size: int = 64
+    """Square camera image size for the rendered measurements."""
+    step_blocks: int = 30
+    """Interleaved blocks of 100 control steps for each stepping mode."""
+    resets: int = 300
+    """Interleaved rounds of reset(seed) vs capsule restore."""
+    episodes: int = 30
+    """Expert episodes recorded for the recorder measurements."""
+    quick: bool = False
+    """Fewer rounds (a smoke run)."""
+    docs: str = ""
+    """Markdown file whose bench_env section is replaced by the results; empty: none."""
+    out_dir: str = ""
+    """Directory for the recorder measurements; empty means a fresh temporary directory."""
+
+    def __post_init__(self) -> None:
+        if min(self.step_blocks, self.resets, self.episodes) < 2:
+            raise ValueError("--step_blocks, --resets and --episodes must be >= 2")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.configs import BenchCapsulesConfig, VerifyCapsuleConfig
+from experiments.configs import BenchCapsulesConfig, BenchEnvConfig, CollectDemosConfig, VerifyCapsuleConfig
 from experiments.result import ExperimentResult
 
 
@@ -67,5 +67,21 @@ register(
         BenchCapsulesConfig(),
         "experiments.bench_capsules:run",
         "Snapshot/restore latency vs a contiguous copy of the same bytes; disk save/load MB/s.",
+    )
+)
+register(
+    Experiment(
+        "collect_demos",
+        CollectDemosConfig(),
+        "experiments.collect_demos:run",
+        "Scripted-expert demonstrations to a zarr store or .npz files (resumable).",
+    )
+)
+register(
+    Experiment(
+        "bench_env",
+        BenchEnvConfig(),
+        "experiments.bench_env:run",
+        "Env steps/s (state-only, rendered), reset(seed) vs capsule restore, recorder MB/s and caller wait.",
     )
 )

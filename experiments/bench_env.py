@@ -1,0 +1,196 @@
+"""bench_env: env stepping speed, reset vs capsule restore, recorder throughput and caller wait.
+
+Side by side in one run:
+  steps/s   blocks of 100 random-action control steps, state-only and with one
+            camera, interleaved;
+  reset     `env.reset(seed)` (which renders the first observation) against a
+            capsule restore of the same initial state, alone and followed by
+            `observe()` (the same work a reset returns);
+  recorders the same expert episodes written as .npz files (the caller waits for
+            the disk) and appended to a zarr store (writer thread): MB/s of raw
+            episode bytes, and the time the recording loop's caller spends per
+            step (building the episode + handing it over).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+
+from capsules import Arena, restore, snapshot
+from envs.scripted_expert import ScriptedExpert
+from envs.tabletop_env import TabletopEnv
+from experiments.bench_support import machine, stats_us, timed, update_markdown_section
+from experiments.configs import BenchEnvConfig
+from experiments.console import make_console
+from experiments.result import ExperimentResult
+from rollout.demo_collector import record_episode
+from rollout.episode import EpisodeBuilder
+from rollout.npz_recorder import NpzRecorder
+from rollout.zarr_recorder import ZarrRecorder
+
+CPU = __import__("torch").device("cpu")
+
+
+def _stepping(config: BenchEnvConfig, blocks: int) -> dict:
+    envs = {"state_only": TabletopEnv(config.family, cameras=()),
+            f"rendered_{config.image_size}px": TabletopEnv(config.family, image_size=config.image_size)}
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1, 1, (100, 4)).astype(np.float32)
+    for env in envs.values():
+        env.reset(seed=0)
+    rates: dict[str, list[float]] = {k: [] for k in envs}
+
+    def block(env: TabletopEnv) -> None:
+        for a in actions:
+            _, _, term, trunc, _ = env.step(a)
+            if term or trunc:
+                env.reset(seed=int(rng.integers(1 << 30)))
+
+    for _ in range(blocks):
+        for name, env in envs.items():
+            rates[name].append(100 / timed(lambda env=env: block(env), CPU))
+    for env in envs.values():
+        env.close()
+    return {name: float(np.median(r)) for name, r in rates.items()}
+
+
+def _resets(config: BenchEnvConfig, rounds: int) -> dict:
+    env = TabletopEnv(config.family, image_size=config.image_size)
+    arena = Arena([env]).allocate()
+    env.reset(seed=123)
+    initial = snapshot(arena, label="initial")
+    samples: dict[str, list[float]] = {"reset_seed": [], "restore": [], "restore_observe": []}
+    for i in range(rounds):
+        samples["reset_seed"].append(timed(lambda: env.reset(seed=123), CPU))
+        samples["restore"].append(timed(lambda: restore(arena, initial), CPU))
+        samples["restore_observe"].append(timed(lambda: (restore(arena, initial), env.observe()), CPU))
+    env.close()
+    out = {k: stats_us(v) for k, v in samples.items()}
+    out["reset_over_restore"] = out["reset_seed"]["median"] / out["restore"]["median"]
+    out["capsule_bytes"] = initial.nbytes
+    return out
+
+
+def _recorders(config: BenchEnvConfig, n: int, directory: Path) -> dict:
+    env = TabletopEnv(config.family, image_size=config.image_size)
+    episodes = [record_episode(env, ScriptedExpert(env, seed=s).act, seed=s, episode_id=f"bench-{s}") for s in range(n)]
+    env.close()
+    raw = sum(v.nbytes for ep in episodes for v in ep.steps.values())
+    steps = sum(ep.length for ep in episodes)
+
+    def caller_loop(write) -> float:
+        """Rebuild every episode step by step (as a control loop does), then hand it to `write`."""
+        spent = 0.0
+        for ep in episodes:
+            s = ep.steps
+            t0 = time.perf_counter()
+            builder = EpisodeBuilder()
+            for t in range(ep.length):
+                builder.add(images={"front": s["image_front"][t]}, state=s["state"][t], action=s["action"][t],
+                            reward=float(s["reward"][t]), subtask_id=int(s["subtask_id"][t]),
+                            timestamp=float(s["timestamp"][t]))
+            m = ep.meta
+            write(builder.finish(episode_id=m.episode_id, seed=m.seed, task=m.task, instruction=m.instruction,
+                                 success=m.success, stop_reason=m.stop_reason))
+            spent += time.perf_counter() - t0
+        return spent
+
+    npz = NpzRecorder(directory / "npz")
+    t0 = time.perf_counter()
+    npz_caller = caller_loop(npz.write)
+    npz_total = time.perf_counter() - t0
+    zarr_rec = ZarrRecorder(directory / "store.zarr")
+    t0 = time.perf_counter()
+    zarr_caller = caller_loop(zarr_rec.write)
+    zarr_rec.close()
+    zarr_total = time.perf_counter() - t0
+    build_only = caller_loop(lambda ep: None)
+    disk = lambda p: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())  # noqa: E731
+    return {
+        "episodes": n,
+        "steps": steps,
+        "raw_mb": raw / 1e6,
+        "npz": {"mb_s": raw / npz_total / 1e6, "caller_us_per_step": npz_caller / steps * 1e6,
+                "disk_mb": disk(directory / "npz") / 1e6},
+        "zarr": {"mb_s": raw / zarr_total / 1e6, "caller_us_per_step": zarr_caller / steps * 1e6,
+                 "disk_mb": disk(directory / "store.zarr") / 1e6},
+        "build_only_us_per_step": build_only / steps * 1e6,
+    }
+
+
+def markdown(summary: dict) -> str:
+    m, st, rs, rc = summary["machine"], summary["stepping"], summary["reset"], summary["recorders"]
+    lines = [
+        f"CPU: {m['cpu']}, torch threads {m['torch_threads']}, MUJOCO_GL={summary['gl_backend']}. "
+        f"Family `{summary['family']}`, control at 10 Hz (50 physics steps of 2 ms per control step).",
+        "",
+        "| stepping | control steps/s (median of 100-step blocks) |",
+        "|---|---|",
+    ]
+    lines += [f"| {k.replace('_', ' ')} | {v:.0f} |" for k, v in st.items()]
+    lines += [
+        "",
+        "| reset | median us | p90 us |",
+        "|---|---|---|",
+        f"| `env.reset(seed)` (renders the first observation) | {rs['reset_seed']['median']:.0f} | {rs['reset_seed']['p90']:.0f} |",
+        f"| capsule restore ({rs['capsule_bytes']} bytes) | {rs['restore']['median']:.1f} | {rs['restore']['p90']:.1f} |",
+        f"| capsule restore + `observe()` | {rs['restore_observe']['median']:.0f} | {rs['restore_observe']['p90']:.0f} |",
+        "",
+        f"Reset by restore is **{rs['reset_over_restore']:.0f}x** faster than `reset(seed)` for the state alone.",
+        "",
+        f"Recorders: {rc['episodes']} expert episodes, {rc['steps']} steps, {rc['raw_mb']:.1f} MB raw "
+        f"({summary['image_size']}x{summary['image_size']} front camera).",
+        "",
+        "| recorder | MB/s (raw bytes) | on disk MB | caller wait per step (us) |",
+        "|---|---|---|---|",
+        f"| npz (caller writes) | {rc['npz']['mb_s']:.1f} | {rc['npz']['disk_mb']:.1f} | {rc['npz']['caller_us_per_step']:.0f} |",
+        f"| zarr (writer thread) | {rc['zarr']['mb_s']:.1f} | {rc['zarr']['disk_mb']:.1f} | {rc['zarr']['caller_us_per_step']:.0f} |",
+        f"| building the episode only (no recorder) | - | - | {rc['build_only_us_per_step']:.0f} |",
+    ]
+    return "\n".join(lines)
+
+
+def run(config: BenchEnvConfig) -> ExperimentResult:
+    import os
+
+    console = make_console()
+    quick = config.quick
+    console.print("stepping ...")
+    stepping = _stepping(config, 4 if quick else config.step_blocks)
+    console.print("reset vs restore ...")
+    resets = _resets(config, 20 if quick else config.resets)
+    console.print("recorders ...")
+    with tempfile.TemporaryDirectory(dir=config.out_dir or None) as tmp:
+        recorders = _recorders(config, 3 if quick else config.episodes, Path(tmp))
+    summary = {
+        "machine": machine(),
+        "gl_backend": os.environ.get("MUJOCO_GL"),
+        "family": config.family,
+        "image_size": config.image_size,
+        "quick": quick,
+        "stepping": stepping,
+        "reset": resets,
+        "recorders": recorders,
+    }
+    table = Table(title="bench_env")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for k, v in stepping.items():
+        table.add_row(f"steps/s {k}", f"{v:.0f}")
+    table.add_row("reset(seed) median us", f"{resets['reset_seed']['median']:.0f}")
+    table.add_row("capsule restore median us", f"{resets['restore']['median']:.1f}")
+    table.add_row("restore + observe median us", f"{resets['restore_observe']['median']:.0f}")
+    table.add_row("reset / restore", f"{resets['reset_over_restore']:.0f}x")
+    for name in ("npz", "zarr"):
+        table.add_row(f"{name} MB/s", f"{recorders[name]['mb_s']:.1f}")
+        table.add_row(f"{name} caller us/step", f"{recorders[name]['caller_us_per_step']:.0f}")
+    console.print(table)
+    if config.docs:
+        update_markdown_section(config.docs, "bench_env", markdown(summary))
+        console.print(f"results written to {config.docs}")
+    return ExperimentResult(summary)

@@ -1,0 +1,48 @@
+"""Scripted-expert episodes, recorded step by step with the episode schema."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from rollout.episode import Episode, EpisodeBuilder
+
+
+def demo_episode_id(family: str, seed: int) -> str:
+    """Deterministic id: collecting the same seed twice names the same episode."""
+    return f"{family}-s{seed:07d}"
+
+
+def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id: str,
+                   intervention: bool = False) -> Episode:
+    """Reset `env` (a TabletopEnv) with `seed`, act until it ends, and return the episode.
+
+    Step t holds the observation before action t, the action, and its reward.
+    """
+    obs, info = env.reset(seed=seed)
+    builder = EpisodeBuilder()
+    cameras = env.cameras
+    while True:
+        action = act()
+        next_obs, reward, terminated, truncated, next_info = env.step(action)
+        builder.add(
+            images={c: obs[f"image_{c}"] for c in cameras},
+            state=obs["state"],
+            action=action,
+            reward=reward,
+            intervention=intervention,
+            subtask_id=info["subtask_id"],
+        )
+        obs, info = next_obs, next_info
+        if terminated or truncated:
+            break
+    success = bool(info["success"])
+    return builder.finish(
+        episode_id=episode_id,
+        seed=seed,
+        task=env.family.name,
+        instruction=env.instruction,
+        success=success,
+        stop_reason="success" if success else "timeout",
+    )
