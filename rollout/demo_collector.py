@@ -45,4 +45,5 @@ def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id:
         instruction=env.instruction,
         success=success,
         stop_reason="success" if success else "timeout",
+        subtasks=[sub.text for sub in env.subtasks],
     )

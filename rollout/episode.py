@@ -25,9 +25,14 @@ class EpisodeMeta:
     stop_reason: str
     length: int
     initial_capsule_id: str = ""
+    subtasks: str = ""  # subtask texts joined by episode_schema.SUBTASK_SEPARATOR
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def subtask_texts(self) -> list[str]:
+        return self.subtasks.split(S.SUBTASK_SEPARATOR) if self.subtasks else []
 
 
 @dataclass
@@ -92,6 +97,10 @@ def validate_episode(episode: Episode, *, expect_keys: Mapping[str, tuple] | Non
         problems.append("an episode needs at least one step")
     if meta.length != length and lengths:
         problems.append(f"meta.length is {meta.length} but the step arrays hold {length} steps")
+    n_subtasks = len(meta.subtask_texts)
+    ids = steps.get(S.SUBTASK_ID)
+    if n_subtasks and ids is not None and len(ids) and (ids.min() < 0 or ids.max() >= n_subtasks):
+        problems.append(f"subtask_id must index the {n_subtasks} subtasks, got values {ids.min()}..{ids.max()}")
     if S.DONE in steps and length and (not steps[S.DONE][-1] or steps[S.DONE][:-1].any()):
         problems.append("done must be True exactly at the last step")
     if expect_keys is not None:
@@ -197,6 +206,7 @@ class EpisodeBuilder:
         success: bool,
         stop_reason: str,
         initial_capsule_id: str = "",
+        subtasks: list[str] | tuple[str, ...] = (),
     ) -> Episode:
         """The recorded episode (validated); the builder is empty afterwards."""
         if not len(self):
@@ -205,7 +215,9 @@ class EpisodeBuilder:
         done = np.zeros(len(self), dtype=np.bool_)
         done[-1] = True
         steps[S.DONE] = done
+        if any(S.SUBTASK_SEPARATOR in text for text in subtasks):
+            raise EpisodeError("subtask texts cannot contain a newline")
         meta = EpisodeMeta(episode_id, int(seed), task, instruction, bool(success), stop_reason, len(self),
-                           initial_capsule_id)
+                           initial_capsule_id, S.SUBTASK_SEPARATOR.join(subtasks))
         self._rows, self._shapes = {}, {}
         return validate_episode(Episode(steps, meta))

@@ -11,7 +11,8 @@ Per step (time-major arrays, T = episode length):
   intervention    (T,)   bool          a human (or the expert, in sim) acted
   subtask_id      (T,)   int32
   timestamp       (T,)   float64       unix seconds
-Per episode: episode_id, seed, task, instruction, success, stop_reason, length,
+Per episode: episode_id, seed, task, instruction, subtasks (the subtask texts,
+newline-separated; `subtask_id` indexes them), success, stop_reason, length,
 initial_capsule_id.
 """
 
@@ -36,6 +37,8 @@ EPISODE_ID = "episode_id"
 SEED = "seed"
 TASK = "task"
 INSTRUCTION = "instruction"
+SUBTASKS = "subtasks"
+SUBTASK_SEPARATOR = "\n"
 SUCCESS = "success"
 STOP_REASON = "stop_reason"
 LENGTH = "length"
@@ -72,6 +75,7 @@ EPISODE_FIELDS: dict[str, np.dtype] = {
     SEED: np.dtype(np.int64),
     TASK: np.dtype("<U32"),
     INSTRUCTION: np.dtype("<U256"),
+    SUBTASKS: np.dtype("<U512"),
     SUCCESS: np.dtype(np.bool_),
     STOP_REASON: np.dtype("<U16"),
     LENGTH: np.dtype(np.int64),

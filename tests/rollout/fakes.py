@@ -28,6 +28,7 @@ def fake_episode(index: int, length: int = 7, *, cameras=("front",), image_size:
     return builder.finish(
         episode_id=f"ep-{index:05d}", seed=index, task="pick_place", instruction=f"put block {index} on the pad",
         success=success, stop_reason="success" if success else "timeout", initial_capsule_id=f"cap-{index}",
+        subtasks=[f"pick up block {index}", f"place block {index} on the pad"],
     )
 
 

@@ -75,3 +75,17 @@ def test_store_shapes_must_match():
     shapes["image_front"] = (32, 32, 3)
     with pytest.raises(EpisodeError, match="differ from the store"):
         validate_episode(ep, expect_keys=shapes)
+
+
+def test_subtask_ids_must_index_the_subtask_texts():
+    ep = fake_episode(0, length=4)
+    assert ep.meta.subtask_texts == ["pick up block 0", "place block 0 on the pad"]
+    steps = dict(ep.steps)
+    steps[S.SUBTASK_ID] = np.array([0, 1, 2, 2], np.int32)
+    with pytest.raises(EpisodeError, match="must index the 2 subtasks"):
+        validate_episode(Episode(steps, ep.meta))
+    b = EpisodeBuilder()
+    _add(b)
+    with pytest.raises(EpisodeError, match="newline"):
+        b.finish(episode_id="e", seed=0, task="t", instruction="i", success=False, stop_reason="timeout",
+                 subtasks=["a\nb"])
