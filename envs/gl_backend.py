@@ -46,3 +46,17 @@ BACKEND = select_backend()
 # its worker threads, which would also compete with the simulation for cores.
 # Only Mesa reads this variable; GPU drivers ignore it.
 os.environ.setdefault("LP_NUM_THREADS", "0")
+
+
+def load_triton_first() -> None:
+    """Load Triton's native library before Mesa loads its own LLVM.
+
+    Both bundle LLVM. When Mesa's llvmpipe has created a GL context first, loading
+    `triton._C.libtriton` afterwards (torch does so lazily, e.g. when an optimizer is
+    built) crashes the process with a segmentation fault; in the other order both
+    work. Called before the first GL context; a no-op where Triton is not installed.
+    """
+    try:
+        import triton._C.libtriton  # noqa: F401
+    except ImportError:
+        pass

@@ -7,7 +7,7 @@ import os
 import mujoco
 import numpy as np
 
-from envs.gl_backend import BACKEND, INSTALL_HINT, RenderingUnavailableError
+from envs.gl_backend import BACKEND, INSTALL_HINT, RenderingUnavailableError, load_triton_first
 
 
 class OffscreenRenderer:
@@ -22,6 +22,7 @@ class OffscreenRenderer:
                 f"image {width}x{height} exceeds the model's offscreen buffer "
                 f"{model.vis.global_.offwidth}x{model.vis.global_.offheight}"
             )
+        load_triton_first()
         try:
             self._renderer = mujoco.Renderer(model, height=height, width=width)
         except Exception as exc:  # GL context creation failed: say what to install
