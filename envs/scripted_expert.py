@@ -31,9 +31,14 @@ class ScriptedExpert:
         self.env: TabletopEnv = getattr(env, "unwrapped", env)
         self.noise = noise
         self.rng = np.random.default_rng(seed)
+        self.intended = np.zeros(4, np.float32)
 
     def act(self) -> np.ndarray:
-        """The next action `(4,) float32` for the env's current state."""
+        """The next action `(4,) float32` for the env's current state (perturbed by `noise`).
+
+        The unperturbed action is kept in `self.intended` (what a DART-style
+        dataset labels the step with).
+        """
         env = self.env
         world = env.world()
         subtask = env.subtasks[min(env.subtask_index, len(env.subtasks) - 1)]
@@ -41,6 +46,7 @@ class ScriptedExpert:
         action = np.empty(4)
         action[:3] = np.clip((target - world.ee) / MAX_DELTA, -1.0, 1.0)
         action[3] = 1.0 if suction else -1.0
+        self.intended = action.astype(np.float32)
         if self.noise:
             if self.rng.random() < 0.3 * self.noise:
                 action[:3] = self.rng.uniform(-1.0, 1.0, 3)

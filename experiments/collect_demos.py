@@ -30,7 +30,8 @@ def run(config: CollectDemosConfig) -> ExperimentResult:
                 skipped += 1
                 continue
             expert = ScriptedExpert(env, noise=config.noise, seed=seed)
-            episode = record_episode(env, expert.act, seed=seed, episode_id=episode_id)
+            episode = record_episode(env, expert.act, seed=seed, episode_id=episode_id,
+                                     proposed=lambda expert=expert: expert.intended)
             recorder.write(episode)
             episodes += 1
             successes += episode.meta.success

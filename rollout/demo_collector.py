@@ -15,10 +15,13 @@ def demo_episode_id(family: str, seed: int) -> str:
 
 
 def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id: str,
-                   intervention: bool = False) -> Episode:
+                   intervention: bool = False, proposed: Callable[[], np.ndarray] | None = None) -> Episode:
     """Reset `env` (a TabletopEnv) with `seed`, act until it ends, and return the episode.
 
-    Step t holds the observation before action t, the action, and its reward.
+    Step t holds the observation before action t, the executed action, and its
+    reward. `proposed()`, called after each `act()`, gives what the acting
+    controller meant to do (recorded as `policy_action`; e.g. a scripted expert's
+    unperturbed action).
     """
     obs, info = env.reset(seed=seed)
     builder = EpisodeBuilder()
@@ -30,6 +33,7 @@ def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id:
             images={c: obs[f"image_{c}"] for c in cameras},
             state=obs["state"],
             action=action,
+            policy_action=None if proposed is None else proposed(),
             reward=reward,
             intervention=intervention,
             subtask_id=info["subtask_id"],

@@ -17,7 +17,8 @@ def test_collect_to_zarr_then_resume(tmp_path):
     assert reader.episode_ids == ["pick_place-s0000000", "pick_place-s0000001", "pick_place-s0000002"]
     ep = reader.episode(0)
     assert ep.meta.success and ep.meta.stop_reason == "success" and ep.steps["image_front"].shape[1:] == (64, 64, 3)
-    assert np.isnan(ep.steps["policy_action"]).all()  # no policy ran
+    # the expert's own proposal is recorded; without noise it is what was executed
+    assert np.array_equal(ep.steps["policy_action"], ep.steps["action"])
     # a second run over seeds 0..4 records only the two new ones
     assert main(["collect_demos", "--episodes", "5", "--out", str(store), "--no-progress", "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
@@ -34,6 +35,8 @@ def test_collect_npz_state_only_with_noise(tmp_path):
     assert [p.name for p in paths] == ["stack-s0000010.npz", "stack-s0000011.npz"]
     ep = read_npz_episode(paths[0])
     assert ep.meta.task == "stack" and ep.meta.seed == 10 and not ep.image_keys
+    # with noise, the executed actions differ from the expert's intent (DART labels)
+    assert not np.array_equal(ep.steps["policy_action"], ep.steps["action"])
 
 
 def test_bad_arguments(capsys):
