@@ -15,8 +15,7 @@ packages; these remain as the mechanism's own regression check.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -24,15 +23,8 @@ import torch
 from capsules.arena import Arena
 from capsules.buffer_spec import BufferSpec, Role
 from capsules.component import BufferComponent
+from capsules.fingerprint import tensors_sha256
 from capsules.rng_state import PCG64_WORDS, pack_pcg64, unpack_pcg64
-
-
-def weights_digest(tensors: Sequence[torch.Tensor]) -> str:
-    """sha256 over the bytes of `tensors` (a fingerprint value for weights)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:32]
 
 
 class NoisyChunkStandIn(BufferComponent):
@@ -65,7 +57,7 @@ class NoisyChunkStandIn(BufferComponent):
         self._gen_bytes = self.noise.get_state().numel()
         self._fingerprint = {
             "kind": "standin/noisy_chunk",
-            "weights_sha256": weights_digest([self.w_obs, self.w_h, self.w_act]),
+            "weights_sha256": tensors_sha256({"w_obs": self.w_obs, "w_h": self.w_h, "w_act": self.w_act}),
         }
 
     def buffer_specs(self) -> list[BufferSpec]:
