@@ -1,0 +1,60 @@
+"""Validation of observations handed to a model runtime: clear errors, nothing copied on failure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+def as_image_tensor(name: str, image, expect: tuple[int, ...]) -> torch.Tensor:
+    """Validate one camera image: uint8 of `expect` shape."""
+    t = torch.as_tensor(image)
+    if t.dtype != torch.uint8:
+        raise ValueError(f"{name}: images must be uint8 (B, H, W, 3) in 0..255, got {t.dtype}")
+    if tuple(t.shape) != expect:
+        raise ValueError(f"{name}: expected shape {expect} (B, H, W, 3), got {tuple(t.shape)}")
+    return t
+
+
+def as_state_tensor(state, expect: tuple[int, ...]) -> torch.Tensor:
+    t = torch.as_tensor(state)
+    if not t.dtype.is_floating_point:
+        raise ValueError(f"state must be float32 {expect}, got {t.dtype}")
+    if tuple(t.shape) != expect:
+        raise ValueError(f"state: expected shape {expect}, got {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"state has non-finite values ({t.tolist()}); refusing to act on it")
+    return t
+
+
+def load_observation(
+    buffers: Mapping[str, torch.Tensor],
+    images: Mapping[str, np.ndarray | torch.Tensor],
+    state,
+    *,
+    cameras: tuple[str, ...],
+    who: str,
+) -> None:
+    """Validate an observation and copy it into `buffers["image_<cam>"]` and `buffers["state"]`.
+
+    Shapes come from the buffers; the batch dimension may be left out when it is 1.
+    Everything is checked before anything is copied.
+    """
+    missing = [cam for cam in cameras if cam not in images]
+    if missing:
+        raise ValueError(f"missing camera image(s) {missing}; the {who} reads {list(cameras)}")
+    checked = {}
+    for cam in cameras:
+        slot = buffers[f"image_{cam}"]
+        img = torch.as_tensor(images[cam])
+        if slot.shape[0] == 1 and img.dim() == 3:
+            img = img[None]
+        checked[f"image_{cam}"] = as_image_tensor(f"image_{cam}", img, tuple(slot.shape))
+    st = torch.as_tensor(state)
+    if buffers["state"].shape[0] == 1 and st.dim() == 1:
+        st = st[None]
+    checked["state"] = as_state_tensor(st, tuple(buffers["state"].shape))
+    for key, value in checked.items():
+        buffers[key].copy_(value)

@@ -1,0 +1,194 @@
+"""`FlowPolicy`: a small vision-language-action flow-matching policy.
+
+Inputs: camera images `(B, H, W, 3) uint8` (one per camera), proprio state
+`(B, S) float32`, a language embedding `(B, lang_dim)` (computed once per subtask
+by `embed_language`), and a RECAP advantage indicator `(B,) int64` (0 = none /
+dropped, 1 = positive, 2 = negative). Output: an action chunk `(B, T, A) float32`
+made by K Euler steps of a learned velocity field from Gaussian noise
+(flow matching: x_t = (1 - t) noise + t action, velocity target = action - noise).
+Classifier-free guidance over the indicator: v = v_none + beta (v_cond - v_none).
+State and action normalisation statistics are buffers, so they travel with the
+weights in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from policies.common.encoders import LanguageEncoder, VisionEncoder
+from policies.common.tokenizer import Tokenizer
+
+ADV_NONE, ADV_POSITIVE, ADV_NEGATIVE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class FlowPolicyConfig:
+    cameras: tuple[str, ...] = ("front",)
+    image_size: int = 64
+    state_dim: int = 8
+    action_dim: int = 4
+    horizon: int = 16  # T: actions per chunk
+    denoise_steps: int = 10  # K: Euler steps per chunk
+    channels: tuple[int, ...] = (32, 64, 64)
+    vision_dim: int = 128
+    lang_dim: int = 64
+    max_tokens: int = 24
+    hash_buckets: int = 256
+    cond_dim: int = 256
+    hidden: int = 256
+    blocks: int = 3
+    time_dim: int = 32
+
+    def __post_init__(self) -> None:
+        if not self.cameras:
+            raise ValueError("the policy needs at least one camera")
+        if self.horizon < 1 or self.denoise_steps < 1:
+            raise ValueError("horizon and denoise_steps must be >= 1")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> FlowPolicyConfig:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ValueError(f"unknown policy config fields {unknown}; this code knows {sorted(fields)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding of t in [0, 1]: `(B,) -> (B, dim)`."""
+    half = dim // 2
+    freqs = torch.exp(torch.linspace(0.0, math.log(1000.0), half, device=t.device))
+    angles = t[:, None] * freqs[None, :] * math.pi
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+
+
+class _ResBlock(nn.Module):
+    def __init__(self, hidden: int, cond_dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.film = nn.Linear(cond_dim, 2 * hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+
+    def forward(self, h: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        gamma, beta = self.film(cond).chunk(2, dim=-1)
+        return h + self.mlp(self.norm(h) * (1 + gamma) + beta)
+
+
+class FlowPolicy(nn.Module):
+    def __init__(self, config: FlowPolicyConfig = FlowPolicyConfig()) -> None:
+        super().__init__()
+        self.config = c = config
+        self.tokenizer = Tokenizer(max_tokens=c.max_tokens, hash_buckets=c.hash_buckets)
+        self.language = LanguageEncoder(self.tokenizer.vocab_size, max_tokens=c.max_tokens, out_dim=c.lang_dim)
+        self.vision = nn.ModuleDict({
+            cam: VisionEncoder(image_size=c.image_size, channels=c.channels, cond_dim=c.lang_dim, out_dim=c.vision_dim)
+            for cam in c.cameras
+        })
+        self.state_in = nn.Sequential(nn.Linear(c.state_dim, 64), nn.SiLU())
+        self.advantage = nn.Embedding(3, 16)
+        cond_in = len(c.cameras) * c.vision_dim + 64 + c.lang_dim + 16
+        self.cond = nn.Sequential(nn.Linear(cond_in, c.cond_dim), nn.SiLU(), nn.Linear(c.cond_dim, c.cond_dim))
+        flat = c.horizon * c.action_dim
+        self.head_in = nn.Linear(flat + c.time_dim, c.hidden)
+        self.blocks = nn.ModuleList([_ResBlock(c.hidden, c.cond_dim) for _ in range(c.blocks)])
+        self.head_out = nn.Sequential(nn.LayerNorm(c.hidden), nn.Linear(c.hidden, flat))
+        # normalisation statistics (set from data by `set_normalization`)
+        self.register_buffer("state_mean", torch.zeros(c.state_dim))
+        self.register_buffer("state_std", torch.ones(c.state_dim))
+        self.register_buffer("action_low", -torch.ones(c.action_dim))
+        self.register_buffer("action_high", torch.ones(c.action_dim))
+
+    # -- normalisation ------------------------------------------------------------
+    def set_normalization(self, states: torch.Tensor, actions: torch.Tensor) -> None:
+        """Statistics from training data: states (N, S), actions (N, A)."""
+        self.state_mean.copy_(states.mean(0))
+        self.state_std.copy_(states.std(0).clamp(min=1e-3))
+        low, high = actions.min(0).values, actions.max(0).values
+        span = (high - low).clamp(min=1e-3)
+        self.action_low.copy_(low)
+        self.action_high.copy_(low + span)
+
+    def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        return 2 * (actions - self.action_low) / (self.action_high - self.action_low) - 1
+
+    def unnormalize_actions(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.clamp(-1, 1) + 1) / 2 * (self.action_high - self.action_low) + self.action_low
+
+    # -- network ------------------------------------------------------------------
+    def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, L) int64 -> (B, lang_dim); computed once per subtask."""
+        return self.language(tokens)
+
+    def features(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor) -> torch.Tensor:
+        """Observation features (vision FiLM-ed by language, state, language): computed once per chunk."""
+        feats = [self.vision[cam](images[cam], lang) for cam in self.config.cameras]
+        s = self.state_in((state - self.state_mean) / self.state_std)
+        return torch.cat([*feats, s, lang], dim=-1)
+
+    def condition(self, features: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
+        """Conditioning vector for one advantage indicator (B,) int64."""
+        return self.cond(torch.cat([features, self.advantage(advantage)], dim=-1))
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """x (B, T*A) normalised actions at time t (B,) -> velocity (B, T*A)."""
+        h = self.head_in(torch.cat([x, time_embedding(t, self.config.time_dim)], dim=-1))
+        for block in self.blocks:
+            h = block(h, cond)
+        return self.head_out(h)
+
+    def sample(self, cond: torch.Tensor, noise: torch.Tensor, *, cond_none: torch.Tensor | None = None,
+               beta: torch.Tensor | float = 1.0) -> torch.Tensor:
+        """Integrate from `noise` (B, T*A) to an action chunk (B, T, A) in K Euler steps.
+
+        With `cond_none` (the same observation, indicator dropped) the velocity is
+        guided: v_none + beta (v - v_none).
+        """
+        k = self.config.denoise_steps
+        x = noise
+        b = x.shape[0]
+        for i in range(k):
+            t = torch.full((b,), i / k, device=x.device, dtype=x.dtype)
+            if cond_none is None:
+                v = self.velocity(x, t, cond)
+            else:
+                both = self.velocity(torch.cat([x, x]), torch.cat([t, t]), torch.cat([cond, cond_none]))
+                v_cond, v_none = both.chunk(2)
+                v = v_none + beta * (v_cond - v_none)
+            x = x + v / k
+        return self.unnormalize_actions(x.view(b, self.config.horizon, self.config.action_dim))
+
+    def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor, advantage: torch.Tensor,
+             actions: torch.Tensor, *, samples_per_example: int = 4,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        """Flow-matching loss; each example's conditioning serves several (t, noise) draws."""
+        cond = self.condition(self.features(images, state, lang), advantage)
+        m, b = samples_per_example, actions.shape[0]
+        x1 = self.normalize_actions(actions).reshape(b, -1).repeat(m, 1)
+        cond = cond.repeat(m, 1)
+        x0 = torch.randn(x1.shape, generator=generator, device=x1.device)
+        t = torch.rand((x1.shape[0],), generator=generator, device=x1.device)
+        xt = (1 - t[:, None]) * x0 + t[:, None] * x1
+        return torch.mean((self.velocity(xt, t, cond) - (x1 - x0)) ** 2)
+
+
+KIND = "flow_policy"
+
+
+def load_policy(directory: str, device: str = "cpu") -> FlowPolicy:
+    """A `FlowPolicy` from a checkpoint directory (config and weights validated)."""
+    from policies.common.checkpoint import Checkpoint, CheckpointError
+
+    ckpt = Checkpoint(directory, kind=KIND)
+    try:
+        config = FlowPolicyConfig.from_json(ckpt.config["model"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{directory}: bad policy config ({exc})") from None
+    return ckpt.load_model(FlowPolicy(config)).to(device).eval()

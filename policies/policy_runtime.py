@@ -1,0 +1,122 @@
+"""`PolicyRuntime`: the flow policy as a rollout-host component with static buffers.
+
+Buffers (see `buffer_specs`): `state` = the noise generator's (seed, counter),
+the subtask language embedding (written by `set_subtask`, read every chunk) and
+the advantage indicator and guidance weight (set per episode); `io` = the
+observation slots and the output chunk. `act()` copies an observation into the io slots and runs one
+buffer-to-buffer function through a `GraphRunner` (one CUDA graph on a GPU, eager
+on the CPU). Snapshot -> act -> restore -> act gives the same chunk bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from capsules import BufferComponent, BufferSpec, Role
+from capsules.fingerprint import module_sha256
+from policies.common.counter_rng import normal_
+from policies.flow_policy import ADV_NONE, FlowPolicy
+from policies.common.graph_runner import GraphRunner
+from policies.common.inputs import load_observation
+
+
+class PolicyRuntime(BufferComponent):
+    def __init__(
+        self,
+        model: FlowPolicy,
+        *,
+        name: str = "policy",
+        device: str = "cpu",
+        batch: int = 1,
+        seed: int = 0,
+        guidance: bool = False,
+        capture: bool | None = None,
+    ) -> None:
+        """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_guidance`)."""
+        super().__init__()
+        self.name = name
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()  # acts under no_grad (GraphRunner)
+        self.config = model.config
+        self.batch, self.seed, self.guidance, self._capture = batch, seed, guidance, capture
+        flat = self.config.horizon * self.config.action_dim
+        self._index = torch.arange(batch * flat, device=self.device)
+        self._fingerprint = {
+            "kind": "flow_policy",
+            "weights_sha256": module_sha256(self.model),
+            "config_sha256": hashlib.sha256(json.dumps(self.config.to_json(), sort_keys=True).encode()).hexdigest()[:16],
+            "batch": str(batch),
+            "guidance": str(guidance),
+        }
+        self.runner: GraphRunner | None = None
+
+    # -- component ------------------------------------------------------------------
+    def buffer_specs(self) -> list[BufferSpec]:
+        c, b, dev = self.config, self.batch, str(self.device)
+        specs = [
+            BufferSpec("rng", (2,), torch.int64, dev, doc="noise generator (seed, counter)"),
+            BufferSpec("lang", (b, c.lang_dim), torch.float32, dev, doc="subtask embedding"),
+            # RECAP conditioning persists across chunks (set per episode): committed state
+            BufferSpec("advantage", (b,), torch.int64, dev, doc="indicator: 0 none, 1 positive, 2 negative"),
+            BufferSpec("beta", (), torch.float32, dev, doc="classifier-free guidance weight"),
+            BufferSpec("state", (b, c.state_dim), torch.float32, dev, Role.IO),
+            BufferSpec("chunk", (b, c.horizon, c.action_dim), torch.float32, dev, Role.IO),
+            BufferSpec("noise", (b, c.horizon * c.action_dim), torch.float32, dev, Role.SCRATCH),
+        ]
+        specs += [BufferSpec(f"image_{cam}", (b, c.image_size, c.image_size, 3), torch.uint8, dev, Role.IO)
+                  for cam in c.cameras]
+        return specs
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        super().bind(buffers)
+        self.buffers["rng"].copy_(torch.tensor([self.seed, 0]))
+        self.buffers["beta"].fill_(1.0)
+        self.buffers["advantage"].fill_(ADV_NONE)
+        self.runner = GraphRunner(self._act, self.device, capture=self._capture, preserve=[self.buffers["rng"]])
+
+    def fingerprint(self) -> Mapping[str, str]:
+        return self._fingerprint
+
+    # -- host API -----------------------------------------------------------------
+    def set_subtask(self, text: str) -> None:
+        """Encode the subtask's language once and store it in the subtask buffer."""
+        tokens = torch.from_numpy(self.model.tokenizer.encode(text))[None].to(self.device)
+        with torch.no_grad():
+            self.buffers["lang"].copy_(self.model.embed_language(tokens).expand(self.batch, -1))
+
+    def set_advantage(self, indicator: int, beta: float = 1.0) -> None:
+        """RECAP conditioning: 0 none, 1 positive, 2 negative; `beta` is the guidance weight."""
+        if indicator not in (0, 1, 2):
+            raise ValueError(f"advantage indicator must be 0 (none), 1 (positive) or 2 (negative), got {indicator}")
+        self.buffers["advantage"].fill_(indicator)
+        self.buffers["beta"].fill_(float(beta))
+
+    def load_observation(self, images: Mapping[str, np.ndarray | torch.Tensor], state) -> None:
+        """Validate an observation and copy it into the io slots (batch dim optional when batch=1)."""
+        load_observation(self.buffers, images, state, cameras=self.config.cameras, who="policy")
+
+    def act(self, images: Mapping[str, np.ndarray | torch.Tensor] | None = None, state=None) -> torch.Tensor:
+        """One action chunk `(B, T, A)` (a view of the output buffer; copy it to keep it)."""
+        if images is not None:
+            self.load_observation(images, state)
+        self.runner()
+        return self.buffers["chunk"]
+
+    # -- the captured function ----------------------------------------------------
+    def _act(self) -> None:
+        b, m = self.buffers, self.model
+        normal_(b["rng"], b["noise"], self._index)
+        images = {cam: b[f"image_{cam}"] for cam in self.config.cameras}
+        feats = m.features(images, b["state"], b["lang"])
+        cond = m.condition(feats, b["advantage"])
+        if self.guidance:
+            cond_none = m.condition(feats, torch.zeros_like(b["advantage"]))
+            chunk = m.sample(cond, b["noise"], cond_none=cond_none, beta=b["beta"])
+        else:
+            chunk = m.sample(cond, b["noise"])
+        b["chunk"].copy_(chunk)
