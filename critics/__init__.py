@@ -1,1 +1,1 @@
-"""Distributional value critic; imports only `capsules` (and a small shared-encoder module)."""
+"""Distributional value critic; imports only `capsules` and `policies.common` (shared encoders)."""

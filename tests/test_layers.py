@@ -15,7 +15,7 @@ ALLOWED = {
     "capsules": set(),
     "envs": {"capsules"},
     "policies": {"capsules"},
-    "critics": {"capsules", "policies.encoders"},
+    "critics": {"capsules", "policies.common"},
     "rollout": {"capsules", "envs", "policies", "critics"},
     "experiments": {"capsules", "envs", "policies", "critics", "rollout"},
 }
@@ -88,7 +88,7 @@ def test_checker_flags_wrong_imports(package, source, fragment):
 @pytest.mark.parametrize(
     "package, source",
     [
-        ("critics", "from policies.encoders import VisionEncoder"),
+        ("critics", "from policies.common.encoders import VisionEncoder"),
         ("rollout", "import ray\nfrom envs import x\nfrom capsules import Arena"),
         ("capsules", "import torch\nimport numpy as np\nfrom safetensors import torch as st\nimport json"),
         ("capsules", "from .arena import Arena"),

@@ -1,0 +1,120 @@
+"""`ValueCritic`: a distributional value over 201 bins in [-1, 0].
+
+Inputs: camera images `(B, H, W, 3) uint8`, state `(B, S) float32` and a
+language embedding `(B, lang_dim)` (computed once per subtask). Output: logits
+`(B, bins)`; the scalar value is the expectation over the bin centres. Values are
+normalised returns: -(steps left to success) / max episode length, failures -1.
+Trained with cross-entropy against a two-hot target (the return split between its
+two neighbouring bins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from policies.common.encoders import LanguageEncoder, VisionEncoder
+from policies.common.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    cameras: tuple[str, ...] = ("front",)
+    image_size: int = 64
+    state_dim: int = 8
+    channels: tuple[int, ...] = (32, 64, 64)
+    vision_dim: int = 128
+    lang_dim: int = 64
+    max_tokens: int = 24
+    hash_buckets: int = 256
+    hidden: int = 256
+    bins: int = 201
+    v_min: float = -1.0
+    v_max: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.bins < 2 or self.v_min >= self.v_max:
+            raise ValueError("need bins >= 2 and v_min < v_max")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> CriticConfig:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ValueError(f"unknown critic config fields {unknown}; this code knows {sorted(fields)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+class ValueCritic(nn.Module):
+    def __init__(self, config: CriticConfig = CriticConfig()) -> None:
+        super().__init__()
+        self.config = c = config
+        self.tokenizer = Tokenizer(max_tokens=c.max_tokens, hash_buckets=c.hash_buckets)
+        self.language = LanguageEncoder(self.tokenizer.vocab_size, max_tokens=c.max_tokens, out_dim=c.lang_dim)
+        self.vision = nn.ModuleDict({
+            cam: VisionEncoder(image_size=c.image_size, channels=c.channels, cond_dim=c.lang_dim, out_dim=c.vision_dim)
+            for cam in c.cameras
+        })
+        self.state_in = nn.Sequential(nn.Linear(c.state_dim, 64), nn.SiLU())
+        width = len(c.cameras) * c.vision_dim + 64 + c.lang_dim
+        self.head = nn.Sequential(
+            nn.Linear(width, c.hidden), nn.SiLU(), nn.LayerNorm(c.hidden),
+            nn.Linear(c.hidden, c.hidden), nn.SiLU(), nn.Linear(c.hidden, c.bins),
+        )
+        self.register_buffer("support", torch.linspace(c.v_min, c.v_max, c.bins))
+        self.register_buffer("state_mean", torch.zeros(c.state_dim))
+        self.register_buffer("state_std", torch.ones(c.state_dim))
+
+    def set_normalization(self, states: torch.Tensor) -> None:
+        self.state_mean.copy_(states.mean(0))
+        self.state_std.copy_(states.std(0).clamp(min=1e-3))
+
+    def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.language(tokens)
+
+    def logits(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor) -> torch.Tensor:
+        feats = [self.vision[cam](images[cam], lang) for cam in self.config.cameras]
+        s = self.state_in((state - self.state_mean) / self.state_std)
+        return self.head(torch.cat([*feats, s, lang], dim=-1))
+
+    def value(self, logits: torch.Tensor) -> torch.Tensor:
+        """Expected value (B,) of the distribution given by `logits` (B, bins)."""
+        return torch.softmax(logits, dim=-1) @ self.support
+
+    def two_hot(self, target: torch.Tensor) -> torch.Tensor:
+        """(B,) values -> (B, bins) probabilities on the two neighbouring bins (exact expectation)."""
+        c = self.config
+        pos = (target.clamp(c.v_min, c.v_max) - c.v_min) / (c.v_max - c.v_min) * (c.bins - 1)
+        lo = pos.floor().long().clamp(max=c.bins - 2)
+        frac = pos - lo
+        out = torch.zeros(target.shape[0], c.bins, device=target.device)
+        out.scatter_(1, lo[:, None], (1 - frac)[:, None])
+        out.scatter_add_(1, (lo + 1)[:, None], frac[:, None])
+        return out
+
+    def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
+             target: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(images, state, lang)
+        return torch.mean(torch.sum(-self.two_hot(target) * F.log_softmax(logits, dim=-1), dim=-1))
+
+
+KIND = "value_critic"
+
+
+def load_critic(directory: str, device: str = "cpu") -> ValueCritic:
+    """A `ValueCritic` from a checkpoint directory (config and weights validated)."""
+    from policies.common.checkpoint import Checkpoint, CheckpointError
+
+    ckpt = Checkpoint(directory, kind=KIND)
+    try:
+        config = CriticConfig.from_json(ckpt.config["model"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{directory}: bad critic config ({exc})") from None
+    return ckpt.load_model(ValueCritic(config)).to(device).eval()
