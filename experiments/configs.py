@@ -22,6 +22,10 @@ class VerifyCapsuleConfig:
     """Seed of the step inputs and of the random bytes that dirty the live buffers."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Devices to verify torch components on: auto = CPU, plus CUDA when present."""
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint to verify (a fresh model when the directory is missing)."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint to verify (likewise)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -78,7 +82,8 @@ class CollectDemosConfig:
     family: FAMILIES = "pick_place"
     """Task family."""
     noise: float = 0.0
-    """Expert degradation, 0 (perfect) .. 1 (poor): random motions and suction drop-outs."""
+    """Expert degradation, 0 (perfect) .. 1 (poor): random motions and suction drop-outs.
+    The executed action is recorded as `action`, the expert's unperturbed one as `policy_action`."""
     seed: int = 0
     """First episode seed."""
     cameras: tuple[str, ...] = ("front",)
@@ -122,3 +127,148 @@ class BenchEnvConfig:
     def __post_init__(self) -> None:
         if min(self.step_blocks, self.resets, self.episodes) < 2:
             raise ValueError("--step_blocks, --resets and --episodes must be >= 2")
+
+
+@dataclass(frozen=True)
+class TrainPolicyConfig:
+    data: str = "runs/demos/pick_place.zarr"
+    """Zarr store of episodes to learn from (e.g. made by collect_demos)."""
+    out: str = "runs/policy"
+    """Checkpoint directory; training resumes from it when it holds a resumable checkpoint."""
+    steps: int = 20000
+    """Optimizer steps in total (a resumed run continues up to this)."""
+    batch_size: int = 64
+    """Examples per step."""
+    noise_samples: int = 4
+    """Flow-matching (time, noise) draws per example and step."""
+    lr: float = 3e-4
+    """Peak learning rate (AdamW, warm-up then cosine decay)."""
+    shift: int = 4
+    """Random-shift image augmentation, in pixels (0: off)."""
+    cameras: tuple[str, ...] = ("front",)
+    """Cameras the policy sees (the store must hold their images)."""
+    labels: Literal["action", "intended"] = "action"
+    """Action labels: the executed `action`, or `policy_action` where recorded (DART: the expert's intent)."""
+    horizon: int = 16
+    """Actions per chunk (T)."""
+    denoise_steps: int = 10
+    """Euler steps per chunk (K)."""
+    hidden: int = 256
+    """Width of the flow head."""
+    advantage_dropout: float = 0.3
+    """Probability of dropping the advantage indicator (only matters with RECAP labels)."""
+    eval_every: int = 2000
+    """Steps between evaluations (closed loop on held-out seeds)."""
+    eval_episodes: int = 10
+    """Closed-loop episodes per evaluation; 0 skips them."""
+    eval_family: FAMILIES = "pick_place"
+    """Task family of the closed-loop evaluation."""
+    eval_seed: int = 1_000_000
+    """First held-out evaluation seed (demonstrations use small seeds)."""
+    n_exec: int = 8
+    """Actions of each chunk executed before asking for the next (receding horizon)."""
+    checkpoint_every: int = 1000
+    """Steps between checkpoints."""
+    seed: int = 0
+    """Seed of initialisation, batches and augmentation."""
+    resume: bool = True
+    """Continue from the checkpoint in --out if there is one (False: refuse to touch it)."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.noise_samples < 1:
+            raise ValueError("--steps, --batch_size and --noise_samples must be >= 1")
+        if not 0.0 <= self.advantage_dropout <= 1.0:
+            raise ValueError(f"--advantage_dropout must be within 0..1 (got {self.advantage_dropout})")
+        if not 1 <= self.n_exec <= self.horizon:
+            raise ValueError(f"--n_exec must be within 1..--horizon ({self.horizon}), got {self.n_exec}")
+        bad = [c for c in self.cameras if c not in CAMERAS]
+        if bad or not self.cameras:
+            raise ValueError(f"--cameras must name one or more of {list(CAMERAS)}, got {list(self.cameras)}")
+
+
+@dataclass(frozen=True)
+class TrainCriticConfig:
+    data: str = "runs/demos/pick_place.zarr"
+    """Zarr store of episodes (successes and failures both help)."""
+    out: str = "runs/critic"
+    """Checkpoint directory; training resumes from it when it holds a resumable checkpoint."""
+    steps: int = 6000
+    """Optimizer steps in total."""
+    batch_size: int = 128
+    """Examples per step."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    shift: int = 4
+    """Random-shift image augmentation, in pixels."""
+    cameras: tuple[str, ...] = ("front",)
+    """Cameras the critic sees."""
+    max_steps: int = 80
+    """Return normalisation: the task family's episode length limit."""
+    val_fraction: float = 0.1
+    """Share of episodes held out for evaluation."""
+    eval_every: int = 1000
+    """Steps between evaluations (held-out loss and value error)."""
+    checkpoint_every: int = 1000
+    """Steps between checkpoints."""
+    seed: int = 0
+    """Seed of initialisation, split, batches and augmentation."""
+    resume: bool = True
+    """Continue from the checkpoint in --out if there is one."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.max_steps < 1:
+            raise ValueError("--steps, --batch_size and --max_steps must be >= 1")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"--val_fraction must be within (0, 1), got {self.val_fraction}")
+
+
+@dataclass(frozen=True)
+class EvalPolicyConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint directory."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    episodes: int = 50
+    """Held-out episodes (seeds `seed` ..)."""
+    seed: int = 1_000_000
+    """First seed."""
+    n_exec: int = 8
+    """Actions executed per chunk (receding horizon)."""
+    expert: bool = True
+    """Also run the scripted expert on the same seeds, for comparison."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.n_exec < 1:
+            raise ValueError("--episodes and --n_exec must be >= 1")
+
+
+@dataclass(frozen=True)
+class BenchPolicyConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint (a fresh model of the default size when the directory is missing)."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint (likewise)."""
+    rounds: int = 300
+    """Interleaved rounds; each times every method once."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when present, else CPU."""
+    threads: tuple[int, ...] = (1, 2)
+    """CPU only: torch thread counts to measure (each a separate table row)."""
+    quick: bool = False
+    """Few rounds (a smoke run)."""
+    docs: str = ""
+    """Markdown file whose bench_policy section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 3:
+            raise ValueError("--rounds must be >= 3")
+        if not self.threads or min(self.threads) < 1:
+            raise ValueError("--threads needs one or more positive counts")

@@ -8,7 +8,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.configs import BenchCapsulesConfig, BenchEnvConfig, CollectDemosConfig, VerifyCapsuleConfig
+from experiments.configs import (
+    BenchCapsulesConfig,
+    BenchEnvConfig,
+    BenchPolicyConfig,
+    CollectDemosConfig,
+    EvalPolicyConfig,
+    TrainCriticConfig,
+    TrainPolicyConfig,
+    VerifyCapsuleConfig,
+)
 from experiments.result import ExperimentResult
 
 
@@ -83,5 +92,37 @@ register(
         BenchEnvConfig(),
         "experiments.bench_env:run",
         "Env steps/s (state-only, rendered), reset(seed) vs capsule restore, recorder MB/s and caller wait.",
+    )
+)
+register(
+    Experiment(
+        "train_policy",
+        TrainPolicyConfig(),
+        "experiments.train_policy:run",
+        "Train the flow policy on recorded episodes (resumable; closed-loop evaluation on held-out seeds).",
+    )
+)
+register(
+    Experiment(
+        "train_critic",
+        TrainCriticConfig(),
+        "experiments.train_critic:run",
+        "Train the distributional value critic on recorded episodes (resumable).",
+    )
+)
+register(
+    Experiment(
+        "eval_policy",
+        EvalPolicyConfig(),
+        "experiments.eval_policy:run",
+        "Success rate of a policy checkpoint on held-out seeds, next to the scripted expert's.",
+    )
+)
+register(
+    Experiment(
+        "bench_policy",
+        BenchPolicyConfig(),
+        "experiments.bench_policy:run",
+        "Policy and critic latency per chunk, serial vs two-lane, captured vs eager on a GPU.",
     )
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from rich.markup import escape
@@ -10,11 +11,16 @@ from rich.table import Table
 
 from capsules import Steppable, VerifyReport, verify_steppable
 from capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
+from critics.critic_steppable import CriticSteppable
+from critics.value_critic import ValueCritic, load_critic
 from envs.env_steppable import TabletopSteppable
 from envs.tasks import FAMILY_NAMES
 from experiments.configs import VerifyCapsuleConfig
 from experiments.console import make_console
 from experiments.result import ExperimentResult
+from policies.common.checkpoint import META_FILE
+from policies.flow_policy import FlowPolicy, load_policy
+from policies.policy_steppable import PolicySteppable
 
 
 def _devices(config: VerifyCapsuleConfig) -> list[str]:
@@ -36,6 +42,14 @@ def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
     found += [NumpyWalkerSteppable, CombinedStandIn]
     # the env with both cameras: images must come back bit for bit too
     found += [lambda family=family: TabletopSteppable(family) for family in FAMILY_NAMES]
+    # the shipped policy and critic when present (weights do not change what is checked)
+    # one model per kind, shared by every instance the harness builds (a fork needs equal weights)
+    torch.manual_seed(config.seed)
+    policy = load_policy(config.policy) if (Path(config.policy) / META_FILE).exists() else FlowPolicy()
+    critic = load_critic(config.critic) if (Path(config.critic) / META_FILE).exists() else ValueCritic()
+    for device in _devices(config):
+        found.append(lambda device=device: PolicySteppable(policy, device=device))
+        found.append(lambda device=device: CriticSteppable(critic, device=device))
     return found
 
 

@@ -1,0 +1,31 @@
+"""eval_policy: a policy checkpoint's success on held-out seeds, next to the scripted expert's."""
+
+from __future__ import annotations
+
+import time
+
+from experiments.configs import EvalPolicyConfig
+from experiments.console import make_console
+from experiments.policy_eval import evaluate_expert, evaluate_policy
+from experiments.result import ExperimentResult
+from policies.flow_policy import load_policy
+
+
+def run(config: EvalPolicyConfig) -> ExperimentResult:
+    console = make_console()
+    model = load_policy(config.policy)
+    seeds = list(range(config.seed, config.seed + config.episodes))
+    t0 = time.perf_counter()
+    policy = evaluate_policy(model, family=config.family, seeds=seeds, n_exec=config.n_exec)
+    policy["seconds"] = time.perf_counter() - t0
+    summary = {"policy_checkpoint": config.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
+               "n_exec": config.n_exec, "policy": policy}
+    lo, hi = policy["ci95"]
+    console.print(f"policy: {policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
+                  f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
+    if config.expert:
+        expert = evaluate_expert(family=config.family, seeds=seeds)
+        summary["expert"] = expert
+        console.print(f"scripted expert: {expert['successes']}/{expert['episodes']} = {expert['success_rate']:.0%}, "
+                      f"mean steps to success {expert['mean_steps_to_success']}")
+    return ExperimentResult(summary)

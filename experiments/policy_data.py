@@ -1,0 +1,54 @@
+"""Training arrays from a zarr store of episodes: per-step language tokens and value targets."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.common.tokenizer import Tokenizer
+from rollout import episode_schema as S
+from rollout.zarr_reader import ZarrEpisodeReader
+
+
+def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokenizer) -> dict:
+    """Images, states, actions, per-step subtask tokens, episode ends and metadata of a store."""
+    reader = ZarrEpisodeReader(path)
+    if not len(reader):
+        raise ValueError(f"{path} holds no complete episode; collect some with `collect_demos` first")
+    missing = [c for c in cameras if f"{S.IMAGE_PREFIX}{c}" not in reader.keys]
+    if missing:
+        raise ValueError(f"{path} has no images of camera(s) {missing}; it has {reader.keys}")
+    keys = [S.STATE, S.ACTION, S.POLICY_ACTION, S.SUBTASK_ID, S.REWARD, S.INTERVENTION]
+    keys += [f"{S.IMAGE_PREFIX}{c}" for c in cameras]
+    arrays = reader.load(keys)
+    metas = [reader.meta(i) for i in range(len(reader))]
+    tokens = np.zeros((reader.n_steps, tokenizer.max_tokens), np.int64)
+    for i, meta in enumerate(metas):
+        lo, hi = int(reader.starts[i]), int(reader.ends[i])
+        texts = meta.subtask_texts or [meta.instruction]
+        table = tokenizer.encode_batch(texts)
+        ids = np.clip(arrays[S.SUBTASK_ID][lo:hi], 0, len(texts) - 1)
+        tokens[lo:hi] = table[ids]
+    return {
+        "images": {c: arrays[f"{S.IMAGE_PREFIX}{c}"] for c in cameras},
+        "states": arrays[S.STATE],
+        "actions": arrays[S.ACTION],
+        "policy_actions": arrays[S.POLICY_ACTION],
+        "rewards": arrays[S.REWARD],
+        "intervention": arrays[S.INTERVENTION],
+        "tokens": tokens,
+        "episode_ends": reader.ends.copy(),
+        "metas": metas,
+    }
+
+
+def action_labels(data: dict, labels: str) -> np.ndarray:
+    """Training targets: executed actions, or the recorded intent where there is one."""
+    if labels == "action":
+        return data["actions"]
+    if labels != "intended":
+        raise ValueError(f"labels must be 'action' or 'intended', got {labels!r}")
+    intended = data["policy_actions"]
+    have = np.isfinite(intended).all(axis=1)
+    if not have.any():
+        raise ValueError("--labels intended, but the store records no policy_action; collect with this version")
+    return np.where(have[:, None], intended, data["actions"])

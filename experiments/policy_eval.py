@@ -1,0 +1,112 @@
+"""Closed-loop evaluation of a policy (and the scripted expert) on held-out seeds.
+
+Receding horizon: each chunk's first `n_exec` actions are executed, and a new
+chunk is asked for as soon as the subtask changes (the scripted planner's choice:
+the env's current subtask).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from capsules import Arena
+from envs.scripted_expert import ScriptedExpert
+from envs.tabletop_env import TabletopEnv, image_key
+from policies.flow_policy import FlowPolicy
+from policies.policy_runtime import PolicyRuntime
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _summary(results: list[tuple[bool, int, str]]) -> dict:
+    n = len(results)
+    wins = sum(ok for ok, _, _ in results)
+    steps = [s for ok, s, _ in results if ok]
+    low, high = wilson_interval(wins, n)
+    return {
+        "episodes": n,
+        "successes": wins,
+        "success_rate": wins / n if n else 0.0,
+        "ci95": [low, high],
+        "mean_steps_to_success": float(np.mean(steps)) if steps else None,
+        "failures": dict(Counter(kind for ok, _, kind in results if not ok)),
+    }
+
+
+class _FailureTracker:
+    """Classifies a failed episode: wrong block held, never picked, or picked but not placed."""
+
+    def __init__(self, env: TabletopEnv) -> None:
+        self.env = env
+        self.targets = {sub.block for sub in env.subtasks}
+        self.wrong_block = False
+        self.max_subtask = 0
+
+    def step(self) -> None:
+        holding = self.env.world().holding
+        self.wrong_block |= holding is not None and holding not in self.targets
+        self.max_subtask = max(self.max_subtask, self.env.subtask_index)
+
+    def kind(self) -> str:
+        if self.wrong_block:
+            return "held_wrong_block"
+        return "never_picked" if self.max_subtask == 0 else "picked_not_placed"
+
+
+def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
+                    noise_seed: int = 0) -> dict:
+    """Success of `model` on `seeds` (fresh runtime; the model is only read)."""
+    env = TabletopEnv(family, cameras=model.config.cameras, image_size=model.config.image_size)
+    runtime = PolicyRuntime(model, seed=noise_seed)
+    Arena([runtime]).allocate()
+    results = []
+    try:
+        for seed in seeds:
+            obs, info = env.reset(seed=seed)
+            tracker = _FailureTracker(env)
+            subtask = info["subtask"]
+            runtime.set_subtask(subtask)
+            done = False
+            while not done:
+                chunk = runtime.act({c: obs[image_key(c)] for c in model.config.cameras}, obs["state"])[0].numpy().copy()
+                for action in chunk[:n_exec]:
+                    obs, _, terminated, truncated, info = env.step(action)
+                    tracker.step()
+                    done = terminated or truncated
+                    if done:
+                        break
+                    if info["subtask"] != subtask:  # the planner moved on: new language, new chunk
+                        subtask = info["subtask"]
+                        runtime.set_subtask(subtask)
+                        break
+            results.append((bool(info["success"]), env.steps, tracker.kind()))
+    finally:
+        env.close()
+    return _summary(results)
+
+
+def evaluate_expert(*, family: str, seeds: list[int], noise: float = 0.0) -> dict:
+    env = TabletopEnv(family, cameras=())
+    results = []
+    for seed in seeds:
+        env.reset(seed=seed)
+        expert = ScriptedExpert(env, noise=noise, seed=seed)
+        tracker = _FailureTracker(env)
+        while True:
+            _, _, terminated, truncated, info = env.step(expert.act())
+            tracker.step()
+            if terminated or truncated:
+                break
+        results.append((bool(info["success"]), env.steps, tracker.kind()))
+    return _summary(results)

@@ -1,0 +1,115 @@
+"""train_critic: the distributional value critic from a zarr store of episodes."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from critics.returns import normalized_returns
+from critics.value_critic import KIND, CriticConfig, ValueCritic
+from experiments.configs import TrainCriticConfig
+from experiments.console import make_console
+from experiments.policy_data import load_training_arrays
+from experiments.result import ExperimentResult
+from policies.common.checkpoint import META_FILE, Checkpoint, save_checkpoint
+from policies.common.encoders import random_shift
+from policies.common.trainer import LoopConfig, make_optimizer, train
+
+
+def value_targets(data: dict, max_steps: int) -> np.ndarray:
+    """Per-step normalised returns of every episode in `data` (see critics.returns)."""
+    ends = data["episode_ends"]
+    starts = np.concatenate([[0], ends[:-1]])
+    out = np.zeros(len(data["states"]), np.float32)
+    for lo, hi, meta in zip(starts, ends, data["metas"]):
+        out[lo:hi] = normalized_returns(data["rewards"][lo:hi], meta.success, max_steps)
+    return out
+
+
+def run(config: TrainCriticConfig) -> ExperimentResult:
+    console = make_console()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out = Path(config.out)
+    ckpt = None
+    if (out / META_FILE).exists():
+        if not config.resume:
+            raise SystemExit(f"error: {out} already holds a checkpoint; pass --resume true or choose another --out")
+        ckpt = Checkpoint(out, kind=KIND)
+        if not ckpt.resumable:
+            raise SystemExit(f"error: {out} holds a final checkpoint without optimizer state; choose another --out")
+    torch.manual_seed(config.seed)
+    model_config = CriticConfig.from_json(ckpt.config["model"]) if ckpt else CriticConfig(cameras=config.cameras)
+    model = ValueCritic(model_config)
+    data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
+    targets = torch.from_numpy(value_targets(data, config.max_steps))
+    images = {k: torch.from_numpy(v) for k, v in data["images"].items()}
+    states = torch.from_numpy(data["states"])
+    tokens = torch.from_numpy(data["tokens"])
+    n_ep = len(data["episode_ends"])
+    rng = np.random.default_rng(config.seed)
+    val_eps = rng.choice(n_ep, size=max(1, int(round(config.val_fraction * n_ep))), replace=False)
+    starts = np.concatenate([[0], data["episode_ends"][:-1]])
+    is_val = np.zeros(len(states), bool)
+    for e in val_eps:
+        is_val[starts[e] : data["episode_ends"][e]] = True
+    train_idx = torch.from_numpy(np.flatnonzero(~is_val))
+    val_idx = torch.from_numpy(np.flatnonzero(is_val))
+    if not len(train_idx):
+        raise SystemExit("error: no training steps left after the validation split; record more episodes")
+    loop = LoopConfig(steps=config.steps, lr=config.lr, eval_every=config.eval_every,
+                      checkpoint_every=config.checkpoint_every, progress=config.progress)
+    optimizer = make_optimizer(model, loop)
+    generator = torch.Generator().manual_seed(config.seed)
+    start, evals = 0, []
+    if ckpt:
+        ckpt.load_model(model)
+        generator.set_state(ckpt.load_optimizer(optimizer)["generator"])
+        start, evals = ckpt.step, list(ckpt.meta["info"].get("evals", []))
+        console.print(f"resuming {out} from step {start}")
+    else:
+        model.set_normalization(states[train_idx])
+    params = sum(p.numel() for p in model.parameters())
+    console.print(f"critic: {params / 1e6:.2f} M parameters; {n_ep} episodes ({len(val_eps)} held out)")
+
+    def loss_fn(step: int) -> torch.Tensor:
+        idx = train_idx[torch.randint(0, len(train_idx), (config.batch_size,), generator=generator)]
+        imgs = {k: random_shift(v[idx], config.shift, generator) if config.shift else v[idx] for k, v in images.items()}
+        return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx])
+
+    def evaluate(step: int) -> dict:
+        losses, errors = [], []
+        for chunk in torch.split(val_idx, 512):
+            imgs = {k: v[chunk] for k, v in images.items()}
+            lang = model.embed_language(tokens[chunk])
+            logits = model.logits(imgs, states[chunk], lang)
+            losses.append(float(model.loss(imgs, states[chunk], lang, targets[chunk])) * len(chunk))
+            errors.append((model.value(logits) - targets[chunk]).abs())
+        err = torch.cat(errors)
+        return {"val_loss": sum(losses) / len(val_idx), "val_value_mae": float(err.mean())}
+
+    def save(step: int) -> None:
+        save_checkpoint(
+            out, kind=KIND, model=model, step=step, optimizer=optimizer, extra_tensors={"generator": generator.get_state()},
+            config={"model": model_config.to_json(), "tokenizer": model.tokenizer.to_json(),
+                    "train": dataclasses.asdict(config)},
+            info={"data": config.data, "episodes": n_ep, "evals": evals},
+        )
+
+    t0 = time.perf_counter()
+    train(model=model, optimizer=optimizer, loss_fn=loss_fn, config=loop, start_step=start, evaluate=evaluate,
+          save=save, desc="train_critic", log=evals)
+    summary = {
+        "checkpoint": str(out),
+        "parameters": params,
+        "steps": config.steps,
+        "resumed_from": start,
+        "train_seconds": time.perf_counter() - t0,
+        "episodes": n_ep,
+        "evals": evals,
+    }
+    return ExperimentResult(summary)

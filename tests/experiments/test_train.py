@@ -1,0 +1,57 @@
+"""Tiny-budget runs of train_policy, train_critic and eval_policy (2 steps, resume)."""
+
+import json
+
+import pytest
+
+from experiments.run import main
+from policies.common.checkpoint import Checkpoint
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    path = tmp_path_factory.mktemp("demos") / "d.zarr"
+    assert main(["collect_demos", "--episodes", "3", "--out", str(path), "--no-progress"]) == 0
+    return path
+
+
+def test_train_policy_resumes_and_eval_policy_reads_it(demos, tmp_path):
+    out, summary = tmp_path / "policy", tmp_path / "p.json"
+    args = ["train_policy", "--data", str(demos), "--out", str(out), "--batch_size", "4", "--noise_samples", "1",
+            "--eval_every", "2", "--eval_episodes", "1", "--checkpoint_every", "2", "--no-progress", "--json", str(summary)]
+    assert main([*args, "--steps", "2"]) == 0
+    first = json.loads(summary.read_text())
+    assert first["resumed_from"] == 0 and [e["step"] for e in first["evals"]] == [2]
+    assert main([*args, "--steps", "4"]) == 0
+    second = json.loads(summary.read_text())
+    assert second["resumed_from"] == 2 and [e["step"] for e in second["evals"]] == [2, 4]
+    assert Checkpoint(out).step == 4 and Checkpoint(out).resumable
+    with pytest.raises(SystemExit, match="already holds a checkpoint"):
+        from experiments.configs import TrainPolicyConfig
+        from experiments.train_policy import run
+
+        run(TrainPolicyConfig(data=str(demos), out=str(out), resume=False, progress=False))
+    evaluation = tmp_path / "e.json"
+    assert main(["eval_policy", "--policy", str(out), "--episodes", "2", "--json", str(evaluation)]) == 0
+    data = json.loads(evaluation.read_text())
+    assert data["policy"]["episodes"] == 2 and data["expert"]["success_rate"] == 1.0
+    assert set(data["policy"]) >= {"success_rate", "ci95", "mean_steps_to_success", "failures"}
+
+
+def test_train_critic_reports_held_out_error(demos, tmp_path):
+    summary = tmp_path / "c.json"
+    assert main(["train_critic", "--data", str(demos), "--out", str(tmp_path / "critic"), "--steps", "2",
+                 "--batch_size", "4", "--eval_every", "2", "--val_fraction", "0.34", "--no-progress",
+                 "--json", str(summary)]) == 0
+    data = json.loads(summary.read_text())
+    assert data["evals"][-1]["val_value_mae"] >= 0 and data["episodes"] == 3
+
+
+def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, capsys):
+    with pytest.raises(ValueError, match="no images of camera"):
+        from experiments.configs import TrainPolicyConfig
+        from experiments.train_policy import run
+
+        run(TrainPolicyConfig(data=str(demos), out=str(tmp_path / "p"), cameras=("top",), progress=False))
+    with pytest.raises(FileNotFoundError, match="not a zarr store"):
+        run(TrainPolicyConfig(data=str(tmp_path), out=str(tmp_path / "p"), progress=False))
