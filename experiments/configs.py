@@ -157,6 +157,8 @@ class TrainPolicyConfig:
     """Width of the flow head."""
     advantage_dropout: float = 0.3
     """Probability of dropping the advantage indicator (only matters with RECAP labels)."""
+    subgoal_weight: float = 1.0
+    """Weight of the auxiliary loss: predict where the end effector is when the subtask ends (0: off)."""
     eval_every: int = 2000
     """Steps between evaluations (closed loop on held-out seeds)."""
     eval_episodes: int = 10
@@ -183,6 +185,8 @@ class TrainPolicyConfig:
             raise ValueError("--steps, --batch_size and --noise_samples must be >= 1")
         if not 0.0 <= self.advantage_dropout <= 1.0:
             raise ValueError(f"--advantage_dropout must be within 0..1 (got {self.advantage_dropout})")
+        if self.subgoal_weight < 0:
+            raise ValueError(f"--subgoal_weight must be >= 0 (got {self.subgoal_weight})")
         if not 1 <= self.n_exec <= self.horizon:
             raise ValueError(f"--n_exec must be within 1..--horizon ({self.horizon}), got {self.n_exec}")
         bad = [c for c in self.cameras if c not in CAMERAS]

@@ -34,6 +34,7 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokeniz
         "actions": arrays[S.ACTION],
         "policy_actions": arrays[S.POLICY_ACTION],
         "rewards": arrays[S.REWARD],
+        "subtask_ids": arrays[S.SUBTASK_ID],
         "intervention": arrays[S.INTERVENTION],
         "tokens": tokens,
         "episode_ends": reader.ends.copy(),

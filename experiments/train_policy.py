@@ -14,7 +14,7 @@ from experiments.console import make_console
 from experiments.policy_data import action_labels, load_training_arrays
 from experiments.policy_eval import evaluate_policy
 from experiments.result import ExperimentResult
-from policies.chunk_dataset import ChunkDataset
+from policies.chunk_dataset import ChunkDataset, subgoal_targets
 from policies.common.checkpoint import META_FILE, Checkpoint, save_checkpoint
 from policies.common.encoders import random_shift
 from policies.common.trainer import LoopConfig, make_optimizer, train
@@ -45,7 +45,9 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
     data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
     dataset = ChunkDataset(images=data["images"], states=data["states"], actions=action_labels(data, config.labels),
                            tokens=data["tokens"],
-                           episode_ends=data["episode_ends"], horizon=model_config.horizon, advantage=advantage)
+                           episode_ends=data["episode_ends"], horizon=model_config.horizon, advantage=advantage,
+                           subgoals=subgoal_targets(data["states"], data["subtask_ids"], data["episode_ends"],
+                                                    model_config.subgoal_dim) if model_config.subgoal_dim else None)
     loop = LoopConfig(steps=config.steps, lr=config.lr, eval_every=config.eval_every,
                       checkpoint_every=config.checkpoint_every, progress=config.progress)
     optimizer = make_optimizer(model, loop)
@@ -69,7 +71,8 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
         adv = torch.where(drop, torch.full_like(adv, ADV_NONE), adv)
         lang = model.embed_language(batch["tokens"])
         return model.loss(images, batch["state"], lang, adv, batch["actions"],
-                          samples_per_example=config.noise_samples, generator=generator)
+                          samples_per_example=config.noise_samples, generator=generator,
+                          subgoal=batch.get("subgoal"), subgoal_weight=config.subgoal_weight)
 
     seeds = list(range(config.eval_seed, config.eval_seed + config.eval_episodes))
 

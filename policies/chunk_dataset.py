@@ -22,9 +22,11 @@ class ChunkDataset:
         episode_ends: np.ndarray,  # (E,) cumulative step counts
         horizon: int,
         advantage: np.ndarray | None = None,  # (N,) int64 indicator, 0 = none
+        subgoals: np.ndarray | None = None,  # (N, G) float32 auxiliary targets (see `subgoal_targets`)
     ) -> None:
         n = len(states)
-        for name, arr in [("actions", actions), ("tokens", tokens), *images.items()]:
+        extra = [] if subgoals is None else [("subgoals", subgoals)]
+        for name, arr in [("actions", actions), ("tokens", tokens), *images.items(), *extra]:
             if len(arr) != n:
                 raise ValueError(f"{name} has {len(arr)} steps, states have {n}")
         if not len(episode_ends) or episode_ends[-1] != n:
@@ -34,6 +36,7 @@ class ChunkDataset:
         self.actions = torch.from_numpy(np.asarray(actions, np.float32))
         self.tokens = torch.from_numpy(np.asarray(tokens, np.int64))
         self.advantage = torch.from_numpy(np.zeros(n, np.int64) if advantage is None else np.asarray(advantage, np.int64))
+        self.subgoals = None if subgoals is None else torch.from_numpy(np.asarray(subgoals, np.float32))
         self.episode_ends = np.asarray(episode_ends, np.int64)
         starts = np.concatenate([[0], self.episode_ends[:-1]])
         lengths = self.episode_ends - starts
@@ -58,10 +61,36 @@ class ChunkDataset:
     def batch(self, steps: torch.Tensor) -> dict:
         """Tensors for the windows starting at `steps` (B,)."""
         window = torch.minimum(steps[:, None] + self._offsets[None, :], self._last[steps][:, None])
-        return {
+        out = {
             "images": {k: v[steps] for k, v in self.images.items()},
             "state": self.states[steps],
             "tokens": self.tokens[steps],
             "advantage": self.advantage[steps],
             "actions": self.actions[window],
         }
+        if self.subgoals is not None:
+            out["subgoal"] = self.subgoals[steps]
+        return out
+
+
+def subgoal_targets(states: np.ndarray, subtask_ids: np.ndarray, episode_ends: np.ndarray, dims: int = 3) -> np.ndarray:
+    """Per step, the first `dims` state entries (the end effector's position) when its subtask ends.
+
+    A subtask's run of steps ends where `subtask_id` changes within the episode; the
+    target is the state of the first step after the run (the observation that shows
+    the subtask done), or the episode's last step for the final run.
+    """
+    n = len(states)
+    if len(subtask_ids) != n or not len(episode_ends) or episode_ends[-1] != n:
+        raise ValueError(f"states ({n}), subtask_ids ({len(subtask_ids)}) and episode_ends must cover the same steps")
+    out = np.empty((n, dims), np.float32)
+    start = 0
+    for end in np.asarray(episode_ends, np.int64):
+        ids = subtask_ids[start:end]
+        change = np.flatnonzero(ids[1:] != ids[:-1]) + 1  # first step of each later run
+        run_starts = np.concatenate([[0], change])
+        run_ends = np.concatenate([change, [end - start - 1]])  # index of the target step per run
+        for lo, hi, target in zip(run_starts, np.concatenate([change, [end - start]]), run_ends):
+            out[start + lo: start + hi] = states[start + target, :dims]
+        start = end
+    return out

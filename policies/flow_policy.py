@@ -43,6 +43,7 @@ class FlowPolicyConfig:
     hidden: int = 256
     blocks: int = 3
     time_dim: int = 32
+    subgoal_dim: int = 3  # auxiliary head: where the end effector will be when the subtask ends (0: none)
 
     def __post_init__(self) -> None:
         if not self.cameras:
@@ -96,6 +97,13 @@ class FlowPolicy(nn.Module):
         self.advantage = nn.Embedding(3, 16)
         cond_in = len(c.cameras) * c.vision_dim + 64 + c.lang_dim + 16
         self.cond = nn.Sequential(nn.Linear(cond_in, c.cond_dim), nn.SiLU(), nn.Linear(c.cond_dim, c.cond_dim))
+        # Auxiliary subgoal head on the observation features: predicting where the
+        # current subtask will end (e.g. the named block's position) gives the
+        # vision encoder a direct, low-noise localisation signal during training.
+        # It is not used to act.
+        feat_dim = cond_in - 16
+        self.subgoal = nn.Sequential(nn.Linear(feat_dim, c.cond_dim), nn.SiLU(), nn.Linear(c.cond_dim, c.subgoal_dim)) \
+            if c.subgoal_dim else None
         flat = c.horizon * c.action_dim
         self.head_in = nn.Linear(flat + c.time_dim, c.hidden)
         self.blocks = nn.ModuleList([_ResBlock(c.hidden, c.cond_dim) for _ in range(c.blocks)])
@@ -167,16 +175,33 @@ class FlowPolicy(nn.Module):
 
     def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor, advantage: torch.Tensor,
              actions: torch.Tensor, *, samples_per_example: int = 4,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-        """Flow-matching loss; each example's conditioning serves several (t, noise) draws."""
-        cond = self.condition(self.features(images, state, lang), advantage)
+             generator: torch.Generator | None = None, subgoal: torch.Tensor | None = None,
+             subgoal_weight: float = 1.0) -> torch.Tensor:
+        """Flow-matching loss; each example's conditioning serves several (t, noise) draws.
+
+        With `subgoal` (B, subgoal_dim): plus `subgoal_weight` times the mean squared
+        error of the subgoal head, in units of the state's standard deviation.
+        """
+        features = self.features(images, state, lang)
+        cond = self.condition(features, advantage)
         m, b = samples_per_example, actions.shape[0]
         x1 = self.normalize_actions(actions).reshape(b, -1).repeat(m, 1)
         cond = cond.repeat(m, 1)
         x0 = torch.randn(x1.shape, generator=generator, device=x1.device)
         t = torch.rand((x1.shape[0],), generator=generator, device=x1.device)
         xt = (1 - t[:, None]) * x0 + t[:, None] * x1
-        return torch.mean((self.velocity(xt, t, cond) - (x1 - x0)) ** 2)
+        loss = torch.mean((self.velocity(xt, t, cond) - (x1 - x0)) ** 2)
+        if subgoal is not None and subgoal_weight and self.subgoal is not None:
+            loss = loss + subgoal_weight * torch.mean((self.predict_subgoal(features) - subgoal) ** 2 /
+                                                      self.state_std[: subgoal.shape[1]] ** 2)
+        return loss
+
+    def predict_subgoal(self, features: torch.Tensor) -> torch.Tensor:
+        """Where the end effector will be when the current subtask ends (B, subgoal_dim), in state units."""
+        if self.subgoal is None:
+            raise ValueError("this policy was built without a subgoal head (subgoal_dim=0)")
+        d = self.config.subgoal_dim
+        return self.subgoal(features) * self.state_std[:d] + self.state_mean[:d]
 
 
 KIND = "flow_policy"
