@@ -1,0 +1,170 @@
+"""RolloutHost: transitions, every stop reason, reset by restore == cold reset, hand-off, recording."""
+
+import numpy as np
+import pytest
+import torch
+
+from critics.critic_runtime import CriticRuntime
+from envs.scripted_expert import ScriptedExpert
+from envs.tabletop_env import TabletopEnv
+from policies.policy_runtime import PolicyRuntime
+from rollout.npz_recorder import NpzRecorder, read_npz_episode
+from rollout.rollout_host import HostConfig, Phase, RolloutHost, SafetyStop, capsule_key
+from tests.policies.tiny import tiny_critic, tiny_policy
+
+CYCLE = ["reset->running", "running->stop_infer", "stop_infer->record"]
+
+
+def make_host(**config) -> RolloutHost:
+    env = TabletopEnv("pick_place", cameras=("front",), image_size=16)
+    host = RolloutHost(env=env, policy=PolicyRuntime(tiny_policy()), critic=CriticRuntime(tiny_critic()),
+                       config=HostConfig(**{"n_exec": 2, **config}))
+    return host
+
+
+@pytest.fixture
+def host():
+    h = make_host(max_steps=6)
+    yield h
+    h.close()
+
+
+def drive_with_expert(host: RolloutHost) -> None:
+    """Replace the policy lane by the scripted expert (every chunk = the expert's next action)."""
+    expert = ScriptedExpert(host.env)
+    chunk = host.policy.buffers["chunk"]
+
+    def act():
+        chunk.copy_(torch.from_numpy(expert.act()).expand_as(chunk))
+
+    host.policy.runner = act
+
+
+def test_timeout_and_the_transition_cycle(host):
+    first = host.run_episode(3)
+    assert first.meta.stop_reason == "timeout" and first.meta.length == 6 and not first.meta.success
+    assert first.transitions == ["idle->reset", *CYCLE] and host.phase is Phase.RECORD
+    second = host.run_episode(4)
+    assert second.transitions == ["record->reset", *CYCLE]
+    steps = first.episode.steps
+    assert steps["image_front"].shape == (6, 16, 16, 3)
+    # a value is recorded where the critic ran (every n_exec = 2 steps), NaN between
+    assert np.isfinite(steps["value"][::2]).all() and np.isnan(steps["value"][1::2]).all()
+    assert np.array_equal(steps["action"], np.clip(steps["policy_action"], -1, 1))
+
+
+def test_success_with_an_expert_in_the_policy_lane():
+    h = make_host(n_exec=1)
+    drive_with_expert(h)
+    result = h.run_episode(0)
+    assert result.meta.stop_reason == "success" and result.meta.success
+    # the planner handed over the second subtask during the episode
+    assert set(result.episode.steps["subtask_id"]) == {0, 1}
+    assert h.channel.read().index == 1 and h.channel.read().source == "planner"
+    h.close()
+
+
+def test_operator_end_low_value_safety_and_error_are_recorded():
+    h = make_host(max_steps=30)
+
+    def end_at_3(obs, action):
+        if h.env.steps == 3:
+            h.request_end(success=True)
+
+    h.safety_check = end_at_3
+    r = h.run_episode(0)
+    assert (r.meta.stop_reason, r.meta.success, r.meta.length) == ("operator_end", True, 4)
+
+    def unsafe_at_2(obs, action):
+        if h.env.steps == 2:
+            raise SafetyStop("workspace limit")
+
+    h.safety_check = unsafe_at_2
+    r = h.run_episode(0)
+    assert (r.meta.stop_reason, r.error, r.meta.length) == ("safety", "workspace limit", 2)
+
+    def broken(obs, action):
+        if h.env.steps == 1:
+            raise RuntimeError("camera unplugged")
+
+    h.safety_check = broken
+    r = h.run_episode(0)
+    assert r.meta.stop_reason == "error" and "camera unplugged" in r.error and r.meta.length == 1
+    h.safety_check = None
+    assert h.run_episode(0).meta.stop_reason == "timeout"  # the host is still usable
+    h.close()
+
+    low = make_host(max_steps=30, value_threshold=0.5, value_patience=2)  # values are <= 0: always low
+    r = low.run_episode(0)
+    assert r.meta.stop_reason == "low_value" and r.meta.length == 2  # chunk 1 ran, chunk 2 made the count
+    low.close()
+
+
+def test_non_finite_policy_output_is_a_safety_stop():
+    h = make_host(max_steps=30)
+    chunk = h.policy.buffers["chunk"]
+    calls = []
+
+    def act():
+        calls.append(1)
+        chunk.fill_(float("nan") if len(calls) == 2 else 0.0)
+
+    h.policy.runner = act
+    r = h.run_episode(0)
+    assert r.meta.stop_reason == "safety" and "non-finite" in r.error and r.meta.length == 2
+    h.close()
+
+
+def test_reset_by_restore_equals_a_cold_reset_bit_for_bit():
+    a = make_host(max_steps=12)
+    cold = a.run_episode(5)
+    a.run_episode(6)  # something else in between
+    again = a.run_episode(5)
+    assert (cold.reset_kind, again.reset_kind) == ("cold", "restore")
+    b = make_host(max_steps=12)
+    fresh = b.run_episode(5)  # a new host, cold
+    for other in (again, fresh):
+        for key in ("image_front", "state", "action", "policy_action", "value", "reward", "subtask_id"):
+            assert np.array_equal(cold.episode.steps[key], other.episode.steps[key], equal_nan=True), key
+    assert cold.meta.initial_capsule_id == again.meta.initial_capsule_id != fresh.meta.initial_capsule_id
+    a.close()
+    b.close()
+
+
+def test_coaching_overwrites_the_subtask_and_asks_for_a_new_chunk():
+    h = make_host(max_steps=8, n_exec=4)
+    coach_text = "no, take the blue block"
+
+    def coach_at_1(obs, action):
+        if h.env.steps == 1:
+            h.channel.coach(coach_text)
+
+    h.safety_check = coach_at_1
+    r = h.run_episode(0)
+    expected = h.policy.model.embed_language(torch.from_numpy(h.policy.model.tokenizer.encode(coach_text))[None])
+    assert torch.allclose(h.policy.buffers["lang"], expected)
+    # chunks at steps 0, 2 (the coach's text arrived after step 1) and 6
+    assert np.flatnonzero(np.isfinite(r.episode.steps["value"])).tolist() == [0, 2, 6]
+    h.close()
+
+
+def test_pinned_seeds_and_recording(tmp_path):
+    h = make_host(max_steps=3, pin_seeds=(7,))
+    h.recorder = NpzRecorder(tmp_path)
+    h.run_episode(7)
+    h.run_episode(8, episode_id="custom-id")
+    assert h.store.is_pinned(capsule_key("pick_place", 7)) and not h.store.is_pinned(capsule_key("pick_place", 8))
+    ep = read_npz_episode(tmp_path / "custom-id.npz")
+    assert ep.meta.seed == 8 and ep.meta.length == 3 and ep.meta.stop_reason == "timeout"
+    h.close()
+
+
+def test_bad_configuration_is_refused():
+    with pytest.raises(ValueError, match="n_exec"):
+        make_host(n_exec=99)
+    env = TabletopEnv("pick_place", cameras=(), image_size=16)
+    with pytest.raises(ValueError, match="camera"):
+        RolloutHost(env=env, policy=PolicyRuntime(tiny_policy()), critic=CriticRuntime(tiny_critic()),
+                    config=HostConfig(n_exec=2))
+    with pytest.raises(ValueError, match=">= 1"):
+        HostConfig(value_patience=0)
