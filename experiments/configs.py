@@ -276,3 +276,55 @@ class BenchPolicyConfig:
             raise ValueError("--rounds must be >= 3")
         if not self.threads or min(self.threads) < 1:
             raise ValueError("--threads needs one or more positive counts")
+
+
+@dataclass(frozen=True)
+class SimRolloutConfig:
+    actors: int = 2
+    """Ray actors (rollout hosts), one process each."""
+    episodes: int = 8
+    """Episodes in total (seeds `seed` .. `seed + episodes - 1`)."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    seed: int = 1_000_000
+    """First episode seed (held out from the demonstrations)."""
+    out: str = "runs/sim_rollout"
+    """Output directory: episodes.zarr, capsules/, rollout.json, rollout.png, episode.gif."""
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint directory."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint directory."""
+    n_exec: int = 8
+    """Actions of each chunk executed before the next inference."""
+    value_threshold: float | None = None
+    """Stop an episode when the critic's value stays below this (None: never)."""
+    value_patience: int = 3
+    """Consecutive low-value chunks before that stop."""
+    cpus_per_actor: float = 1.0
+    """Ray CPU resources per actor."""
+    gpus_per_actor: float = 0.0
+    """Ray GPU fraction per actor (the policy and critic then run on CUDA)."""
+    max_restarts: int = 3
+    """Restarts Ray grants each actor that dies."""
+    video: bool = True
+    """Write a gif of one episode (the first success, else the first)."""
+    progress: bool = True
+    """Show a progress bar."""
+    crash: tuple[str, ...] = ()
+    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE: that actor exits once at that step."""
+
+    def __post_init__(self) -> None:
+        if self.actors < 1 or self.episodes < 1 or self.n_exec < 1 or self.value_patience < 1:
+            raise ValueError("--actors, --episodes, --n_exec and --value_patience must be >= 1")
+        if self.crash and len(self.crash) != 3:
+            raise ValueError("--crash takes three values: EPISODE_ID STEP MARKER_FILE")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    store: str = "runs/sim_rollout/episodes.zarr"
+    """Zarr store written by sim_rollout (its directory holds rollout.json and capsules/)."""
+    episode: str = ""
+    """Episode id to re-run (e.g. pick_place-s1000000)."""
+    capsules: str = ""
+    """Directory of initial capsules; empty: `capsules/` next to the store."""

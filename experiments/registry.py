@@ -14,6 +14,8 @@ from experiments.configs import (
     BenchPolicyConfig,
     CollectDemosConfig,
     EvalPolicyConfig,
+    ReplayConfig,
+    SimRolloutConfig,
     TrainCriticConfig,
     TrainPolicyConfig,
     VerifyCapsuleConfig,
@@ -124,5 +126,21 @@ register(
         BenchPolicyConfig(),
         "experiments.bench_policy:run",
         "Policy and critic latency per chunk, serial vs two-lane, captured vs eager on a GPU.",
+    )
+)
+register(
+    Experiment(
+        "sim_rollout",
+        SimRolloutConfig(),
+        "experiments.sim_rollout:run",
+        "Policy + critic rollouts on Ray actors (capsule resets, hand-off), recorded to zarr; table, plot, video.",
+    )
+)
+register(
+    Experiment(
+        "replay",
+        ReplayConfig(),
+        "experiments.replay:run",
+        "Re-run a recorded episode from its initial capsule; exits non-zero unless actions and values are bit-identical.",
     )
 )

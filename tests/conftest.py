@@ -29,3 +29,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray session shared by the tests that need one (starting Ray takes seconds)."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()

@@ -20,3 +20,18 @@ def tiny_critic(seed: int = 0) -> ValueCritic:
 
     torch.manual_seed(seed)
     return ValueCritic(TINY_CRITIC)
+
+
+def save_tiny_checkpoints(directory, seed: int = 0) -> tuple[str, str]:
+    """Tiny policy and critic checkpoints (random weights) under `directory`; returns their paths."""
+    from pathlib import Path
+
+    from critics.value_critic import KIND as CRITIC_KIND
+    from policies.common.checkpoint import save_checkpoint
+    from policies.flow_policy import KIND as POLICY_KIND
+
+    directory = Path(directory)
+    policy, critic = directory / "policy", directory / "critic"
+    save_checkpoint(policy, kind=POLICY_KIND, model=tiny_policy(seed), step=0, config={"model": TINY_POLICY.to_json()})
+    save_checkpoint(critic, kind=CRITIC_KIND, model=tiny_critic(seed), step=0, config={"model": TINY_CRITIC.to_json()})
+    return str(policy), str(critic)

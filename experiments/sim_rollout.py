@@ -1,0 +1,160 @@
+"""sim_rollout: the policy and critic on N Ray actors, every episode recorded once to zarr.
+
+Writes, under `--out`: `episodes.zarr` (the episodes), `capsules/` (each seed's
+initial capsule, for `replay`), `rollout.json` (the host spec), `rollout.png`
+(success rate and value curves) and `episode.gif` (one episode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+from tqdm import tqdm
+
+from experiments.configs import SimRolloutConfig
+from experiments.console import make_console
+from experiments.result import ExperimentResult
+from rollout import episode_schema as S
+from rollout.host_factory import HostSpec, check_spec
+from rollout.ray_rollout import WorkItem, init_ray, run_rollouts
+from rollout.rollout_host import HostConfig
+from rollout.zarr_recorder import ZarrRecorder
+
+SPEC_FILE = "rollout.json"
+
+
+def rollout_episode_id(family: str, seed: int) -> str:
+    return f"{family}-s{seed:07d}"
+
+
+def run(config: SimRolloutConfig) -> ExperimentResult:
+    import ray
+
+    console = make_console()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    crash = (config.crash[0], int(config.crash[1]), config.crash[2]) if config.crash else ()
+    spec = HostSpec(
+        family=config.family, policy=str(Path(config.policy).resolve()), critic=str(Path(config.critic).resolve()),
+        host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
+                        value_patience=config.value_patience),
+        device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
+        capsule_dir=str((out / "capsules").resolve()), crash=crash,
+    )
+    check_spec(spec)
+    (out / SPEC_FILE).write_text(json.dumps({**spec.to_json(), "crash": []}, indent=2) + "\n")
+    store = out / "episodes.zarr"
+    recorder = ZarrRecorder(store)
+    items = [WorkItem(rollout_episode_id(config.family, s), s)
+             for s in range(config.seed, config.seed + config.episodes)]
+    already = [it for it in items if it.episode_id in recorder]
+    items = [it for it in items if it.episode_id not in recorder]
+    if already:
+        console.print(f"{len(already)} of the episodes are already in {store}; running the other {len(items)}")
+    where = init_ray()
+    bar = tqdm(total=len(items), desc=f"sim_rollout {config.family}", unit="ep", disable=not config.progress)
+    steps_total = [0]
+    t0 = time.perf_counter()
+
+    def on_report(report, stats) -> None:
+        if report.episode is not None:
+            steps_total[0] += report.episode.meta.length
+        elapsed = time.perf_counter() - t0
+        bar.update(1)
+        bar.set_postfix(success=f"{stats.successes}/{stats.episodes}", hz=f"{steps_total[0] / elapsed:.0f}")
+
+    try:
+        reports, stats = run_rollouts(spec, items, actors=config.actors, recorder=recorder,
+                                      cpus_per_actor=config.cpus_per_actor, gpus_per_actor=config.gpus_per_actor,
+                                      max_restarts=config.max_restarts, on_report=on_report)
+    finally:
+        bar.close()
+        recorder.close()
+        if where == "local":
+            ray.shutdown()
+    wall = time.perf_counter() - t0
+    episodes = [r.episode for r in reports if r.episode is not None]
+    reasons = Counter(e.meta.stop_reason for e in episodes)
+    resets = [r.reset_ms for r in reports]
+    summary = {
+        "episodes": len(episodes),
+        "successes": sum(e.meta.success for e in episodes),
+        "success_rate": (sum(e.meta.success for e in episodes) / len(episodes)) if episodes else 0.0,
+        "stop_reasons": dict(reasons),
+        "reset_ms_median": float(np.median(resets)) if resets else None,
+        "reset_kinds": dict(Counter(r.reset_kind for r in reports)),
+        "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0,
+        "control_hz_per_actor_median": float(np.median([r.steps_per_s for r in reports])) if reports else None,
+        "actors": config.actors,
+        "actor_failures": stats.actor_failures,
+        "resubmitted": stats.resubmitted,
+        "duplicates_skipped": stats.duplicates_skipped,
+        "wall_s": wall,
+        "store": str(store),
+        "ray": where,
+    }
+    if episodes:
+        summary["plot"] = str(_plot(episodes, out / "rollout.png"))
+        if config.video:
+            summary["video"] = str(_video(episodes, out / "episode.gif"))
+    _table(console, summary)
+    return ExperimentResult(summary)
+
+
+def _table(console, s: dict) -> None:
+    table = Table(title="sim_rollout")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("episodes", s["episodes"]),
+        ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})"),
+        ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(s["stop_reasons"].items()))),
+        ("reset (median)", f"{s['reset_ms_median']:.2f} ms" if s["reset_ms_median"] is not None else "-"),
+        ("control steps/s (all actors)", f"{s['steps_per_s']:.0f}"),
+        ("actors / failures / re-run", f"{s['actors']} / {s['actor_failures']} / {s['resubmitted']}"),
+        ("store", s["store"]),
+    ]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    console.print(table)
+
+
+def _plot(episodes, path: Path) -> Path:
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    wins = np.cumsum([e.meta.success for e in episodes])
+    ax1.plot(np.arange(1, len(episodes) + 1), wins / np.arange(1, len(episodes) + 1), marker="o")
+    ax1.set(xlabel="episodes finished", ylabel="success rate so far", ylim=(-0.05, 1.05), title="success rate")
+    for e in episodes:
+        v = e.steps[S.VALUE]
+        t = np.flatnonzero(np.isfinite(v))
+        ax2.plot(t, v[t], color="tab:green" if e.meta.success else "tab:red", alpha=0.6, lw=1)
+    ax2.set(xlabel="control step", ylabel="critic value", ylim=(-1.05, 0.05),
+            title="value per chunk (green: success, red: failure)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _video(episodes, path: Path) -> Path:
+    import imageio.v2 as imageio
+
+    chosen = next((e for e in episodes if e.meta.success), episodes[0])
+    key = next((k for k in chosen.image_keys), None)
+    if key is None:
+        return path
+    frames = np.repeat(np.repeat(chosen.steps[key], 4, axis=1), 4, axis=2)  # 4x, nearest
+    imageio.mimsave(path, list(frames), duration=0.1, loop=0)
+    return path
