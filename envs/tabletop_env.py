@@ -159,6 +159,10 @@ class TabletopEnv(gym.Env, BufferComponent):
         self._apply(np.clip(a, -1.0, 1.0))
         for _ in range(SUBSTEPS):
             mujoco.mj_step(self.model, self.data)
+        # mj_step leaves positions-derived quantities (body poses, contacts) one substep
+        # stale; recompute them so observations and predicates see the current state,
+        # exactly as after a capsule restore (which also ends in mj_forward)
+        mujoco.mj_forward(self.model, self.data)
         self.steps += 1
         world = self.world()
         self._advance_subtask(world)

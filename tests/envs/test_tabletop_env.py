@@ -211,3 +211,20 @@ def test_backend_selection(monkeypatch):
     assert gl_backend.select_backend() is None
     monkeypatch.setenv("MUJOCO_GL", "egl")
     assert gl_backend.select_backend() == "egl"
+
+
+def test_the_observation_after_a_step_equals_the_one_after_restoring_there():
+    """Observations see the current state (no pose or contact one substep stale)."""
+    from capsules import Arena, restore, snapshot
+
+    env = TabletopEnv("pick_place", cameras=("front",))
+    arena = Arena([env]).allocate()
+    env.reset(seed=4)
+    for _ in range(6):
+        obs, *_ = env.step(np.array([0.6, -0.4, -1.0, 1.0], np.float32))
+    capsule = snapshot(arena, step=6)
+    restore(arena, capsule)
+    again = env.observe()
+    assert np.array_equal(obs["image_front"], again["image_front"])
+    assert np.array_equal(obs["state"], again["state"])
+    env.close()
