@@ -21,6 +21,7 @@ from experiments.result import ExperimentResult
 from policies.common.checkpoint import META_FILE
 from policies.flow_policy import FlowPolicy, load_policy
 from policies.policy_steppable import PolicySteppable
+from rollout.rollout_steppable import RolloutSteppable
 
 
 def _devices(config: VerifyCapsuleConfig) -> list[str]:
@@ -50,6 +51,8 @@ def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
     for device in _devices(config):
         found.append(lambda device=device: PolicySteppable(policy, device=device))
         found.append(lambda device=device: CriticSteppable(critic, device=device))
+    # the whole rollout boundary as one component: env + policy + critic + host state + hand-off
+    found.append(lambda: RolloutSteppable(policy, critic))
     return found
 
 

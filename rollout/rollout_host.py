@@ -92,6 +92,23 @@ class HostConfig:
 
 
 @dataclass
+class Tick:
+    """What one control step did (see `RolloutHost.tick`)."""
+
+    new_chunk: bool
+    value: float
+    low_value: bool = False
+    proposed: np.ndarray | None = None
+    action: np.ndarray | None = None
+    subtask_id: int = 0
+    obs: dict | None = None
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
 class EpisodeResult:
     episode: Episode | None  # None only when the episode failed before its first step
     reset_kind: str  # "restore" or "cold"
@@ -109,15 +126,23 @@ class EpisodeResult:
 class _HostState(BufferComponent):
     """The host's own committed state: action queue, counters, the subtask block."""
 
-    def __init__(self, horizon: int) -> None:
+    def __init__(self, horizon: int, before_snapshot: Callable[[], None], after_restore: Callable[[], None]) -> None:
         super().__init__()
         self.name = "host"
         self.horizon = horizon
+        self._before, self._after = before_snapshot, after_restore
+
+    def before_snapshot(self) -> None:
+        self._before()
+
+    def after_restore(self) -> None:
+        self._after()
 
     def buffer_specs(self) -> list[BufferSpec]:
         return [
             BufferSpec("queue", (self.horizon, ACTION_DIM), torch.float32, doc="actions left of the current chunk"),
-            BufferSpec("counters", (4,), torch.int64, doc="queue position, queue length, low-value chunks, chunks"),
+            BufferSpec("counters", (5,), torch.int64,
+                       doc="queue position, queue length, low-value chunks, chunks, planner's last subtask"),
             BufferSpec("value", (), torch.float32, doc="critic value of the current chunk"),
             BufferSpec("subtask", (NBYTES,), torch.uint8, doc="the hand-off channel's block at the boundary"),
         ]
@@ -161,7 +186,7 @@ class RolloutHost:
         self.planner = planner if planner is not None else ScriptedPlanner(self.channel)
         self.recorder = recorder
         self.safety_check = safety_check
-        self.state = _HostState(policy.config.horizon)
+        self.state = _HostState(policy.config.horizon, self._save_subtask, self._load_subtask)
         self.arena = Arena([env, policy, critic, self.state]).allocate()
         self.lanes = TwoLaneContext(policy.device)
         self.phase = Phase.IDLE
@@ -190,7 +215,13 @@ class RolloutHost:
 
     # -- capsule hooks for the hand-off block ------------------------------------------
     def _save_subtask(self) -> None:
-        self.state.buffers["subtask"].copy_(self.channel.tensor)
+        block = self.state.buffers["subtask"]
+        block.copy_(self.channel.tensor)
+        # the version counter is this process's publish count, not state: keep "published or not"
+        seq = block[:8].view(torch.int64)
+        seq.fill_(2 if int(seq) > 0 else 0)
+        published = getattr(self.planner, "published", None)
+        self.state.buffers["counters"][4] = -1 if published is None else published
 
     def _load_subtask(self) -> None:
         """After a restore: republish the restored subtask, and treat it as already seen."""
@@ -201,9 +232,9 @@ class RolloutHost:
             self.channel.publish(sub.text, sub.index, source=2 if sub.source == "coach" else 1)
         self._seen_version = self.channel.version()
         self._subtask_index = max(sub.index, 0) if sub.version else 0
-        # the planner follows the restored env (its choice depends on env state only)
-        if isinstance(self.planner, ScriptedPlanner):
-            self.planner.published = sub.index if sub.source == "planner" else None
+        if hasattr(self.planner, "published"):  # what the planner last published, as at the boundary
+            published = int(self.state.buffers["counters"][4])
+            self.planner.published = None if published < 0 else published
 
     # -- RESET --------------------------------------------------------------------------
     def reset(self, seed: int) -> tuple[str, float, str]:
@@ -213,8 +244,7 @@ class RolloutHost:
         key = capsule_key(self.family, seed)
         if key in self.store:
             capsule = self.store.get(key)
-            restore(self.arena, capsule)
-            self._load_subtask()
+            restore(self.arena, capsule)  # the host component's hook republishes the subtask
             kind = "restore"
         else:
             capsule = self._cold_reset(seed, key)
@@ -233,7 +263,6 @@ class RolloutHost:
         b["queue"].zero_()
         b["counters"].zero_()
         b["value"].fill_(float("nan"))
-        self._save_subtask()
         capsule = snapshot(self.arena, label=key, step=0, episode=key, extra={"seed": str(seed), "family": self.family})
         self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
         return capsule
@@ -266,6 +295,35 @@ class RolloutHost:
         c[2] = c[2] + 1 if threshold is not None and float(value) < threshold else 0
         c[3] += 1
 
+    def tick(self, obs: dict) -> Tick:
+        """One control step of the chunk loop from observation `obs` (the env's current one).
+
+        Reads the hand-off (a new subtask -> new language, new chunk), runs both lanes
+        when the queue is empty, and executes the next queued action. A low-value
+        stop, when due, is reported before acting (`tick.low_value`, nothing executed).
+        """
+        b, cfg = self.state.buffers, self.config
+        if self._poll_subtask():
+            b["counters"][1] = 0  # new language: new chunk now
+        c = b["counters"]
+        new_chunk = int(c[0]) >= int(c[1])
+        if new_chunk:
+            self._infer(obs)
+            if cfg.value_threshold is not None and int(c[2]) >= cfg.value_patience:
+                return Tick(new_chunk=True, value=float(b["value"]), low_value=True)
+        proposed = b["queue"][int(c[0])].numpy().copy()
+        c[0] += 1
+        tick = Tick(new_chunk=new_chunk, value=float(b["value"]), proposed=proposed, subtask_id=self._subtask_index)
+        if not np.all(np.isfinite(proposed)):
+            raise SafetyStop(f"policy proposed a non-finite action {proposed.tolist()}")
+        tick.action = np.clip(proposed, -1.0, 1.0)
+        if self.safety_check is not None:
+            self.safety_check(obs, tick.action)
+        tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(tick.action)
+        if self.env.steps % cfg.planner_every == 0:
+            self.planner.update(self.env)
+        return tick
+
     def run_episode(self, seed: int, *, episode_id: str | None = None) -> EpisodeResult:
         """RESET -> RUNNING -> STOP_INFER -> RECORD for one seed; returns the recorded episode."""
         self.transitions = []
@@ -278,47 +336,34 @@ class RolloutHost:
             self.phase = Phase.IDLE
             raise RuntimeError(f"reset of {episode_id} failed: {type(exc).__name__}: {exc}") from exc
         self._go(Phase.RUNNING)
-        env, cfg, b = self.env, self.config, self.state.buffers
+        env, cfg = self.env, self.config
         limit = min(cfg.max_steps or env.max_steps, env.max_steps)
         obs = env.observe()
         t0 = time.perf_counter()
         try:
             while True:
-                if self._poll_subtask():
-                    b["counters"][1] = 0  # new language: new chunk now
-                c = b["counters"]
-                new_chunk = int(c[0]) >= int(c[1])
-                if new_chunk:
-                    self._infer(obs)
-                    # an episode executes at least one step, so every stop is recorded
-                    if cfg.value_threshold is not None and int(c[2]) >= cfg.value_patience and len(builder):
-                        reason = LOW_VALUE
-                        break
-                proposed = b["queue"][int(c[0])].numpy().copy()
-                c[0] += 1
-                if not np.all(np.isfinite(proposed)):
-                    reason = SAFETY
-                    error = f"policy proposed a non-finite action {proposed.tolist()}"
+                tick = self.tick(obs)
+                # an episode executes at least one step, so every stop is recorded
+                if tick.low_value and len(builder):
+                    reason = LOW_VALUE
                     break
-                action = np.clip(proposed, -1.0, 1.0)
-                if self.safety_check is not None:
-                    self.safety_check(obs, action)
+                if tick.low_value:  # stop due before the first step: run the chunk anyway
+                    self.state.buffers["counters"][2] = 0
+                    continue
                 images = {c_: obs[image_key(c_)] for c_ in env.cameras} if cfg.record_images else {}
-                state, subtask_id = obs["state"], self._subtask_index
-                obs, reward, terminated, truncated, info = env.step(action)
-                builder.add(images=images, state=state, action=action, reward=reward, policy_action=proposed,
-                            value=float(b["value"]) if new_chunk else float("nan"), subtask_id=subtask_id)
-                if env.steps % cfg.planner_every == 0:
-                    self.planner.update(env)
+                builder.add(images=images, state=obs["state"], action=tick.action, reward=tick.reward,
+                            policy_action=tick.proposed, value=tick.value if tick.new_chunk else float("nan"),
+                            subtask_id=tick.subtask_id)
+                obs = tick.obs
                 with self._lock:
                     end = self._end_request
-                if info["success"]:
+                if tick.info["success"]:
                     reason, success = SUCCESS, True
                     break
                 if end is not None:
                     reason, success = OPERATOR_END, end
                     break
-                if truncated or env.steps >= limit:
+                if tick.truncated or env.steps >= limit:
                     reason = TIMEOUT
                     break
         except SafetyStop as exc:
@@ -339,10 +384,9 @@ class RolloutHost:
         )
         if self.recorder is not None:
             self.recorder.write(episode)
-        result = EpisodeResult(episode=episode, reset_kind=kind, reset_ms=reset_ms, run_s=run_s,
-                               steps_per_s=n / run_s if run_s > 0 and n else 0.0, error=error,
-                               transitions=list(self.transitions))
-        return result
+        return EpisodeResult(episode=episode, reset_kind=kind, reset_ms=reset_ms, run_s=run_s,
+                             steps_per_s=n / run_s if run_s > 0 and n else 0.0, error=error,
+                             transitions=list(self.transitions))
 
     def run(self, seeds: Iterable[int]) -> list[EpisodeResult]:
         return [self.run_episode(seed) for seed in seeds]
