@@ -328,3 +328,13 @@ class ReplayConfig:
     """Episode id to re-run (e.g. pick_place-s1000000)."""
     capsules: str = ""
     """Directory of initial capsules; empty: `capsules/` next to the store."""
+
+
+@dataclass(frozen=True)
+class ExportCheckpointConfig:
+    src: str = ""
+    """Checkpoint directory to export (e.g. a training run's --out)."""
+    out: str = ""
+    """Destination: weights and JSON only, no optimizer state (what is shipped)."""
+    eval: str = ""
+    """Optional JSON summary of eval_policy to record in the checkpoint's info."""

@@ -14,6 +14,7 @@ from experiments.configs import (
     BenchPolicyConfig,
     CollectDemosConfig,
     EvalPolicyConfig,
+    ExportCheckpointConfig,
     ReplayConfig,
     SimRolloutConfig,
     TrainCriticConfig,
@@ -142,5 +143,13 @@ register(
         ReplayConfig(),
         "experiments.replay:run",
         "Re-run a recorded episode from its initial capsule; exits non-zero unless actions and values are bit-identical.",
+    )
+)
+register(
+    Experiment(
+        "export_checkpoint",
+        ExportCheckpointConfig(),
+        "experiments.export_checkpoint:run",
+        "Copy a policy or critic checkpoint without optimizer state (the form that is shipped).",
     )
 )

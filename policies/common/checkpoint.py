@@ -172,3 +172,25 @@ class Checkpoint:
         opt = {k: v for k, v in tensors.items() if not k.startswith("extra.")}
         optimizer.load_state_dict(_unflatten_optimizer(opt, self.meta["optimizer"]))
         return extra
+
+
+def export_weights(source: str | os.PathLike, destination: str | os.PathLike, *, note: dict | None = None) -> Path:
+    """Copy a checkpoint without its optimizer state (what gets shipped): weights + JSON.
+
+    The weights are validated against the source's sha256 first; `note` is merged
+    into the JSON's `info` (e.g. how the checkpoint was made and evaluated).
+    """
+    ckpt = Checkpoint(source)
+    destination = Path(destination)
+    if destination.resolve() == Path(source).resolve():
+        raise ValueError("export to a different directory than the source")
+    destination.mkdir(parents=True, exist_ok=True)
+    weights_bytes = (ckpt.directory / WEIGHTS_FILE).read_bytes()
+    _atomic_write(destination / WEIGHTS_FILE, weights_bytes)
+    meta = {k: v for k, v in ckpt.meta.items() if k != "optimizer"}
+    meta["files"] = {WEIGHTS_FILE: _sha(weights_bytes)}
+    meta["info"] = {**meta.get("info", {}), "exported_from": str(source), **(note or {})}
+    if (destination / OPTIMIZER_FILE).exists():
+        (destination / OPTIMIZER_FILE).unlink()
+    _atomic_write(destination / META_FILE, json.dumps(meta, indent=2).encode())
+    return destination

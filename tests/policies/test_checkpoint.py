@@ -75,3 +75,19 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     _loop(resumed, opt2, gen2, ckpt.step, 6)
     for key, value in straight.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value), key
+
+
+def test_export_drops_the_optimizer_and_keeps_the_weights(tmp_path):
+    from policies.common.checkpoint import export_weights
+
+    model = tiny_policy()
+    opt = make_optimizer(model, LoopConfig(steps=3))
+    _save(model, tmp_path / "run", optimizer=opt, info={"evals": [1]})
+    out = export_weights(tmp_path / "run", tmp_path / "ship", note={"evaluation": {"success_rate": 0.5}})
+    ckpt = Checkpoint(out, kind=KIND)
+    assert not ckpt.resumable and not (out / "optimizer.safetensors").exists()
+    assert ckpt.meta["info"]["evals"] == [1] and ckpt.meta["info"]["evaluation"]["success_rate"] == 0.5
+    loaded = load_policy(out)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    with pytest.raises(ValueError, match="different directory"):
+        export_weights(tmp_path / "run", tmp_path / "run")
