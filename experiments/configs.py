@@ -338,3 +338,39 @@ class ExportCheckpointConfig:
     """Destination: weights and JSON only, no optimizer state (what is shipped)."""
     eval: str = ""
     """Optional JSON summary of eval_policy to record in the checkpoint's info."""
+
+
+@dataclass(frozen=True)
+class BenchRolloutConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    seed: int = 1_000_000
+    """First seed used."""
+    n_exec: int = 8
+    """Actions per chunk executed."""
+    max_steps: int = 40
+    """Episode length cap (keeps rounds comparable and short)."""
+    reset_rounds: int = 50
+    """Capsule-restore resets timed."""
+    cold_rounds: int = 5
+    """Cold resets timed (interleaved with the restores)."""
+    record_rounds: int = 6
+    """Episode pairs with recording on and off."""
+    scale_episodes: int = 8
+    """Episodes per throughput measurement (1 vs 2 actors)."""
+    handoff_samples: int = 500
+    """Hand-offs timed per mode."""
+    actors_check: bool = True
+    """Measure 1 vs 2 Ray actors (starts Ray)."""
+    docs: str = ""
+    """Markdown file whose bench_rollout section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if min(self.reset_rounds, self.cold_rounds, self.record_rounds, self.scale_episodes) < 1:
+            raise ValueError("round and episode counts must be >= 1")
+        if self.handoff_samples < 10:
+            raise ValueError("--handoff_samples must be >= 10")

@@ -12,6 +12,7 @@ from experiments.configs import (
     BenchCapsulesConfig,
     BenchEnvConfig,
     BenchPolicyConfig,
+    BenchRolloutConfig,
     CollectDemosConfig,
     EvalPolicyConfig,
     ExportCheckpointConfig,
@@ -151,5 +152,13 @@ register(
         ExportCheckpointConfig(),
         "experiments.export_checkpoint:run",
         "Copy a policy or critic checkpoint without optimizer state (the form that is shipped).",
+    )
+)
+register(
+    Experiment(
+        "bench_rollout",
+        BenchRolloutConfig(),
+        "experiments.bench_rollout:run",
+        "Reset by capsule restore vs cold, recording on vs off, 1 vs 2 actors, hand-off latency.",
     )
 )

@@ -51,7 +51,8 @@ def init_ray(num_cpus: int | None = None) -> str:
     if address:
         ray.init(address=address, log_to_driver=True)
         return address
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    # address="local": always a new embedded cluster (never a stale one recorded in /tmp/ray)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
     return "local"
 
 

@@ -37,7 +37,7 @@ def ray_session():
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
-        ray.init(include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()

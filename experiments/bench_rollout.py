@@ -1,0 +1,222 @@
+"""bench_rollout: the rollout layer's costs, each pair measured side by side in one run.
+
+1. Episode reset: restoring the seed's initial capsule vs a cold reset (build the
+   env, load both checkpoints, reset, first inference), interleaved rounds.
+2. Control loop: steps/s of the same episode (same seed, restored: identical work)
+   with recording on (EpisodeBuilder + zarr writer thread) and off, alternating.
+3. Throughput: 1 vs 2 Ray actors (warmed up), episodes split between them.
+4. Hand-off: publish -> visible latency of the subtask channel, reader spinning,
+   in-process (threads) and cross-process (shared memory, a spawned writer).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+
+from experiments.bench_support import machine, stats_us, update_markdown_section
+from experiments.configs import BenchRolloutConfig
+from experiments.console import make_console
+from experiments.result import ExperimentResult
+from rollout.handoff import SubtaskChannel
+from rollout.host_factory import HostSpec, build_host
+from rollout.rollout_host import HostConfig
+from rollout.zarr_recorder import ZarrRecorder
+
+RESET_TARGET = 100.0  # restore at least 100x faster than a cold reset
+RECORD_TARGET = 1.05  # recording costs at most 5%
+SCALE_TARGET = 1.8  # 2 actors at least 1.8x one actor's throughput
+
+
+def _spec(config: BenchRolloutConfig) -> HostSpec:
+    return HostSpec(family=config.family, policy=config.policy, critic=config.critic,
+                    host=HostConfig(n_exec=config.n_exec, max_steps=config.max_steps), threads=1)
+
+
+def _resets(config: BenchRolloutConfig, spec: HostSpec) -> dict:
+    host = build_host(spec)
+    host.run_episode(config.seed)  # makes the seed's capsule
+    restore_s, cold_s = [], []
+    for r in range(config.reset_rounds):
+        t0 = time.perf_counter()
+        host.reset(config.seed)
+        restore_s.append(time.perf_counter() - t0)
+        host.phase = host.phase.RECORD  # back to a state RESET may follow
+        if r < config.cold_rounds:
+            t0 = time.perf_counter()
+            cold = build_host(spec)
+            cold.reset(config.seed + 1 + r)
+            cold._infer(cold.env.observe())  # the first inference (a capture on CUDA)
+            cold_s.append(time.perf_counter() - t0)
+            cold.close()
+    host.close()
+    restore, cold = stats_us(restore_s), stats_us(cold_s)
+    return {"restore_us": restore, "cold_us": cold, "speedup": cold["median"] / restore["median"]}
+
+
+def _recording(config: BenchRolloutConfig, spec: HostSpec, tmp: Path) -> dict:
+    host = build_host(spec)
+    host.run_episode(config.seed)
+    recorder = ZarrRecorder(tmp / "bench.zarr")
+    on, off = [], []
+    for r in range(config.record_rounds):
+        order = [True, False]
+        random.Random(r).shuffle(order)
+        for recording in order:
+            host.recorder = recorder if recording else None
+            result = host.run_episode(config.seed, episode_id=f"bench-{r}-{int(recording)}")
+            (on if recording else off).append(result.steps_per_s)
+    recorder.close()
+    host.close()
+    steps = result.episode.meta.length
+    med_on, med_off = float(np.median(on)), float(np.median(off))
+    return {"steps_per_episode": steps, "on_steps_per_s": med_on, "off_steps_per_s": med_off,
+            "slowdown": med_off / med_on}
+
+
+def _scaling(config: BenchRolloutConfig, spec: HostSpec) -> dict:
+    import ray
+
+    from rollout.ray_rollout import RolloutActor, WorkItem, init_ray
+
+    where = init_ray(num_cpus=2)
+    remote = ray.remote(RolloutActor).options(num_cpus=1)
+    actors = [remote.remote(spec) for _ in range(2)]
+    seeds = list(range(config.seed, config.seed + config.scale_episodes))
+    # warm-up: every actor makes the capsules of every seed once (resets are then restores)
+    ray.get([a.run.remote(WorkItem(f"warm-{i}-{s}", s)) for i, a in enumerate(actors) for s in seeds])
+    out = {}
+    for n in (1, 2, 1, 2):  # interleaved
+        t0 = time.perf_counter()
+        refs = [actors[i % n].run.remote(WorkItem(f"n{n}-{s}", s)) for i, s in enumerate(seeds)]
+        steps = sum(r.episode.meta.length for r in ray.get(refs))
+        out.setdefault(n, []).append(steps / (time.perf_counter() - t0))
+    for a in actors:
+        ray.kill(a)
+    if where == "local":
+        ray.shutdown()
+    one, two = float(np.median(out[1])), float(np.median(out[2]))
+    return {"episodes": len(seeds), "one_actor_steps_per_s": one, "two_actors_steps_per_s": two, "scaling": two / one}
+
+
+def _latency_reader(ch: SubtaskChannel, n: int, out: list, timeout_s: float = 60.0, start: int | None = None) -> None:
+    """Spin on the version until `start + n`; time each publish seen (one the reader missed is skipped)."""
+    start = ch.version() if start is None else start
+    seen = ch.version()
+    deadline = time.monotonic() + timeout_s
+    while seen < start + n and time.monotonic() < deadline:
+        v = ch.version()
+        if v != seen:
+            t = time.perf_counter_ns()
+            sub = ch.read()
+            seen = sub.version
+            out.append(t - int(sub.text))
+
+
+def _cross_writer(name: str, n: int, gap_s: float, ready) -> None:
+    ch = SubtaskChannel.attach(name)
+    ready.set()
+    for _ in range(n):
+        time.sleep(gap_s)
+        ch.publish(str(time.perf_counter_ns()))
+    ch.close()
+
+
+def _handoff(config: BenchRolloutConfig) -> dict:
+    n, gap = config.handoff_samples, 0.002
+    ch = SubtaskChannel()
+    lat: list[int] = []
+    reader = threading.Thread(target=_latency_reader, args=(ch, n, lat), kwargs={"start": 0})
+    reader.start()
+    for _ in range(n):
+        time.sleep(gap)
+        ch.publish(str(time.perf_counter_ns()))  # CLOCK_MONOTONIC: comparable across processes
+    reader.join(30)
+    shared = SubtaskChannel.create_shared()
+    cross: list[int] = []
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_cross_writer, args=(shared.name, n, gap, ready))
+    proc.start()
+    ready.wait(60)
+    _latency_reader(shared, n, cross, start=0)
+    proc.join(30)
+    shared.close()
+    return {"in_process_us": stats_us([x / 1e9 for x in lat]), "cross_process_us": stats_us([x / 1e9 for x in cross])}
+
+
+def run(config: BenchRolloutConfig) -> ExperimentResult:
+    console = make_console()
+    spec = _spec(config)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_rollout_"))
+    try:
+        console.print("resets ...")
+        resets = _resets(config, spec)
+        console.print("recording on/off ...")
+        recording = _recording(config, spec, tmp)
+        console.print("hand-off latency ...")
+        handoff = _handoff(config)
+        console.print("1 vs 2 actors ...")
+        scaling = _scaling(config, spec) if config.actors_check else None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = {"machine": machine(), "checkpoints": {"policy": config.policy, "critic": config.critic},
+               "reset": resets, "recording": recording, "handoff": handoff, "scaling": scaling,
+               "targets": {
+                   "reset_speedup_ge_100x": resets["speedup"] >= RESET_TARGET,
+                   "recording_le_5pct": recording["slowdown"] <= RECORD_TARGET,
+                   "two_actors_ge_1_8x": None if scaling is None else scaling["scaling"] >= SCALE_TARGET,
+               }}
+    body = _markdown(summary)
+    console.print(_table(summary))
+    if config.docs:
+        update_markdown_section(config.docs, "bench_rollout", body)
+    return ExperimentResult(summary)
+
+
+def _rows(s: dict) -> list[tuple[str, str, str]]:
+    r, rec, h, sc = s["reset"], s["recording"], s["handoff"], s["scaling"]
+    rows = [
+        ("reset: capsule restore (median / p99)", f"{r['restore_us']['median']:.0f} / {r['restore_us']['p99']:.0f} µs", ""),
+        ("reset: cold (env + weights + first inference)", f"{r['cold_us']['median'] / 1e3:.0f} ms", ""),
+        ("reset speed-up", f"{r['speedup']:.0f}x", "≥ 100x"),
+        ("control loop, recording off", f"{rec['off_steps_per_s']:.0f} steps/s", ""),
+        ("control loop, recording on (zarr)", f"{rec['on_steps_per_s']:.0f} steps/s", ""),
+        ("recording slowdown", f"{(rec['slowdown'] - 1) * 100:+.1f}%", "≤ +5%"),
+        ("hand-off in-process (median / p99)",
+         f"{h['in_process_us']['median']:.1f} / {h['in_process_us']['p99']:.1f} µs", ""),
+        ("hand-off cross-process (median / p99)",
+         f"{h['cross_process_us']['median']:.1f} / {h['cross_process_us']['p99']:.1f} µs", ""),
+    ]
+    if sc:
+        rows += [("1 actor", f"{sc['one_actor_steps_per_s']:.0f} steps/s", ""),
+                 ("2 actors", f"{sc['two_actors_steps_per_s']:.0f} steps/s", ""),
+                 ("scaling", f"{sc['scaling']:.2f}x", "≥ 1.8x")]
+    return rows
+
+
+def _table(s: dict) -> Table:
+    table = Table(title="bench_rollout")
+    for col in ("measure", "value", "target"):
+        table.add_column(col)
+    for row in _rows(s):
+        table.add_row(*row)
+    return table
+
+
+def _markdown(s: dict) -> str:
+    m = s["machine"]
+    lines = [f"Device: **cpu** ({m.get('cpu', '?')}), torch {m.get('torch', '?')}, one torch thread per host.", "",
+             "| measure | value | target |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in _rows(s)]
+    met = {k: ("met" if v else "not met" if v is not None else "not measured") for k, v in s["targets"].items()}
+    lines += ["", "Targets: " + ", ".join(f"{k}: {v}" for k, v in met.items())]
+    return "\n".join(lines)
