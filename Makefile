@@ -33,16 +33,20 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
 
-# Until the rollout layer lands, the demo is the capsule bit-exactness report, the
-# capsule benchmark and a few expert demonstrations; JSON summaries go to $(DEMO_OUT).
+# The demo: the shipped policy and critic on 2 Ray actors (local cluster), episodes
+# recorded to zarr with a plot and a gif; then one episode replayed bit for bit from
+# its initial capsule, and the capsule bit-exactness report. Outputs in $(DEMO_OUT).
 demo: $(STAMP)
+	rm -rf $(DEMO_OUT)/sim_rollout
+	$(PY) -m experiments.run sim_rollout --actors 2 --episodes 10 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
+	$(PY) -m experiments.run replay --store $(DEMO_OUT)/sim_rollout/episodes.zarr --episode pick_place-s1000000 --json $(DEMO_OUT)/replay.json
 	$(PY) -m experiments.run verify_capsule --json $(DEMO_OUT)/verify_capsule.json
-	$(PY) -m experiments.run bench_capsules --quick --json $(DEMO_OUT)/bench_capsules.json
-	$(PY) -m experiments.run collect_demos --episodes 10 --out $(DEMO_OUT)/demos.zarr --json $(DEMO_OUT)/collect_demos.json
 
 bench: $(STAMP)
 	$(PY) -m experiments.run bench_capsules --json runs/bench/bench_capsules.json --docs docs/BENCHMARKS.md
 	$(PY) -m experiments.run bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
+	$(PY) -m experiments.run bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
+	$(PY) -m experiments.run bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis
