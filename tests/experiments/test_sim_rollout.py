@@ -1,6 +1,7 @@
 """sim_rollout on local Ray (2 actors), a killed actor, and bit-exact replay."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -67,3 +68,26 @@ def test_replay_detects_a_changed_recording_and_bad_arguments(checkpoints, tmp_p
     assert main(["replay", "--store", str(store), "--episode", "pick_place-s1000000"]) == 1
     with pytest.raises(ValueError, match="not in"):
         main(["replay", "--store", str(store), "--episode", "nope"])
+
+
+class _PlannerActor:
+    """A planner in its own Ray worker process, writing into a shared subtask channel."""
+
+    def __init__(self, channel):
+        self.channel = channel  # unpickled: attached to the same shared-memory block
+
+    def plan(self, texts):
+        versions = [self.channel.publish(t, i) for i, t in enumerate(texts)]
+        return versions[-1], os.getpid()
+
+
+def test_a_planner_in_its_own_ray_actor_hands_off_through_shared_memory(ray_session):
+    from rollout.handoff import SubtaskChannel
+
+    with SubtaskChannel.create_shared() as channel:
+        planner = ray_session.remote(_PlannerActor).options(num_cpus=0).remote(channel)
+        version, pid = ray_session.get(planner.plan.remote(["pick up the red block", "place it on the blue pad"]))
+        assert pid != os.getpid()  # really another process
+        sub = channel.read()  # nothing was sent back but the version: the text is in the shared block
+        assert (sub.version, sub.index, sub.text) == (version, 1, "place it on the blue pad")
+        ray_session.kill(planner)
