@@ -18,19 +18,21 @@ import torch
 from capsules import BufferComponent, BufferSpec, Role
 from capsules.fingerprint import module_sha256
 from critics.value_critic import ValueCritic
-from policies.common.graph_runner import GraphRunner
+from policies.common.graph_runner import GraphRunner, trace_on_cpu
 from policies.common.inputs import load_observation
 
 
 class CriticRuntime(BufferComponent):
     def __init__(self, model: ValueCritic, *, name: str = "critic", device: str = "cpu", batch: int = 1,
-                 capture: bool | None = None) -> None:
+                 capture: bool | None = None, trace: bool | None = None) -> None:
+        """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`)."""
         super().__init__()
         self.name = name
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()  # evaluates under no_grad (GraphRunner)
         self.config = model.config
-        self.batch, self._capture = batch, capture
+        self.batch, self._capture, self._trace = batch, capture, trace
+        self.core: torch.nn.Module = _CriticCore(self.model)
         self._fingerprint = {
             "kind": "value_critic",
             "weights_sha256": module_sha256(self.model),
@@ -53,6 +55,9 @@ class CriticRuntime(BufferComponent):
 
     def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
         super().bind(buffers)
+        b = self.buffers
+        example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"])
+        self.core = trace_on_cpu(self.core, example, self.device, self._trace)
         self.runner = GraphRunner(self._evaluate, self.device, capture=self._capture)
 
     def fingerprint(self) -> Mapping[str, str]:
@@ -76,6 +81,19 @@ class CriticRuntime(BufferComponent):
 
     def _evaluate(self) -> None:
         b = self.buffers
-        logits = self.model.logits({cam: b[f"image_{cam}"] for cam in self.config.cameras}, b["state"], b["lang"])
+        logits, value = self.core(tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"])
         b["logits"].copy_(logits)
-        b["value"].copy_(self.model.value(logits))
+        b["value"].copy_(value)
+
+
+class _CriticCore(torch.nn.Module):
+    """Observation -> (logits, value): the network part of `evaluate` (traced on the CPU)."""
+
+    def __init__(self, model: ValueCritic) -> None:
+        super().__init__()
+        self.model = model
+        self.cameras = model.config.cameras
+
+    def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor):
+        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang)
+        return logits, self.model.value(logits)

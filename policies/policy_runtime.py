@@ -21,7 +21,7 @@ from capsules import BufferComponent, BufferSpec, Role
 from capsules.fingerprint import module_sha256
 from policies.common.counter_rng import normal_
 from policies.flow_policy import ADV_NONE, FlowPolicy
-from policies.common.graph_runner import GraphRunner
+from policies.common.graph_runner import GraphRunner, trace_on_cpu
 from policies.common.inputs import load_observation
 
 
@@ -36,16 +36,19 @@ class PolicyRuntime(BufferComponent):
         seed: int = 0,
         guidance: bool = False,
         capture: bool | None = None,
+        trace: bool | None = None,
     ) -> None:
-        """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_guidance`)."""
+        """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_guidance`).
+        `trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`)."""
         super().__init__()
         self.name = name
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()  # acts under no_grad (GraphRunner)
         self.config = model.config
-        self.batch, self.seed, self.guidance, self._capture = batch, seed, guidance, capture
+        self.batch, self.seed, self.guidance, self._capture, self._trace = batch, seed, guidance, capture, trace
         flat = self.config.horizon * self.config.action_dim
         self._index = torch.arange(batch * flat, device=self.device)
+        self.core: torch.nn.Module = _PolicyCore(self.model, guidance, self._index)
         self._fingerprint = {
             "kind": "flow_policy",
             "weights_sha256": module_sha256(self.model),
@@ -77,6 +80,12 @@ class PolicyRuntime(BufferComponent):
         self.buffers["rng"].copy_(torch.tensor([self.seed, 0]))
         self.buffers["beta"].fill_(1.0)
         self.buffers["advantage"].fill_(ADV_NONE)
+        b = self.buffers
+        example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["advantage"],
+                   b["beta"], b["rng"], b["noise"])
+        saved = b["rng"].clone()  # tracing runs the function once: undo its counter bump
+        self.core = trace_on_cpu(self.core, example, self.device, self._trace)
+        b["rng"].copy_(saved)
         self.runner = GraphRunner(self._act, self.device, capture=self._capture, preserve=[self.buffers["rng"]])
 
     def fingerprint(self) -> Mapping[str, str]:
@@ -109,14 +118,30 @@ class PolicyRuntime(BufferComponent):
 
     # -- the captured function ----------------------------------------------------
     def _act(self) -> None:
-        b, m = self.buffers, self.model
-        normal_(b["rng"], b["noise"], self._index)
-        images = {cam: b[f"image_{cam}"] for cam in self.config.cameras}
-        feats = m.features(images, b["state"], b["lang"])
-        cond = m.condition(feats, b["advantage"])
+        b = self.buffers
+        images = tuple(b[f"image_{cam}"] for cam in self.config.cameras)
+        b["chunk"].copy_(self.core(images, b["state"], b["lang"], b["advantage"], b["beta"], b["rng"], b["noise"]))
+
+
+class _PolicyCore(torch.nn.Module):
+    """Noise state + observation -> action chunk: all of `act` but the output copy (traced on the CPU).
+
+    Draws the chunk's noise into `noise` and bumps the counter in `rng`, in place.
+    """
+
+    def __init__(self, model: FlowPolicy, guidance: bool, index: torch.Tensor) -> None:
+        super().__init__()
+        self.model, self.guidance = model, guidance
+        self.cameras = model.config.cameras
+        self.register_buffer("index", index, persistent=False)
+
+    def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor,
+                advantage: torch.Tensor, beta: torch.Tensor, rng: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        normal_(rng, noise, self.index)
+        m = self.model
+        feats = m.features(dict(zip(self.cameras, images)), state, lang)
+        cond = m.condition(feats, advantage)
         if self.guidance:
-            cond_none = m.condition(feats, torch.zeros_like(b["advantage"]))
-            chunk = m.sample(cond, b["noise"], cond_none=cond_none, beta=b["beta"])
-        else:
-            chunk = m.sample(cond, b["noise"])
-        b["chunk"].copy_(chunk)
+            cond_none = m.condition(feats, torch.zeros_like(advantage))
+            return m.sample(cond, noise, cond_none=cond_none, beta=beta)
+        return m.sample(cond, noise)

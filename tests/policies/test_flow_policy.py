@@ -167,3 +167,32 @@ def test_cuda_graph_capture_equals_eager():
     restore(arena, capsule)  # restore refills buffers in place: replay without re-capture
     captured = graph.runner.graph
     assert torch.equal(graph.act(images, state), outs["graph"][0]) and graph.runner.graph is captured
+
+
+def test_traced_cpu_path_stays_bit_identical_to_eager_over_many_calls():
+    """TorchScript re-optimises after its profiling runs: compare well past them, on the shipped size."""
+    torch.manual_seed(0)
+    model = FlowPolicy(FlowPolicyConfig())
+    traced, _ = _runtime(model, seed=3, guidance=True)
+    eager, _ = _runtime(model, seed=3, guidance=True, trace=False)
+    assert isinstance(traced.core, torch.jit.ScriptModule) and not isinstance(eager.core, torch.jit.ScriptModule)
+    for i in range(12):
+        images, state = _obs(model.config, seed=i)
+        assert torch.equal(traced.act(images, state), eager.act(images, state)), f"call {i}"
+
+
+def test_traced_critic_equals_eager():
+    from critics.critic_runtime import CriticRuntime
+    from critics.value_critic import ValueCritic
+
+    torch.manual_seed(0)
+    critic = ValueCritic()
+    runtimes = [CriticRuntime(critic, trace=t) for t in (None, False)]
+    Arena(runtimes[:1]).allocate()
+    Arena(runtimes[1:]).allocate()
+    for rt in runtimes:
+        rt.set_subtask("pick up the red block")
+    for i in range(12):
+        images, state = _obs(FlowPolicyConfig(), seed=i)
+        a, b = (rt.evaluate(images, state).clone() for rt in runtimes)
+        assert torch.equal(a, b) and torch.equal(runtimes[0].buffers["logits"], runtimes[1].buffers["logits"])
