@@ -306,6 +306,8 @@ class SimRolloutConfig:
     """Ray GPU fraction per actor (the policy and critic then run on CUDA)."""
     max_restarts: int = 3
     """Restarts Ray grants each actor that dies."""
+    pin_cores: bool = False
+    """Pin actor i to CPU core i (one core per host, both lanes included)."""
     video: bool = True
     """Write a gif of one episode (the first success, else the first)."""
     progress: bool = True

@@ -45,7 +45,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
         host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
                         value_patience=config.value_patience),
         device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
-        capsule_dir=str((out / "capsules").resolve()), crash=crash,
+        capsule_dir=str((out / "capsules").resolve()), crash=crash, pin_cores=config.pin_cores,
     )
     check_spec(spec)
     (out / SPEC_FILE).write_text(json.dumps({**spec.to_json(), "crash": []}, indent=2) + "\n")

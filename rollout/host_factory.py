@@ -30,6 +30,8 @@ class HostSpec:
     device: str = "cpu"
     threads: int = 1
     """torch threads per host (one per actor when actors share the cores)."""
+    pin_cores: bool = False
+    """Pin actor i's process to CPU core i (mod the core count): one core per host, lanes included."""
     capsule_dir: str = ""
     """Where each episode's initial capsule is saved (for `replay`); empty: not saved."""
     crash: tuple[str, int, str] = ()

@@ -59,8 +59,11 @@ def init_ray(num_cpus: int | None = None) -> str:
 class RolloutActor:
     """One rollout host in its own process; `run(item)` plays one episode."""
 
-    def __init__(self, spec: HostSpec) -> None:
+    def __init__(self, spec: HostSpec, index: int = 0) -> None:
         self.spec = spec
+        if spec.pin_cores and hasattr(os, "sched_setaffinity"):
+            cores = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cores[index % len(cores)]})
         self.host = build_host(spec)
 
     def run(self, item: WorkItem) -> ActorReport:
@@ -108,7 +111,7 @@ def run_rollouts(
         raise ValueError("work items must have unique episode ids")
     remote_cls = ray.remote(RolloutActor).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
                                                    max_restarts=max_restarts, max_task_retries=0)
-    pool = [remote_cls.remote(spec) for _ in range(actors)]
+    pool = [remote_cls.remote(spec, i) for i in range(actors)]
     idle = deque(pool)
     in_flight: dict = {}  # object ref -> (actor, item)
     probes: dict = {}  # object ref -> actor being restarted (a `pid()` call answers once it is back)
