@@ -20,6 +20,7 @@ from critics.value_critic import ValueCritic, load_critic
 from experiments.bench_support import machine, stats_us, timed, update_markdown_section
 from experiments.configs import BenchPolicyConfig
 from experiments.console import make_console
+from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from policies.common.checkpoint import WEIGHTS_FILE
 from policies.execution_context import TwoLaneContext
@@ -32,11 +33,12 @@ GRAPH_TARGET = 3.0  # captured at least 3x faster than eager on a GPU
 
 def _models(config: BenchPolicyConfig) -> tuple[FlowPolicy, ValueCritic, dict]:
     sizes = {}
-    have_policy = (Path(config.policy) / WEIGHTS_FILE).exists()
-    have_critic = (Path(config.critic) / WEIGHTS_FILE).exists()
-    policy = load_policy(config.policy) if have_policy else FlowPolicy()
-    critic = load_critic(config.critic) if have_critic else ValueCritic()
-    for name, path, have in (("policy", config.policy, have_policy), ("critic", config.critic, have_critic)):
+    policy_dir, critic_dir = resolve_input(config.policy), resolve_input(config.critic)
+    have_policy = (Path(policy_dir) / WEIGHTS_FILE).exists()
+    have_critic = (Path(critic_dir) / WEIGHTS_FILE).exists()
+    policy = load_policy(policy_dir) if have_policy else FlowPolicy()
+    critic = load_critic(critic_dir) if have_critic else ValueCritic()
+    for name, path, have in (("policy", policy_dir, have_policy), ("critic", critic_dir, have_critic)):
         sizes[f"{name}_checkpoint_bytes"] = (Path(path) / WEIGHTS_FILE).stat().st_size if have else None
         sizes[f"{name}_source"] = path if have else "fresh (no checkpoint found)"
     sizes["policy_parameters"] = sum(p.numel() for p in policy.parameters())

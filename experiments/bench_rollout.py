@@ -26,6 +26,7 @@ from rich.table import Table
 from experiments.bench_support import machine, stats_us, update_markdown_section
 from experiments.configs import BenchRolloutConfig
 from experiments.console import make_console
+from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from rollout.handoff import SubtaskChannel
 from rollout.host_factory import HostSpec, build_host
@@ -38,7 +39,7 @@ SCALE_TARGET = 1.8  # 2 actors at least 1.8x one actor's throughput
 
 
 def _spec(config: BenchRolloutConfig) -> HostSpec:
-    return HostSpec(family=config.family, policy=config.policy, critic=config.critic,
+    return HostSpec(family=config.family, policy=resolve_input(config.policy), critic=resolve_input(config.critic),
                     host=HostConfig(n_exec=config.n_exec, max_steps=config.max_steps), threads=1)
 
 

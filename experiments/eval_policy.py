@@ -7,13 +7,14 @@ import time
 from experiments.configs import EvalPolicyConfig
 from experiments.console import make_console
 from experiments.policy_eval import evaluate_expert, evaluate_policy
+from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from policies.flow_policy import load_policy
 
 
 def run(config: EvalPolicyConfig) -> ExperimentResult:
     console = make_console()
-    model = load_policy(config.policy)
+    model = load_policy(resolve_input(config.policy))
     seeds = list(range(config.seed, config.seed + config.episodes))
     t0 = time.perf_counter()
     policy = evaluate_policy(model, family=config.family, seeds=seeds, n_exec=config.n_exec)

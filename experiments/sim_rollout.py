@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from experiments.configs import SimRolloutConfig
 from experiments.console import make_console
+from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from rollout import episode_schema as S
 from rollout.host_factory import HostSpec, check_spec
@@ -41,7 +42,8 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     out.mkdir(parents=True, exist_ok=True)
     crash = (config.crash[0], int(config.crash[1]), config.crash[2]) if config.crash else ()
     spec = HostSpec(
-        family=config.family, policy=str(Path(config.policy).resolve()), critic=str(Path(config.critic).resolve()),
+        family=config.family, policy=str(Path(resolve_input(config.policy)).resolve()),
+        critic=str(Path(resolve_input(config.critic)).resolve()),
         host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
                         value_patience=config.value_patience),
         device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),

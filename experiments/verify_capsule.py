@@ -17,6 +17,7 @@ from envs.env_steppable import TabletopSteppable
 from envs.tasks import FAMILY_NAMES
 from experiments.configs import VerifyCapsuleConfig
 from experiments.console import make_console
+from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from policies.common.checkpoint import META_FILE
 from policies.flow_policy import FlowPolicy, load_policy
@@ -46,8 +47,9 @@ def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
     # the shipped policy and critic when present (weights do not change what is checked)
     # one model per kind, shared by every instance the harness builds (a fork needs equal weights)
     torch.manual_seed(config.seed)
-    policy = load_policy(config.policy) if (Path(config.policy) / META_FILE).exists() else FlowPolicy()
-    critic = load_critic(config.critic) if (Path(config.critic) / META_FILE).exists() else ValueCritic()
+    policy_dir, critic_dir = resolve_input(config.policy), resolve_input(config.critic)
+    policy = load_policy(policy_dir) if (Path(policy_dir) / META_FILE).exists() else FlowPolicy()
+    critic = load_critic(critic_dir) if (Path(critic_dir) / META_FILE).exists() else ValueCritic()
     for device in _devices(config):
         found.append(lambda device=device: PolicySteppable(policy, device=device))
         found.append(lambda device=device: CriticSteppable(critic, device=device))

@@ -60,7 +60,8 @@ def test_sim_rollout_as_a_ray_job(tmp_path):
             assert head.poll() is None, head.stdout.read()
             assert time.monotonic() < deadline, probe.stderr[-2000:]
             time.sleep(1)
-        entry = ["cd", str(REPO), "&&", sys.executable, "-m", "experiments.run", "sim_rollout", "--episodes", "2",
+        # no cd: the job runs in a Ray session directory; the editable install finds the project
+        entry = [sys.executable, "-m", "experiments.run", "sim_rollout", "--episodes", "2",
                  "--actors", "2", "--out", str(out), "--policy", policy, "--critic", critic, "--n_exec", "2",
                  "--no-progress", "--json", f"{out}/summary.json"]
         submit = subprocess.run([RAY, "job", "submit", "--address", address, "--no-wait", "--", *entry],
@@ -78,8 +79,9 @@ def test_sim_rollout_as_a_ray_job(tmp_path):
         logs = subprocess.run([RAY, "job", "logs", "--address", address, job_id], env=env,
                               capture_output=True, text=True).stdout
         assert "succeeded" in status.lower(), status + logs[-3000:]
+        assert (out / "summary.json").exists(), logs[-3000:]
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["episodes"] == 2 and summary["ray"].startswith(("127.0.0.1", "auto", "ray://", "http"))
+        assert summary["episodes"] == 2 and summary["ray"] not in ("local", "existing")  # joined RAY_ADDRESS
         assert len(ZarrEpisodeReader(out / "episodes.zarr")) == 2
     finally:
         os.killpg(head.pid, signal.SIGKILL)  # gcs_server and raylet ignore SIGTERM
