@@ -85,37 +85,18 @@ def _recording(config: BenchRolloutConfig, spec: HostSpec, tmp: Path) -> dict:
 
 
 def _scaling(config: BenchRolloutConfig, spec: HostSpec) -> dict:
-    import ray
-
-    from rollout.ray_rollout import init_ray
+    from rollout.ray_rollout import actor_throughput, init_ray, shutdown_ray
 
     where = init_ray(num_cpus=2)
-    out = {"free": _throughput(config, spec), "pinned": _throughput(config, dataclasses.replace(spec, pin_cores=True))}
-    if where == "local":
-        ray.shutdown()
-    return out
-
-
-def _throughput(config: BenchRolloutConfig, spec: HostSpec) -> dict:
-    import ray
-
-    from rollout.ray_rollout import RolloutActor, WorkItem
-
-    remote = ray.remote(RolloutActor).options(num_cpus=1)
-    actors = [remote.remote(spec, i) for i in range(2)]
     seeds = list(range(config.seed, config.seed + config.scale_episodes))
-    # warm-up: every actor makes the capsules of every seed once (resets are then restores)
-    ray.get([a.run.remote(WorkItem(f"warm-{i}-{s}", s)) for i, a in enumerate(actors) for s in seeds])
-    out = {}
-    for n in (1, 2, 1, 2):  # interleaved
-        t0 = time.perf_counter()
-        refs = [actors[i % n].run.remote(WorkItem(f"n{n}-{s}", s)) for i, s in enumerate(seeds)]
-        steps = sum(r.episode.meta.length for r in ray.get(refs))
-        out.setdefault(n, []).append(steps / (time.perf_counter() - t0))
-    for a in actors:
-        ray.kill(a)
-    one, two = float(np.median(out[1])), float(np.median(out[2]))
-    return {"episodes": len(seeds), "one_actor_steps_per_s": one, "two_actors_steps_per_s": two, "scaling": two / one}
+    try:
+        out = {mode: actor_throughput(dataclasses.replace(spec, pin_cores=pinned), seeds, counts=(1, 2, 1, 2))
+               for mode, pinned in (("free", False), ("pinned", True))}
+    finally:
+        shutdown_ray(where)
+    return {mode: {"episodes": len(seeds), "one_actor_steps_per_s": float(np.median(r[1])),
+                   "two_actors_steps_per_s": float(np.median(r[2])),
+                   "scaling": float(np.median(r[2]) / np.median(r[1]))} for mode, r in out.items()}
 
 
 def _latency_reader(ch: SubtaskChannel, n: int, out: list, timeout_s: float = 60.0, start: int | None = None) -> None:

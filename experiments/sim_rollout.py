@@ -23,7 +23,7 @@ from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from rollout import episode_schema as S
 from rollout.host_factory import HostSpec, check_spec
-from rollout.ray_rollout import WorkItem, init_ray, run_rollouts
+from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
 from rollout.rollout_host import HostConfig
 from rollout.zarr_recorder import ZarrRecorder
 
@@ -35,8 +35,6 @@ def rollout_episode_id(family: str, seed: int) -> str:
 
 
 def run(config: SimRolloutConfig) -> ExperimentResult:
-    import ray
-
     console = make_console()
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,8 +76,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     finally:
         bar.close()
         recorder.close()
-        if where == "local":
-            ray.shutdown()
+        shutdown_ray(where)
     wall = time.perf_counter() - t0
     episodes = [r.episode for r in reports if r.episode is not None]
     reasons = Counter(e.meta.stop_reason for e in episodes)

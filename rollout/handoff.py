@@ -145,6 +145,7 @@ class SubtaskChannel:
             words[_LENGTH] = len(data)
             words[_SOURCE] = source
             self._text[: len(data)] = np.frombuffer(data, np.uint8)
+            self._text[len(data):] = 0  # no bytes of an older, longer text linger in the block
             words[_SEQ] = seq + 2  # even: consistent again
         return (seq + 2) // 2
 

@@ -56,6 +56,12 @@ def init_ray(num_cpus: int | None = None) -> str:
     return "local"
 
 
+def shutdown_ray(where: str) -> None:
+    """Stop Ray if `init_ray` started it here (`where == "local"`); leave a joined cluster running."""
+    if where == "local":
+        ray.shutdown()
+
+
 class RolloutActor:
     """One rollout host in its own process; `run(item)` plays one episode."""
 
@@ -172,3 +178,26 @@ def run_rollouts(
         for actor in pool:
             ray.kill(actor, no_restart=True)
     return reports, stats
+
+
+def actor_throughput(spec: HostSpec, seeds: list[int], *, counts=(1, 2), cpus_per_actor: float = 1.0) -> dict:
+    """Control steps/s of `seeds` played on n actors, for each n in `counts` (in that order).
+
+    The actors are made and warmed up first (each plays every seed once, so later
+    resets are restores); returns {n: [steps/s, ...]}.
+    """
+    n_max = max(counts)
+    remote = ray.remote(RolloutActor).options(num_cpus=cpus_per_actor)
+    actors = [remote.remote(spec, i) for i in range(n_max)]
+    try:
+        ray.get([a.run.remote(WorkItem(f"warm-{i}-{s}", s)) for i, a in enumerate(actors) for s in seeds])
+        out: dict[int, list[float]] = {}
+        for n in counts:
+            t0 = time.perf_counter()
+            refs = [actors[i % n].run.remote(WorkItem(f"n{n}-{s}", s)) for i, s in enumerate(seeds)]
+            steps = sum(r.episode.meta.length for r in ray.get(refs))
+            out.setdefault(n, []).append(steps / (time.perf_counter() - t0))
+        return out
+    finally:
+        for a in actors:
+            ray.kill(a)
