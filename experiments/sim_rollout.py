@@ -114,8 +114,12 @@ def _table(console, s: dict) -> None:
         ("episodes", s["episodes"]),
         ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(s["stop_reasons"].items()))),
-        ("reset (median)", f"{s['reset_ms_median']:.2f} ms" if s["reset_ms_median"] is not None else "-"),
-        ("control steps/s (all actors)", f"{s['steps_per_s']:.0f}"),
+        ("reset (median)", (f"{s['reset_ms_median']:.2f} ms ("
+                            + ", ".join(f"{k} {v}" for k, v in sorted(s["reset_kinds"].items())) + ")")
+         if s["reset_ms_median"] is not None else "-"),
+        ("steps/s, all actors (wall, incl. start-up)", f"{s['steps_per_s']:.0f}"),
+        ("control Hz per actor (median episode)", f"{s['control_hz_per_actor_median']:.0f}"
+         if s["control_hz_per_actor_median"] is not None else "-"),
         ("actors / failures / re-run", f"{s['actors']} / {s['actor_failures']} / {s['resubmitted']}"),
         ("store", s["store"]),
     ]
