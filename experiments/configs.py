@@ -157,6 +157,8 @@ class TrainPolicyConfig:
     """Width of the flow head."""
     advantage_dropout: float = 0.3
     """Probability of dropping the advantage indicator (only matters with RECAP labels)."""
+    advantage: str = ""
+    """RECAP labels: an advantage sidecar made by label_advantages for --data; empty: none."""
     subgoal_weight: float = 1.0
     """Weight of the auxiliary loss: predict where the end effector is when the subtask ends (0: off)."""
     eval_every: int = 2000
@@ -376,3 +378,25 @@ class BenchRolloutConfig:
             raise ValueError("round and episode counts must be >= 1")
         if self.handoff_samples < 10:
             raise ValueError("--handoff_samples must be >= 10")
+
+
+@dataclass(frozen=True)
+class LabelAdvantagesConfig:
+    data: str = "runs/recap/episodes.zarr"
+    """Zarr store of episodes to label (never modified)."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint whose values the advantages use."""
+    n: int = 10
+    """N of the N-step advantage, in control steps."""
+    max_steps: int = 80
+    """Return normalisation: the task's episode length limit (as the critic was trained)."""
+    positive_fraction: float = 0.3
+    """Share of each task's autonomous steps labelled positive."""
+    out: str = ""
+    """Sidecar path; empty: <store>.advantage.npz next to the store."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_steps < 1:
+            raise ValueError("--n and --max_steps must be >= 1")
+        if not 0.0 < self.positive_fraction < 1.0:
+            raise ValueError(f"--positive_fraction must be within (0, 1), got {self.positive_fraction}")

@@ -16,6 +16,7 @@ from experiments.configs import (
     CollectDemosConfig,
     EvalPolicyConfig,
     ExportCheckpointConfig,
+    LabelAdvantagesConfig,
     ReplayConfig,
     SimRolloutConfig,
     TrainCriticConfig,
@@ -160,5 +161,13 @@ register(
         BenchRolloutConfig(),
         "experiments.bench_rollout:run",
         "Reset by capsule restore vs cold, recording on vs off, 1 vs 2 actors, hand-off latency.",
+    )
+)
+register(
+    Experiment(
+        "label_advantages",
+        LabelAdvantagesConfig(),
+        "experiments.label_advantages:run",
+        "RECAP advantage labels (N-step, per-task thresholds, interventions positive) as a sidecar next to a store.",
     )
 )

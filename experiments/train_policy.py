@@ -43,6 +43,10 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
     model_config = FlowPolicyConfig.from_json(ckpt.config["model"]) if ckpt else _model_config(config)
     model = FlowPolicy(model_config)
     data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
+    if advantage is None and config.advantage:
+        from experiments.label_advantages import load_sidecar
+
+        advantage = load_sidecar(config.advantage, [m.episode_id for m in data["metas"]])
     dataset = ChunkDataset(images=data["images"], states=data["states"], actions=action_labels(data, config.labels),
                            tokens=data["tokens"],
                            episode_ends=data["episode_ends"], horizon=model_config.horizon, advantage=advantage,

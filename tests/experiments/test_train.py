@@ -55,3 +55,29 @@ def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, c
         run(TrainPolicyConfig(data=str(demos), out=str(tmp_path / "p"), cameras=("top",), progress=False))
     with pytest.raises(FileNotFoundError, match="not a zarr store"):
         run(TrainPolicyConfig(data=str(tmp_path), out=str(tmp_path / "p"), progress=False))
+
+
+def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
+    from critics.value_critic import ValueCritic
+    from critics.value_critic import KIND as CRITIC_KIND
+    from policies.common.checkpoint import save_checkpoint
+
+    critic = tmp_path / "critic"
+    save_checkpoint(critic, kind=CRITIC_KIND, model=ValueCritic(), step=0,
+                    config={"model": ValueCritic().config.to_json()})
+    before = sorted(p.name for p in demos.rglob("*"))
+    summary = tmp_path / "l.json"
+    assert main(["label_advantages", "--data", str(demos), "--critic", str(critic), "--n", "5",
+                 "--json", str(summary)]) == 0
+    data = json.loads(summary.read_text())
+    assert abs(data["positive_fraction"] - 0.3) < 0.1 and data["episodes"] == 3
+    assert sorted(p.name for p in demos.rglob("*")) == before  # the store is untouched
+    sidecar = data["sidecar"]
+    assert sidecar.endswith("d.advantage.npz")
+    out = tmp_path / "policy"
+    assert main(["train_policy", "--data", str(demos), "--out", str(out), "--advantage", sidecar, "--steps", "1",
+                 "--batch_size", "4", "--noise_samples", "1", "--eval_episodes", "0", "--no-progress"]) == 0
+    from experiments.label_advantages import load_sidecar
+
+    with pytest.raises(ValueError, match="not the store's"):
+        load_sidecar(sidecar, ["other"])
