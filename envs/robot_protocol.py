@@ -1,0 +1,211 @@
+"""Robot bridge wire protocol, version 1: length-prefixed frames of JSON plus raw array bytes.
+
+Never pickle: a frame can only ever decode to a JSON object and numpy arrays of a
+few plain dtypes. Every frame is
+
+    offset  size  field
+    0       4     magic b"CRBP"
+    4       2     protocol version (uint16, little-endian; this module speaks 1)
+    6       2     reserved, 0
+    8       4     header length H (uint32 LE), 1 .. MAX_HEADER
+    12      4     payload length P (uint32 LE), 0 .. max_payload
+    16      H     header: UTF-8 JSON object
+                    {"type": str, "seq": int, "fields": {...},
+                     "arrays": [{"name": str, "dtype": str, "shape": [int, ...]}, ...]}
+    16+H    P     payload: the arrays' bytes, C order, little-endian, back to back
+                  in the order listed (their sizes must add up to P exactly)
+
+Message types (client = rollout side, server = robot side):
+
+    client -> server                         server -> client
+    hello      {token, client}               welcome     {robot, control_hz, cameras, action_low/high arrays}
+    observe    {}                            observation {instruction, subtask, subtask_id, step, success}
+                                                         + image_<camera> (H, W, 3) uint8, state (S,) float32
+    action     + action (A,) float32         action_ack  {clipped, safe_stop, reason} + sent (A,) float32
+    reset      {seed}                        reset_done  {instruction}
+    estop      {}                            estop_ack   {}
+    heartbeat  {t}                           heartbeat_ack {t}
+    bye        {}                            error       {code, message, fatal}
+
+A frame that cannot be decoded is answered with an `error` frame (its `code` one
+of `ERROR_CODES`); the server then drops the connection if the stream can no
+longer be trusted (`fatal`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAGIC = b"CRBP"
+VERSION = 1
+PREFIX = struct.Struct("<4sHHII")
+PREFIX_BYTES = PREFIX.size  # 16
+MAX_HEADER = 64 * 1024
+MAX_PAYLOAD = 64 * 1024 * 1024
+MAX_ARRAYS = 32
+MAX_DIMS = 8
+DTYPES = ("uint8", "int32", "int64", "float32", "float64", "bool")
+
+CLIENT_TYPES = ("hello", "observe", "action", "reset", "estop", "heartbeat", "bye")
+SERVER_TYPES = ("welcome", "observation", "action_ack", "reset_done", "estop_ack", "heartbeat_ack", "error")
+TYPES = CLIENT_TYPES + SERVER_TYPES
+
+ERROR_CODES = (
+    "bad_magic",  # not this protocol: fatal
+    "bad_version",  # another protocol version: fatal
+    "oversized",  # header or payload over the limits: fatal (the stream cannot be skipped safely)
+    "truncated",  # the connection ended mid-frame
+    "bad_header",  # header not a JSON object of the documented shape
+    "bad_array",  # an array spec that does not match the payload
+    "unknown_type",  # a message type this side does not handle
+    "unauthorized",  # missing or wrong token, or a message before hello
+    "unsafe_action",  # a NaN/inf action: the robot holds (safe stop)
+    "heartbeat_timeout",  # the client went quiet: the robot holds, the episode is aborted
+    "not_ready",  # e.g. an action before reset
+    "robot_fault",  # the robot side failed to carry out a request
+)
+
+
+class ProtocolError(Exception):
+    """A frame that breaks the protocol; `code` is one of ERROR_CODES."""
+
+    def __init__(self, code: str, message: str, *, fatal: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.fatal = code, message, fatal
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection at a frame boundary."""
+
+
+@dataclass
+class Message:
+    type: str
+    fields: dict = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    seq: int = 0
+
+
+def encode(msg: Message, *, max_payload: int = MAX_PAYLOAD) -> bytes:
+    """One frame for `msg` (its arrays are converted to little-endian C order)."""
+    if msg.type not in TYPES:
+        raise ValueError(f"unknown message type {msg.type!r}; known: {TYPES}")
+    specs, chunks = [], []
+    for name, arr in msg.arrays.items():
+        a = np.asarray(arr)
+        if a.dtype.name not in DTYPES:
+            raise ValueError(f"array {name!r} has dtype {a.dtype}; the protocol carries {DTYPES}")
+        a = a.astype(a.dtype.newbyteorder("<"), order="C", copy=False)  # keeps 0-d arrays 0-d
+        specs.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape)})
+        chunks.append(a.tobytes())
+    header = json.dumps({"type": msg.type, "seq": int(msg.seq), "fields": msg.fields, "arrays": specs},
+                        allow_nan=False, separators=(",", ":")).encode()
+    payload = b"".join(chunks)
+    if len(header) > MAX_HEADER or len(payload) > max_payload:
+        raise ValueError(f"message too large (header {len(header)} B, payload {len(payload)} B)")
+    return PREFIX.pack(MAGIC, VERSION, 0, len(header), len(payload)) + header + payload
+
+
+def parse_prefix(prefix: bytes, *, max_payload: int = MAX_PAYLOAD) -> tuple[int, int]:
+    """(header length, payload length) from the 16-byte prefix, or ProtocolError."""
+    if len(prefix) < PREFIX_BYTES:
+        raise ProtocolError("truncated", f"frame prefix is {len(prefix)} of {PREFIX_BYTES} bytes")
+    magic, version, reserved, h_len, p_len = PREFIX.unpack(prefix[:PREFIX_BYTES])
+    if magic != MAGIC:
+        raise ProtocolError("bad_magic", f"frame starts with {magic!r}, expected {MAGIC!r}", fatal=True)
+    if version != VERSION:
+        raise ProtocolError("bad_version", f"protocol version {version}; this side speaks {VERSION}", fatal=True)
+    if reserved != 0:
+        raise ProtocolError("bad_header", f"reserved prefix field is {reserved}, must be 0", fatal=True)
+    if not 1 <= h_len <= MAX_HEADER:
+        raise ProtocolError("oversized", f"header length {h_len} outside 1..{MAX_HEADER}", fatal=True)
+    if p_len > max_payload:
+        raise ProtocolError("oversized", f"payload length {p_len} over the limit {max_payload}", fatal=True)
+    return h_len, p_len
+
+
+def decode(frame: bytes, *, max_payload: int = MAX_PAYLOAD) -> Message:
+    """The message in one complete frame, or ProtocolError (never anything else)."""
+    h_len, p_len = parse_prefix(frame, max_payload=max_payload)
+    if len(frame) != PREFIX_BYTES + h_len + p_len:
+        raise ProtocolError("truncated" if len(frame) < PREFIX_BYTES + h_len + p_len else "bad_header",
+                            f"frame is {len(frame)} bytes, its prefix announces {PREFIX_BYTES + h_len + p_len}")
+    return decode_body(frame[PREFIX_BYTES:PREFIX_BYTES + h_len], frame[PREFIX_BYTES + h_len:])
+
+
+def decode_body(header_bytes: bytes, payload: bytes) -> Message:
+    try:
+        header = json.loads(header_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ProtocolError("bad_header", "header is not UTF-8 JSON") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("bad_header", "header must be a JSON object")
+    mtype, seq = header.get("type"), header.get("seq", 0)
+    fields, specs = header.get("fields", {}), header.get("arrays", [])
+    if not isinstance(mtype, str):
+        raise ProtocolError("bad_header", "header needs a string 'type'")
+    if mtype not in TYPES:
+        raise ProtocolError("unknown_type", f"message type {mtype[:40]!r} is not part of protocol v{VERSION}")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 2**63:
+        raise ProtocolError("bad_header", "'seq' must be a non-negative integer")
+    if not isinstance(fields, dict):
+        raise ProtocolError("bad_header", "'fields' must be a JSON object")
+    if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
+        raise ProtocolError("bad_header", f"'arrays' must be a list of at most {MAX_ARRAYS} specs")
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for spec in specs:
+        if not isinstance(spec, dict) or set(spec) != {"name", "dtype", "shape"}:
+            raise ProtocolError("bad_array", "each array spec is {name, dtype, shape}")
+        name, dtype, shape = spec["name"], spec["dtype"], spec["shape"]
+        if not isinstance(name, str) or not name or name in arrays:
+            raise ProtocolError("bad_array", "array names must be unique non-empty strings")
+        if dtype not in DTYPES:
+            raise ProtocolError("bad_array", f"array {name[:40]!r}: dtype {str(dtype)[:20]!r} not in {DTYPES}")
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape)):
+            raise ProtocolError("bad_array", f"array {name[:40]!r}: shape must be a list of at most {MAX_DIMS} sizes")
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize  # Python ints: no overflow
+        if offset + nbytes > len(payload):
+            raise ProtocolError("bad_array", f"array {name[:40]!r} runs past the payload ({len(payload)} bytes)")
+        arrays[name] = np.frombuffer(payload, dtype=np.dtype(dtype).newbyteorder("<"), count=nbytes //
+                                     np.dtype(dtype).itemsize, offset=offset).reshape(tuple(shape)).copy()
+        offset += nbytes
+    if offset != len(payload):
+        raise ProtocolError("bad_array", f"arrays take {offset} bytes, the payload has {len(payload)}")
+    return Message(mtype, fields, arrays, seq)
+
+
+def read_frame(recv_exactly: Callable[[int], bytes], *, max_payload: int = MAX_PAYLOAD) -> Message:
+    """Read and decode one frame; `recv_exactly(n)` returns n bytes, fewer only at end of stream.
+
+    Raises ConnectionClosed on a clean end before the frame, ProtocolError otherwise.
+    """
+    prefix = recv_exactly(PREFIX_BYTES)
+    if not prefix:
+        raise ConnectionClosed("peer closed the connection")
+    h_len, p_len = parse_prefix(prefix, max_payload=max_payload)
+    body = recv_exactly(h_len + p_len)
+    if len(body) < h_len + p_len:
+        raise ProtocolError("truncated", f"connection ended {h_len + p_len - len(body)} bytes before the frame's end")
+    return decode_body(body[:h_len], body[h_len:])
+
+
+def error_message(code: str, message: str, *, fatal: bool = False, seq: int = 0) -> Message:
+    if code not in ERROR_CODES:
+        raise ValueError(f"unknown error code {code!r}")
+    return Message("error", {"code": code, "message": message[:500], "fatal": fatal}, {}, seq)
+
+
+def require_fields(msg: Message, spec: Mapping[str, type]) -> None:
+    """Check that `msg.fields` has each named field of the given type (ProtocolError otherwise)."""
+    for name, kind in spec.items():
+        value = msg.fields.get(name)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ProtocolError("bad_header", f"{msg.type} needs field {name!r} of type {kind.__name__}")

@@ -1,0 +1,140 @@
+"""Robot bridge protocol v1: round trip of every message, and fuzzing of broken frames."""
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from envs.robot_protocol import (
+    ERROR_CODES,
+    MAX_HEADER,
+    PREFIX,
+    TYPES,
+    VERSION,
+    ConnectionClosed,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    error_message,
+    read_frame,
+)
+
+EXAMPLES = {
+    "hello": Message("hello", {"token": "s3cret", "client": "rollout-host"}),
+    "welcome": Message("welcome", {"robot": "sim-tabletop", "control_hz": 10, "cameras": ["front"]},
+                       {"action_low": -np.ones(4, np.float32), "action_high": np.ones(4, np.float32)}),
+    "observe": Message("observe", {}, {}, seq=3),
+    "observation": Message("observation", {"instruction": "put the red block on the blue pad", "subtask": "pick",
+                                           "subtask_id": 0, "step": 7, "success": False},
+                           {"image_front": np.arange(64 * 64 * 3, dtype=np.uint8).reshape(64, 64, 3) % 251,
+                            "state": np.linspace(-1, 1, 8).astype(np.float32)}),
+    "action": Message("action", {}, {"action": np.array([0.5, -1.5, 0.0, 1.0], np.float32)}, seq=9),
+    "action_ack": Message("action_ack", {"clipped": True, "safe_stop": False, "reason": ""},
+                          {"sent": np.array([0.5, -1.0, 0.0, 1.0], np.float32)}),
+    "reset": Message("reset", {"seed": 1000000}),
+    "reset_done": Message("reset_done", {"instruction": "stack the green block on the red one"}),
+    "estop": Message("estop"),
+    "estop_ack": Message("estop_ack"),
+    "heartbeat": Message("heartbeat", {"t": 12.5}),
+    "heartbeat_ack": Message("heartbeat_ack", {"t": 12.5}),
+    "bye": Message("bye"),
+    "error": error_message("unsafe_action", "action has NaN", fatal=False, seq=4),
+}
+
+
+def test_every_message_type_round_trips():
+    assert set(EXAMPLES) == set(TYPES)
+    for name, msg in EXAMPLES.items():
+        back = decode(encode(msg))
+        assert (back.type, back.seq, back.fields) == (msg.type, msg.seq, msg.fields), name
+        assert set(back.arrays) == set(msg.arrays)
+        for key, arr in msg.arrays.items():
+            assert back.arrays[key].dtype == arr.dtype and np.array_equal(back.arrays[key], arr), (name, key)
+
+
+def test_other_dtypes_scalars_and_big_endian_arrays():
+    arrays = {"b": np.array([True, False]), "i": np.array([[1, -2]], np.int32), "l": np.array(7, np.int64),
+              "d": np.array([1.5], dtype=">f8"), "e": np.zeros((0, 3), np.float32)}
+    back = decode(encode(Message("observation", {}, arrays)))
+    for k, v in arrays.items():
+        assert np.array_equal(back.arrays[k], v) and back.arrays[k].shape == v.shape
+
+
+def test_encoding_refuses_what_the_protocol_cannot_carry():
+    with pytest.raises(ValueError, match="unknown message type"):
+        encode(Message("teleport"))
+    with pytest.raises(ValueError, match="dtype"):
+        encode(Message("action", {}, {"action": np.zeros(4, np.float16)}))
+    with pytest.raises(ValueError):
+        encode(Message("heartbeat", {"t": float("nan")}))  # strict JSON
+    with pytest.raises(ValueError, match="unknown error code"):
+        error_message("oops", "x")
+
+
+def _frame(header: bytes, payload: bytes = b"", *, version=VERSION, magic=b"CRBP") -> bytes:
+    return PREFIX.pack(magic, version, 0, len(header), len(payload)) + header + payload
+
+
+@pytest.mark.parametrize("frame, code", [
+    (_frame(b'{"type":"observe"}', magic=b"HTTP"), "bad_magic"),
+    (_frame(b'{"type":"observe"}', version=2), "bad_version"),
+    (PREFIX.pack(b"CRBP", VERSION, 0, MAX_HEADER + 1, 0), "oversized"),
+    (PREFIX.pack(b"CRBP", VERSION, 0, 10, 2**31), "oversized"),
+    (_frame(b'{"type":"observe"}')[:-3], "truncated"),
+    (b"CRBP\x01", "truncated"),
+    (_frame(b"\xff\xfe"), "bad_header"),
+    (_frame(b"[1, 2]"), "bad_header"),
+    (_frame(b'{"type":"observe","seq":-1}'), "bad_header"),
+    (_frame(b'{"type":"launch"}'), "unknown_type"),
+    (_frame(b'{"type":"action","arrays":[{"name":"a","dtype":"float32","shape":[4]}]}', b"\0" * 8), "bad_array"),
+    (_frame(b'{"type":"action","arrays":[{"name":"a","dtype":"float32","shape":[1]}]}', b"\0" * 8), "bad_array"),
+    (_frame(b'{"type":"action","arrays":[{"name":"a","dtype":"object","shape":[1]}]}', b"\0" * 8), "bad_array"),
+    (_frame(b'{"type":"action","arrays":[{"name":"a","dtype":"uint8","shape":[2147483647,2147483647,'
+            b'2147483647,2147483647]}]}', b"\0"), "bad_array"),
+])
+def test_broken_frames_get_the_documented_error_codes(frame, code):
+    with pytest.raises(ProtocolError) as info:
+        decode(frame, max_payload=2**20)
+    assert info.value.code == code and code in ERROR_CODES
+
+
+@given(st.binary(max_size=512))
+def test_random_bytes_only_ever_raise_protocol_errors(data):
+    try:
+        decode(data)
+    except ProtocolError:
+        pass
+
+
+@given(st.sampled_from(sorted(EXAMPLES)), st.data())
+def test_mutated_and_truncated_frames_only_ever_raise_protocol_errors(name, data):
+    frame = bytearray(encode(EXAMPLES[name]))
+    for _ in range(data.draw(st.integers(0, 4))):
+        i = data.draw(st.integers(0, len(frame) - 1))
+        frame[i] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(frame)))
+    try:
+        decode(bytes(frame[:cut]))
+    except ProtocolError:
+        pass
+
+
+def test_read_frame_from_a_stream():
+    stream = bytearray(encode(EXAMPLES["action"]) + encode(EXAMPLES["heartbeat"]))
+
+    def recv_exactly(n):
+        chunk = bytes(stream[:n])
+        del stream[:n]
+        return chunk
+
+    assert read_frame(recv_exactly).type == "action"
+    assert read_frame(recv_exactly).fields == {"t": 12.5}
+    with pytest.raises(ConnectionClosed):
+        read_frame(recv_exactly)
+    stream.extend(encode(EXAMPLES["observation"])[:100])
+    with pytest.raises(ProtocolError, match="truncated"):
+        read_frame(recv_exactly)
+    assert struct.calcsize("<4sHHII") == 16
