@@ -1,0 +1,147 @@
+"""Robot bridge on loopback: the SimRobotServer over the real protocol, safety, tokens, broken frames."""
+
+import socket
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envs.robot_bridge import RobotClient, RobotDisconnected, RobotError, RobotServer, SimBackend, SimRobotServer
+from envs.robot_protocol import PREFIX, VERSION, Message, ProtocolError, decode, encode, read_frame
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SimRobotServer(image_size=32, heartbeat_timeout_s=0.5) as srv:
+        yield srv
+
+
+def _client(server, **kw):
+    return RobotClient(*server.address, **kw)
+
+
+def test_observe_act_and_clip_over_the_real_protocol(server):
+    with _client(server) as robot:
+        assert robot.robot == "sim-pick_place" and robot.cameras == ("front",)
+        instruction = robot.reset_to_initial(seed=3)
+        obs, info = robot.observe()
+        assert obs["instruction"] == instruction and obs["image_front"].shape == (32, 32, 3)
+        assert obs["state"].dtype == np.float32 and info["step"] == 0 and info["episode_state"] == "running"
+        sent = robot.send_action(np.array([0.5, 0.0, 0.0, 1.0]))
+        assert np.array_equal(sent, np.array([0.5, 0.0, 0.0, 1.0], np.float32))
+        sent = robot.send_action(np.array([3.0, -0.5, 0.0, 1.0]))  # out of bounds: clipped to 1
+        assert sent[0] == 1.0 and robot.observe()[1]["step"] == 2
+
+
+def test_rate_limit_bounds_the_change_between_actions():
+    with SimRobotServer(image_size=32, max_rate=0.5) as srv, RobotClient(*srv.address) as robot:
+        robot.reset_to_initial(seed=0)
+        robot.send_action(np.array([-1.0, 0.0, 0.0, -1.0]))
+        sent = robot.send_action(np.array([1.0, 0.0, 0.0, 1.0]))
+        assert np.allclose(sent, [-0.5, 0.0, 0.0, -0.5])
+
+
+def test_nan_action_is_a_safe_stop_until_the_next_reset(server):
+    with _client(server) as robot:
+        robot.reset_to_initial(seed=1)
+        with pytest.raises(RobotError, match="unsafe_action"):
+            robot.send_action(np.array([np.nan, 0.0, 0.0, 0.0]))
+        assert server.backend.held and server.episode_state == "safe_stopped"
+        with pytest.raises(RobotError, match="not_ready"):
+            robot.send_action(np.zeros(4))
+        robot.reset_to_initial(seed=1)
+        robot.send_action(np.zeros(4))
+
+
+def test_heartbeat_loss_holds_the_robot_and_aborts_the_episode(server):
+    with _client(server, heartbeat_s=None) as robot:
+        robot.reset_to_initial(seed=2)
+        robot.send_action(np.zeros(4))
+        time.sleep(1.2)  # longer than the server's 0.5 s heartbeat timeout
+        assert server.episode_state == "aborted" and server.backend.held
+        with pytest.raises(RobotError, match="heartbeat_timeout"):
+            robot.send_action(np.zeros(4))
+        obs, info = robot.observe()  # what happened is still observable: the episode is kept
+        assert info["episode_state"] == "aborted" and info["step"] == 1
+
+
+def test_heartbeats_keep_an_idle_episode_alive(server):
+    with _client(server, heartbeat_s=0.1) as robot:
+        robot.reset_to_initial(seed=2)
+        time.sleep(1.0)
+        assert server.episode_state == "running"
+        robot.send_action(np.zeros(4))
+
+
+def test_tokens_and_non_loopback_binds():
+    with pytest.raises(ValueError, match="shared token"):
+        RobotServer(SimBackend(image_size=32), host="0.0.0.0")
+    with SimRobotServer(image_size=32, host="0.0.0.0", token="t0ken") as srv:
+        port = srv.address[1]
+        with pytest.raises(RobotError, match="unauthorized"):
+            RobotClient("127.0.0.1", port, token="wrong")
+        with RobotClient("127.0.0.1", port, token="t0ken") as robot:
+            assert robot.reset_to_initial(seed=0)
+
+
+def test_a_closed_server_gives_a_clear_disconnect_error():
+    srv = SimRobotServer(image_size=32).start()
+    robot = RobotClient(*srv.address, heartbeat_s=None)
+    robot.reset_to_initial(seed=0)
+    srv.close()
+    with pytest.raises((RobotDisconnected, RobotError)):
+        for _ in range(3):
+            robot.send_action(np.zeros(4))
+    with pytest.raises(RobotDisconnected, match="cannot reach"):
+        RobotClient(*srv.address)
+
+
+def _raw(server, data: bytes) -> Message | None:
+    """Send raw bytes on a fresh connection and read the reply frame (None if the server closed)."""
+    with socket.create_connection(server.address, timeout=5) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        buf = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    if not buf:
+        return None
+    stream = bytearray(buf)
+
+    def recv_exactly(n):
+        out = bytes(stream[:n])
+        del stream[:n]
+        return out
+
+    return read_frame(recv_exactly)
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(st.one_of(
+    st.binary(min_size=1, max_size=300),
+    st.builds(lambda h, p: PREFIX.pack(b"CRBP", VERSION, 0, len(h), len(p)) + h + p,
+              st.binary(min_size=1, max_size=200), st.binary(max_size=64)),
+))
+def test_garbage_gets_an_error_frame_and_never_wedges_the_server(server, data):
+    reply = _raw(server, data)
+    assert reply is None or reply.type == "error"
+    # the server still serves a proper client afterwards
+    with _client(server) as robot:
+        robot.reset_to_initial(seed=0)
+
+
+def test_oversized_wrong_version_and_truncated_frames(server):
+    big = PREFIX.pack(b"CRBP", VERSION, 0, 10, 2**31)
+    assert _raw(server, big).fields["code"] == "oversized"
+    wrong = encode(Message("observe"))
+    wrong = wrong[:4] + (2).to_bytes(2, "little") + wrong[6:]
+    assert _raw(server, wrong).fields["code"] == "bad_version"
+    assert _raw(server, encode(Message("hello", {"token": ""}))[:-2]).fields["code"] == "truncated"
+    assert _raw(server, encode(Message("observe"))).fields["code"] == "unauthorized"  # no hello
+    with pytest.raises(ProtocolError):
+        decode(big)
