@@ -400,3 +400,17 @@ class LabelAdvantagesConfig:
             raise ValueError("--n and --max_steps must be >= 1")
         if not 0.0 < self.positive_fraction < 1.0:
             raise ValueError(f"--positive_fraction must be within (0, 1), got {self.positive_fraction}")
+
+
+@dataclass(frozen=True)
+class BenchBridgeConfig:
+    rounds: int = 500
+    """Interleaved rounds; each times every request kind once."""
+    image_size: int = 64
+    """Camera image size served by the sim robot."""
+    docs: str = ""
+    """Markdown file whose bench_bridge section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 10:
+            raise ValueError("--rounds must be >= 10")

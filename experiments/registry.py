@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.configs import (
+    BenchBridgeConfig,
     BenchCapsulesConfig,
     BenchEnvConfig,
     BenchPolicyConfig,
@@ -169,5 +170,13 @@ register(
         LabelAdvantagesConfig(),
         "experiments.label_advantages:run",
         "RECAP advantage labels (N-step, per-task thresholds, interventions positive) as a sidecar next to a store.",
+    )
+)
+register(
+    Experiment(
+        "bench_bridge",
+        BenchBridgeConfig(),
+        "experiments.bench_bridge:run",
+        "Robot bridge round-trip latency on loopback (heartbeat, action, observe) against the SimRobotServer.",
     )
 )

@@ -145,3 +145,13 @@ def test_oversized_wrong_version_and_truncated_frames(server):
     assert _raw(server, encode(Message("observe"))).fields["code"] == "unauthorized"  # no hello
     with pytest.raises(ProtocolError):
         decode(big)
+
+
+def test_bench_bridge_smoke(tmp_path):
+    import json
+
+    from experiments.run import main
+
+    out = tmp_path / "b.json"
+    assert main(["bench_bridge", "--rounds", "12", "--image_size", "32", "--json", str(out)]) == 0
+    assert set(json.loads(out.read_text())["latency_us"]) == {"heartbeat", "action", "observe"}
