@@ -1,0 +1,167 @@
+"""Operator input during rollouts: END (success / failure), takeover on/off, coaching, e-stop.
+
+Sources give `OperatorEvent`s; the rollout loop polls them once per control step
+(never blocking). `KeyboardOperator` reads a terminal (no display needed):
+
+    s   END, success          f   END, failure
+    t   takeover on / off     e   e-stop
+    c   coach: type a new subtask, then Enter (it overwrites the hand-off)
+    ?   print these keys
+
+With a TTY the terminal is put in cbreak mode (keys act at once, restored on
+close); any other stream (a pipe, a file) is read the same way, byte by byte.
+`ScriptedOperator` plays a fixed schedule of events by control step, for tests
+and for simulated operators.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import queue
+import select
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import IO, Protocol
+
+KEYS_HELP = "s: END success  f: END failure  t: takeover on/off  c: coach (type, Enter)  e: e-stop  ?: help"
+
+
+class Kind(str, enum.Enum):
+    END_SUCCESS = "end_success"
+    END_FAILURE = "end_failure"
+    TAKEOVER_ON = "takeover_on"
+    TAKEOVER_OFF = "takeover_off"
+    COACH = "coach"
+    ESTOP = "estop"
+
+
+@dataclass(frozen=True)
+class OperatorEvent:
+    kind: Kind
+    text: str = ""  # the subtask of a COACH event
+
+
+class OperatorSource(Protocol):
+    def poll(self, step: int) -> list[OperatorEvent]:
+        """Events since the last poll (`step`: the control step about to run). Never blocks."""
+
+    def close(self) -> None: ...
+
+
+class KeyParser:
+    """Turns key bytes into events (takeover toggles; `c` collects text up to Enter)."""
+
+    def __init__(self) -> None:
+        self.takeover = False
+        self._coach: list[str] | None = None
+
+    def feed(self, chars: str) -> list[OperatorEvent]:
+        events = []
+        for ch in chars:
+            if self._coach is not None:  # typing a coaching text
+                if ch in "\r\n":
+                    text = "".join(self._coach).strip()
+                    self._coach = None
+                    if text:
+                        events.append(OperatorEvent(Kind.COACH, text))
+                elif ch in ("\x7f", "\b"):
+                    if self._coach:
+                        self._coach.pop()
+                elif ch == "\x1b":  # Esc: cancel
+                    self._coach = None
+                elif ch.isprintable():
+                    self._coach.append(ch)
+                continue
+            key = ch.lower()
+            if key == "s":
+                events.append(OperatorEvent(Kind.END_SUCCESS))
+            elif key == "f":
+                events.append(OperatorEvent(Kind.END_FAILURE))
+            elif key == "t":
+                self.takeover = not self.takeover
+                events.append(OperatorEvent(Kind.TAKEOVER_ON if self.takeover else Kind.TAKEOVER_OFF))
+            elif key == "e":
+                events.append(OperatorEvent(Kind.ESTOP))
+            elif key == "c":
+                self._coach = []
+        return events
+
+
+class KeyboardOperator:
+    """Operator keys from a terminal or any readable stream, read on a background thread."""
+
+    def __init__(self, stream: IO | None = None, *, echo: IO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdin
+        self.echo = echo
+        self.parser = KeyParser()
+        self._events: queue.Queue[OperatorEvent] = queue.Queue()
+        self._stop = threading.Event()
+        self._saved_tty = None
+        fd = self.stream.fileno()
+        if os.isatty(fd):
+            import termios
+            import tty
+
+            self._saved_tty = termios.tcgetattr(fd)
+            tty.setcbreak(fd)
+        if self.echo is not None:
+            print(KEYS_HELP, file=self.echo, flush=True)
+        self._thread = threading.Thread(target=self._read, args=(fd,), name="operator-keys", daemon=True)
+        self._thread.start()
+
+    def _read(self, fd: int) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if not ready:
+                continue
+            data = os.read(fd, 1024)
+            if not data:
+                return  # end of stream
+            for event in self.parser.feed(data.decode("utf-8", errors="ignore")):
+                self._events.put(event)
+                if self.echo is not None:
+                    print(f"[operator] {event.kind.value}{': ' + event.text if event.text else ''}",
+                          file=self.echo, flush=True)
+
+    def poll(self, step: int) -> list[OperatorEvent]:
+        out = []
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(1.0)
+        if self._saved_tty is not None:
+            import termios
+
+            termios.tcsetattr(self.stream.fileno(), termios.TCSADRAIN, self._saved_tty)
+            self._saved_tty = None
+
+
+class ScriptedOperator:
+    """Plays `schedule` (control step -> events): each event once, when that step is polled or passed."""
+
+    def __init__(self, schedule: Mapping[int, OperatorEvent | Iterable[OperatorEvent]]) -> None:
+        self.schedule = {int(k): ([v] if isinstance(v, OperatorEvent) else list(v)) for k, v in schedule.items()}
+        self._done: set[int] = set()
+
+    def poll(self, step: int) -> list[OperatorEvent]:
+        out = []
+        for at in sorted(self.schedule):
+            if at <= step and at not in self._done:
+                self._done.add(at)
+                out.extend(self.schedule[at])
+        return out
+
+    def reset(self) -> None:
+        """Play the schedule again (next episode)."""
+        self._done.clear()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,48 @@
+"""Operator input: key parsing, a keyboard read from a pipe, the scripted operator."""
+
+import os
+import time
+
+from envs.operator_input import Kind, KeyboardOperator, KeyParser, OperatorEvent, ScriptedOperator
+
+
+def test_keys_become_events_with_takeover_toggling_and_coaching():
+    p = KeyParser()
+    assert [e.kind for e in p.feed("t")] == [Kind.TAKEOVER_ON]
+    assert [e.kind for e in p.feed("xT")] == [Kind.TAKEOVER_OFF]  # unknown keys are ignored
+    events = p.feed("cpick the blu\x7fue block\nS")
+    assert events == [OperatorEvent(Kind.COACH, "pick the blue block"), OperatorEvent(Kind.END_SUCCESS)]
+    assert p.feed("c\x1bf") == [OperatorEvent(Kind.END_FAILURE)]  # Esc cancels coaching
+    assert p.feed("c  \n") == []  # empty coaching is dropped
+    assert p.feed("e") == [OperatorEvent(Kind.ESTOP)]
+    assert p.feed("cs") == [] and p.feed("top\n") == [OperatorEvent(Kind.COACH, "stop")]  # 's' inside text is text
+
+
+def test_keyboard_operator_reads_a_stream_without_blocking():
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb", buffering=0) as stream:
+        op = KeyboardOperator(stream)
+        assert op.poll(0) == []  # nothing typed: returns at once
+        os.write(write_fd, b"tcgo left\n")
+        deadline = time.monotonic() + 5
+        events = []
+        while len(events) < 2 and time.monotonic() < deadline:
+            events += op.poll(1)
+            time.sleep(0.01)
+        assert events == [OperatorEvent(Kind.TAKEOVER_ON), OperatorEvent(Kind.COACH, "go left")]
+        os.write(write_fd, b"s")
+        os.close(write_fd)
+        deadline = time.monotonic() + 5
+        while not (got := op.poll(2)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [OperatorEvent(Kind.END_SUCCESS)]
+        op.close()
+
+
+def test_scripted_operator_plays_each_event_once_and_catches_up():
+    op = ScriptedOperator({3: OperatorEvent(Kind.TAKEOVER_ON), 5: [OperatorEvent(Kind.TAKEOVER_OFF),
+                                                                    OperatorEvent(Kind.END_FAILURE)]})
+    assert op.poll(0) == [] and op.poll(3) == [OperatorEvent(Kind.TAKEOVER_ON)] and op.poll(3) == []
+    assert [e.kind for e in op.poll(9)] == [Kind.TAKEOVER_OFF, Kind.END_FAILURE]  # step 5 passed: delivered now
+    op.reset()
+    assert len(op.poll(10)) == 3
