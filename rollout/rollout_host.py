@@ -34,6 +34,7 @@ import torch
 
 from capsules import Arena, BufferComponent, BufferSpec, CapsuleStore, restore, snapshot
 from critics.critic_runtime import CriticRuntime
+from envs.operator_input import OperatorSource
 from envs.tabletop_env import ACTION_DIM, TabletopEnv, image_key
 from policies.execution_context import TwoLaneContext
 from policies.policy_runtime import PolicyRuntime
@@ -106,6 +107,7 @@ class Tick:
     terminated: bool = False
     truncated: bool = False
     info: dict = field(default_factory=dict)
+    intervention: bool = False
 
 
 @dataclass
@@ -173,7 +175,11 @@ class RolloutHost:
         planner: Planner | None = None,
         recorder=None,
         safety_check: Callable[[dict, np.ndarray], None] | None = None,
+        operator: OperatorSource | None = None,
+        teleop: Callable[[], np.ndarray] | None = None,
     ) -> None:
+        """`operator`: polled every control step (END, takeover, coaching, e-stop). `teleop`: the action
+        source while an operator has taken over (a leader arm; in sim the scripted expert)."""
         if config.n_exec > policy.config.horizon:
             raise ValueError(f"n_exec ({config.n_exec}) exceeds the policy's chunk length ({policy.config.horizon})")
         missing = [c for c in (*policy.config.cameras, *critic.config.cameras) if c not in env.cameras]
@@ -186,6 +192,9 @@ class RolloutHost:
         self.planner = planner if planner is not None else ScriptedPlanner(self.channel)
         self.recorder = recorder
         self.safety_check = safety_check
+        self.operator, self.teleop = operator, teleop
+        self.takeover = False
+        self.events: list[str] = []  # operator events of the current episode, as they were applied
         self.state = _HostState(policy.config.horizon, self._save_subtask, self._load_subtask)
         self.arena = Arena([env, policy, critic, self.state]).allocate()
         self.lanes = TwoLaneContext(policy.device)
@@ -295,6 +304,44 @@ class RolloutHost:
         c[2] = c[2] + 1 if threshold is not None and float(value) < threshold else 0
         c[3] += 1
 
+    def _operator_events(self, step: int) -> str | None:
+        """Apply what the operator did since the last step; returns "estop" when the robot must stop."""
+        if self.operator is None:
+            return None
+        for event in self.operator.poll(step):
+            kind = event.kind.value
+            self.events.append(f"{step}:{kind}")
+            if kind in ("end_success", "end_failure"):
+                self.request_end(kind == "end_success")
+            elif kind == "coach":
+                self.channel.coach(event.text)
+            elif kind in ("takeover_on", "takeover_off"):
+                if self.teleop is None:
+                    self.events.append(f"{step}:takeover ignored (no teleop source)")
+                else:
+                    self.takeover = kind == "takeover_on"
+            elif kind == "estop":
+                estop = getattr(self.env, "estop", None)
+                if callable(estop):
+                    estop()
+                return "estop"
+        return None
+
+    def _teleop_tick(self) -> Tick:
+        """One step driven by the operator: recorded as an intervention; the policy's chunk is dropped."""
+        b = self.state.buffers
+        self._poll_subtask()
+        b["counters"][1] = 0  # after a human moved the robot, the policy plans afresh
+        action = np.clip(np.asarray(self.teleop(), np.float32).reshape(-1), -1.0, 1.0)
+        if not np.all(np.isfinite(action)):
+            raise SafetyStop(f"teleoperation sent a non-finite action {action.tolist()}")
+        tick = Tick(new_chunk=False, value=float("nan"), action=action, subtask_id=self._subtask_index,
+                    intervention=True)
+        tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
+        if self.env.steps % self.config.planner_every == 0:
+            self.planner.update(self.env)
+        return tick
+
     def tick(self, obs: dict) -> Tick:
         """One control step of the chunk loop from observation `obs` (the env's current one).
 
@@ -340,9 +387,13 @@ class RolloutHost:
         limit = min(cfg.max_steps or env.max_steps, env.max_steps)
         obs = env.observe()
         t0 = time.perf_counter()
+        self.takeover, self.events = False, []
         try:
             while True:
-                tick = self.tick(obs)
+                if self._operator_events(env.steps) == "estop":
+                    reason, error = SAFETY, "operator e-stop"
+                    break
+                tick = self._teleop_tick() if self.takeover else self.tick(obs)
                 # an episode executes at least one step, so every stop is recorded
                 if tick.low_value and len(builder):
                     reason = LOW_VALUE
@@ -353,7 +404,7 @@ class RolloutHost:
                 images = {c_: obs[image_key(c_)] for c_ in env.cameras} if cfg.record_images else {}
                 builder.add(images=images, state=obs["state"], action=tick.action, reward=tick.reward,
                             policy_action=tick.proposed, value=tick.value if tick.new_chunk else float("nan"),
-                            subtask_id=tick.subtask_id)
+                            subtask_id=tick.subtask_id, intervention=tick.intervention)
                 obs = tick.obs
                 with self._lock:
                     end = self._end_request

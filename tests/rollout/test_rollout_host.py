@@ -168,3 +168,36 @@ def test_bad_configuration_is_refused():
                     config=HostConfig(n_exec=2))
     with pytest.raises(ValueError, match=">= 1"):
         HostConfig(value_patience=0)
+
+
+def test_operator_takeover_is_recorded_as_intervention_and_the_policy_replans():
+    from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+
+    h = make_host(max_steps=10, n_exec=4)
+    expert = ScriptedExpert(h.env)
+    h.teleop = expert.act
+    h.operator = ScriptedOperator({2: OperatorEvent(Kind.TAKEOVER_ON), 5: OperatorEvent(Kind.TAKEOVER_OFF)})
+    r = h.run_episode(0)
+    steps = r.episode.steps
+    assert steps["intervention"].tolist() == [False, False, True, True, True] + [False] * 5
+    assert np.isnan(steps["policy_action"][2:5]).all() and np.isfinite(steps["policy_action"][5:]).all()
+    # chunks at steps 0 and 5 (right after the takeover) and 9
+    assert np.flatnonzero(np.isfinite(steps["value"])).tolist() == [0, 5, 9]
+    assert h.events == ["2:takeover_on", "5:takeover_off"]
+    h.close()
+
+
+def test_operator_end_coach_and_estop():
+    from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+
+    h = make_host(max_steps=30)
+    h.operator = ScriptedOperator({1: OperatorEvent(Kind.COACH, "push the green block"),
+                                   3: OperatorEvent(Kind.END_FAILURE)})
+    r = h.run_episode(0)
+    assert (r.meta.stop_reason, r.meta.success, r.meta.length) == ("operator_end", False, 4)
+    assert h.channel.read().text == "push the green block"
+    h.operator = ScriptedOperator({2: [OperatorEvent(Kind.TAKEOVER_ON), OperatorEvent(Kind.ESTOP)]})
+    r = h.run_episode(1)
+    assert (r.meta.stop_reason, r.error, r.meta.length) == ("safety", "operator e-stop", 2)
+    assert "2:takeover ignored (no teleop source)" in h.events
+    h.close()
