@@ -53,9 +53,19 @@ class RobotBackend:
     name: str = "robot"
     cameras: tuple[str, ...] = ()
 
+    task: str = "task"
+
     def reset(self, seed: int | None) -> str:
         """Home the robot and set up the task; returns the instruction."""
         raise NotImplementedError
+
+    def subtasks(self) -> list[str]:
+        """The current task's subtask texts, if the robot side knows them (else [])."""
+        return []
+
+    def teleop_action(self) -> np.ndarray:
+        """The operator's device action now (a leader arm); used while the operator has taken over."""
+        raise NotImplementedError("this robot has no teleoperation device")
 
     def observe(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """(arrays: image_<camera> uint8 (H, W, 3), state float32; fields: instruction, subtask, subtask_id, step,
@@ -87,6 +97,8 @@ class SimBackend(RobotBackend):
         self.env = TabletopEnv(family, cameras=cameras, image_size=image_size)
         self.cameras = tuple(cameras)
         self.name = f"sim-{family}"
+        self.task = family
+        self._expert = None
         self.action_low = -np.ones(ACTION_DIM, np.float32)
         self.action_high = np.ones(ACTION_DIM, np.float32)
         self.control_hz = 10.0
@@ -95,9 +107,20 @@ class SimBackend(RobotBackend):
         self._info: dict = {}
 
     def reset(self, seed: int | None) -> str:
+        from envs.scripted_expert import ScriptedExpert
+
         self._obs, self._info = self.env.reset(seed=seed)
         self.held = False
+        self._expert = ScriptedExpert(self.env)  # the sim's teleoperator
         return self.env.instruction
+
+    def subtasks(self) -> list[str]:
+        return [s.text for s in self.env.subtasks]
+
+    def teleop_action(self) -> np.ndarray:
+        if self._expert is None:
+            raise RuntimeError("reset first")
+        return self._expert.act()
 
     def observe(self):
         if self._obs is None:
@@ -256,7 +279,13 @@ class RobotServer:
                 raise ProtocolError("bad_header", "reset 'seed' must be a non-negative integer or null")
             instruction = b.reset(seed)
             self.episode_state, self.last_action = "running", None
-            return Message("reset_done", {"instruction": instruction}, {}, msg.seq)
+            return Message("reset_done", {"instruction": instruction, "task": b.task, "subtasks": b.subtasks()},
+                           {}, msg.seq)
+        if msg.type == "teleop":
+            if self.episode_state == "idle":
+                raise ProtocolError("not_ready", "reset before teleoperating")
+            action = np.asarray(b.teleop_action(), np.float32)
+            return Message("teleop_action", {}, {"action": action}, msg.seq)
         if msg.type == "estop":
             b.estop()
             self.episode_state = "estopped"
@@ -367,9 +396,16 @@ class RobotDisconnected(ConnectionError):
 class RobotError(RuntimeError):
     """The robot answered with an error frame (`code` from the protocol's ERROR_CODES)."""
 
+    STOP_REASONS = {"heartbeat_timeout": "aborted", "unsafe_action": "safety"}
+
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"robot error {code}: {message}")
         self.code, self.message = code, message
+
+    @property
+    def stop_reason(self) -> str:
+        """How a rollout episode ends on this error."""
+        return self.STOP_REASONS.get(self.code, "error")
 
 
 class RobotClient:
@@ -437,7 +473,16 @@ class RobotClient:
 
     # -- the interface the rollout host uses ------------------------------------------
     def reset_to_initial(self, seed: int | None = None) -> str:
-        return self._request(Message("reset", {"seed": seed})).fields["instruction"]
+        """Home the robot and set up the episode; returns the instruction."""
+        return self.reset(seed)["instruction"]
+
+    def reset(self, seed: int | None = None) -> dict:
+        """Like `reset_to_initial`, with everything the robot side said (task, subtasks)."""
+        return dict(self._request(Message("reset", {"seed": seed})).fields)
+
+    def teleop_action(self) -> np.ndarray:
+        """The operator's device action (leader arm; the scripted expert of a sim robot)."""
+        return self._request(Message("teleop")).arrays["action"]
 
     def observe(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(observation like TabletopEnv's: image_<camera>, state, instruction; info: subtask, success, ...)."""

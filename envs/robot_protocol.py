@@ -22,7 +22,9 @@ Message types (client = rollout side, server = robot side):
     observe    {}                            observation {instruction, subtask, subtask_id, step, success}
                                                          + image_<camera> (H, W, 3) uint8, state (S,) float32
     action     + action (A,) float32         action_ack  {clipped, safe_stop, reason} + sent (A,) float32
-    reset      {seed}                        reset_done  {instruction}
+    reset      {seed}                        reset_done  {instruction, task, subtasks}
+    teleop     {}                            teleop_action + action (A,) float32: the operator's device
+                                                         (leader arm; the scripted expert in sim)
     estop      {}                            estop_ack   {}
     heartbeat  {t}                           heartbeat_ack {t}
     bye        {}                            error       {code, message, fatal}
@@ -52,8 +54,9 @@ MAX_ARRAYS = 32
 MAX_DIMS = 8
 DTYPES = ("uint8", "int32", "int64", "float32", "float64", "bool")
 
-CLIENT_TYPES = ("hello", "observe", "action", "reset", "estop", "heartbeat", "bye")
-SERVER_TYPES = ("welcome", "observation", "action_ack", "reset_done", "estop_ack", "heartbeat_ack", "error")
+CLIENT_TYPES = ("hello", "observe", "action", "reset", "teleop", "estop", "heartbeat", "bye")
+SERVER_TYPES = ("welcome", "observation", "action_ack", "reset_done", "teleop_action", "estop_ack", "heartbeat_ack",
+                "error")
 TYPES = CLIENT_TYPES + SERVER_TYPES
 
 ERROR_CODES = (

@@ -44,7 +44,7 @@ STOP_REASON = "stop_reason"
 LENGTH = "length"
 INITIAL_CAPSULE_ID = "initial_capsule_id"
 
-STOP_REASONS = ("success", "operator_end", "low_value", "timeout", "safety", "error")
+STOP_REASONS = ("success", "operator_end", "low_value", "timeout", "safety", "error", "aborted")
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ class Phase(str, enum.Enum):
     RECORD = "record"
 
 
-SUCCESS, OPERATOR_END, LOW_VALUE, TIMEOUT, SAFETY, ERROR = S.STOP_REASONS
+SUCCESS, OPERATOR_END, LOW_VALUE, TIMEOUT, SAFETY, ERROR, ABORTED = S.STOP_REASONS
 _ALLOWED = {
     Phase.IDLE: {Phase.RESET},
     Phase.RESET: {Phase.RUNNING, Phase.STOP_INFER},  # a reset can fail: error, recorded if there were steps
@@ -186,7 +186,6 @@ class RolloutHost:
         if missing:
             raise ValueError(f"policy/critic need camera(s) {missing}; the env renders {list(env.cameras)}")
         self.env, self.policy, self.critic, self.config = env, policy, critic, config
-        self.family = env.family.name
         self.store = store if store is not None else CapsuleStore()
         self.channel = channel if channel is not None else SubtaskChannel()
         self.planner = planner if planner is not None else ScriptedPlanner(self.channel)
@@ -204,6 +203,10 @@ class RolloutHost:
         self._subtask_index = 0
         self._end_request: bool | None = None  # operator END: success flag
         self._lock = threading.Lock()
+
+    @property
+    def family(self) -> str:
+        return self.env.family.name
 
     # -- operator ---------------------------------------------------------------------
     def request_end(self, success: bool) -> None:
@@ -251,7 +254,10 @@ class RolloutHost:
         self._go(Phase.RESET)
         t0 = time.perf_counter()
         key = capsule_key(self.family, seed)
-        if key in self.store:
+        if not getattr(self.env, "restorable", True):  # a robot: home it every time; nothing is kept
+            capsule = self._cold_reset(seed, key, keep=False)
+            kind = "physical"
+        elif key in self.store:
             capsule = self.store.get(key)
             restore(self.arena, capsule)  # the host component's hook republishes the subtask
             kind = "restore"
@@ -262,7 +268,7 @@ class RolloutHost:
             self._end_request = None
         return kind, (time.perf_counter() - t0) * 1e3, capsule.meta.capsule_id
 
-    def _cold_reset(self, seed: int, key: str):
+    def _cold_reset(self, seed: int, key: str, keep: bool = True):
         self.env.reset(seed=seed)
         self.planner.reset(self.env)
         self._seen_version = -1
@@ -273,7 +279,8 @@ class RolloutHost:
         b["counters"].zero_()
         b["value"].fill_(float("nan"))
         capsule = snapshot(self.arena, label=key, step=0, episode=key, extra={"seed": str(seed), "family": self.family})
-        self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
+        if keep:
+            self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
         return capsule
 
     def _poll_subtask(self) -> bool:
@@ -419,8 +426,10 @@ class RolloutHost:
                     break
         except SafetyStop as exc:
             reason, error = SAFETY, str(exc) or "safety check stopped the episode"
-        except Exception as exc:  # recorded as an error; the host stays usable
-            reason, error = ERROR, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # recorded (as an error, or the reason it names); the host stays usable
+            named = getattr(exc, "stop_reason", None)
+            reason = named if named in S.STOP_REASONS else ERROR
+            error = f"{type(exc).__name__}: {exc}"
         run_s = time.perf_counter() - t0
         self._go(Phase.STOP_INFER)
         self._go(Phase.RECORD)

@@ -1,0 +1,89 @@
+"""`RobotEnv`: the env interface the rollout host uses, over a `RobotClient` (a real or sim robot).
+
+A robot cannot be captured in a capsule, so it declares no buffers and
+`restorable = False`: every episode starts with a physical reset (home), while
+the policy's, critic's and host's state are still captured and restored. Robot
+errors carry the stop reason the episode ends with (`aborted` after a lost
+heartbeat, `safety` after an unsafe action).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from envs.robot_bridge import RobotClient
+
+
+class RobotEnv:
+    restorable = False
+
+    def __init__(self, client: RobotClient, *, max_steps: int = 80, task: str = "") -> None:
+        self.client = client
+        self.name = "env"
+        self.cameras = client.cameras
+        self.max_steps = max_steps
+        self.family = SimpleNamespace(name=task or "robot")
+        self.subtasks: list[SimpleNamespace] = [SimpleNamespace(text="")]
+        self.subtask_index = 0
+        self.steps = 0
+        self.instruction = ""
+        self._obs: dict[str, Any] | None = None
+        self._info: dict[str, Any] = {}
+        self.buffers: Mapping = {}
+
+    # -- capsule component: nothing of a robot can be captured ---------------------------
+    def buffer_specs(self) -> list:
+        return []
+
+    def bind(self, buffers) -> None:
+        self.buffers = buffers
+
+    def fingerprint(self) -> Mapping[str, str]:
+        return {"kind": "robot", "robot": self.client.robot}
+
+    def before_snapshot(self) -> None:
+        pass
+
+    def after_restore(self) -> None:
+        pass
+
+    # -- env interface --------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None):
+        fields = self.client.reset(seed)
+        self.instruction = fields.get("instruction", "")
+        if fields.get("task") and self.family.name == "robot":
+            self.family = SimpleNamespace(name=str(fields["task"]))
+        texts = [str(t) for t in fields.get("subtasks") or []] or [self.instruction]
+        self.subtasks = [SimpleNamespace(text=t) for t in texts]
+        self._observe()
+        return self._obs, self._info
+
+    def _observe(self) -> None:
+        obs, info = self.client.observe()
+        self._obs, self._info = obs, info
+        self.steps = int(info.get("step", self.steps))
+        self.subtask_index = int(info.get("subtask_id", 0))
+        info["subtask"] = self.subtasks[min(self.subtask_index, len(self.subtasks) - 1)].text
+        info["success"] = bool(info.get("success", False))
+
+    def observe(self) -> dict[str, Any]:
+        if self._obs is None:
+            raise RuntimeError("reset the robot first")
+        return self._obs
+
+    def step(self, action: np.ndarray):
+        self.client.send_action(np.asarray(action, np.float32))
+        self._observe()
+        success = self._info["success"]
+        truncated = not success and self.steps >= self.max_steps
+        return self._obs, (0.0 if success else -1.0), success, truncated, self._info
+
+    def estop(self) -> None:
+        self.client.estop()
+
+    def close(self) -> None:
+        pass  # the client belongs to whoever opened it
