@@ -414,3 +414,50 @@ class BenchBridgeConfig:
     def __post_init__(self) -> None:
         if self.rounds < 10:
             raise ValueError("--rounds must be >= 10")
+
+
+@dataclass(frozen=True)
+class RobotAddress:
+    host: str = "127.0.0.1"
+    """Robot server address."""
+    port: int = 0
+    """Robot server port (required)."""
+    token: str = ""
+    """Shared token (required by servers bound beyond loopback)."""
+
+
+@dataclass(frozen=True)
+class RealRecapConfig:
+    robot: RobotAddress = RobotAddress()  # --robot.host, --robot.port, --robot.token
+    episodes: int = 1
+    """Episodes to run."""
+    seed: int | None = None
+    """First seed passed to the robot's reset (a sim robot uses it; a real one may ignore it)."""
+    out: str = "runs/real_recap"
+    """Output directory: episodes.zarr and npz/ (one .npz per episode)."""
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint."""
+    n_exec: int = 8
+    """Actions of each chunk executed before the next inference."""
+    value_threshold: float | None = None
+    """Stop when the critic's value stays below this for --value_patience chunks (None: never)."""
+    value_patience: int = 3
+    """Consecutive low-value chunks before that stop."""
+    max_steps: int = 80
+    """Timeout in control steps."""
+    operator: Literal["keyboard", "script", "none"] = "keyboard"
+    """Operator input: the terminal's keys, a --script, or none."""
+    script: tuple[str, ...] = ()
+    """Scripted operator events STEP:KIND[:TEXT], KIND in end_success end_failure takeover_on takeover_off coach estop."""
+    teleop: bool = True
+    """During a takeover, act with the robot side's teleoperation device (the scripted expert of a sim robot)."""
+
+    def __post_init__(self) -> None:
+        if self.robot.port < 0:
+            raise ValueError(f"--robot.port must be a port number, got {self.robot.port}")
+        if self.episodes < 1 or self.n_exec < 1 or self.max_steps < 1:
+            raise ValueError("--episodes, --n_exec and --max_steps must be >= 1")
+        if self.operator == "script" and not self.script:
+            raise ValueError("--operator script needs --script STEP:KIND[:TEXT] ...")

@@ -18,6 +18,7 @@ from experiments.configs import (
     EvalPolicyConfig,
     ExportCheckpointConfig,
     LabelAdvantagesConfig,
+    RealRecapConfig,
     ReplayConfig,
     SimRolloutConfig,
     TrainCriticConfig,
@@ -178,5 +179,13 @@ register(
         BenchBridgeConfig(),
         "experiments.bench_bridge:run",
         "Robot bridge round-trip latency on loopback (heartbeat, action, observe) against the SimRobotServer.",
+    )
+)
+register(
+    Experiment(
+        "real_recap",
+        RealRecapConfig(),
+        "experiments.real_recap:run",
+        "RECAP rollouts on a robot through the bridge: operator END labels, takeover, coaching, e-stop; npz + zarr.",
     )
 )

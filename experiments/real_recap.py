@@ -1,0 +1,105 @@
+"""real_recap: RECAP rollouts on a robot through the robot bridge, with an operator.
+
+The RolloutHost runs the policy and critic over a `RobotClient` (the robot is
+homed before every episode); the operator ends episodes (success / failure
+labels), takes over (those steps come from the robot side's teleoperation device
+and are flagged as interventions), coaches new subtasks or e-stops. Episodes go to
+`<out>/npz/<episode_id>.npz` and `<out>/episodes.zarr`. Against a sim robot:
+start `SimRobotServer` (see the README) and point --robot.port at it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from critics.critic_runtime import CriticRuntime
+from critics.value_critic import load_critic
+from envs.operator_input import Kind, KeyboardOperator, OperatorEvent, ScriptedOperator
+from envs.robot_bridge import RobotClient
+from envs.robot_env import RobotEnv
+from experiments.configs import RealRecapConfig
+from experiments.console import make_console
+from experiments.paths import resolve_input
+from experiments.result import ExperimentResult
+from policies.flow_policy import load_policy
+from policies.policy_runtime import PolicyRuntime
+from rollout.npz_recorder import NpzRecorder
+from rollout.rollout_host import HostConfig, RolloutHost
+from rollout.zarr_recorder import ZarrRecorder
+
+
+def parse_script(items: tuple[str, ...]) -> dict[int, list[OperatorEvent]]:
+    schedule: dict[int, list[OperatorEvent]] = {}
+    kinds = {k.value: k for k in Kind}
+    for item in items:
+        step, _, rest = item.partition(":")
+        kind, _, text = rest.partition(":")
+        if not step.isdigit() or kind not in kinds or (kind == "coach") != bool(text):
+            raise ValueError(f"--script item {item!r}: expected STEP:KIND (KIND in {sorted(kinds)}), "
+                             "or STEP:coach:TEXT")
+        schedule.setdefault(int(step), []).append(OperatorEvent(kinds[kind], text))
+    return schedule
+
+
+def run(config: RealRecapConfig) -> ExperimentResult:
+    console = make_console()
+    if config.robot.port <= 0:
+        raise ValueError("--robot.port is required: the port the robot server listens on")
+    out = Path(config.out)
+    client = RobotClient(config.robot.host, config.robot.port, token=config.robot.token)
+    operator = None
+    if config.operator == "keyboard":
+        operator = KeyboardOperator(sys.stdin, echo=sys.stderr)
+    elif config.operator == "script":
+        operator = ScriptedOperator(parse_script(config.script))
+    env = RobotEnv(client, max_steps=config.max_steps)
+    host = RolloutHost(
+        env=env, policy=PolicyRuntime(load_policy(resolve_input(config.policy))),
+        critic=CriticRuntime(load_critic(resolve_input(config.critic))),
+        config=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
+                          value_patience=config.value_patience, max_steps=config.max_steps),
+        operator=operator, teleop=client.teleop_action if config.teleop else None,
+    )
+    npz, zarr = NpzRecorder(out / "npz"), ZarrRecorder(out / "episodes.zarr")
+    console.print(f"robot {client.robot} at {config.robot.host}:{config.robot.port}; cameras {list(client.cameras)}")
+    results = []
+    try:
+        for i in range(config.episodes):
+            seed = None if config.seed is None else config.seed + i
+            if isinstance(operator, ScriptedOperator):
+                operator.reset()
+            result = host.run_episode(seed if seed is not None else i,
+                                      episode_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{i:04d}")
+            if result.episode is None:
+                console.print(f"episode {i}: failed before its first step ({result.error})")
+                continue
+            npz.write(result.episode)
+            zarr.write(result.episode)
+            meta = result.episode.meta
+            n_int = int(result.episode.steps["intervention"].sum())
+            console.print(f"episode {meta.episode_id}: {meta.stop_reason}, success {meta.success}, "
+                          f"{meta.length} steps, {n_int} intervention steps" + (f" ({result.error})" if result.error
+                                                                                else ""))
+            results.append(result)
+    finally:
+        zarr.close()
+        host.lanes.close()
+        client.close()
+        if operator is not None:
+            operator.close()
+    episodes = [r.episode for r in results]
+    summary = {
+        "episodes": len(episodes),
+        "successes": sum(e.meta.success for e in episodes),
+        "stop_reasons": dict(Counter(e.meta.stop_reason for e in episodes)),
+        "interventions_per_episode": float(np.mean([e.steps["intervention"].sum() for e in episodes]))
+        if episodes else 0.0,
+        "store": str(out / "episodes.zarr"),
+        "npz": str(out / "npz"),
+    }
+    return ExperimentResult(summary)
