@@ -461,3 +461,19 @@ class RealRecapConfig:
             raise ValueError("--episodes, --n_exec and --max_steps must be >= 1")
         if self.operator == "script" and not self.script:
             raise ValueError("--operator script needs --script STEP:KIND[:TEXT] ...")
+
+
+@dataclass(frozen=True)
+class SimRobotServerConfig:
+    port: int = 5555
+    """Port to listen on."""
+    host: str = "127.0.0.1"
+    """Address to bind (anything but loopback needs --token)."""
+    token: str = ""
+    """Shared token clients must present."""
+    family: FAMILIES = "pick_place"
+    """Task family the sim robot runs."""
+    image_size: int = 64
+    """Camera image size."""
+    seconds: float = 0.0
+    """Serve this long, then stop (0: until Ctrl-C)."""

@@ -20,6 +20,7 @@ from experiments.configs import (
     LabelAdvantagesConfig,
     RealRecapConfig,
     ReplayConfig,
+    SimRobotServerConfig,
     SimRolloutConfig,
     TrainCriticConfig,
     TrainPolicyConfig,
@@ -187,5 +188,13 @@ register(
         RealRecapConfig(),
         "experiments.real_recap:run",
         "RECAP rollouts on a robot through the bridge: operator END labels, takeover, coaching, e-stop; npz + zarr.",
+    )
+)
+register(
+    Experiment(
+        "sim_robot_server",
+        SimRobotServerConfig(),
+        "experiments.sim_robot_server:run",
+        "Serve the tabletop sim as a robot over the bridge protocol (for real_recap without hardware).",
     )
 )

@@ -41,3 +41,9 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="STEP:KIND"):
         parse_script(("3:dance",))
     assert parse_script(("4:coach:go left", "4:estop"))[4][0].text == "go left"
+
+
+def test_sim_robot_server_experiment_serves_and_stops(tmp_path):
+    out = tmp_path / "s.json"
+    assert main(["sim_robot_server", "--port", "0", "--seconds", "0.3", "--image_size", "16", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["address"][0] == "127.0.0.1"
