@@ -159,6 +159,8 @@ class TrainPolicyConfig:
     """Probability of dropping the advantage indicator (only matters with RECAP labels)."""
     advantage: str = ""
     """RECAP labels: an advantage sidecar made by label_advantages for --data; empty: none."""
+    init: str = ""
+    """Start from this policy checkpoint's weights and normalisation (fine-tuning); empty: from scratch."""
     subgoal_weight: float = 1.0
     """Weight of the auxiliary loss: predict where the end effector is when the subtask ends (0: off)."""
     eval_every: int = 2000
@@ -477,3 +479,53 @@ class SimRobotServerConfig:
     """Camera image size."""
     seconds: float = 0.0
     """Serve this long, then stop (0: until Ctrl-C)."""
+
+
+@dataclass(frozen=True)
+class RecapConfig:
+    iterations: int = 2
+    """RECAP iterations after the behaviour-cloning baseline (iteration 0)."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    out: str = "runs/recap"
+    """Output directory: episodes.zarr (demos, then every iteration's rollouts), policy_k/, critic_k/."""
+    demo_episodes: int = 300
+    """Mixed-quality demonstrations for iteration 0 (the noisy expert)."""
+    demo_noise: float = 0.5
+    """Expert noise of those demonstrations (0.5: about 78% succeed)."""
+    bc_steps: int = 6000
+    """Optimizer steps of the iteration-0 behaviour cloning."""
+    policy_steps: int = 3000
+    """Optimizer steps per iteration (fine-tuning the previous policy with advantage labels)."""
+    critic_steps: int = 1500
+    """Optimizer steps of each critic (trained from scratch on everything collected)."""
+    rollout_episodes: int = 50
+    """Rollouts collected per iteration (with simulated takeovers)."""
+    rollout_seed: int = 2_000_000
+    """First rollout seed (iteration k uses the next block)."""
+    eval_episodes: int = 50
+    """Held-out evaluation episodes per iteration (the same seeds every iteration)."""
+    eval_seed: int = 1_000_000
+    """First held-out evaluation seed."""
+    n: int = 10
+    """N of the N-step advantage, in control steps."""
+    positive_fraction: float = 0.3
+    """Share of autonomous steps labelled positive."""
+    takeover_threshold: float = -0.8
+    """The simulated operator takes over when the chunk's value is below this."""
+    takeover_steps: int = 10
+    """Control steps of each takeover (the scripted expert acts)."""
+    beta: float | None = None
+    """Classifier-free guidance weight at evaluation (None: the positive-conditioned policy alone)."""
+    n_exec: int = 8
+    """Actions per chunk executed."""
+    batch_size: int = 64
+    """Training batch size."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        if self.iterations < 0 or min(self.demo_episodes, self.rollout_episodes, self.eval_episodes) < 1:
+            raise ValueError("--iterations must be >= 0 and the episode counts >= 1")
+        if min(self.bc_steps, self.policy_steps, self.critic_steps, self.n, self.takeover_steps) < 1:
+            raise ValueError("step counts must be >= 1")

@@ -65,11 +65,16 @@ class _FailureTracker:
 
 
 def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
-                    noise_seed: int = 0) -> dict:
-    """Success of `model` on `seeds` (fresh runtime; the model is only read)."""
+                    noise_seed: int = 0, advantage: int = 0, beta: float | None = None) -> dict:
+    """Success of `model` on `seeds` (fresh runtime; the model is only read).
+
+    `advantage`: the RECAP indicator to act with (1: positive); `beta`: classifier-free
+    guidance weight over it (None: no guidance, the conditional policy alone).
+    """
     env = TabletopEnv(family, cameras=model.config.cameras, image_size=model.config.image_size)
-    runtime = PolicyRuntime(model, seed=noise_seed)
+    runtime = PolicyRuntime(model, seed=noise_seed, guidance=beta is not None)
     Arena([runtime]).allocate()
+    runtime.set_advantage(advantage, 1.0 if beta is None else beta)
     results = []
     try:
         for seed in seeds:

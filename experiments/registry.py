@@ -19,6 +19,7 @@ from experiments.configs import (
     ExportCheckpointConfig,
     LabelAdvantagesConfig,
     RealRecapConfig,
+    RecapConfig,
     ReplayConfig,
     SimRobotServerConfig,
     SimRolloutConfig,
@@ -196,5 +197,13 @@ register(
         SimRobotServerConfig(),
         "experiments.sim_robot_server:run",
         "Serve the tabletop sim as a robot over the bridge protocol (for real_recap without hardware).",
+    )
+)
+register(
+    Experiment(
+        "recap",
+        RecapConfig(),
+        "experiments.recap:run",
+        "The RECAP loop in sim: BC baseline, then rollouts with takeovers, critic, advantage labels, conditioned policy.",
     )
 )

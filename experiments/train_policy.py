@@ -40,7 +40,12 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
         if not ckpt.resumable:
             raise SystemExit(f"error: {out} holds a final checkpoint without optimizer state; choose another --out")
     torch.manual_seed(config.seed)
-    model_config = FlowPolicyConfig.from_json(ckpt.config["model"]) if ckpt else _model_config(config)
+    if ckpt:
+        model_config = FlowPolicyConfig.from_json(ckpt.config["model"])
+    elif config.init:
+        model_config = FlowPolicyConfig.from_json(Checkpoint(config.init, kind=KIND).config["model"])
+    else:
+        model_config = _model_config(config)
     model = FlowPolicy(model_config)
     data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
     if advantage is None and config.advantage:
@@ -62,6 +67,9 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
         generator.set_state(ckpt.load_optimizer(optimizer)["generator"])
         start, history = ckpt.step, list(ckpt.meta["info"].get("evals", []))
         console.print(f"resuming {out} from step {start}")
+    elif config.init:
+        Checkpoint(config.init, kind=KIND).load_model(model)  # weights and normalisation buffers
+        console.print(f"starting from {config.init}")
     else:
         model.set_normalization(dataset.states, dataset.actions)
     params = sum(p.numel() for p in model.parameters())

@@ -201,3 +201,17 @@ def test_operator_end_coach_and_estop():
     assert (r.meta.stop_reason, r.error, r.meta.length) == ("safety", "operator e-stop", 2)
     assert "2:takeover ignored (no teleop source)" in h.events
     h.close()
+
+
+def test_value_triggered_takeover_hands_control_to_the_expert_and_back():
+    from rollout.value_takeover import ValueTakeover
+
+    h = make_host(max_steps=20, n_exec=2)
+    h.teleop = ScriptedExpert(h.env).act
+    h.operator = ValueTakeover(threshold=0.5, steps=4, max_per_episode=1).bind(h)  # tiny critic: always below
+    r = h.run_episode(0)
+    flags = r.episode.steps["intervention"].tolist()
+    assert flags == [False] + [True] * 4 + [False] * (len(flags) - 5)
+    second = h.run_episode(1)  # the count starts again with the next episode
+    assert second.episode.steps["intervention"].sum() == 4
+    h.close()
