@@ -54,6 +54,7 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
     runtime.set_advantage(ADV_POSITIVE, 1.0 if config.beta is None else config.beta)
     first = config.rollout_seed + k * 100_000
     episodes = successes = interventions = 0
+    mids: list[tuple[float, bool]] = []
     with ZarrRecorder(store) as recorder:
         for seed in range(first, first + config.rollout_episodes):
             episode_id = f"recap{k}-{config.family}-s{seed:07d}"
@@ -65,11 +66,32 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
             recorder.write(result.episode)
             episodes += 1
             successes += int(result.episode.meta.success)
+            mid = mid_episode_value(result.episode.steps["value"])
+            if mid is not None:
+                mids.append((mid, bool(result.episode.meta.success)))
             flags = result.episode.steps["intervention"]
             interventions += int(flags[0]) + int(np.sum(flags[1:] & ~flags[:-1]))  # takeovers started
     host.close()
     return {"rollout_episodes": episodes, "rollout_success_rate": successes / episodes if episodes else 0.0,
-            "interventions_per_episode": interventions / episodes if episodes else 0.0}
+            "interventions_per_episode": interventions / episodes if episodes else 0.0,
+            # the critic that ran online (k-1) never saw these episodes: an out-of-sample figure
+            "critic_failure_auc_mid_episode": failure_auc(mids)}
+
+
+def mid_episode_value(values: np.ndarray) -> float | None:
+    """The value of the last chunk that started in the first half of the episode (None: no critic ran)."""
+    at = np.flatnonzero(np.isfinite(values[: max(1, (len(values) + 1) // 2)]))
+    return float(values[at[-1]]) if len(at) else None
+
+
+def failure_auc(pairs: list[tuple[float, bool]]) -> float | None:
+    """AUC of "low value predicts failure": P(value of a failure < value of a success), ties count half."""
+    fail = np.array([v for v, ok in pairs if not ok])
+    good = np.array([v for v, ok in pairs if ok])
+    if not len(fail) or not len(good):
+        return None
+    less = (fail[:, None] < good[None, :]).sum() + 0.5 * (fail[:, None] == good[None, :]).sum()
+    return float(less / (len(fail) * len(good)))
 
 
 def run(config: RecapConfig) -> ExperimentResult:

@@ -27,3 +27,13 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     rollout = reader.episode(ids.index(next(i for i in ids if i.startswith("recap1-"))))
     assert rollout.steps["intervention"].any() and np.isfinite(rollout.steps["value"]).any()
     assert (out / "episodes.advantage.npz").exists() and (out / "policy_1").is_dir() and (out / "critic_1").is_dir()
+
+
+def test_failure_auc_and_mid_episode_value_by_hand():
+    from experiments.recap import failure_auc, mid_episode_value
+
+    assert failure_auc([(-0.9, False), (-0.8, False), (-0.2, True), (-0.85, True)]) == 0.75
+    assert failure_auc([(-0.5, True)]) is None
+    nan = float("nan")
+    assert mid_episode_value(np.array([-0.7, nan, -0.6, nan, -0.3, nan])) == -0.6
+    assert mid_episode_value(np.array([nan, nan])) is None
