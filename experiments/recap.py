@@ -66,16 +66,17 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
             recorder.write(result.episode)
             episodes += 1
             successes += int(result.episode.meta.success)
-            mid = mid_episode_value(result.episode.steps["value"])
-            if mid is not None:
-                mids.append((mid, bool(result.episode.meta.success)))
             flags = result.episode.steps["intervention"]
+            mid = mid_episode_value(result.episode.steps["value"])
+            if mid is not None and not flags.any():  # a takeover changes the outcome the value predicted
+                mids.append((mid, bool(result.episode.meta.success)))
             interventions += int(flags[0]) + int(np.sum(flags[1:] & ~flags[:-1]))  # takeovers started
     host.close()
     return {"rollout_episodes": episodes, "rollout_success_rate": successes / episodes if episodes else 0.0,
             "interventions_per_episode": interventions / episodes if episodes else 0.0,
-            # the critic that ran online (k-1) never saw these episodes: an out-of-sample figure
-            "critic_failure_auc_mid_episode": failure_auc(mids)}
+            # the critic that ran online (k-1) never saw these episodes: an out-of-sample figure,
+            # over the episodes nobody took over
+            "critic_failure_auc_mid_episode": failure_auc(mids), "auc_episodes": len(mids)}
 
 
 def mid_episode_value(values: np.ndarray) -> float | None:
