@@ -19,7 +19,7 @@ from capsules import BufferComponent, BufferSpec, Role
 from capsules.fingerprint import module_sha256
 from critics.value_critic import ValueCritic
 from policies.common.graph_runner import GraphRunner, trace_on_cpu
-from policies.common.inputs import load_observation
+from policies.common.inputs import load_observation, write_language
 
 
 class CriticRuntime(BufferComponent):
@@ -64,9 +64,7 @@ class CriticRuntime(BufferComponent):
         return self._fingerprint
 
     def set_subtask(self, text: str) -> None:
-        tokens = torch.from_numpy(self.model.tokenizer.encode(text))[None].to(self.device)
-        with torch.no_grad():
-            self.buffers["lang"].copy_(self.model.embed_language(tokens).expand(self.batch, -1))
+        write_language(self.buffers["lang"], self.model, text)
 
     def load_observation(self, images: Mapping[str, np.ndarray | torch.Tensor], state) -> None:
         """Validate an observation and copy it into the io slots (batch dim optional when batch=1)."""

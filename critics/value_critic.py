@@ -110,11 +110,6 @@ KIND = "value_critic"
 
 def load_critic(directory: str, device: str = "cpu") -> ValueCritic:
     """A `ValueCritic` from a checkpoint directory (config and weights validated)."""
-    from policies.common.checkpoint import Checkpoint, CheckpointError
+    from policies.common.checkpoint import load_model
 
-    ckpt = Checkpoint(directory, kind=KIND)
-    try:
-        config = CriticConfig.from_json(ckpt.config["model"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{directory}: bad critic config ({exc})") from None
-    return ckpt.load_model(ValueCritic(config)).to(device).eval()
+    return load_model(directory, kind=KIND, config_cls=CriticConfig, model_cls=ValueCritic, device=device)

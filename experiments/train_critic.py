@@ -15,7 +15,7 @@ from experiments.configs import TrainCriticConfig
 from experiments.console import make_console
 from experiments.policy_data import load_training_arrays
 from experiments.result import ExperimentResult
-from policies.common.checkpoint import META_FILE, Checkpoint, save_checkpoint
+from policies.common.checkpoint import open_training_dir, save_checkpoint
 from policies.common.encoders import random_shift
 from policies.common.trainer import LoopConfig, make_optimizer, train
 
@@ -35,13 +35,7 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     if config.threads:
         torch.set_num_threads(config.threads)
     out = Path(config.out)
-    ckpt = None
-    if (out / META_FILE).exists():
-        if not config.resume:
-            raise SystemExit(f"error: {out} already holds a checkpoint; pass --resume true or choose another --out")
-        ckpt = Checkpoint(out, kind=KIND)
-        if not ckpt.resumable:
-            raise SystemExit(f"error: {out} holds a final checkpoint without optimizer state; choose another --out")
+    ckpt = open_training_dir(out, kind=KIND, resume=config.resume)
     torch.manual_seed(config.seed)
     model_config = CriticConfig.from_json(ckpt.config["model"]) if ckpt else CriticConfig(cameras=config.cameras)
     model = ValueCritic(model_config)

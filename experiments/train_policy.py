@@ -15,7 +15,7 @@ from experiments.policy_data import action_labels, load_training_arrays
 from experiments.policy_eval import evaluate_policy
 from experiments.result import ExperimentResult
 from policies.chunk_dataset import ChunkDataset, subgoal_targets
-from policies.common.checkpoint import META_FILE, Checkpoint, save_checkpoint
+from policies.common.checkpoint import Checkpoint, open_training_dir, save_checkpoint
 from policies.common.encoders import random_shift
 from policies.common.trainer import LoopConfig, make_optimizer, train
 from policies.flow_policy import ADV_NONE, KIND, FlowPolicy, FlowPolicyConfig
@@ -32,18 +32,11 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
     if config.threads:
         torch.set_num_threads(config.threads)
     out = Path(config.out)
-    ckpt = None
-    if (out / META_FILE).exists():
-        if not config.resume:
-            raise SystemExit(f"error: {out} already holds a checkpoint; pass --resume true or choose another --out")
-        ckpt = Checkpoint(out, kind=KIND)
-        if not ckpt.resumable:
-            raise SystemExit(f"error: {out} holds a final checkpoint without optimizer state; choose another --out")
+    ckpt = open_training_dir(out, kind=KIND, resume=config.resume)
     torch.manual_seed(config.seed)
-    if ckpt:
-        model_config = FlowPolicyConfig.from_json(ckpt.config["model"])
-    elif config.init:
-        model_config = FlowPolicyConfig.from_json(Checkpoint(config.init, kind=KIND).config["model"])
+    init = Checkpoint(config.init, kind=KIND) if config.init and not ckpt else None
+    if ckpt or init:
+        model_config = FlowPolicyConfig.from_json((ckpt or init).config["model"])
     else:
         model_config = _model_config(config)
     model = FlowPolicy(model_config)
@@ -67,8 +60,8 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
         generator.set_state(ckpt.load_optimizer(optimizer)["generator"])
         start, history = ckpt.step, list(ckpt.meta["info"].get("evals", []))
         console.print(f"resuming {out} from step {start}")
-    elif config.init:
-        Checkpoint(config.init, kind=KIND).load_model(model)  # weights and normalisation buffers
+    elif init:
+        init.load_model(model)  # weights and normalisation buffers
         console.print(f"starting from {config.init}")
     else:
         model.set_normalization(dataset.states, dataset.actions)

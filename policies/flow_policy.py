@@ -209,11 +209,6 @@ KIND = "flow_policy"
 
 def load_policy(directory: str, device: str = "cpu") -> FlowPolicy:
     """A `FlowPolicy` from a checkpoint directory (config and weights validated)."""
-    from policies.common.checkpoint import Checkpoint, CheckpointError
+    from policies.common.checkpoint import load_model
 
-    ckpt = Checkpoint(directory, kind=KIND)
-    try:
-        config = FlowPolicyConfig.from_json(ckpt.config["model"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{directory}: bad policy config ({exc})") from None
-    return ckpt.load_model(FlowPolicy(config)).to(device).eval()
+    return load_model(directory, kind=KIND, config_cls=FlowPolicyConfig, model_cls=FlowPolicy, device=device)

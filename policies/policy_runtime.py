@@ -22,7 +22,7 @@ from capsules.fingerprint import module_sha256
 from policies.common.counter_rng import normal_
 from policies.flow_policy import ADV_NONE, FlowPolicy
 from policies.common.graph_runner import GraphRunner, trace_on_cpu
-from policies.common.inputs import load_observation
+from policies.common.inputs import load_observation, write_language
 
 
 class PolicyRuntime(BufferComponent):
@@ -94,9 +94,7 @@ class PolicyRuntime(BufferComponent):
     # -- host API -----------------------------------------------------------------
     def set_subtask(self, text: str) -> None:
         """Encode the subtask's language once and store it in the subtask buffer."""
-        tokens = torch.from_numpy(self.model.tokenizer.encode(text))[None].to(self.device)
-        with torch.no_grad():
-            self.buffers["lang"].copy_(self.model.embed_language(tokens).expand(self.batch, -1))
+        write_language(self.buffers["lang"], self.model, text)
 
     def set_advantage(self, indicator: int, beta: float = 1.0) -> None:
         """RECAP conditioning: 0 none, 1 positive, 2 negative; `beta` is the guidance weight."""

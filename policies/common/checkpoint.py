@@ -194,3 +194,25 @@ def export_weights(source: str | os.PathLike, destination: str | os.PathLike, *,
         (destination / OPTIMIZER_FILE).unlink()
     _atomic_write(destination / META_FILE, json.dumps(meta, indent=2).encode())
     return destination
+
+
+def load_model(directory: str | os.PathLike, *, kind: str, config_cls, model_cls, device: str = "cpu"):
+    """A model of `model_cls` built from a checkpoint's config (`config_cls.from_json`) and weights, in eval mode."""
+    ckpt = Checkpoint(directory, kind=kind)
+    try:
+        config = config_cls.from_json(ckpt.config["model"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{directory}: bad {kind} config ({exc})") from None
+    return ckpt.load_model(model_cls(config)).to(device).eval()
+
+
+def open_training_dir(out: Path, *, kind: str, resume: bool) -> Checkpoint | None:
+    """The resumable checkpoint in a training run's `out`, None for a fresh run; refuses what it must not touch."""
+    if not (out / META_FILE).exists():
+        return None
+    if not resume:
+        raise SystemExit(f"error: {out} already holds a checkpoint; pass --resume true or choose another --out")
+    ckpt = Checkpoint(out, kind=kind)
+    if not ckpt.resumable:
+        raise SystemExit(f"error: {out} holds a final checkpoint without optimizer state; choose another --out")
+    return ckpt

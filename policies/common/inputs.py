@@ -58,3 +58,10 @@ def load_observation(
     checked["state"] = as_state_tensor(st, tuple(buffers["state"].shape))
     for key, value in checked.items():
         buffers[key].copy_(value)
+
+
+def write_language(buffer: torch.Tensor, model, text: str) -> None:
+    """Encode `text` with `model`'s tokenizer and language encoder into `buffer` (B, D), every row."""
+    tokens = torch.from_numpy(model.tokenizer.encode(text))[None].to(buffer.device)
+    with torch.no_grad():
+        buffer.copy_(model.embed_language(tokens).expand(buffer.shape[0], -1))
