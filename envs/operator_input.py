@@ -56,6 +56,7 @@ class KeyParser:
 
     def __init__(self) -> None:
         self.takeover = False
+        self.help_requested = False  # "?" was pressed (the source shows the keys)
         self._coach: list[str] | None = None
 
     def feed(self, chars: str) -> list[OperatorEvent]:
@@ -87,6 +88,8 @@ class KeyParser:
                 events.append(OperatorEvent(Kind.ESTOP))
             elif key == "c":
                 self._coach = []
+            elif key == "?":
+                self.help_requested = True
         return events
 
 
@@ -120,7 +123,12 @@ class KeyboardOperator:
             data = os.read(fd, 1024)
             if not data:
                 return  # end of stream
-            for event in self.parser.feed(data.decode("utf-8", errors="ignore")):
+            events = self.parser.feed(data.decode("utf-8", errors="ignore"))
+            if self.parser.help_requested:
+                self.parser.help_requested = False
+                if self.echo is not None:
+                    print(KEYS_HELP, file=self.echo, flush=True)
+            for event in events:
                 self._events.put(event)
                 if self.echo is not None:
                     print(f"[operator] {event.kind.value}{': ' + event.text if event.text else ''}",

@@ -89,9 +89,15 @@ class RobotBackend:
 
 
 class SimBackend(RobotBackend):
-    """The tabletop sim as a robot (`apply` steps the env once)."""
+    """The tabletop sim as a robot (`apply` steps the env once).
 
-    def __init__(self, family: str = "pick_place", cameras: tuple[str, ...] = ("front",), image_size: int = 64):
+    `realtime`: pace `apply` to `control_hz` like a robot's controller (one action per
+    tick), so an operator at a keyboard has time to act; off, the sim runs as fast
+    as the client sends.
+    """
+
+    def __init__(self, family: str = "pick_place", cameras: tuple[str, ...] = ("front",), image_size: int = 64,
+                 realtime: bool = False):
         from envs.tabletop_env import ACTION_DIM, TabletopEnv
 
         self.env = TabletopEnv(family, cameras=cameras, image_size=image_size)
@@ -102,6 +108,8 @@ class SimBackend(RobotBackend):
         self.action_low = -np.ones(ACTION_DIM, np.float32)
         self.action_high = np.ones(ACTION_DIM, np.float32)
         self.control_hz = 10.0
+        self.realtime = realtime
+        self._next_tick = 0.0
         self.held = False
         self._obs: dict | None = None
         self._info: dict = {}
@@ -110,7 +118,7 @@ class SimBackend(RobotBackend):
         from envs.scripted_expert import ScriptedExpert
 
         self._obs, self._info = self.env.reset(seed=seed)
-        self.held = False
+        self.held, self._next_tick = False, 0.0
         self._expert = ScriptedExpert(self.env)  # the sim's teleoperator
         return self.env.instruction
 
@@ -133,6 +141,11 @@ class SimBackend(RobotBackend):
         return arrays, fields
 
     def apply(self, action: np.ndarray) -> None:
+        if self.realtime:
+            now = time.monotonic()
+            if now < self._next_tick:
+                time.sleep(self._next_tick - now)
+            self._next_tick = max(now, self._next_tick) + 1.0 / self.control_hz
         self.held = False
         self._obs, _, _, _, self._info = self.env.step(action)
 
@@ -327,9 +340,10 @@ class RobotServer:
                        {"sent": sent.astype(np.float32)}, msg.seq)
 
 
-def SimRobotServer(family: str = "pick_place", *, cameras=("front",), image_size: int = 64, **kw) -> RobotServer:
+def SimRobotServer(family: str = "pick_place", *, cameras=("front",), image_size: int = 64, realtime: bool = False,
+                   **kw) -> RobotServer:
     """A `RobotServer` over the tabletop sim (for tests, demos and `real_recap` without a robot)."""
-    return RobotServer(SimBackend(family, cameras=cameras, image_size=image_size), **kw)
+    return RobotServer(SimBackend(family, cameras=cameras, image_size=image_size, realtime=realtime), **kw)
 
 
 class _Idle(Exception):

@@ -107,6 +107,7 @@ def add_config_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
     for name, tp, default, doc in flat_fields(defaults):
         option = f"--{name}"
         base, optional = _unwrap_optional(tp)
+        doc = doc.replace("%", "%%")  # argparse formats help with %
         help_text = f"{doc} (default: {default!r})"
         if base is bool and not optional:
             parser.add_argument(option, dest=name, nargs="?", const=True, type=_scalar_parser(bool, option),

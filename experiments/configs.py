@@ -252,10 +252,18 @@ class EvalPolicyConfig:
     """Actions executed per chunk (receding horizon)."""
     expert: bool = True
     """Also run the scripted expert on the same seeds, for comparison."""
+    advantage: Literal["none", "positive"] = "none"
+    """RECAP indicator to act with (positive: a policy trained with advantage labels, at its best)."""
+    beta: float | None = None
+    """Classifier-free guidance weight over the positive indicator (None: the conditioned policy alone)."""
+    critic: str = ""
+    """Also report this critic's failure AUC from mid-episode values on these episodes (empty: none)."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.n_exec < 1:
             raise ValueError("--episodes and --n_exec must be >= 1")
+        if self.beta is not None and self.advantage != "positive":
+            raise ValueError("--beta guides towards the positive indicator: pass --advantage positive with it")
 
 
 @dataclass(frozen=True)
@@ -479,6 +487,8 @@ class SimRobotServerConfig:
     """Camera image size."""
     seconds: float = 0.0
     """Serve this long, then stop (0: until Ctrl-C)."""
+    realtime: bool = True
+    """Step at the robot's control rate (10 Hz) like real hardware, so operator keys have time to act."""
 
 
 @dataclass(frozen=True)
@@ -488,7 +498,7 @@ class RecapConfig:
     family: FAMILIES = "pick_place"
     """Task family."""
     out: str = "runs/recap"
-    """Output directory: episodes.zarr (demos, then every iteration's rollouts), policy_k/, critic_k/."""
+    """Output directory: episodes.zarr (demos, then every iteration's rollouts), policy_k/, critic_k/, control_k/."""
     demo_episodes: int = 300
     """Mixed-quality demonstrations for iteration 0 (the noisy expert)."""
     demo_noise: float = 0.5
@@ -501,10 +511,15 @@ class RecapConfig:
     """Optimizer steps of each critic (trained from scratch on everything collected)."""
     rollout_episodes: int = 50
     """Rollouts collected per iteration (with simulated takeovers)."""
+    seed: int = 0
+    """Seed of the run: training seeds, the demonstrations' block of seeds (from `seed * 100000`) and the
+    rollouts' (below); the held-out evaluation seeds stay the same. Repeat a run with another seed."""
     rollout_seed: int = 2_000_000
-    """First rollout seed (iteration k uses the next block)."""
-    eval_episodes: int = 50
-    """Held-out evaluation episodes per iteration (the same seeds every iteration)."""
+    """First rollout seed of run seed 0 (iteration k of run seed s starts at `rollout_seed + s*1e6 + k*1e5`)."""
+    control: bool = True
+    """Also train a control arm each iteration: the same steps on the same data, without advantage labels."""
+    eval_episodes: int = 200
+    """Held-out evaluation episodes per iteration (the same seeds every iteration, every arm)."""
     eval_seed: int = 1_000_000
     """First held-out evaluation seed."""
     n: int = 10
@@ -529,3 +544,18 @@ class RecapConfig:
             raise ValueError("--iterations must be >= 0 and the episode counts >= 1")
         if min(self.bc_steps, self.policy_steps, self.critic_steps, self.n, self.takeover_steps) < 1:
             raise ValueError("step counts must be >= 1")
+        if self.seed < 0 or self.demo_episodes > 100_000 or self.rollout_episodes > 100_000:
+            raise ValueError("--seed must be >= 0, and --demo_episodes / --rollout_episodes at most 100000")
+        held_out = range(self.eval_seed, self.eval_seed + self.eval_episodes)
+        used = {"demonstration": range(self.demo_first_seed, self.demo_first_seed + self.demo_episodes)}
+        first = self.rollout_seed + self.seed * 1_000_000
+        used["rollout"] = range(first, first + self.iterations * 100_000 + self.rollout_episodes)
+        for what, seeds in used.items():
+            if seeds.start < held_out.stop and held_out.start < seeds.stop:
+                raise ValueError(f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the held-out evaluation "
+                                 f"seeds {held_out.start}..{held_out.stop - 1}: change --seed, --rollout_seed "
+                                 f"or --eval_seed")
+
+    @property
+    def demo_first_seed(self) -> int:
+        return self.seed * 100_000

@@ -9,7 +9,8 @@ from experiments.console import make_console
 from experiments.policy_eval import evaluate_expert, evaluate_policy
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
-from policies.flow_policy import load_policy
+from critics.value_critic import load_critic
+from policies.flow_policy import ADV_NONE, ADV_POSITIVE, load_policy
 
 
 def run(config: EvalPolicyConfig) -> ExperimentResult:
@@ -17,13 +18,22 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
     model = load_policy(resolve_input(config.policy))
     seeds = list(range(config.seed, config.seed + config.episodes))
     t0 = time.perf_counter()
-    policy = evaluate_policy(model, family=config.family, seeds=seeds, n_exec=config.n_exec)
+    critic = load_critic(resolve_input(config.critic)) if config.critic else None
+    advantage = ADV_POSITIVE if config.advantage == "positive" else ADV_NONE
+    policy = evaluate_policy(model, family=config.family, seeds=seeds, n_exec=config.n_exec, advantage=advantage,
+                             beta=config.beta, critic=critic)
     policy["seconds"] = time.perf_counter() - t0
     summary = {"policy_checkpoint": config.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
-               "n_exec": config.n_exec, "policy": policy}
+               "n_exec": config.n_exec, "advantage": config.advantage, "beta": config.beta, "policy": policy}
     lo, hi = policy["ci95"]
     console.print(f"policy: {policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
                   f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
+    auc = policy.get("critic_failure_auc")
+    if auc is not None:
+        shown = "n/a (needs both successes and failures)" if auc["auc"] is None else \
+            f"{auc['auc']:.2f} (95% CI {auc['ci95'][0]:.2f}-{auc['ci95'][1]:.2f})"
+        console.print(f"critic failure AUC from mid-episode values: {shown}; "
+                      f"{auc['failures']} failures, {auc['successes']} successes")
     if config.expert:
         expert = evaluate_expert(family=config.family, seeds=seeds)
         summary["expert"] = expert

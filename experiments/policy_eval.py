@@ -7,26 +7,18 @@ the env's current subtask).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
 
 from capsules import Arena
+from critics.critic_runtime import CriticRuntime
+from critics.value_critic import ValueCritic
 from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import TabletopEnv, image_key
+from experiments.stats import failure_auc_summary, mid_episode_value, wilson_interval
 from policies.flow_policy import FlowPolicy
 from policies.policy_runtime import PolicyRuntime
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def _summary(results: list[tuple[bool, int, str]]) -> dict:
@@ -41,6 +33,7 @@ def _summary(results: list[tuple[bool, int, str]]) -> dict:
         "ci95": [low, high],
         "mean_steps_to_success": float(np.mean(steps)) if steps else None,
         "failures": dict(Counter(kind for ok, _, kind in results if not ok)),
+        "success_by_seed": [int(ok) for ok, _, _ in results],  # in seed order, for paired comparisons
     }
 
 
@@ -65,27 +58,47 @@ class _FailureTracker:
 
 
 def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
-                    noise_seed: int = 0, advantage: int = 0, beta: float | None = None) -> dict:
+                    noise_seed: int = 0, advantage: int = 0, beta: float | None = None,
+                    critic: ValueCritic | None = None) -> dict:
     """Success of `model` on `seeds` (fresh runtime; the model is only read).
 
     `advantage`: the RECAP indicator to act with (1: positive); `beta`: classifier-free
     guidance weight over it (None: no guidance, the conditional policy alone).
+    `critic`: also value every chunk's first observation and report how well the
+    mid-episode value predicts failure (`critic_failure_auc`); it does not change
+    what the policy does.
     """
-    env = TabletopEnv(family, cameras=model.config.cameras, image_size=model.config.image_size)
+    cameras = tuple(dict.fromkeys((*model.config.cameras, *(critic.config.cameras if critic else ()))))
+    env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
     runtime = PolicyRuntime(model, seed=noise_seed, guidance=beta is not None)
-    Arena([runtime]).allocate()
+    components: list = [runtime]
+    if critic is not None:
+        if critic.config.image_size != model.config.image_size:
+            raise ValueError(f"critic image size {critic.config.image_size} != policy image size "
+                             f"{model.config.image_size}: evaluate them on one env with one size")
+        critic_runtime = CriticRuntime(critic)
+        components.append(critic_runtime)
+    Arena(components).allocate()
     runtime.set_advantage(advantage, 1.0 if beta is None else beta)
-    results = []
+    results, mids = [], []
     try:
         for seed in seeds:
             obs, info = env.reset(seed=seed)
             tracker = _FailureTracker(env)
             subtask = info["subtask"]
             runtime.set_subtask(subtask)
+            if critic is not None:
+                critic_runtime.set_subtask(subtask)
+            values = []  # one per control step: the chunk's value where a chunk started, NaN elsewhere
             done = False
             while not done:
                 chunk = runtime.act({c: obs[image_key(c)] for c in model.config.cameras}, obs["state"])[0].numpy().copy()
-                for action in chunk[:n_exec]:
+                if critic is not None:
+                    values.append(float(critic_runtime.evaluate({c: obs[image_key(c)] for c in critic.config.cameras},
+                                                                obs["state"])[0]))
+                for i, action in enumerate(chunk[:n_exec]):
+                    if i and critic is not None:
+                        values.append(float("nan"))
                     obs, _, terminated, truncated, info = env.step(action)
                     tracker.step()
                     done = terminated or truncated
@@ -94,11 +107,18 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
                     if info["subtask"] != subtask:  # the planner moved on: new language, new chunk
                         subtask = info["subtask"]
                         runtime.set_subtask(subtask)
+                        if critic is not None:
+                            critic_runtime.set_subtask(subtask)
                         break
             results.append((bool(info["success"]), env.steps, tracker.kind()))
+            if critic is not None:
+                mids.append((mid_episode_value(np.array(values)), bool(info["success"])))
     finally:
         env.close()
-    return _summary(results)
+    summary = _summary(results)
+    if critic is not None:
+        summary["critic_failure_auc"] = failure_auc_summary([(v, ok) for v, ok in mids if v is not None])
+    return summary
 
 
 def evaluate_expert(*, family: str, seeds: list[int], noise: float = 0.0) -> dict:

@@ -10,9 +10,14 @@ Iteration k >= 1:
      sidecar next to the store;
   4. fine-tune policy k from policy k-1 on everything, conditioned on the labels
      (indicator dropout keeps it unconditional too);
-  5. evaluate policy k with the positive indicator on the held-out seeds.
+  5. evaluate policy k with the positive indicator on the held-out seeds, and
+     critic k's failure AUC from mid-episode values on those evaluation episodes.
+Control arm (`--control`): the same number of fine-tuning steps on the same data,
+without labels, from the previous control policy; evaluated on the same seeds and
+compared seed by seed (exact McNemar test), so a gain can be told apart from what
+more training on more data gives by itself.
 JSON per iteration: success rate with a 95% interval, mean steps to success,
-interventions per rollout episode.
+interventions per rollout episode, the critic's failure AUC, the control arm.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from experiments.configs import (
 from experiments.console import make_console
 from experiments.policy_eval import evaluate_policy
 from experiments.result import ExperimentResult
+from experiments.stats import failure_auc_summary, mid_episode_value, paired_comparison
 from policies.flow_policy import ADV_POSITIVE, load_policy
 from policies.policy_runtime import PolicyRuntime
 from rollout.rollout_host import HostConfig, RolloutHost
@@ -52,7 +58,7 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
                        teleop=ScriptedExpert(env).act)
     host.operator = ValueTakeover(config.takeover_threshold, config.takeover_steps).bind(host)
     runtime.set_advantage(ADV_POSITIVE, 1.0 if config.beta is None else config.beta)
-    first = config.rollout_seed + k * 100_000
+    first = rollout_first_seed(config, k)
     episodes = successes = interventions = 0
     mids: list[tuple[float, bool]] = []
     with ZarrRecorder(store) as recorder:
@@ -76,23 +82,12 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
             "interventions_per_episode": interventions / episodes if episodes else 0.0,
             # the critic that ran online (k-1) never saw these episodes: an out-of-sample figure,
             # over the episodes nobody took over
-            "critic_failure_auc_mid_episode": failure_auc(mids), "auc_episodes": len(mids)}
+            "critic_failure_auc_rollouts": failure_auc_summary(mids)}
 
 
-def mid_episode_value(values: np.ndarray) -> float | None:
-    """The value of the last chunk that started in the first half of the episode (None: no critic ran)."""
-    at = np.flatnonzero(np.isfinite(values[: max(1, (len(values) + 1) // 2)]))
-    return float(values[at[-1]]) if len(at) else None
-
-
-def failure_auc(pairs: list[tuple[float, bool]]) -> float | None:
-    """AUC of "low value predicts failure": P(value of a failure < value of a success), ties count half."""
-    fail = np.array([v for v, ok in pairs if not ok])
-    good = np.array([v for v, ok in pairs if ok])
-    if not len(fail) or not len(good):
-        return None
-    less = (fail[:, None] < good[None, :]).sum() + 0.5 * (fail[:, None] == good[None, :]).sum()
-    return float(less / (len(fail) * len(good)))
+def rollout_first_seed(config: RecapConfig, k: int) -> int:
+    """First rollout seed of iteration k (a block per run seed and iteration)."""
+    return config.rollout_seed + config.seed * 1_000_000 + k * 100_000
 
 
 def run(config: RecapConfig) -> ExperimentResult:
@@ -102,28 +97,30 @@ def run(config: RecapConfig) -> ExperimentResult:
     store = out / "episodes.zarr"
     seeds = list(range(config.eval_seed, config.eval_seed + config.eval_episodes))
     collect_demos.run(CollectDemosConfig(episodes=config.demo_episodes, out=str(store), family=config.family,
-                                         noise=config.demo_noise, progress=config.progress))
+                                         noise=config.demo_noise, seed=config.demo_first_seed,
+                                         progress=config.progress))
     common = dict(data=str(store), batch_size=config.batch_size, n_exec=config.n_exec, eval_episodes=0,
-                  progress=config.progress, eval_family=config.family, shift=0)
+                  progress=config.progress, eval_family=config.family, shift=0, seed=config.seed)
 
     def critic_for(k: int) -> Path:
         path = out / f"critic_{k}"
         train_critic.run(TrainCriticConfig(data=str(store), out=str(path), steps=config.critic_steps,
-                                           eval_every=config.critic_steps, progress=config.progress))
+                                           eval_every=config.critic_steps, seed=config.seed, progress=config.progress))
         return path
 
-    def evaluate(policy_dir: Path, conditioned: bool) -> dict:
+    def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None) -> dict:
         model = load_policy(str(policy_dir))
         return evaluate_policy(model, family=config.family, seeds=seeds, n_exec=config.n_exec,
                                advantage=ADV_POSITIVE if conditioned else 0,
-                               beta=config.beta if conditioned else None)
+                               beta=config.beta if conditioned else None,
+                               critic=load_critic(str(critic_dir)) if critic_dir else None)
 
     iterations = []
-    policy_dir = out / "policy_0"
+    policy_dir = control_dir = out / "policy_0"
     console.print(f"[bold]iteration 0[/bold]: behaviour cloning on {config.demo_episodes} noisy demos")
     train_policy.run(TrainPolicyConfig(out=str(policy_dir), steps=config.bc_steps, **common))
     critic_dir = critic_for(0)
-    result = evaluate(policy_dir, conditioned=False)
+    result = evaluate(policy_dir, False, critic_dir)
     iterations.append({"iteration": 0, **_metrics(result), "interventions_per_episode": 0.0,
                        "policy": str(policy_dir), "critic": str(critic_dir)})
     _report(console, iterations[-1])
@@ -137,19 +134,37 @@ def run(config: RecapConfig) -> ExperimentResult:
         train_policy.run(TrainPolicyConfig(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir),
                                            advantage=labels.summary["sidecar"], **common))
         policy_dir = new_policy
-        result = evaluate(policy_dir, conditioned=True)
-        iterations.append({"iteration": k, **_metrics(result), **rollouts, "policy": str(policy_dir),
-                           "critic": str(critic_dir), "positive_fraction": labels.summary["positive_fraction"]})
+        result = evaluate(policy_dir, True, critic_dir)
+        it = {"iteration": k, **_metrics(result), **rollouts, "policy": str(policy_dir),
+              "critic": str(critic_dir), "positive_fraction": labels.summary["positive_fraction"]}
+        if config.control:
+            # same data, same steps, no labels: what more training on more data gives by itself
+            new_control = out / f"control_{k}"
+            train_policy.run(TrainPolicyConfig(out=str(new_control), steps=config.policy_steps,
+                                               init=str(control_dir), **common))
+            control_dir = new_control
+            control = evaluate(control_dir, False)
+            it["control"] = {**_metrics(control), "policy": str(control_dir),
+                             "paired": paired_comparison(result["success_by_seed"], control["success_by_seed"])}
+        iterations.append(it)
         _report(console, iterations[-1])
-    summary = {"family": config.family, "eval_seeds": [seeds[0], seeds[-1]], "iterations": iterations,
+    summary = {"family": config.family, "seed": config.seed, "eval_seeds": [seeds[0], seeds[-1]],
+               "iterations": iterations,
                "gain_points": 100 * (iterations[-1]["success_rate"] - iterations[0]["success_rate"]),
                "store": str(store)}
+    if config.control and config.iterations:
+        last = iterations[-1]
+        summary["gain_over_control_points"] = 100 * (last["success_rate"] - last["control"]["success_rate"])
     return ExperimentResult(summary)
 
 
 def _metrics(result: dict) -> dict:
-    return {"success_rate": result["success_rate"], "ci95": result["ci95"],
-            "mean_steps_to_success": result["mean_steps_to_success"], "eval_episodes": result["episodes"]}
+    metrics = {"success_rate": result["success_rate"], "ci95": result["ci95"],
+               "mean_steps_to_success": result["mean_steps_to_success"], "eval_episodes": result["episodes"],
+               "success_by_seed": result["success_by_seed"]}
+    if "critic_failure_auc" in result:  # the iteration's critic on these held-out episodes (it never saw them)
+        metrics["critic_failure_auc_eval"] = result["critic_failure_auc"]
+    return metrics
 
 
 def _report(console, it: dict) -> None:
@@ -157,3 +172,13 @@ def _report(console, it: dict) -> None:
     console.print(f"iteration {it['iteration']}: success {it['success_rate']:.0%} (95% CI {lo:.0%}-{hi:.0%}), "
                   f"mean steps to success {it['mean_steps_to_success']}, "
                   f"interventions per rollout {it['interventions_per_episode']:.2f}")
+    auc = it.get("critic_failure_auc_eval") or {}
+    if auc.get("auc") is not None:
+        console.print(f"  critic failure AUC (mid-episode, held-out episodes): {auc['auc']:.2f} "
+                      f"(95% CI {auc['ci95'][0]:.2f}-{auc['ci95'][1]:.2f}; "
+                      f"{auc['failures']} failures, {auc['successes']} successes)")
+    if "control" in it:
+        c, paired = it["control"], it["control"]["paired"]
+        console.print(f"  control (same data and steps, no labels): {c['success_rate']:.0%} "
+                      f"(95% CI {c['ci95'][0]:.0%}-{c['ci95'][1]:.0%}); seeds only RECAP solved "
+                      f"{paired['only_a']}, only the control {paired['only_b']}, McNemar p = {paired['p_value']:.3f}")

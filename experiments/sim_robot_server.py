@@ -13,7 +13,7 @@ from experiments.result import ExperimentResult
 def run(config: SimRobotServerConfig) -> ExperimentResult:
     console = make_console()
     server = SimRobotServer(config.family, image_size=config.image_size, host=config.host, port=config.port,
-                            token=config.token)
+                            token=config.token, realtime=config.realtime)
     with server:
         host, port = server.address
         console.print(f"sim robot ({config.family}) listening on {host}:{port}; "

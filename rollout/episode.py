@@ -26,6 +26,7 @@ class EpisodeMeta:
     length: int
     initial_capsule_id: str = ""
     subtasks: str = ""  # subtask texts joined by episode_schema.SUBTASK_SEPARATOR
+    operator_events: str = ""  # one "step:kind[:text]" per line (episode_schema)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,6 +116,22 @@ def validate_episode(episode: Episode, *, expect_keys: Mapping[str, tuple] | Non
             + "\n  - ".join(problems)
         )
     return Episode(steps, meta, episode.extra)
+
+
+def _fit_events(events: list[str] | tuple[str, ...]) -> str:
+    """Events joined one per line, cut to what `operator_events` holds (never an invalid episode)."""
+    room = S.EPISODE_FIELDS[S.OPERATOR_EVENTS].itemsize // 4
+    lines = [" ".join(str(e).split()) for e in events]  # one event per line, whatever was typed
+    text = "\n".join(lines)
+    if len(text) <= room:
+        return text
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        note = f"... {len(lines) - i} more events not recorded"
+        if len("\n".join([*kept, line, note])) > room:
+            return "\n".join([*kept, f"... {len(lines) - i} more events not recorded"])[:room]
+        kept.append(line)
+    return "\n".join(kept)
 
 
 def _meta_problems(meta: EpisodeMeta) -> list[str]:
@@ -207,8 +224,13 @@ class EpisodeBuilder:
         stop_reason: str,
         initial_capsule_id: str = "",
         subtasks: list[str] | tuple[str, ...] = (),
+        operator_events: list[str] | tuple[str, ...] = (),
     ) -> Episode:
-        """The recorded episode (validated); the builder is empty afterwards."""
+        """The recorded episode (validated); the builder is empty afterwards.
+
+        `operator_events`: "step:kind[:text]" lines; when they would not fit the
+        field, the earliest are kept and the last line says how many were left out.
+        """
         if not len(self):
             raise EpisodeError(f"episode {episode_id!r} has no steps")
         steps = {k: np.stack(v) for k, v in self._rows.items()}
@@ -218,6 +240,6 @@ class EpisodeBuilder:
         if any(S.SUBTASK_SEPARATOR in text for text in subtasks):
             raise EpisodeError("subtask texts cannot contain a newline")
         meta = EpisodeMeta(episode_id, int(seed), task, instruction, bool(success), stop_reason, len(self),
-                           initial_capsule_id, S.SUBTASK_SEPARATOR.join(subtasks))
+                           initial_capsule_id, S.SUBTASK_SEPARATOR.join(subtasks), _fit_events(operator_events))
         self._rows, self._shapes = {}, {}
         return validate_episode(Episode(steps, meta))

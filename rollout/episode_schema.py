@@ -13,7 +13,10 @@ Per step (time-major arrays, T = episode length):
   timestamp       (T,)   float64       unix seconds
 Per episode: episode_id, seed, task, instruction, subtasks (the subtask texts,
 newline-separated; `subtask_id` indexes them), success, stop_reason, length,
-initial_capsule_id.
+initial_capsule_id, operator_events (what the operator did, one
+`step:kind[:text]` per line, e.g. `12:coach:pick up the red block`: a coached
+subtask text is recorded only here; empty when nobody acted). Stores written
+before a field existed read it as its empty default.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ SUCCESS = "success"
 STOP_REASON = "stop_reason"
 LENGTH = "length"
 INITIAL_CAPSULE_ID = "initial_capsule_id"
+OPERATOR_EVENTS = "operator_events"
 
 STOP_REASONS = ("success", "operator_end", "low_value", "timeout", "safety", "error", "aborted")
 
@@ -80,6 +84,7 @@ EPISODE_FIELDS: dict[str, np.dtype] = {
     STOP_REASON: np.dtype("<U16"),
     LENGTH: np.dtype(np.int64),
     INITIAL_CAPSULE_ID: np.dtype("<U64"),
+    OPERATOR_EVENTS: np.dtype("<U2048"),
 }
 
 

@@ -52,6 +52,8 @@ def read_npz_episode(path: str | os.PathLike) -> Episode:
         steps = {k: data[k] for k in data.files if not k.startswith(META_PREFIX)}
         fields = {}
         for name, dtype in S.EPISODE_FIELDS.items():
+            if META_PREFIX + name not in data.files:  # written before the field existed: its default
+                continue
             value = data[META_PREFIX + name][()]
             fields[name] = str(value) if dtype.kind == "U" else value.item()
     return Episode(steps, EpisodeMeta(**fields))

@@ -317,7 +317,7 @@ class RolloutHost:
             return None
         for event in self.operator.poll(step):
             kind = event.kind.value
-            self.events.append(f"{step}:{kind}")
+            self.events.append(f"{step}:{kind}:{event.text}" if event.text else f"{step}:{kind}")
             if kind in ("end_success", "end_failure"):
                 self.request_end(kind == "end_success")
             elif kind == "coach":
@@ -441,6 +441,7 @@ class RolloutHost:
         episode = builder.finish(
             episode_id=episode_id, seed=seed, task=self.family, instruction=env.instruction, success=success,
             stop_reason=reason, initial_capsule_id=capsule_id, subtasks=[s.text for s in env.subtasks],
+            operator_events=self.events,
         )
         if self.recorder is not None:
             self.recorder.write(episode)

@@ -52,6 +52,8 @@ class ZarrEpisodeReader:
         i = self._index(index)
         fields = {}
         for name, dtype in S.EPISODE_FIELDS.items():
+            if name not in self._meta_cache:  # a store written before the field existed: its default
+                continue
             value = self._meta_cache[name][i]
             fields[name] = str(value) if dtype.kind == "U" else value.item()
         return EpisodeMeta(**fields)

@@ -221,8 +221,10 @@ class ZarrRecorder:
                 self._create_data_array(key, episodes[0].steps[key])
         for name, dtype in S.EPISODE_FIELDS.items():
             if name not in self._meta_keys:
+                # a field newer than the store: back-filled with its default for the n episodes already
+                # there, so the store's committed count never drops (an empty column would read as 0)
                 fill = "" if dtype.kind == "U" else 0
-                self._meta.create_array(name, shape=(0,), chunks=(META_CHUNK,), dtype=dtype, fill_value=fill,
+                self._meta.create_array(name, shape=(n,), chunks=(META_CHUNK,), dtype=dtype, fill_value=fill,
                                         compressors=_compressor(dtype))
                 self._meta_keys.add(name)
         writes = [

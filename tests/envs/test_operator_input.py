@@ -16,6 +16,7 @@ def test_keys_become_events_with_takeover_toggling_and_coaching():
     assert p.feed("c  \n") == []  # empty coaching is dropped
     assert p.feed("e") == [OperatorEvent(Kind.ESTOP)]
     assert p.feed("cs") == [] and p.feed("top\n") == [OperatorEvent(Kind.COACH, "stop")]  # 's' inside text is text
+    assert p.feed("?") == [] and p.help_requested
 
 
 def test_keyboard_operator_reads_a_stream_without_blocking():
@@ -37,6 +38,33 @@ def test_keyboard_operator_reads_a_stream_without_blocking():
             time.sleep(0.01)
         assert got == [OperatorEvent(Kind.END_SUCCESS)]
         op.close()
+
+
+def test_keyboard_operator_in_a_pseudo_terminal_acts_on_single_keys_and_restores_the_terminal():
+    import io
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+    before = termios.tcgetattr(slave)
+    assert before[3] & termios.ICANON  # a fresh terminal is line-buffered
+    echo = io.StringIO()
+    with os.fdopen(slave, "rb", buffering=0, closefd=False) as tty_in:
+        op = KeyboardOperator(tty_in, echo=echo)
+        assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak: keys act without Enter
+        os.write(master, b"t?")
+        deadline = time.monotonic() + 5
+        while not (got := op.poll(0)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [OperatorEvent(Kind.TAKEOVER_ON)]
+        deadline = time.monotonic() + 5
+        while echo.getvalue().count("s: END success") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert echo.getvalue().count("s: END success") == 2  # at start, and again for "?"
+        op.close()
+    assert termios.tcgetattr(slave) == before  # restored as it was
+    os.close(master)
+    os.close(slave)
 
 
 def test_scripted_operator_plays_each_event_once_and_catches_up():

@@ -155,3 +155,35 @@ def test_bench_bridge_smoke(tmp_path):
     out = tmp_path / "b.json"
     assert main(["bench_bridge", "--rounds", "12", "--image_size", "32", "--json", str(out)]) == 0
     assert set(json.loads(out.read_text())["latency_us"]) == {"heartbeat", "action", "observe"}
+
+
+def test_a_realtime_sim_robot_paces_actions_to_its_control_rate(monkeypatch):
+    import envs.robot_bridge as bridge
+
+    clock, sleeps = [100.0], []
+
+    def sleep(seconds):
+        sleeps.append(round(seconds, 6))
+        clock[0] += seconds
+
+    monkeypatch.setattr(bridge.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(bridge.time, "sleep", sleep)
+    backend = SimBackend(cameras=(), realtime=True)
+    backend.reset(0)
+    action = np.zeros_like(backend.action_low)
+    for _ in range(3):
+        backend.apply(action)
+    assert sleeps == [0.1, 0.1]  # the first action goes at once, then one per 1/control_hz
+    clock[0] += 5.0  # the client was slow: no sleeping to catch up, and no burst afterwards
+    backend.apply(action)
+    backend.apply(action)
+    assert sleeps == [0.1, 0.1, 0.1]
+    backend.reset(1)  # homing: the next action goes at once
+    clock[0] += 0.01
+    backend.apply(action)
+    assert len(sleeps) == 3
+    fast = SimBackend(cameras=())
+    fast.reset(0)
+    fast.apply(action)
+    fast.apply(action)
+    assert len(sleeps) == 3  # not realtime: never sleeps

@@ -51,6 +51,7 @@ def test_every_config_field_is_documented_and_shown_in_help():
             assert f"--{leaf}" in help_text
             assert doc.split()[0] in help_text
         assert "--json" in help_text
+        assert "option_strings" not in help_text, f"{name}: a % in a field doc broke argparse's help formatting"
 
 
 def test_values_and_tuples_are_parsed():

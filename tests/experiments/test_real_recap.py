@@ -47,3 +47,73 @@ def test_sim_robot_server_experiment_serves_and_stops(tmp_path):
     out = tmp_path / "s.json"
     assert main(["sim_robot_server", "--port", "0", "--seconds", "0.3", "--image_size", "16", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["address"][0] == "127.0.0.1"
+
+
+@pytest.mark.slow
+def test_keyboard_operator_through_a_terminal_against_a_realtime_sim_robot(tmp_path):
+    """What an operator does by hand: real_recap reading keys from a (pseudo-)terminal, the robot at 10 Hz."""
+    import os
+    import pty
+    import select
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+    server = subprocess.Popen([sys.executable, "-m", "experiments.run", "sim_robot_server", "--port", str(port),
+                               "--seconds", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    master, slave = pty.openpty()
+    out = tmp_path / "run"
+    client = None
+    try:
+        assert "listening" in server.stdout.readline()
+        client = subprocess.Popen([sys.executable, "-m", "experiments.run", "real_recap", "--robot.port", str(port),
+                                   "--episodes", "2", "--seed", "1000000", "--out", str(out),
+                                   "--json", str(tmp_path / "s.json")],
+                                  env=env, stdin=slave, stdout=slave, stderr=slave)
+        seen = b""
+
+        def read_until(text: bytes, seconds: float) -> None:
+            nonlocal seen
+            deadline = time.monotonic() + seconds
+            while text not in seen and time.monotonic() < deadline:
+                if select.select([master], [], [], 0.05)[0]:
+                    seen += os.read(master, 4096)
+            assert text in seen, seen.decode(errors="replace")
+
+        read_until(b"s: END success", 120)  # the keys are shown: the terminal is in cbreak mode
+        time.sleep(1.0)
+        os.write(master, b"cpick up the red block\n")
+        read_until(b"[operator] coach", 10)
+        os.write(master, b"t")
+        read_until(b"[operator] takeover_on", 10)
+        time.sleep(1.0)  # about 10 steps of teleoperation at 10 Hz
+        os.write(master, b"t")
+        read_until(b"[operator] takeover_off", 10)
+        os.write(master, b"s")
+        read_until(b"[operator] end_success", 10)
+        read_until(b"episode", 10)
+        os.write(master, b"f")
+        read_until(b"[operator] end_failure", 10)
+        assert client.wait(60) == 0
+    finally:
+        for proc in (client, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        os.close(master)
+        os.close(slave)
+    reader = ZarrEpisodeReader(out / "episodes.zarr")
+    first, second = reader.episode(0), reader.episode(1)
+    assert (first.meta.success, first.meta.stop_reason) == (True, "operator_end")
+    assert (second.meta.success, second.meta.stop_reason) == (False, "operator_end")
+    flags = first.steps["intervention"]
+    assert 3 <= flags.sum() and np.ptp(np.flatnonzero(flags)) + 1 == flags.sum()  # one contiguous takeover
+    events = first.meta.operator_events.split("\n")
+    assert [e.split(":", 1)[1] for e in events] == ["coach:pick up the red block", "takeover_on", "takeover_off",
+                                                    "end_success"]
+    assert not second.steps["intervention"].any() and second.meta.operator_events.endswith(":end_failure")

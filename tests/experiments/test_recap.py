@@ -27,13 +27,16 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     rollout = reader.episode(ids.index(next(i for i in ids if i.startswith("recap1-"))))
     assert rollout.steps["intervention"].any() and np.isfinite(rollout.steps["value"]).any()
     assert (out / "episodes.advantage.npz").exists() and (out / "policy_1").is_dir() and (out / "critic_1").is_dir()
+    # the control arm: same data and steps without labels, compared seed by seed on the same held-out seeds
+    control = its[1]["control"]
+    assert (out / "control_1").is_dir() and len(control["success_by_seed"]) == 2
+    assert control["paired"]["seeds"] == 2 and 0.0 <= control["paired"]["p_value"] <= 1.0
+    assert data["gain_over_control_points"] == 100 * (its[1]["success_rate"] - control["success_rate"])
+    for it in its:  # each iteration's critic judged on the held-out evaluation episodes
+        assert it["critic_failure_auc_eval"]["episodes"] == 2
+    assert its[1]["critic_failure_auc_rollouts"]["episodes"] <= 2
 
 
-def test_failure_auc_and_mid_episode_value_by_hand():
-    from experiments.recap import failure_auc, mid_episode_value
-
-    assert failure_auc([(-0.9, False), (-0.8, False), (-0.2, True), (-0.85, True)]) == 0.75
-    assert failure_auc([(-0.5, True)]) is None
-    nan = float("nan")
-    assert mid_episode_value(np.array([-0.7, nan, -0.6, nan, -0.3, nan])) == -0.6
-    assert mid_episode_value(np.array([nan, nan])) is None
+def test_recap_refuses_seeds_that_overlap_the_held_out_ones(capsys):
+    assert main(["recap", "--seed", "10"]) == 2  # demonstrations from 1000000: the held-out block
+    assert "overlap the held-out evaluation seeds" in capsys.readouterr().err

@@ -184,6 +184,7 @@ def test_operator_takeover_is_recorded_as_intervention_and_the_policy_replans():
     # chunks at steps 0 and 5 (right after the takeover) and 9
     assert np.flatnonzero(np.isfinite(steps["value"])).tolist() == [0, 5, 9]
     assert h.events == ["2:takeover_on", "5:takeover_off"]
+    assert r.meta.operator_events == "2:takeover_on\n5:takeover_off"  # recorded with the episode
     h.close()
 
 
@@ -196,6 +197,8 @@ def test_operator_end_coach_and_estop():
     r = h.run_episode(0)
     assert (r.meta.stop_reason, r.meta.success, r.meta.length) == ("operator_end", False, 4)
     assert h.channel.read().text == "push the green block"
+    # the coached text is recorded with the episode (the steps' subtask_id cannot say it)
+    assert r.meta.operator_events == "1:coach:push the green block\n3:end_failure"
     h.operator = ScriptedOperator({2: [OperatorEvent(Kind.TAKEOVER_ON), OperatorEvent(Kind.ESTOP)]})
     r = h.run_episode(1)
     assert (r.meta.stop_reason, r.error, r.meta.length) == ("safety", "operator e-stop", 2)

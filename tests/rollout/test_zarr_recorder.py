@@ -198,3 +198,24 @@ def test_store_reads_with_zarr_2_like_diffusion_policy(tmp_path):
     assert out.stdout.split(" ", 1)[0].startswith("2.")
     assert "[7, 14, 21]" in out.stdout and "'ep-00000', 'ep-00001', 'ep-00002'" in out.stdout
     assert out.stdout.strip().endswith(" 1")  # step 8 belongs to episode 1
+
+
+def test_a_store_from_before_a_meta_field_existed_reads_and_appends_without_loss(tmp_path):
+    import zarr
+
+    path = tmp_path / "store.zarr"
+    with ZarrRecorder(path) as rec:
+        rec.write(fake_episode(0))
+        rec.write(fake_episode(1))
+    zarr.open_group(str(path), mode="a", zarr_format=2)["meta"].__delitem__(S.OPERATOR_EVENTS)  # an older store
+    assert [m.operator_events for m in (ZarrEpisodeReader(path).meta(i) for i in range(2))] == ["", ""]
+    newer = fake_episode(2)
+    newer = Episode(newer.steps, type(newer.meta)(**{**newer.meta.to_dict(), "operator_events": "3:coach:go left"}))
+    with ZarrRecorder(path) as rec:
+        assert rec.committed == 2
+        rec.write(newer)
+    with ZarrRecorder(path) as rec:  # reopened: nothing dropped by the column added late
+        assert rec.committed == 3
+    reader = ZarrEpisodeReader(path)
+    assert reader.episode_ids == ["ep-00000", "ep-00001", "ep-00002"]
+    assert [reader.meta(i).operator_events for i in range(3)] == ["", "", "3:coach:go left"]

@@ -1,0 +1,74 @@
+"""The statistics the evaluations report: success intervals, failure AUC, paired comparisons."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mid_episode_value(values: np.ndarray) -> float | None:
+    """The value of the last chunk that started in the first half of the episode (None: no critic ran).
+
+    `values` holds one entry per control step, finite where a chunk started (NaN elsewhere).
+    """
+    at = np.flatnonzero(np.isfinite(values[: max(1, (len(values) + 1) // 2)]))
+    return float(values[at[-1]]) if len(at) else None
+
+
+def failure_auc(pairs: Sequence[tuple[float, bool]]) -> float | None:
+    """AUC of "low value predicts failure": P(value of a failure < value of a success), ties count half.
+
+    `pairs`: (value, success) per episode. None when either class is empty.
+    """
+    fail = np.array([v for v, ok in pairs if not ok])
+    good = np.array([v for v, ok in pairs if ok])
+    if not len(fail) or not len(good):
+        return None
+    less = (fail[:, None] < good[None, :]).sum() + 0.5 * (fail[:, None] == good[None, :]).sum()
+    return float(less / (len(fail) * len(good)))
+
+
+def auc_interval(auc: float, n_fail: int, n_success: int, z: float = 1.96) -> tuple[float, float]:
+    """95% interval of an AUC from its Hanley-McNeil (1982) standard error."""
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    var = (auc * (1 - auc) + (n_fail - 1) * (q1 - auc * auc) + (n_success - 1) * (q2 - auc * auc)) / (n_fail * n_success)
+    half = z * math.sqrt(max(var, 0.0))
+    return (max(0.0, auc - half), min(1.0, auc + half))
+
+
+def failure_auc_summary(pairs: Sequence[tuple[float, bool]]) -> dict:
+    """`failure_auc` with its interval and the class counts (auc None when a class is empty)."""
+    n_success = sum(ok for _, ok in pairs)
+    n_fail = len(pairs) - n_success
+    auc = failure_auc(pairs)
+    return {"auc": auc, "ci95": list(auc_interval(auc, n_fail, n_success)) if auc is not None else None,
+            "episodes": len(pairs), "failures": n_fail, "successes": n_success}
+
+
+def paired_comparison(a: Sequence[bool], b: Sequence[bool]) -> dict:
+    """Two policies on the same seeds: discordant pairs and the exact two-sided McNemar p-value.
+
+    `only_a`: seeds a solved and b did not; the p-value is that of a sign test over
+    the discordant seeds (how likely a split at least this uneven is if a and b were
+    equally good).
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired comparison needs outcomes on the same seeds ({len(a)} vs {len(b)})")
+    only_a = sum(bool(x) and not bool(y) for x, y in zip(a, b))
+    only_b = sum(bool(y) and not bool(x) for x, y in zip(a, b))
+    n = only_a + only_b
+    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n if n else 1.0
+    return {"seeds": len(a), "only_a": only_a, "only_b": only_b,
+            "both": sum(bool(x) and bool(y) for x, y in zip(a, b)), "p_value": min(1.0, 2 * tail)}

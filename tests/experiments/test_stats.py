@@ -1,0 +1,76 @@
+"""The evaluation statistics on hand-made inputs with known answers, and eval_policy's critic AUC."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.stats import (
+    auc_interval,
+    failure_auc,
+    failure_auc_summary,
+    mid_episode_value,
+    paired_comparison,
+    wilson_interval,
+)
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(10, 50)
+    assert (round(lo, 3), round(hi, 3)) == (0.112, 0.330)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+
+
+def test_failure_auc_and_mid_episode_value_by_hand():
+    # failures at -0.9, -0.8; successes at -0.2, -0.85: 3 of 4 pairs ordered right
+    assert failure_auc([(-0.9, False), (-0.8, False), (-0.2, True), (-0.85, True)]) == 0.75
+    assert failure_auc([(-0.5, True), (-0.5, False)]) == 0.5  # a tie counts half
+    assert failure_auc([(-0.5, True)]) is None
+    nan = float("nan")
+    assert mid_episode_value(np.array([-0.7, nan, -0.6, nan, -0.3, nan])) == -0.6
+    assert mid_episode_value(np.array([-0.7])) == -0.7
+    assert mid_episode_value(np.array([nan, nan])) is None
+
+
+def test_auc_interval_narrows_with_more_episodes_and_stays_in_range():
+    small, large = auc_interval(0.8, 10, 10), auc_interval(0.8, 200, 200)
+    assert small[0] < large[0] < 0.8 < large[1] < small[1]
+    assert auc_interval(1.0, 5, 5) == (1.0, 1.0) and 0.0 <= auc_interval(0.02, 3, 3)[0]
+    summary = failure_auc_summary([(-0.9, False), (-0.1, True), (-0.2, True)])
+    assert summary["auc"] == 1.0 and (summary["failures"], summary["successes"], summary["episodes"]) == (1, 2, 3)
+    assert failure_auc_summary([(-0.1, True)])["auc"] is None
+
+
+def test_paired_comparison_exact_mcnemar():
+    a = [1] * 7 + [0] * 3 + [1] * 5
+    b = [0] * 7 + [0] * 3 + [1] * 5
+    result = paired_comparison(a, b)
+    assert (result["only_a"], result["only_b"], result["both"], result["seeds"]) == (7, 0, 5, 15)
+    assert result["p_value"] == pytest.approx(2 / 2**7)  # all 7 discordant seeds one way
+    assert paired_comparison(b, a)["p_value"] == result["p_value"]
+    # 6 vs 4 discordant: P(X <= 4 | n=10) * 2 = 2 * 386/1024
+    assert paired_comparison([1] * 6 + [0] * 4, [0] * 6 + [1] * 4)["p_value"] == pytest.approx(2 * 386 / 1024)
+    assert paired_comparison([1, 0], [1, 0])["p_value"] == 1.0
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_comparison([1], [1, 0])
+
+
+def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy(tmp_path):
+    from experiments.run import main
+
+    plain, judged = tmp_path / "plain.json", tmp_path / "judged.json"
+    base = ["eval_policy", "--episodes", "4", "--no-expert"]
+    assert main([*base, "--json", str(plain)]) == 0
+    assert main([*base, "--critic", "experiments/checkpoints/critic", "--json", str(judged)]) == 0
+    plain, judged = (json.loads(p.read_text())["policy"] for p in (plain, judged))
+    assert judged["success_by_seed"] == plain["success_by_seed"] and len(plain["success_by_seed"]) == 4
+    auc = judged["critic_failure_auc"]
+    assert auc["episodes"] == 4 and auc["successes"] == plain["successes"] and "critic_failure_auc" not in plain
+
+
+def test_eval_policy_refuses_guidance_without_the_positive_indicator(capsys):
+    from experiments.run import main
+
+    assert main(["eval_policy", "--beta", "2.0"]) == 2
+    assert "--advantage positive" in capsys.readouterr().err
