@@ -548,8 +548,8 @@ class RecapConfig:
             raise ValueError("--seed must be >= 0, and --demo_episodes / --rollout_episodes at most 100000")
         held_out = range(self.eval_seed, self.eval_seed + self.eval_episodes)
         used = {"demonstration": range(self.demo_first_seed, self.demo_first_seed + self.demo_episodes)}
-        first = self.rollout_seed + self.seed * 1_000_000
-        used["rollout"] = range(first, first + self.iterations * 100_000 + self.rollout_episodes)
+        used["rollout"] = range(self.rollout_first_seed(0),
+                                self.rollout_first_seed(self.iterations) + self.rollout_episodes)
         for what, seeds in used.items():
             if seeds.start < held_out.stop and held_out.start < seeds.stop:
                 raise ValueError(f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the held-out evaluation "
@@ -559,3 +559,7 @@ class RecapConfig:
     @property
     def demo_first_seed(self) -> int:
         return self.seed * 100_000
+
+    def rollout_first_seed(self, k: int) -> int:
+        """First rollout seed of iteration k (a block per run seed and iteration)."""
+        return self.rollout_seed + self.seed * 1_000_000 + k * 100_000

@@ -86,9 +86,8 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
             obs, info = env.reset(seed=seed)
             tracker = _FailureTracker(env)
             subtask = info["subtask"]
-            runtime.set_subtask(subtask)
-            if critic is not None:
-                critic_runtime.set_subtask(subtask)
+            for component in components:  # both read the subtask language
+                component.set_subtask(subtask)
             values = []  # one per control step: the chunk's value where a chunk started, NaN elsewhere
             done = False
             while not done:
@@ -106,9 +105,8 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
                         break
                     if info["subtask"] != subtask:  # the planner moved on: new language, new chunk
                         subtask = info["subtask"]
-                        runtime.set_subtask(subtask)
-                        if critic is not None:
-                            critic_runtime.set_subtask(subtask)
+                        for component in components:
+                            component.set_subtask(subtask)
                         break
             results.append((bool(info["success"]), env.steps, tracker.kind()))
             if critic is not None:

@@ -58,7 +58,7 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
                        teleop=ScriptedExpert(env).act)
     host.operator = ValueTakeover(config.takeover_threshold, config.takeover_steps).bind(host)
     runtime.set_advantage(ADV_POSITIVE, 1.0 if config.beta is None else config.beta)
-    first = rollout_first_seed(config, k)
+    first = config.rollout_first_seed(k)
     episodes = successes = interventions = 0
     mids: list[tuple[float, bool]] = []
     with ZarrRecorder(store) as recorder:
@@ -83,11 +83,6 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
             # the critic that ran online (k-1) never saw these episodes: an out-of-sample figure,
             # over the episodes nobody took over
             "critic_failure_auc_rollouts": failure_auc_summary(mids)}
-
-
-def rollout_first_seed(config: RecapConfig, k: int) -> int:
-    """First rollout seed of iteration k (a block per run seed and iteration)."""
-    return config.rollout_seed + config.seed * 1_000_000 + k * 100_000
 
 
 def run(config: RecapConfig) -> ExperimentResult:

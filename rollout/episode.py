@@ -129,7 +129,7 @@ def _fit_events(events: list[str] | tuple[str, ...]) -> str:
     for i, line in enumerate(lines):
         note = f"... {len(lines) - i} more events not recorded"
         if len("\n".join([*kept, line, note])) > room:
-            return "\n".join([*kept, f"... {len(lines) - i} more events not recorded"])[:room]
+            return "\n".join([*kept, note])
         kept.append(line)
     return "\n".join(kept)
 
