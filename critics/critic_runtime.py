@@ -1,7 +1,7 @@
 """`CriticRuntime`: the value critic as a rollout-host component with static buffers.
 
-Buffers: `state` = the subtask language embedding; `io` = observation slots and
-the outputs (value `(B,)` and logits `(B, bins)`). `evaluate()` runs one
+Buffers: `state` = the subtask language embedding; `io` = observation slots (the
+images, the robot state and the episode step) and the outputs (value `(B,)` and logits `(B, bins)`). `evaluate()` runs one
 buffer-to-buffer function through a `GraphRunner`, so it can run on lane C of a
 `TwoLaneContext` while the policy runs on lane P.
 """
@@ -46,6 +46,7 @@ class CriticRuntime(BufferComponent):
         specs = [
             BufferSpec("lang", (b, c.lang_dim), torch.float32, dev, doc="subtask embedding"),
             BufferSpec("state", (b, c.state_dim), torch.float32, dev, Role.IO),
+            BufferSpec("step", (b,), torch.float32, dev, Role.IO, doc="control steps since the episode started"),
             BufferSpec("value", (b,), torch.float32, dev, Role.IO),
             BufferSpec("logits", (b, c.bins), torch.float32, dev, Role.IO),
         ]
@@ -56,7 +57,7 @@ class CriticRuntime(BufferComponent):
     def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
         super().bind(buffers)
         b = self.buffers
-        example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"])
+        example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["step"])
         self.core = trace_on_cpu(self.core, example, self.device, self._trace)
         self.runner = GraphRunner(self._evaluate, self.device, capture=self._capture)
 
@@ -66,20 +67,35 @@ class CriticRuntime(BufferComponent):
     def set_subtask(self, text: str) -> None:
         write_language(self.buffers["lang"], self.model, text)
 
-    def load_observation(self, images: Mapping[str, np.ndarray | torch.Tensor], state) -> None:
-        """Validate an observation and copy it into the io slots (batch dim optional when batch=1)."""
-        load_observation(self.buffers, images, state, cameras=self.config.cameras, who="critic")
+    def load_observation(self, images: Mapping[str, np.ndarray | torch.Tensor], state, step=None) -> None:
+        """Validate an observation and copy it into the io slots (batch dim optional when batch=1).
 
-    def evaluate(self, images: Mapping[str, np.ndarray | torch.Tensor] | None = None, state=None) -> torch.Tensor:
+        `step`: control steps since the episode started (an int, or `(B,)`); a critic
+        with a time input (`config.horizon`) needs it, one without ignores it.
+        """
+        if self.config.horizon:
+            if step is None:
+                raise ValueError(f"critic {self.name} reads the episode step (horizon {self.config.horizon}); "
+                                 "pass step= with the observation")
+            t = torch.as_tensor(step, dtype=torch.float32).reshape(-1)
+            if t.shape[0] not in (1, self.batch) or not torch.isfinite(t).all() or bool((t < 0).any()):
+                raise ValueError(f"step must be a count >= 0 (an int or one per batch row), got {step!r}")
+        load_observation(self.buffers, images, state, cameras=self.config.cameras, who="critic")
+        if self.config.horizon:
+            self.buffers["step"].copy_(t.expand(self.batch))
+
+    def evaluate(self, images: Mapping[str, np.ndarray | torch.Tensor] | None = None, state=None,
+                 step=None) -> torch.Tensor:
         """Values `(B,)` (a view of the output buffer)."""
         if images is not None:
-            self.load_observation(images, state)
+            self.load_observation(images, state, step)
         self.runner()
         return self.buffers["value"]
 
     def _evaluate(self) -> None:
         b = self.buffers
-        logits, value = self.core(tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"])
+        logits, value = self.core(tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"],
+                                  b["step"])
         b["logits"].copy_(logits)
         b["value"].copy_(value)
 
@@ -92,6 +108,7 @@ class _CriticCore(torch.nn.Module):
         self.model = model
         self.cameras = model.config.cameras
 
-    def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor):
-        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang)
+    def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor):
+        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang,
+                                   step if self.model.config.horizon else None)
         return logits, self.model.value(logits)

@@ -26,6 +26,7 @@ class CriticSteppable:
         out = {f"image_{cam}": torch.randint(0, 256, (c.image_size, c.image_size, 3), dtype=torch.uint8,
                                              generator=generator) for cam in c.cameras}
         out["state"] = torch.randn(c.state_dim, generator=generator)
+        out["step"] = torch.randint(0, max(c.horizon, 1), (), generator=generator)
         out["switch"] = torch.rand((), generator=generator)
         return out
 
@@ -33,7 +34,7 @@ class CriticSteppable:
         if float(inputs["switch"]) < 0.3:
             self.runtime.set_subtask(self.SUBTASKS[int(float(inputs["switch"]) < 0.15)])
         value = self.runtime.evaluate({cam: inputs[f"image_{cam}"] for cam in self.model.config.cameras},
-                                      inputs["state"])
+                                      inputs["state"], inputs["step"])
         return {"value": value, "logits": self.runtime.buffers["logits"]}
 
     def scramble(self, generator: torch.Generator) -> None:

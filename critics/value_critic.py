@@ -1,7 +1,11 @@
 """`ValueCritic`: a distributional value over 201 bins in [-1, 0].
 
-Inputs: camera images `(B, H, W, 3) uint8`, state `(B, S) float32` and a
-language embedding `(B, lang_dim)` (computed once per subtask). Output: logits
+Inputs: camera images `(B, H, W, 3) uint8`, state `(B, S) float32`, a language
+embedding `(B, lang_dim)` (computed once per subtask) and, when `horizon` is set,
+the control step within the episode `(B,)`: episodes end in failure at the step
+limit, so the value of a state depends on how much time is left (Pardo et al.,
+"Time Limits in Reinforcement Learning", 2018), and a critic that cannot see the
+clock cannot tell a slow failure from an on-time success. Output: logits
 `(B, bins)`; the scalar value is the expectation over the bin centres. Values are
 normalised returns: -(steps left to success) / max episode length, failures -1.
 Trained with cross-entropy against a two-hot target (the return split between its
@@ -35,10 +39,15 @@ class CriticConfig:
     bins: int = 201
     v_min: float = -1.0
     v_max: float = 0.0
+    horizon: int = 0
+    """Episode step limit the value is conditioned on (the input is step / horizon); 0: no time input,
+    as in checkpoints written before it existed."""
 
     def __post_init__(self) -> None:
         if self.bins < 2 or self.v_min >= self.v_max:
             raise ValueError("need bins >= 2 and v_min < v_max")
+        if self.horizon < 0:
+            raise ValueError(f"horizon must be >= 0 (0: no time input), got {self.horizon}")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -62,7 +71,7 @@ class ValueCritic(nn.Module):
             cam: VisionEncoder(image_size=c.image_size, channels=c.channels, cond_dim=c.lang_dim, out_dim=c.vision_dim)
             for cam in c.cameras
         })
-        self.state_in = nn.Sequential(nn.Linear(c.state_dim, 64), nn.SiLU())
+        self.state_in = nn.Sequential(nn.Linear(c.state_dim + int(c.horizon > 0), 64), nn.SiLU())
         width = len(c.cameras) * c.vision_dim + 64 + c.lang_dim
         self.head = nn.Sequential(
             nn.Linear(width, c.hidden), nn.SiLU(), nn.LayerNorm(c.hidden),
@@ -79,10 +88,17 @@ class ValueCritic(nn.Module):
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.language(tokens)
 
-    def logits(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor) -> torch.Tensor:
+    def logits(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
+               step: torch.Tensor | None = None) -> torch.Tensor:
+        """`step` `(B,)`: control steps since the episode started (needed when `horizon` is set)."""
         feats = [self.vision[cam](images[cam], lang) for cam in self.config.cameras]
-        s = self.state_in((state - self.state_mean) / self.state_std)
-        return self.head(torch.cat([*feats, s, lang], dim=-1))
+        s = (state - self.state_mean) / self.state_std
+        if self.config.horizon:
+            if step is None:
+                raise ValueError(f"this critic reads the episode step (horizon {self.config.horizon}); "
+                                 "pass step= (control steps since the episode started)")
+            s = torch.cat([s, (step.to(s.dtype) / self.config.horizon)[:, None]], dim=-1)
+        return self.head(torch.cat([*feats, self.state_in(s), lang], dim=-1))
 
     def value(self, logits: torch.Tensor) -> torch.Tensor:
         """Expected value (B,) of the distribution given by `logits` (B, bins)."""
@@ -100,8 +116,8 @@ class ValueCritic(nn.Module):
         return out
 
     def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
-             target: torch.Tensor) -> torch.Tensor:
-        logits = self.logits(images, state, lang)
+             target: torch.Tensor, step: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.logits(images, state, lang, step)
         return torch.mean(torch.sum(-self.two_hot(target) * F.log_softmax(logits, dim=-1), dim=-1))
 
 

@@ -216,6 +216,9 @@ class TrainCriticConfig:
     """Cameras the critic sees."""
     max_steps: int = 80
     """Return normalisation: the task family's episode length limit."""
+    time_input: bool = True
+    """The critic also reads the episode step (step / max_steps): episodes fail at the step limit, so a
+    state's value depends on the time left."""
     val_fraction: float = 0.1
     """Share of episodes held out for evaluation."""
     eval_every: int = 1000

@@ -41,7 +41,8 @@ def critic_values(critic, data: dict, batch: int = 256) -> np.ndarray:
             sl = slice(lo, lo + batch)
             lang = critic.embed_language(torch.from_numpy(data["tokens"][sl]))
             images = {c: torch.from_numpy(np.ascontiguousarray(data["images"][c][sl])) for c in cams}
-            out.append(critic.value(critic.logits(images, torch.from_numpy(data["states"][sl]), lang)).numpy())
+            step = torch.from_numpy(data["episode_steps"][sl])
+            out.append(critic.value(critic.logits(images, torch.from_numpy(data["states"][sl]), lang, step)).numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 

@@ -10,7 +10,7 @@ from rollout.zarr_reader import ZarrEpisodeReader
 
 
 def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokenizer) -> dict:
-    """Images, states, actions, per-step subtask tokens, episode ends and metadata of a store."""
+    """Images, states, actions, per-step subtask tokens and episode steps, episode ends and metadata of a store."""
     reader = ZarrEpisodeReader(path)
     if not len(reader):
         raise ValueError(f"{path} holds no complete episode; collect some with `collect_demos` first")
@@ -37,9 +37,19 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokeniz
         "subtask_ids": arrays[S.SUBTASK_ID],
         "intervention": arrays[S.INTERVENTION],
         "tokens": tokens,
+        "episode_steps": episode_steps(reader.ends),
         "episode_ends": reader.ends.copy(),
         "metas": metas,
     }
+
+
+def episode_steps(ends: np.ndarray) -> np.ndarray:
+    """Control steps since each step's episode started (0, 1, ... per episode), from the episode ends."""
+    ends = np.asarray(ends, np.int64)
+    if len(ends) == 0:
+        return np.zeros(0, np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    return np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(starts, ends - starts)
 
 
 def action_labels(data: dict, labels: str) -> np.ndarray:

@@ -94,7 +94,7 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
                 chunk = runtime.act({c: obs[image_key(c)] for c in model.config.cameras}, obs["state"])[0].numpy().copy()
                 if critic is not None:
                     values.append(float(critic_runtime.evaluate({c: obs[image_key(c)] for c in critic.config.cameras},
-                                                                obs["state"])[0]))
+                                                                obs["state"], env.steps)[0]))
                 for i, action in enumerate(chunk[:n_exec]):
                     if i and critic is not None:
                         values.append(float("nan"))

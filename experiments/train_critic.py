@@ -37,13 +37,15 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     out = Path(config.out)
     ckpt = open_training_dir(out, kind=KIND, resume=config.resume)
     torch.manual_seed(config.seed)
-    model_config = CriticConfig.from_json(ckpt.config["model"]) if ckpt else CriticConfig(cameras=config.cameras)
+    model_config = (CriticConfig.from_json(ckpt.config["model"]) if ckpt else
+                    CriticConfig(cameras=config.cameras, horizon=config.max_steps if config.time_input else 0))
     model = ValueCritic(model_config)
     data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
     targets = torch.from_numpy(value_targets(data, config.max_steps))
     images = {k: torch.from_numpy(v) for k, v in data["images"].items()}
     states = torch.from_numpy(data["states"])
     tokens = torch.from_numpy(data["tokens"])
+    steps = torch.from_numpy(data["episode_steps"])
     n_ep = len(data["episode_ends"])
     rng = np.random.default_rng(config.seed)
     val_eps = rng.choice(n_ep, size=max(1, int(round(config.val_fraction * n_ep))), replace=False)
@@ -73,15 +75,15 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     def loss_fn(step: int) -> torch.Tensor:
         idx = train_idx[torch.randint(0, len(train_idx), (config.batch_size,), generator=generator)]
         imgs = {k: random_shift(v[idx], config.shift, generator) if config.shift else v[idx] for k, v in images.items()}
-        return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx])
+        return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx], steps[idx])
 
     def evaluate(step: int) -> dict:
         losses, errors = [], []
         for chunk in torch.split(val_idx, 512):
             imgs = {k: v[chunk] for k, v in images.items()}
             lang = model.embed_language(tokens[chunk])
-            logits = model.logits(imgs, states[chunk], lang)
-            losses.append(float(model.loss(imgs, states[chunk], lang, targets[chunk])) * len(chunk))
+            logits = model.logits(imgs, states[chunk], lang, steps[chunk])
+            losses.append(float(model.loss(imgs, states[chunk], lang, targets[chunk], steps[chunk])) * len(chunk))
             errors.append((model.value(logits) - targets[chunk]).abs())
         err = torch.cat(errors)
         return {"val_loss": sum(losses) / len(val_idx), "val_value_mae": float(err.mean())}

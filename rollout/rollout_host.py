@@ -299,7 +299,8 @@ class RolloutHost:
     def _infer(self, obs: dict) -> None:
         images = {c: obs[image_key(c)] for c in self.policy.config.cameras}
         self.policy.load_observation(images, obs["state"])
-        self.critic.load_observation({c: obs[image_key(c)] for c in self.critic.config.cameras}, obs["state"])
+        self.critic.load_observation({c: obs[image_key(c)] for c in self.critic.config.cameras}, obs["state"],
+                                     step=self.env.steps)
         self.lanes.run(self.policy.runner, self.critic.runner)
         b = self.state.buffers
         b["queue"].copy_(self.policy.buffers["chunk"][0])

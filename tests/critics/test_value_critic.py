@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -5,7 +7,8 @@ import torch
 from capsules import Arena
 from critics.critic_runtime import CriticRuntime
 from critics.returns import normalized_returns
-from tests.policies.tiny import tiny_critic
+from critics.value_critic import CriticConfig, ValueCritic
+from tests.policies.tiny import TINY_CRITIC, tiny_critic
 
 
 def test_two_hot_targets_have_the_exact_expectation():
@@ -43,14 +46,14 @@ def test_critic_learns_a_constant_target():
     opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
     images = {"front": torch.randint(0, 256, (16, 16, 16, 3), dtype=torch.uint8)}
     state, tokens = torch.randn(16, 8), torch.zeros(16, critic.config.max_tokens, dtype=torch.long)
-    target = torch.full((16,), -0.4)
+    target, step = torch.full((16,), -0.4), torch.arange(16)
     for _ in range(150):
-        loss = critic.loss(images, state, critic.embed_language(tokens), target)
+        loss = critic.loss(images, state, critic.embed_language(tokens), target, step)
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
-        value = critic.value(critic.logits(images, state, critic.embed_language(tokens)))
+        value = critic.value(critic.logits(images, state, critic.embed_language(tokens), step))
     assert torch.allclose(value, target, atol=0.03)
 
 
@@ -59,8 +62,65 @@ def test_runtime_refuses_bad_inputs():
     Arena([rt]).allocate()
     rt.set_subtask("pick up the red block")
     with pytest.raises(ValueError, match="uint8"):
-        rt.evaluate({"front": torch.zeros(16, 16, 3)}, torch.zeros(8))
+        rt.evaluate({"front": torch.zeros(16, 16, 3)}, torch.zeros(8), step=0)
     with pytest.raises(ValueError, match="non-finite"):
-        rt.evaluate({"front": torch.zeros(16, 16, 3, dtype=torch.uint8)}, torch.full((8,), float("inf")))
-    value = rt.evaluate({"front": torch.zeros(16, 16, 3, dtype=torch.uint8)}, torch.zeros(8))
+        rt.evaluate({"front": torch.zeros(16, 16, 3, dtype=torch.uint8)}, torch.full((8,), float("inf")), step=0)
+    value = rt.evaluate({"front": torch.zeros(16, 16, 3, dtype=torch.uint8)}, torch.zeros(8), step=0)
     assert value.shape == (1,) and -1 <= float(value) <= 0
+
+
+def test_critic_with_a_time_input_needs_the_step():
+    critic = tiny_critic()
+    images = {"front": torch.zeros(2, 16, 16, 3, dtype=torch.uint8)}
+    tokens = torch.from_numpy(critic.tokenizer.encode_batch(["pick up the red block"] * 2))
+    state, lang = torch.zeros(2, 8), critic.embed_language(tokens)
+    with pytest.raises(ValueError, match="pass step="):
+        critic.logits(images, state, lang)
+    rt = CriticRuntime(critic)
+    Arena([rt]).allocate()
+    rt.set_subtask("pick up the red block")
+    with pytest.raises(ValueError, match="pass step="):
+        rt.evaluate({"front": images["front"][0]}, state[0])
+    with pytest.raises(ValueError, match="count >= 0"):
+        rt.evaluate({"front": images["front"][0]}, state[0], step=-1)
+    # the runtime (traced core, static buffers) gives the model's own value at that step
+    for step in (0, 37, 79):
+        got = float(rt.evaluate({"front": images["front"][0]}, state[0], step=step)[0])
+        with torch.no_grad():
+            want = float(critic.value(critic.logits(images, state, lang, torch.tensor([step, step])))[0])
+        assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_time_input_lets_the_critic_tell_equal_states_apart():
+    """Same observation, target set by the time left: only the critic that sees the step can fit it."""
+    images = {"front": torch.zeros(32, 16, 16, 3, dtype=torch.uint8)}
+    state, tokens = torch.zeros(32, 8), torch.zeros(32, TINY_CRITIC.max_tokens, dtype=torch.long)
+    step = torch.arange(32) * 2.5
+    target = -(1 - step / 80)  # the later, the more of the episode is gone
+    errors = {}
+    for horizon in (80, 0):
+        torch.manual_seed(0)
+        critic = ValueCritic(dataclasses.replace(TINY_CRITIC, horizon=horizon))
+        opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
+        for _ in range(300):
+            loss = critic.loss(images, state, critic.embed_language(tokens), target, step)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            value = critic.value(critic.logits(images, state, critic.embed_language(tokens), step))
+        errors[horizon] = float((value - target).abs().mean())
+    assert errors[80] < 0.05 and errors[0] > 0.2, errors
+
+
+def test_checkpoint_configs_from_before_the_time_input_load_without_it():
+    old = {k: v for k, v in TINY_CRITIC.to_json().items() if k != "horizon"}
+    config = CriticConfig.from_json(old)
+    assert config.horizon == 0
+    critic = ValueCritic(config)
+    with torch.no_grad():  # and it needs no step
+        critic.logits({"front": torch.zeros(1, 16, 16, 3, dtype=torch.uint8)}, torch.zeros(1, 8),
+                      critic.embed_language(torch.zeros(1, config.max_tokens, dtype=torch.long)))
+    with pytest.raises(ValueError, match="horizon"):
+        CriticConfig(horizon=-1)
+

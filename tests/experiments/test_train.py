@@ -2,8 +2,10 @@
 
 import json
 
+import numpy as np
 import pytest
 
+from experiments.policy_data import episode_steps
 from experiments.run import main
 from policies.common.checkpoint import Checkpoint
 
@@ -81,3 +83,8 @@ def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
 
     with pytest.raises(ValueError, match="not the store's"):
         load_sidecar(sidecar, ["other"])
+
+
+def test_episode_steps_restart_at_every_episode():
+    assert episode_steps(np.array([3, 5, 9])).tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3]
+    assert episode_steps(np.array([], np.int64)).tolist() == []

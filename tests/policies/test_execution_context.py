@@ -14,8 +14,9 @@ def test_two_lanes_give_the_serial_results():
     g = torch.Generator().manual_seed(0)
     for rt in (pol, cri):
         rt.set_subtask("pick up the green block")
+        step = {"step": 17} if rt is cri else {}  # the critic also reads the episode step
         rt.load_observation({"front": torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=g)},
-                            torch.randn(8, generator=g))
+                            torch.randn(8, generator=g), **step)
     capsule = snapshot(arena)  # state: noise counter and subtask embeddings
     ctx = TwoLaneContext("cpu")
     try:
