@@ -46,6 +46,7 @@ from policies.flow_policy import ADV_POSITIVE, load_policy
 from policies.policy_runtime import PolicyRuntime
 from rollout.rollout_host import HostConfig, RolloutHost
 from rollout.value_takeover import ValueTakeover
+from rollout.zarr_reader import ZarrEpisodeReader
 from rollout.zarr_recorder import ZarrRecorder
 
 
@@ -59,25 +60,36 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
     host.operator = ValueTakeover(config.takeover_threshold, config.takeover_steps).bind(host)
     runtime.set_advantage(ADV_POSITIVE, 1.0 if config.beta is None else config.beta)
     first = config.rollout_first_seed(k)
-    episodes = successes = interventions = 0
-    mids: list[tuple[float, bool]] = []
+    ids = [f"recap{k}-{config.family}-s{seed:07d}" for seed in range(first, first + config.rollout_episodes)]
     with ZarrRecorder(store) as recorder:
-        for seed in range(first, first + config.rollout_episodes):
-            episode_id = f"recap{k}-{config.family}-s{seed:07d}"
-            if episode_id in recorder:
+        for seed, episode_id in zip(range(first, first + config.rollout_episodes), ids):
+            if episode_id in recorder:  # a resumed run: recorded before it stopped
                 continue
             result = host.run_episode(seed, episode_id=episode_id)
-            if result.episode is None:
-                continue
-            recorder.write(result.episode)
-            episodes += 1
-            successes += int(result.episode.meta.success)
-            flags = result.episode.steps["intervention"]
-            mid = mid_episode_value(result.episode.steps["value"])
-            if mid is not None and not flags.any():  # a takeover changes the outcome the value predicted
-                mids.append((mid, bool(result.episode.meta.success)))
-            interventions += int(flags[0]) + int(np.sum(flags[1:] & ~flags[:-1]))  # takeovers started
+            if result.episode is not None:
+                recorder.write(result.episode)
     host.close()
+    return _rollout_summary(store, ids)
+
+
+def _rollout_summary(store: Path, ids: list[str]) -> dict:
+    """Success, takeovers and the online critic's failure AUC over the iteration's recorded rollouts
+    (read back from the store, so a resumed iteration reports the episodes recorded before it stopped)."""
+    reader = ZarrEpisodeReader(store)
+    wanted = set(ids)
+    episodes = successes = interventions = 0
+    mids: list[tuple[float, bool]] = []
+    for index, episode_id in enumerate(reader.episode_ids):
+        if episode_id not in wanted:
+            continue
+        episode = reader.episode(index, ["intervention", "value"])
+        episodes += 1
+        successes += int(episode.meta.success)
+        flags = np.asarray(episode.steps["intervention"], bool)
+        mid = mid_episode_value(np.asarray(episode.steps["value"]))
+        if mid is not None and not flags.any():  # a takeover changes the outcome the value predicted
+            mids.append((mid, bool(episode.meta.success)))
+        interventions += int(flags[:1].sum()) + int(np.sum(flags[1:] & ~flags[:-1]))  # takeovers started
     return {"rollout_episodes": episodes, "rollout_success_rate": successes / episodes if episodes else 0.0,
             "interventions_per_episode": interventions / episodes if episodes else 0.0,
             # the critic that ran online (k-1) never saw these episodes: an out-of-sample figure,

@@ -10,10 +10,10 @@ from rollout.zarr_reader import ZarrEpisodeReader
 
 def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     out, summary = tmp_path / "recap", tmp_path / "r.json"
-    assert main(["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "10", "--bc_steps", "2",
-                 "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "2", "--eval_episodes", "2",
-                 "--batch_size", "4", "--takeover_threshold", "0.5", "--takeover_steps", "3", "--no-progress",
-                 "--json", str(summary)]) == 0
+    args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "10", "--bc_steps", "2",
+            "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "2", "--eval_episodes", "2",
+            "--batch_size", "4", "--takeover_threshold", "0.5", "--takeover_steps", "3", "--no-progress"]
+    assert main([*args, "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     its = data["iterations"]
     assert [it["iteration"] for it in its] == [0, 1]
@@ -35,6 +35,13 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     for it in its:  # each iteration's critic judged on the held-out evaluation episodes
         assert it["critic_failure_auc_eval"]["episodes"] == 2
     assert its[1]["critic_failure_auc_rollouts"]["episodes"] <= 2
+    # run again: everything resumes, nothing is re-collected, and the iteration still reports its rollouts
+    again = tmp_path / "again.json"
+    assert main([*args, "--json", str(again)]) == 0
+    assert len(ZarrEpisodeReader(data["store"])) == 12
+    redo = json.loads(again.read_text())["iterations"][1]
+    for key in ("rollout_episodes", "rollout_success_rate", "interventions_per_episode", "critic_failure_auc_rollouts"):
+        assert redo[key] == its[1][key], key
 
 
 def test_recap_refuses_seeds_that_overlap_the_held_out_ones(capsys):
