@@ -260,7 +260,8 @@ class EvalPolicyConfig:
     beta: float | None = None
     """Classifier-free guidance weight over the positive indicator (None: the conditioned policy alone)."""
     critic: str = ""
-    """Also report this critic's failure AUC from mid-episode values on these episodes (empty: none)."""
+    """Also report this critic's failure AUC from its values at the mid-episode step (half the episode
+    limit) on these episodes (empty: none)."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.n_exec < 1:

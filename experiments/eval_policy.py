@@ -32,7 +32,7 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
     if auc is not None:
         shown = "n/a (needs both successes and failures)" if auc["auc"] is None else \
             f"{auc['auc']:.2f} (95% CI {auc['ci95'][0]:.2f}-{auc['ci95'][1]:.2f})"
-        console.print(f"critic failure AUC from mid-episode values: {shown}; "
+        console.print(f"critic failure AUC from values at the mid-episode step: {shown}; "
                       f"{auc['failures']} failures, {auc['successes']} successes")
     if config.expert:
         expert = evaluate_expert(family=config.family, seeds=seeds)

@@ -65,8 +65,9 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
     `advantage`: the RECAP indicator to act with (1: positive); `beta`: classifier-free
     guidance weight over it (None: no guidance, the conditional policy alone).
     `critic`: also value every chunk's first observation and report how well the
-    mid-episode value predicts failure (`critic_failure_auc`); it does not change
-    what the policy does.
+    value at the mid-episode step (half the episode limit; episodes still running
+    then) predicts failure (`critic_failure_auc`); it does not change what the
+    policy does.
     """
     cameras = tuple(dict.fromkeys((*model.config.cameras, *(critic.config.cameras if critic else ()))))
     env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
@@ -110,7 +111,7 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
                         break
             results.append((bool(info["success"]), env.steps, tracker.kind()))
             if critic is not None:
-                mids.append((mid_episode_value(np.array(values)), bool(info["success"])))
+                mids.append((mid_episode_value(np.array(values), env.max_steps // 2), bool(info["success"])))
     finally:
         env.close()
     summary = _summary(results)

@@ -11,7 +11,8 @@ Iteration k >= 1:
   4. fine-tune policy k from policy k-1 on everything, conditioned on the labels
      (indicator dropout keeps it unconditional too);
   5. evaluate policy k with the positive indicator on the held-out seeds, and
-     critic k's failure AUC from mid-episode values on those evaluation episodes.
+     critic k's failure AUC from its values at the mid-episode step (half the
+     episode limit, the same step for every episode) on those evaluation episodes.
 Control arm (`--control`): the same number of fine-tuning steps on the same data,
 without labels, from the previous control policy; evaluated on the same seeds and
 compared seed by seed (exact McNemar test), so a gain can be told apart from what
@@ -69,10 +70,10 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
             if result.episode is not None:
                 recorder.write(result.episode)
     host.close()
-    return _rollout_summary(store, ids)
+    return _rollout_summary(store, ids, env.max_steps // 2)
 
 
-def _rollout_summary(store: Path, ids: list[str]) -> dict:
+def _rollout_summary(store: Path, ids: list[str], at_step: int) -> dict:
     """Success, takeovers and the online critic's failure AUC over the iteration's recorded rollouts
     (read back from the store, so a resumed iteration reports the episodes recorded before it stopped)."""
     reader = ZarrEpisodeReader(store)
@@ -86,7 +87,7 @@ def _rollout_summary(store: Path, ids: list[str]) -> dict:
         episodes += 1
         successes += int(episode.meta.success)
         flags = np.asarray(episode.steps["intervention"], bool)
-        mid = mid_episode_value(np.asarray(episode.steps["value"]))
+        mid = mid_episode_value(np.asarray(episode.steps["value"]), at_step)
         if mid is not None and not flags.any():  # a takeover changes the outcome the value predicted
             mids.append((mid, bool(episode.meta.success)))
         interventions += int(flags[:1].sum()) + int(np.sum(flags[1:] & ~flags[:-1]))  # takeovers started
@@ -181,7 +182,7 @@ def _report(console, it: dict) -> None:
                   f"interventions per rollout {it['interventions_per_episode']:.2f}")
     auc = it.get("critic_failure_auc_eval") or {}
     if auc.get("auc") is not None:
-        console.print(f"  critic failure AUC (mid-episode, held-out episodes): {auc['auc']:.2f} "
+        console.print(f"  critic failure AUC (value at mid-episode step, held-out episodes): {auc['auc']:.2f} "
                       f"(95% CI {auc['ci95'][0]:.2f}-{auc['ci95'][1]:.2f}; "
                       f"{auc['failures']} failures, {auc['successes']} successes)")
     if "control" in it:

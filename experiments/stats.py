@@ -18,12 +18,19 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def mid_episode_value(values: np.ndarray) -> float | None:
-    """The value of the last chunk that started in the first half of the episode (None: no critic ran).
+def mid_episode_value(values: np.ndarray, at_step: int) -> float | None:
+    """The critic's value at control step `at_step`: that of the last chunk started at or before it.
 
     `values` holds one entry per control step, finite where a chunk started (NaN elsewhere).
+    None when the episode ended before observing step `at_step` or no critic ran by then. The
+    step is the same for every episode (callers pass half the episode limit): a point taken
+    from each episode's own length would depend on its outcome, since successes end early.
     """
-    at = np.flatnonzero(np.isfinite(values[: max(1, (len(values) + 1) // 2)]))
+    if at_step < 0:
+        raise ValueError(f"at_step must be >= 0, got {at_step}")
+    if len(values) <= at_step:
+        return None
+    at = np.flatnonzero(np.isfinite(values[: at_step + 1]))
     return float(values[at[-1]]) if len(at) else None
 
 

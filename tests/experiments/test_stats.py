@@ -28,9 +28,13 @@ def test_failure_auc_and_mid_episode_value_by_hand():
     assert failure_auc([(-0.5, True), (-0.5, False)]) == 0.5  # a tie counts half
     assert failure_auc([(-0.5, True)]) is None
     nan = float("nan")
-    assert mid_episode_value(np.array([-0.7, nan, -0.6, nan, -0.3, nan])) == -0.6
-    assert mid_episode_value(np.array([-0.7])) == -0.7
-    assert mid_episode_value(np.array([nan, nan])) is None
+    values = np.array([-0.7, nan, -0.6, nan, -0.3, nan])
+    assert mid_episode_value(values, 3) == -0.6 and mid_episode_value(values, 2) == -0.6
+    assert mid_episode_value(values, 0) == -0.7 and mid_episode_value(values, 5) == -0.3
+    assert mid_episode_value(values, 6) is None  # ended before step 6: not judged there
+    assert mid_episode_value(np.array([nan, nan]), 1) is None
+    with pytest.raises(ValueError, match="at_step"):
+        mid_episode_value(values, -1)
 
 
 def test_auc_interval_narrows_with_more_episodes_and_stays_in_range():
