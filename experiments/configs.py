@@ -271,6 +271,34 @@ class EvalPolicyConfig:
 
 
 @dataclass(frozen=True)
+class ValueCeilingConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint directory."""
+    critic: str = ""
+    """Also score this critic on the same mid-episode states (empty: none)."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    episodes: int = 50
+    """Held-out episodes (seeds `seed` ..)."""
+    seed: int = 1_000_000
+    """First seed."""
+    n_exec: int = 8
+    """Actions executed per chunk (receding horizon)."""
+    advantage: Literal["none", "positive"] = "none"
+    """RECAP indicator to act with (positive: a policy trained with advantage labels)."""
+    branches: int = 16
+    """Continuations played from each mid-episode capsule, each with its own noise seed."""
+    at_step: int | None = None
+    """The control step judged (None: half the episode limit, as the critic's failure AUC elsewhere)."""
+
+    def __post_init__(self) -> None:
+        if min(self.episodes, self.n_exec, self.branches) < 1:
+            raise ValueError("--episodes, --n_exec and --branches must be >= 1")
+        if self.at_step is not None and self.at_step < 0:
+            raise ValueError(f"--at_step must be >= 0 (got {self.at_step})")
+
+
+@dataclass(frozen=True)
 class BenchPolicyConfig:
     policy: str = "experiments/checkpoints/policy"
     """Policy checkpoint (a fresh model of the default size when the directory is missing)."""

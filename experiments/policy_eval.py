@@ -8,6 +8,7 @@ the env's current subtask).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -86,38 +87,57 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
         for seed in seeds:
             obs, info = env.reset(seed=seed)
             tracker = _FailureTracker(env)
-            subtask = info["subtask"]
-            for component in components:  # both read the subtask language
-                component.set_subtask(subtask)
-            values = []  # one per control step: the chunk's value where a chunk started, NaN elsewhere
-            done = False
-            while not done:
-                chunk = runtime.act({c: obs[image_key(c)] for c in model.config.cameras}, obs["state"])[0].numpy().copy()
+            chunk_values: dict[int, float] = {}  # control step where a chunk started -> its value
+
+            def value_chunk(obs: dict, subtask: str) -> None:
                 if critic is not None:
-                    values.append(float(critic_runtime.evaluate({c: obs[image_key(c)] for c in critic.config.cameras},
-                                                                obs["state"], env.steps)[0]))
-                for i, action in enumerate(chunk[:n_exec]):
-                    if i and critic is not None:
-                        values.append(float("nan"))
-                    obs, _, terminated, truncated, info = env.step(action)
-                    tracker.step()
-                    done = terminated or truncated
-                    if done:
-                        break
-                    if info["subtask"] != subtask:  # the planner moved on: new language, new chunk
-                        subtask = info["subtask"]
-                        for component in components:
-                            component.set_subtask(subtask)
-                        break
+                    chunk_values[env.steps] = float(critic_runtime.evaluate(
+                        {c: obs[image_key(c)] for c in critic.config.cameras}, obs["state"], env.steps)[0])
+
+            info = play_episode(env, runtime, obs, info, n_exec=n_exec, readers=components,
+                                on_chunk=value_chunk, on_step=tracker.step)
             results.append((bool(info["success"]), env.steps, tracker.kind()))
             if critic is not None:
-                mids.append((mid_episode_value(np.array(values), env.max_steps // 2), bool(info["success"])))
+                values = np.full(env.steps, np.nan)  # one per control step, NaN where no chunk started
+                values[list(chunk_values)] = list(chunk_values.values())
+                mids.append((mid_episode_value(values, env.max_steps // 2), bool(info["success"])))
     finally:
         env.close()
     summary = _summary(results)
     if critic is not None:
         summary["critic_failure_auc"] = failure_auc_summary([(v, ok) for v, ok in mids if v is not None])
     return summary
+
+
+def play_episode(env: TabletopEnv, runtime: PolicyRuntime, obs: dict, info: dict, *, n_exec: int,
+                 readers: Sequence, on_chunk: Callable[[dict, str], None] | None = None,
+                 on_step: Callable[[], None] | None = None) -> dict:
+    """Run the policy from `obs` (the env's current observation) to the episode's end; the last info.
+
+    Receding horizon: the first `n_exec` actions of each chunk, and a new chunk as soon as the
+    subtask changes. `readers` (the policy runtime, a critic runtime) get every subtask's
+    language. `on_chunk(obs, subtask)` runs before each chunk is asked for (env.steps is its
+    step); `on_step()` after each env step.
+    """
+    subtask = info["subtask"]
+    for reader in readers:
+        reader.set_subtask(subtask)
+    cameras = runtime.config.cameras
+    while True:
+        if on_chunk is not None:
+            on_chunk(obs, subtask)
+        chunk = runtime.act({c: obs[image_key(c)] for c in cameras}, obs["state"])[0].numpy().copy()
+        for action in chunk[:n_exec]:
+            obs, _, terminated, truncated, info = env.step(action)
+            if on_step is not None:
+                on_step()
+            if terminated or truncated:
+                return info
+            if info["subtask"] != subtask:  # the planner moved on: new language, new chunk
+                subtask = info["subtask"]
+                for reader in readers:
+                    reader.set_subtask(subtask)
+                break
 
 
 def evaluate_expert(*, family: str, seeds: list[int], noise: float = 0.0) -> dict:

@@ -25,6 +25,7 @@ from experiments.configs import (
     SimRolloutConfig,
     TrainCriticConfig,
     TrainPolicyConfig,
+    ValueCeilingConfig,
     VerifyCapsuleConfig,
 )
 from experiments.result import ExperimentResult
@@ -125,6 +126,14 @@ register(
         EvalPolicyConfig(),
         "experiments.eval_policy:run",
         "Success rate of a policy checkpoint on held-out seeds, next to the scripted expert's.",
+    )
+)
+register(
+    Experiment(
+        "value_ceiling",
+        ValueCeilingConfig(),
+        "experiments.value_ceiling:run",
+        "How predictable failure is mid-episode: policy branches from restored capsules vs a critic's failure AUC.",
     )
 )
 register(
