@@ -85,6 +85,32 @@ class ValueCritic(nn.Module):
         self.state_mean.copy_(states.mean(0))
         self.state_std.copy_(states.std(0).clamp(min=1e-3))
 
+    def load_backbone(self, policy: nn.Module) -> list[str]:
+        """Start the vision encoders (cameras both models see) and the language encoder from a policy's.
+
+        The policy's encoders were trained on every demonstration and rollout to act; a critic
+        fitted on noisy Monte-Carlo returns learns faster from those features than from scratch
+        (pi*0.6 starts its value function from the VLA's backbone). Returns the modules copied.
+        """
+        mine, theirs = self.tokenizer.to_json(), getattr(policy, "tokenizer", None)
+        if theirs is None or theirs.to_json() != mine:
+            raise ValueError("the policy's tokenizer differs from the critic's (vocabulary, max_tokens or "
+                             "hash_buckets): its language encoder would read other token ids")
+        pairs = [("language", self.language, getattr(policy, "language", None))]
+        shared = [cam for cam in self.config.cameras if cam in getattr(policy, "vision", {})]
+        if not shared:
+            raise ValueError(f"the policy sees none of the critic's cameras {list(self.config.cameras)}")
+        pairs += [(f"vision.{cam}", self.vision[cam], policy.vision[cam]) for cam in shared]
+        for name, dst, src in pairs:
+            want = {k: tuple(v.shape) for k, v in dst.state_dict().items()}
+            have = {k: tuple(v.shape) for k, v in src.state_dict().items()} if src is not None else {}
+            if want != have:
+                diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+                raise ValueError(f"the policy's {name} encoder does not fit the critic's (differs at {diff[:4]}): "
+                                 "give both the same channels, vision_dim, lang_dim and image_size")
+            dst.load_state_dict(src.state_dict())
+        return [name for name, _, _ in pairs]
+
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.language(tokens)
 

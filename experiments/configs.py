@@ -219,6 +219,9 @@ class TrainCriticConfig:
     time_input: bool = True
     """The critic also reads the episode step (step / max_steps): episodes fail at the step limit, so a
     state's value depends on the time left."""
+    init_policy: str = ""
+    """Start the critic's vision and language encoders from this policy checkpoint's (same encoder sizes);
+    empty: from scratch."""
     val_fraction: float = 0.1
     """Share of episodes held out for evaluation."""
     eval_every: int = 1000
@@ -541,6 +544,8 @@ class RecapConfig:
     """Optimizer steps per iteration (fine-tuning the previous policy with advantage labels)."""
     critic_steps: int = 1500
     """Optimizer steps of each critic (trained from scratch on everything collected)."""
+    critic_cameras: tuple[str, ...] = ("front",)
+    """Cameras the critic sees (the policy sees the front camera); every episode records them all."""
     rollout_episodes: int = 50
     """Rollouts collected per iteration (with simulated takeovers)."""
     seed: int = 0
@@ -576,6 +581,10 @@ class RecapConfig:
             raise ValueError("--iterations must be >= 0 and the episode counts >= 1")
         if min(self.bc_steps, self.policy_steps, self.critic_steps, self.n, self.takeover_steps) < 1:
             raise ValueError("step counts must be >= 1")
+        bad = [c for c in self.critic_cameras if c not in CAMERAS]
+        if bad or not self.critic_cameras:
+            raise ValueError(f"--critic_cameras must name one or more of {list(CAMERAS)}, "
+                             f"got {list(self.critic_cameras)}")
         if self.seed < 0 or self.demo_episodes > 100_000 or self.rollout_episodes > 100_000:
             raise ValueError("--seed must be >= 0, and --demo_episodes / --rollout_episodes at most 100000")
         held_out = range(self.eval_seed, self.eval_seed + self.eval_episodes)

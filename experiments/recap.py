@@ -46,6 +46,7 @@ from experiments.stats import failure_auc_summary, mid_episode_value, paired_com
 from policies.flow_policy import ADV_POSITIVE, load_policy
 from policies.policy_runtime import PolicyRuntime
 from rollout.rollout_host import HostConfig, RolloutHost
+from rollout.episode_schema import IMAGE_PREFIX
 from rollout.value_takeover import ValueTakeover
 from rollout.zarr_reader import ZarrEpisodeReader
 from rollout.zarr_recorder import ZarrRecorder
@@ -53,7 +54,8 @@ from rollout.zarr_recorder import ZarrRecorder
 
 def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Path, k: int) -> dict:
     policy, critic = load_policy(str(policy_dir)), load_critic(str(critic_dir))
-    env = TabletopEnv(config.family, cameras=policy.config.cameras, image_size=policy.config.image_size)
+    env = TabletopEnv(config.family, cameras=_cameras(policy.config.cameras, critic.config.cameras),
+                      image_size=policy.config.image_size)
     runtime = PolicyRuntime(policy, guidance=config.beta is not None)
     host = RolloutHost(env=env, policy=runtime, critic=CriticRuntime(critic),
                        config=HostConfig(n_exec=config.n_exec, noise_seed=k),
@@ -71,6 +73,11 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
                 recorder.write(result.episode)
     host.close()
     return _rollout_summary(store, ids, env.max_steps // 2)
+
+
+def _cameras(*sets: tuple[str, ...]) -> tuple[str, ...]:
+    """Every camera any of the models sees, in first-seen order (what the episodes record)."""
+    return tuple(dict.fromkeys(c for cams in sets for c in cams))
 
 
 def _rollout_summary(store: Path, ids: list[str], at_step: int) -> dict:
@@ -104,16 +111,23 @@ def run(config: RecapConfig) -> ExperimentResult:
     out.mkdir(parents=True, exist_ok=True)
     store = out / "episodes.zarr"
     seeds = list(range(config.eval_seed, config.eval_seed + config.eval_episodes))
+    cameras = _cameras(TrainPolicyConfig.cameras, config.critic_cameras)
+    if store.exists() and len(reader := ZarrEpisodeReader(store)):  # a resumed run: same cameras?
+        missing = [c for c in cameras if f"{IMAGE_PREFIX}{c}" not in reader.keys]
+        if missing:
+            raise SystemExit(f"error: {store} records no images of camera(s) {missing}, which this run's models see "
+                             "(--critic_cameras): start a new --out, or keep the cameras that run had")
     collect_demos.run(CollectDemosConfig(episodes=config.demo_episodes, out=str(store), family=config.family,
                                          noise=config.demo_noise, seed=config.demo_first_seed,
-                                         progress=config.progress))
+                                         cameras=cameras, progress=config.progress))
     common = dict(data=str(store), batch_size=config.batch_size, n_exec=config.n_exec, eval_episodes=0,
                   progress=config.progress, eval_family=config.family, shift=0, seed=config.seed)
 
     def critic_for(k: int) -> Path:
         path = out / f"critic_{k}"
         train_critic.run(TrainCriticConfig(data=str(store), out=str(path), steps=config.critic_steps,
-                                           eval_every=config.critic_steps, seed=config.seed, progress=config.progress))
+                                           cameras=config.critic_cameras, eval_every=config.critic_steps,
+                                           seed=config.seed, progress=config.progress))
         return path
 
     def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None) -> dict:

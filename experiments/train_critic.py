@@ -13,10 +13,12 @@ from critics.returns import normalized_returns
 from critics.value_critic import KIND, CriticConfig, ValueCritic
 from experiments.configs import TrainCriticConfig
 from experiments.console import make_console
+from experiments.paths import resolve_input
 from experiments.policy_data import load_training_arrays
 from experiments.result import ExperimentResult
 from policies.common.checkpoint import open_training_dir, save_checkpoint
 from policies.common.encoders import random_shift
+from policies.flow_policy import load_policy
 from policies.common.trainer import LoopConfig, make_optimizer, train
 
 
@@ -40,6 +42,8 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     model_config = (CriticConfig.from_json(ckpt.config["model"]) if ckpt else
                     CriticConfig(cameras=config.cameras, horizon=config.max_steps if config.time_input else 0))
     model = ValueCritic(model_config)
+    # a fresh run may start its encoders from a policy's (read first: a bad path fails before the data loads)
+    init = load_policy(resolve_input(config.init_policy)) if config.init_policy and not ckpt else None
     data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
     targets = torch.from_numpy(value_targets(data, config.max_steps))
     images = {k: torch.from_numpy(v) for k, v in data["images"].items()}
@@ -69,6 +73,9 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
         console.print(f"resuming {out} from step {start}")
     else:
         model.set_normalization(states[train_idx])
+        if init is not None:
+            copied = model.load_backbone(init)
+            console.print(f"encoders {', '.join(copied)} from {config.init_policy}")
     params = sum(p.numel() for p in model.parameters())
     console.print(f"critic: {params / 1e6:.2f} M parameters; {n_ep} episodes ({len(val_eps)} held out)")
 

@@ -124,3 +124,34 @@ def test_checkpoint_configs_from_before_the_time_input_load_without_it():
     with pytest.raises(ValueError, match="horizon"):
         CriticConfig(horizon=-1)
 
+
+
+def test_critic_backbone_starts_from_the_policys_encoders():
+    from tests.policies.tiny import tiny_policy
+
+    policy, critic = tiny_policy(seed=1), tiny_critic(seed=2)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    assert not torch.equal(critic.vision["front"].out[0].weight, policy.vision["front"].out[0].weight)
+    assert critic.load_backbone(policy) == ["language", "vision.front"]
+    for name in ("language", "vision"):
+        mine, theirs = getattr(critic, name).state_dict(), getattr(policy, name).state_dict()
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    # the critic's own parts stay its own, and the policy is left as it was
+    assert critic.head[0].weight.shape[0] == TINY_CRITIC.hidden
+    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+    critic.vision["front"].out[0].weight.data.add_(1.0)  # copies, not shared tensors
+    assert torch.equal(policy.vision["front"].out[0].weight, before["vision.front.out.0.weight"])
+
+
+def test_critic_backbone_refuses_a_policy_that_does_not_fit():
+    from tests.policies.tiny import tiny_policy
+
+    wider = ValueCritic(dataclasses.replace(TINY_CRITIC, vision_dim=24))
+    with pytest.raises(ValueError, match="vision.front encoder does not fit"):
+        wider.load_backbone(tiny_policy())
+    top_only = ValueCritic(dataclasses.replace(TINY_CRITIC, cameras=("top",)))
+    with pytest.raises(ValueError, match="sees none of the critic's cameras"):
+        top_only.load_backbone(tiny_policy())
+    other_words = ValueCritic(dataclasses.replace(TINY_CRITIC, hash_buckets=64))
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        other_words.load_backbone(tiny_policy())

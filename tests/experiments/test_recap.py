@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from experiments.run import main
 from rollout.zarr_reader import ZarrEpisodeReader
@@ -12,7 +13,8 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     out, summary = tmp_path / "recap", tmp_path / "r.json"
     args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "10", "--bc_steps", "2",
             "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "2", "--eval_episodes", "2",
-            "--batch_size", "4", "--takeover_threshold", "0.5", "--takeover_steps", "3", "--no-progress"]
+            "--batch_size", "4", "--takeover_threshold", "0.5", "--takeover_steps", "3", "--no-progress",
+            "--critic_cameras", "front", "top"]
     assert main([*args, "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     its = data["iterations"]
@@ -26,6 +28,9 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     assert len(ids) == 12 and sum(i.startswith("recap1-") for i in ids) == 2
     rollout = reader.episode(ids.index(next(i for i in ids if i.startswith("recap1-"))))
     assert rollout.steps["intervention"].any() and np.isfinite(rollout.steps["value"]).any()
+    # the critic sees both cameras, the policy the front one: demos and rollouts record both
+    assert {"image_front", "image_top"} <= set(reader.keys)
+    assert json.loads((out / "critic_1" / "checkpoint.json").read_text())["config"]["model"]["cameras"] == ["front", "top"]
     assert (out / "episodes.advantage.npz").exists() and (out / "policy_1").is_dir() and (out / "critic_1").is_dir()
     # the control arm: same data and steps without labels, compared seed by seed on the same held-out seeds
     control = its[1]["control"]
@@ -47,3 +52,11 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
 def test_recap_refuses_seeds_that_overlap_the_held_out_ones(capsys):
     assert main(["recap", "--seed", "10"]) == 2  # demonstrations from 1000000: the held-out block
     assert "overlap the held-out evaluation seeds" in capsys.readouterr().err
+
+
+def test_recap_refuses_a_store_without_the_critics_cameras(tmp_path):
+    out = tmp_path / "recap"
+    assert main(["collect_demos", "--episodes", "1", "--out", str(out / "episodes.zarr"), "--no-progress"]) == 0
+    with pytest.raises(SystemExit, match=r"no images of camera\(s\) \['top'\]"):
+        main(["recap", "--out", str(out), "--critic_cameras", "top", "--no-progress"])
+    assert len(ZarrEpisodeReader(out / "episodes.zarr")) == 1  # what was recorded is untouched

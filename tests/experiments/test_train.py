@@ -7,7 +7,7 @@ import pytest
 
 from experiments.policy_data import episode_steps
 from experiments.run import main
-from policies.common.checkpoint import Checkpoint
+from policies.common.checkpoint import Checkpoint, CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,29 @@ def test_train_critic_reports_held_out_error(demos, tmp_path):
                  "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     assert data["evals"][-1]["val_value_mae"] >= 0 and data["episodes"] == 3
+
+
+def test_train_critic_starts_its_encoders_from_a_policy(demos, tmp_path):
+    import torch
+
+    from critics.value_critic import load_critic
+    from policies.flow_policy import KIND as POLICY_KIND
+    from policies.flow_policy import FlowPolicy
+    from policies.common.checkpoint import save_checkpoint
+
+    torch.manual_seed(3)
+    policy = FlowPolicy()
+    save_checkpoint(tmp_path / "policy", kind=POLICY_KIND, model=policy, step=0,
+                    config={"model": policy.config.to_json()})
+    args = ["train_critic", "--data", str(demos), "--steps", "1", "--batch_size", "4", "--val_fraction", "0.34",
+            "--lr", "0", "--no-progress", "--init_policy", str(tmp_path / "policy")]
+    assert main([*args, "--out", str(tmp_path / "critic")]) == 0
+    critic = load_critic(str(tmp_path / "critic"))  # lr 0: the weights are the starting ones
+    for name in ("language", "vision"):
+        mine, theirs = getattr(critic, name).state_dict(), getattr(policy, name).state_dict()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    with pytest.raises(CheckpointError, match="not a checkpoint"):  # a policy dir that is not there
+        main([*args[:-1], str(tmp_path / "missing"), "--out", str(tmp_path / "c2")])
 
 
 def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, capsys):
