@@ -569,6 +569,14 @@ class RecapConfig:
     """Control steps of each takeover (the scripted expert acts)."""
     beta: float | None = None
     """Classifier-free guidance weight at evaluation (None: the positive-conditioned policy alone)."""
+    betas: tuple[float, ...] = ()
+    """Guidance weights to choose from each iteration: the positive indicator alone and each of these are
+    played on the selection seeds (never the held-out ones), and the best is evaluated on the held-out
+    seeds and used for the next rollouts. Empty: `--beta` as given."""
+    select_episodes: int = 200
+    """Episodes (one per seed) that choose among `--betas`."""
+    select_seed: int = 1_500_000
+    """First seed of the selection block (disjoint from the held-out, demonstration and rollout seeds)."""
     n_exec: int = 8
     """Actions per chunk executed."""
     batch_size: int = 64
@@ -587,15 +595,26 @@ class RecapConfig:
                              f"got {list(self.critic_cameras)}")
         if self.seed < 0 or self.demo_episodes > 100_000 or self.rollout_episodes > 100_000:
             raise ValueError("--seed must be >= 0, and --demo_episodes / --rollout_episodes at most 100000")
-        held_out = range(self.eval_seed, self.eval_seed + self.eval_episodes)
+        if self.betas and self.beta is not None:
+            raise ValueError("give --beta (a fixed guidance weight) or --betas (chosen each iteration), not both")
+        if any(not b > 0 for b in (*self.betas, *(() if self.beta is None else (self.beta,)))):
+            raise ValueError(f"guidance weights must be > 0 (1: the positive-conditioned policy), "
+                             f"got --beta {self.beta} --betas {list(self.betas)}")
+        if not 1 <= self.select_episodes <= 100_000:
+            raise ValueError("--select_episodes must be in 1..100000")
+        checked = {"held-out evaluation": range(self.eval_seed, self.eval_seed + self.eval_episodes)}
+        if self.betas:
+            checked["guidance selection"] = range(self.select_seed, self.select_seed + self.select_episodes)
         used = {"demonstration": range(self.demo_first_seed, self.demo_first_seed + self.demo_episodes)}
         used["rollout"] = range(self.rollout_first_seed(0),
                                 self.rollout_first_seed(self.iterations) + self.rollout_episodes)
-        for what, seeds in used.items():
-            if seeds.start < held_out.stop and held_out.start < seeds.stop:
-                raise ValueError(f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the held-out evaluation "
-                                 f"seeds {held_out.start}..{held_out.stop - 1}: change --seed, --rollout_seed "
-                                 f"or --eval_seed")
+        used.update(list(checked.items())[1:])
+        for name, block in checked.items():
+            for what, seeds in used.items():
+                if what != name and seeds.start < block.stop and block.start < seeds.stop:
+                    raise ValueError(f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the {name} "
+                                     f"seeds {block.start}..{block.stop - 1}: change --seed, --rollout_seed, "
+                                     f"--select_seed or --eval_seed")
 
     @property
     def demo_first_seed(self) -> int:

@@ -16,7 +16,7 @@ from capsules import Arena
 from critics.critic_runtime import CriticRuntime
 from critics.value_critic import ValueCritic
 from envs.scripted_expert import ScriptedExpert
-from envs.tabletop_env import TabletopEnv, image_key
+from envs.tabletop_env import CONTROL_HZ, TabletopEnv, image_key
 from experiments.stats import failure_auc_summary, mid_episode_value, wilson_interval
 from policies.flow_policy import FlowPolicy
 from policies.policy_runtime import PolicyRuntime
@@ -27,12 +27,15 @@ def _summary(results: list[tuple[bool, int, str]]) -> dict:
     wins = sum(ok for ok, _, _ in results)
     steps = [s for ok, s, _ in results if ok]
     low, high = wilson_interval(wins, n)
+    sim_seconds = sum(s for _, s, _ in results) / CONTROL_HZ  # every episode's control steps, success or not
     return {
         "episodes": n,
         "successes": wins,
         "success_rate": wins / n if n else 0.0,
         "ci95": [low, high],
         "mean_steps_to_success": float(np.mean(steps)) if steps else None,
+        "sim_seconds": sim_seconds,
+        "successes_per_sim_hour": 3600 * wins / sim_seconds if sim_seconds else 0.0,
         "failures": dict(Counter(kind for ok, _, kind in results if not ok)),
         "success_by_seed": [int(ok) for ok, _, _ in results],  # in seed order, for paired comparisons
     }

@@ -10,7 +10,9 @@ Iteration k >= 1:
      sidecar next to the store;
   4. fine-tune policy k from policy k-1 on everything, conditioned on the labels
      (indicator dropout keeps it unconditional too);
-  5. evaluate policy k with the positive indicator on the held-out seeds, and
+  5. with `--betas`, choose the guidance weight (or none) on a separate block of
+     selection seeds; evaluate policy k with the positive indicator (and that
+     weight) on the held-out seeds, and
      critic k's failure AUC from its values at the mid-episode step (half the
      episode limit, the same step for every episode) on those evaluation episodes.
 Control arm (`--control`): the same number of fine-tuning steps on the same data,
@@ -18,7 +20,8 @@ without labels, from the previous control policy; evaluated on the same seeds an
 compared seed by seed (exact McNemar test), so a gain can be told apart from what
 more training on more data gives by itself.
 JSON per iteration: success rate with a 95% interval, mean steps to success,
-interventions per rollout episode, the critic's failure AUC, the control arm.
+successes per hour of simulated time, interventions per rollout episode, the
+critic's failure AUC, the guidance choice, the control arm.
 """
 
 from __future__ import annotations
@@ -52,16 +55,17 @@ from rollout.zarr_reader import ZarrEpisodeReader
 from rollout.zarr_recorder import ZarrRecorder
 
 
-def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Path, k: int) -> dict:
+def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Path, k: int,
+              beta: float | None) -> dict:
     policy, critic = load_policy(str(policy_dir)), load_critic(str(critic_dir))
     env = TabletopEnv(config.family, cameras=_cameras(policy.config.cameras, critic.config.cameras),
                       image_size=policy.config.image_size)
-    runtime = PolicyRuntime(policy, guidance=config.beta is not None)
+    runtime = PolicyRuntime(policy, guidance=beta is not None)
     host = RolloutHost(env=env, policy=runtime, critic=CriticRuntime(critic),
                        config=HostConfig(n_exec=config.n_exec, noise_seed=k),
                        teleop=ScriptedExpert(env).act)
     host.operator = ValueTakeover(config.takeover_threshold, config.takeover_steps).bind(host)
-    runtime.set_advantage(ADV_POSITIVE, 1.0 if config.beta is None else config.beta)
+    runtime.set_advantage(ADV_POSITIVE, 1.0 if beta is None else beta)
     first = config.rollout_first_seed(k)
     ids = [f"recap{k}-{config.family}-s{seed:07d}" for seed in range(first, first + config.rollout_episodes)]
     with ZarrRecorder(store) as recorder:
@@ -111,6 +115,7 @@ def run(config: RecapConfig) -> ExperimentResult:
     out.mkdir(parents=True, exist_ok=True)
     store = out / "episodes.zarr"
     seeds = list(range(config.eval_seed, config.eval_seed + config.eval_episodes))
+    select = list(range(config.select_seed, config.select_seed + config.select_episodes))
     cameras = _cameras(TrainPolicyConfig.cameras, config.critic_cameras)
     if store.exists() and len(reader := ZarrEpisodeReader(store)):  # a resumed run: same cameras?
         missing = [c for c in cameras if f"{IMAGE_PREFIX}{c}" not in reader.keys]
@@ -130,14 +135,29 @@ def run(config: RecapConfig) -> ExperimentResult:
                                            seed=config.seed, progress=config.progress))
         return path
 
-    def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None) -> dict:
+    def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None,
+                 beta: float | None = None, on: list[int] = seeds) -> dict:
         model = load_policy(str(policy_dir))
-        return evaluate_policy(model, family=config.family, seeds=seeds, n_exec=config.n_exec,
-                               advantage=ADV_POSITIVE if conditioned else 0,
-                               beta=config.beta if conditioned else None,
+        return evaluate_policy(model, family=config.family, seeds=on, n_exec=config.n_exec,
+                               advantage=ADV_POSITIVE if conditioned else 0, beta=beta if conditioned else None,
                                critic=load_critic(str(critic_dir)) if critic_dir else None)
 
+    def choose_beta(policy_dir: Path) -> tuple[float | None, dict | None]:
+        """The guidance weight the conditioned policy acts with: `--beta`, or the best of the positive
+        indicator alone and each of `--betas` on the selection seeds (ties: the weaker guidance)."""
+        if not config.betas:
+            return config.beta, None
+        trials = []
+        for beta in (None, *sorted(config.betas)):
+            r = evaluate(policy_dir, True, beta=beta, on=select)
+            trials.append({"beta": beta, "successes": r["successes"], "success_rate": r["success_rate"]})
+            console.print(f"  guidance {'off (indicator alone)' if beta is None else f'beta {beta:g}'}: "
+                          f"{r['successes']}/{r['episodes']} on the selection seeds")
+        best = max(trials, key=lambda t: t["successes"])  # the first maximum: trials go from weak to strong
+        return best["beta"], {"beta": best["beta"], "select_seeds": [select[0], select[-1]], "trials": trials}
+
     iterations = []
+    beta = None  # the BC policy never saw the indicator: it acts unguided
     policy_dir = control_dir = out / "policy_0"
     console.print(f"[bold]iteration 0[/bold]: behaviour cloning on {config.demo_episodes} noisy demos")
     train_policy.run(TrainPolicyConfig(out=str(policy_dir), steps=config.bc_steps, **common))
@@ -148,7 +168,7 @@ def run(config: RecapConfig) -> ExperimentResult:
     _report(console, iterations[-1])
     for k in range(1, config.iterations + 1):
         console.print(f"[bold]iteration {k}[/bold]: rollouts, critic, advantage labels, conditioned policy")
-        rollouts = _rollouts(config, policy_dir, critic_dir, store, k)
+        rollouts = _rollouts(config, policy_dir, critic_dir, store, k, beta)
         critic_dir = critic_for(k)
         labels = label_advantages.run(LabelAdvantagesConfig(data=str(store), critic=str(critic_dir), n=config.n,
                                                             positive_fraction=config.positive_fraction))
@@ -156,9 +176,15 @@ def run(config: RecapConfig) -> ExperimentResult:
         train_policy.run(TrainPolicyConfig(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir),
                                            advantage=labels.summary["sidecar"], **common))
         policy_dir = new_policy
-        result = evaluate(policy_dir, True, critic_dir)
-        it = {"iteration": k, **_metrics(result), **rollouts, "policy": str(policy_dir),
+        beta, guidance = choose_beta(policy_dir)
+        result = evaluate(policy_dir, True, critic_dir, beta=beta)
+        it = {"iteration": k, **_metrics(result), "beta": beta, **rollouts, "policy": str(policy_dir),
               "critic": str(critic_dir), "positive_fraction": labels.summary["positive_fraction"]}
+        if guidance is not None:
+            # the indicator alone on the held-out seeds too, whatever was chosen: how much guidance adds
+            alone = result if beta is None else evaluate(policy_dir, True)
+            it["guidance"] = {**guidance, "indicator_alone": _metrics(alone),
+                              "paired": paired_comparison(result["success_by_seed"], alone["success_by_seed"])}
         if config.control:
             # same data, same steps, no labels: what more training on more data gives by itself
             new_control = out / f"control_{k}"
@@ -173,6 +199,10 @@ def run(config: RecapConfig) -> ExperimentResult:
     summary = {"family": config.family, "seed": config.seed, "eval_seeds": [seeds[0], seeds[-1]],
                "iterations": iterations,
                "gain_points": 100 * (iterations[-1]["success_rate"] - iterations[0]["success_rate"]),
+               # the issue's other yardstick: successes per hour of simulated time, last iteration / BC
+               "successes_per_sim_hour_ratio": (iterations[-1]["successes_per_sim_hour"] /
+                                                iterations[0]["successes_per_sim_hour"]
+                                                if iterations[0]["successes_per_sim_hour"] else None),
                "store": str(store)}
     if config.control and config.iterations:
         last = iterations[-1]
@@ -183,6 +213,7 @@ def run(config: RecapConfig) -> ExperimentResult:
 def _metrics(result: dict) -> dict:
     metrics = {"success_rate": result["success_rate"], "ci95": result["ci95"],
                "mean_steps_to_success": result["mean_steps_to_success"], "eval_episodes": result["episodes"],
+               "successes_per_sim_hour": result["successes_per_sim_hour"],
                "success_by_seed": result["success_by_seed"]}
     if "critic_failure_auc" in result:  # the iteration's critic on these held-out episodes (it never saw them)
         metrics["critic_failure_auc_eval"] = result["critic_failure_auc"]
@@ -193,7 +224,12 @@ def _report(console, it: dict) -> None:
     lo, hi = it["ci95"]
     console.print(f"iteration {it['iteration']}: success {it['success_rate']:.0%} (95% CI {lo:.0%}-{hi:.0%}), "
                   f"mean steps to success {it['mean_steps_to_success']}, "
-                  f"interventions per rollout {it['interventions_per_episode']:.2f}")
+                  f"interventions per rollout {it['interventions_per_episode']:.2f}, "
+                  f"{it['successes_per_sim_hour']:.0f} successes per sim hour"
+                  + (f", guidance beta {it['beta']:g}" if it.get("beta") is not None else ""))
+    if "guidance" in it:
+        alone = it["guidance"]["indicator_alone"]
+        console.print(f"  the positive indicator alone (no guidance): {alone['success_rate']:.0%}")
     auc = it.get("critic_failure_auc_eval") or {}
     if auc.get("auc") is not None:
         console.print(f"  critic failure AUC (value at mid-episode step, held-out episodes): {auc['auc']:.2f} "

@@ -14,7 +14,7 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "10", "--bc_steps", "2",
             "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "2", "--eval_episodes", "2",
             "--batch_size", "4", "--takeover_threshold", "0.5", "--takeover_steps", "3", "--no-progress",
-            "--critic_cameras", "front", "top"]
+            "--critic_cameras", "front", "top", "--betas", "3", "1.5", "--select_episodes", "2"]
     assert main([*args, "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     its = data["iterations"]
@@ -39,6 +39,17 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     assert data["gain_over_control_points"] == 100 * (its[1]["success_rate"] - control["success_rate"])
     for it in its:  # each iteration's critic judged on the held-out evaluation episodes
         assert it["critic_failure_auc_eval"]["episodes"] == 2
+        assert it["successes_per_sim_hour"] >= 0
+    # the guidance weight: chosen on the selection seeds among none and --betas (weak to strong), then the
+    # held-out figures use it; the indicator alone is measured on the held-out seeds as well
+    guidance = its[1]["guidance"]
+    assert [t["beta"] for t in guidance["trials"]] == [None, 1.5, 3.0]
+    assert guidance["select_seeds"] == [1_500_000, 1_500_001] and its[1]["beta"] == guidance["beta"]
+    best = max(t["successes"] for t in guidance["trials"])
+    assert guidance["beta"] == next(t["beta"] for t in guidance["trials"] if t["successes"] == best)
+    assert len(guidance["indicator_alone"]["success_by_seed"]) == 2 and guidance["paired"]["seeds"] == 2
+    if its[0]["successes_per_sim_hour"]:
+        assert data["successes_per_sim_hour_ratio"] == its[1]["successes_per_sim_hour"] / its[0]["successes_per_sim_hour"]
     assert its[1]["critic_failure_auc_rollouts"]["episodes"] <= 2
     # run again: everything resumes, nothing is re-collected, and the iteration still reports its rollouts
     again = tmp_path / "again.json"
@@ -52,6 +63,21 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
 def test_recap_refuses_seeds_that_overlap_the_held_out_ones(capsys):
     assert main(["recap", "--seed", "10"]) == 2  # demonstrations from 1000000: the held-out block
     assert "overlap the held-out evaluation seeds" in capsys.readouterr().err
+    assert main(["recap", "--betas", "2", "--select_seed", "1000100"]) == 2
+    assert "guidance selection seeds 1000100..1000299 overlap the held-out evaluation seeds" in capsys.readouterr().err
+    assert main(["recap", "--betas", "2", "--select_seed", "0"]) == 2  # the demonstrations of seed 0
+    assert "demonstration seeds 0..299 overlap the guidance selection seeds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--beta", "2", "--betas", "1.5", "3"], "not both"),
+    (["--betas", "0"], "must be > 0"),
+    (["--beta", "-1"], "must be > 0"),
+    (["--betas", "2", "--select_episodes", "0"], "--select_episodes"),
+])
+def test_recap_refuses_bad_guidance_settings(args, message, capsys):
+    assert main(["recap", *args]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_recap_refuses_a_store_without_the_critics_cameras(tmp_path):

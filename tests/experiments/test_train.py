@@ -38,6 +38,12 @@ def test_train_policy_resumes_and_eval_policy_reads_it(demos, tmp_path):
     data = json.loads(evaluation.read_text())
     assert data["policy"]["episodes"] == 2 and data["expert"]["success_rate"] == 1.0
     assert set(data["policy"]) >= {"success_rate", "ci95", "mean_steps_to_success", "failures"}
+    # simulated time counts every episode's control steps at 10 Hz: the expert solved both, so its
+    # time is twice its mean steps to success
+    expert = data["expert"]
+    assert expert["sim_seconds"] == pytest.approx(2 * expert["mean_steps_to_success"] / 10)
+    assert expert["successes_per_sim_hour"] == pytest.approx(3600 * 2 / expert["sim_seconds"])
+    assert data["policy"]["sim_seconds"] > 0
 
 
 def test_train_critic_reports_held_out_error(demos, tmp_path):
