@@ -58,10 +58,12 @@ def run(config: CollectDemosConfig) -> ExperimentResult:
         "store": str(config.out),
         "format": config.format,
     }
-    make_console().print(
-        f"{episodes} episodes ({skipped} already recorded), success {summary['success_rate'] or 0:.1%}, "
-        f"{summary['steps_per_s'] or 0:.0f} steps/s -> {config.out}"
-    )
+    if episodes:
+        make_console().print(
+            f"{episodes} episodes ({skipped} already recorded), success {summary['success_rate']:.1%}, "
+            f"{summary['steps_per_s'] or 0:.0f} steps/s -> {config.out}")
+    else:  # a resumed run: no rate to report over zero new episodes
+        make_console().print(f"all {skipped} episodes already recorded in {config.out}")
     return ExperimentResult(summary)
 
 
