@@ -597,19 +597,19 @@ class RecapConfig:
             raise ValueError("--seed must be >= 0, and --demo_episodes / --rollout_episodes at most 100000")
         if self.betas and self.beta is not None:
             raise ValueError("give --beta (a fixed guidance weight) or --betas (chosen each iteration), not both")
-        if any(not b > 0 for b in (*self.betas, *(() if self.beta is None else (self.beta,)))):
+        if any(not b > 0 for b in self.betas) or (self.beta is not None and not self.beta > 0):
             raise ValueError(f"guidance weights must be > 0 (1: the positive-conditioned policy), "
                              f"got --beta {self.beta} --betas {list(self.betas)}")
         if not 1 <= self.select_episodes <= 100_000:
             raise ValueError("--select_episodes must be in 1..100000")
-        checked = {"held-out evaluation": range(self.eval_seed, self.eval_seed + self.eval_episodes)}
+        evaluation = {"held-out evaluation": range(self.eval_seed, self.eval_seed + self.eval_episodes)}
         if self.betas:
-            checked["guidance selection"] = range(self.select_seed, self.select_seed + self.select_episodes)
-        used = {"demonstration": range(self.demo_first_seed, self.demo_first_seed + self.demo_episodes)}
-        used["rollout"] = range(self.rollout_first_seed(0),
-                                self.rollout_first_seed(self.iterations) + self.rollout_episodes)
-        used.update(list(checked.items())[1:])
-        for name, block in checked.items():
+            evaluation["guidance selection"] = range(self.select_seed, self.select_seed + self.select_episodes)
+        used = {"demonstration": range(self.demo_first_seed, self.demo_first_seed + self.demo_episodes),
+                "rollout": range(self.rollout_first_seed(0),
+                                 self.rollout_first_seed(self.iterations) + self.rollout_episodes),
+                **evaluation}
+        for name, block in evaluation.items():  # no evaluation block may share a seed with any other block
             for what, seeds in used.items():
                 if what != name and seeds.start < block.stop and block.start < seeds.stop:
                     raise ValueError(f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the {name} "

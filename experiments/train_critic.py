@@ -18,8 +18,8 @@ from experiments.policy_data import load_training_arrays
 from experiments.result import ExperimentResult
 from policies.common.checkpoint import open_training_dir, save_checkpoint
 from policies.common.encoders import random_shift
-from policies.flow_policy import load_policy
 from policies.common.trainer import LoopConfig, make_optimizer, train
+from policies.flow_policy import load_policy
 
 
 def value_targets(data: dict, max_steps: int) -> np.ndarray:
