@@ -17,7 +17,7 @@ import torch
 
 from capsules import BufferComponent, BufferSpec, Role
 from capsules.fingerprint import module_sha256
-from critics.value_critic import ValueCritic
+from critics.value_critic import ACTOR_POLICY, ValueCritic
 from policies.common.graph_runner import GraphRunner, trace_on_cpu
 from policies.common.inputs import load_observation, write_language
 
@@ -101,7 +101,10 @@ class CriticRuntime(BufferComponent):
 
 
 class _CriticCore(torch.nn.Module):
-    """Observation -> (logits, value): the network part of `evaluate` (traced on the CPU)."""
+    """Observation -> (logits, value): the network part of `evaluate` (traced on the CPU).
+
+    At run time the critic judges the policy that is acting: a critic with an actor input
+    is asked for the policy's value (`ACTOR_POLICY`)."""
 
     def __init__(self, model: ValueCritic) -> None:
         super().__init__()
@@ -109,6 +112,7 @@ class _CriticCore(torch.nn.Module):
         self.cameras = model.config.cameras
 
     def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor):
-        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang,
-                                   step if self.model.config.horizon else None)
+        config = self.model.config
+        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.horizon else None,
+                                   torch.full_like(step, ACTOR_POLICY) if config.actor_input else None)
         return logits, self.model.value(logits)

@@ -5,7 +5,10 @@ embedding `(B, lang_dim)` (computed once per subtask) and, when `horizon` is set
 the control step within the episode `(B,)`: episodes end in failure at the step
 limit, so the value of a state depends on how much time is left (Pardo et al.,
 "Time Limits in Reinforcement Learning", 2018), and a critic that cannot see the
-clock cannot tell a slow failure from an on-time success. Output: logits
+clock cannot tell a slow failure from an on-time success; and, when `actor_input`
+is set, who acts from this state on (`ACTOR_DEMONSTRATOR` or `ACTOR_POLICY`): a
+demonstrator and the policy reach different returns from the same state, and a
+critic fitted to both at once predicts neither. Output: logits
 `(B, bins)`; the scalar value is the expectation over the bin centres. Values are
 normalised returns: -(steps left to success) / max episode length, failures -1.
 Trained with cross-entropy against a two-hot target (the return split between its
@@ -23,6 +26,8 @@ from torch import nn
 
 from policies.common.encoders import LanguageEncoder, VisionEncoder
 from policies.common.tokenizer import Tokenizer
+
+ACTOR_DEMONSTRATOR, ACTOR_POLICY = 0, 1  # who acts from a state on (CriticConfig.actor_input)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,10 @@ class CriticConfig:
     horizon: int = 0
     """Episode step limit the value is conditioned on (the input is step / horizon); 0: no time input,
     as in checkpoints written before it existed."""
+    actor_input: bool = False
+    """The critic also reads who acts from the state on (0: a demonstrator, 1: the policy, with any
+    operator takeovers), so demonstrations and rollouts train one critic without mixing their returns;
+    at run time it judges the policy. False: as in checkpoints written before it existed."""
 
     def __post_init__(self) -> None:
         if self.bins < 2 or self.v_min >= self.v_max:
@@ -71,7 +80,7 @@ class ValueCritic(nn.Module):
             cam: VisionEncoder(image_size=c.image_size, channels=c.channels, cond_dim=c.lang_dim, out_dim=c.vision_dim)
             for cam in c.cameras
         })
-        self.state_in = nn.Sequential(nn.Linear(c.state_dim + int(c.horizon > 0), 64), nn.SiLU())
+        self.state_in = nn.Sequential(nn.Linear(c.state_dim + int(c.horizon > 0) + int(c.actor_input), 64), nn.SiLU())
         width = len(c.cameras) * c.vision_dim + 64 + c.lang_dim
         self.head = nn.Sequential(
             nn.Linear(width, c.hidden), nn.SiLU(), nn.LayerNorm(c.hidden),
@@ -115,8 +124,10 @@ class ValueCritic(nn.Module):
         return self.language(tokens)
 
     def logits(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
-               step: torch.Tensor | None = None) -> torch.Tensor:
-        """`step` `(B,)`: control steps since the episode started (needed when `horizon` is set)."""
+               step: torch.Tensor | None = None, actor: torch.Tensor | None = None) -> torch.Tensor:
+        """`step` `(B,)`: control steps since the episode started (needed when `horizon` is set);
+        `actor` `(B,)`: who acts from the state on, ACTOR_DEMONSTRATOR or ACTOR_POLICY (needed when
+        `actor_input` is set)."""
         feats = [self.vision[cam](images[cam], lang) for cam in self.config.cameras]
         s = (state - self.state_mean) / self.state_std
         if self.config.horizon:
@@ -124,6 +135,11 @@ class ValueCritic(nn.Module):
                 raise ValueError(f"this critic reads the episode step (horizon {self.config.horizon}); "
                                  "pass step= (control steps since the episode started)")
             s = torch.cat([s, (step.to(s.dtype) / self.config.horizon)[:, None]], dim=-1)
+        if self.config.actor_input:
+            if actor is None:
+                raise ValueError("this critic reads who acts (actor_input); pass actor= "
+                                 f"({ACTOR_DEMONSTRATOR}: a demonstrator, {ACTOR_POLICY}: the policy)")
+            s = torch.cat([s, actor.to(s.dtype)[:, None]], dim=-1)
         return self.head(torch.cat([*feats, self.state_in(s), lang], dim=-1))
 
     def value(self, logits: torch.Tensor) -> torch.Tensor:
@@ -142,8 +158,9 @@ class ValueCritic(nn.Module):
         return out
 
     def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
-             target: torch.Tensor, step: torch.Tensor | None = None) -> torch.Tensor:
-        logits = self.logits(images, state, lang, step)
+             target: torch.Tensor, step: torch.Tensor | None = None,
+             actor: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.logits(images, state, lang, step, actor)
         return torch.mean(torch.sum(-self.two_hot(target) * F.log_softmax(logits, dim=-1), dim=-1))
 
 

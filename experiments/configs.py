@@ -219,6 +219,10 @@ class TrainCriticConfig:
     time_input: bool = True
     """The critic also reads the episode step (step / max_steps): episodes fail at the step limit, so a
     state's value depends on the time left."""
+    actor_input: bool = False
+    """The critic also reads who acted in each episode (a demonstrator: `collect_demos`; the policy: a
+    RolloutHost's rollouts, takeovers included) and values states for the policy at run time, so the
+    demonstrator's higher returns do not leak into the policy's values."""
     init_policy: str = ""
     """Start the critic's vision and language encoders from this policy checkpoint's (same encoder sizes);
     empty: from scratch."""
@@ -546,6 +550,9 @@ class RecapConfig:
     """Optimizer steps of each critic (trained from scratch on everything collected)."""
     critic_cameras: tuple[str, ...] = ("front",)
     """Cameras the critic sees (the policy sees the front camera); every episode records them all."""
+    critic_actor_input: bool = False
+    """Critics read who acted (demonstrator or policy; see `train_critic --actor_input`) and value the
+    policy's states for the policy."""
     rollout_episodes: int = 50
     """Rollouts collected per iteration (with simulated takeovers)."""
     seed: int = 0

@@ -42,7 +42,9 @@ def critic_values(critic, data: dict, batch: int = 256) -> np.ndarray:
             lang = critic.embed_language(torch.from_numpy(data["tokens"][sl]))
             images = {c: torch.from_numpy(np.ascontiguousarray(data["images"][c][sl])) for c in cams}
             step = torch.from_numpy(data["episode_steps"][sl])
-            out.append(critic.value(critic.logits(images, torch.from_numpy(data["states"][sl]), lang, step)).numpy())
+            actor = torch.from_numpy(data["actors"][sl])  # each step valued for whoever acted in its episode
+            out.append(critic.value(critic.logits(images, torch.from_numpy(data["states"][sl]), lang, step,
+                                                  actor)).numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 from policies.common.tokenizer import Tokenizer
 from rollout import episode_schema as S
 from rollout.zarr_reader import ZarrEpisodeReader
@@ -40,7 +41,15 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokeniz
         "episode_steps": episode_steps(reader.ends),
         "episode_ends": reader.ends.copy(),
         "metas": metas,
+        "actors": np.repeat([episode_actor(m) for m in metas], reader.ends - reader.starts).astype(np.int64),
     }
+
+
+def episode_actor(meta) -> int:
+    """Who acted in a recorded episode: the policy (`ACTOR_POLICY`: a RolloutHost recorded it, from its
+    initial capsule, operator takeovers included) or a demonstrator (`ACTOR_DEMONSTRATOR`: `collect_demos`
+    and other recorders that restore no capsule)."""
+    return ACTOR_POLICY if meta.initial_capsule_id else ACTOR_DEMONSTRATOR
 
 
 def episode_steps(ends: np.ndarray) -> np.ndarray:

@@ -132,6 +132,7 @@ def run(config: RecapConfig) -> ExperimentResult:
         path = out / f"critic_{k}"
         train_critic.run(TrainCriticConfig(data=str(store), out=str(path), steps=config.critic_steps,
                                            cameras=config.critic_cameras, eval_every=config.critic_steps,
+                                           actor_input=config.critic_actor_input,
                                            seed=config.seed, progress=config.progress))
         return path
 

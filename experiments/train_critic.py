@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from critics.returns import normalized_returns
-from critics.value_critic import KIND, CriticConfig, ValueCritic
+from critics.value_critic import ACTOR_POLICY, KIND, CriticConfig, ValueCritic
 from experiments.configs import TrainCriticConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.policy_data import load_training_arrays
+from experiments.policy_data import episode_actor, load_training_arrays
 from experiments.result import ExperimentResult
 from policies.common.checkpoint import open_training_dir, save_checkpoint
 from policies.common.encoders import random_shift
@@ -40,7 +40,8 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     ckpt = open_training_dir(out, kind=KIND, resume=config.resume)
     torch.manual_seed(config.seed)
     model_config = (CriticConfig.from_json(ckpt.config["model"]) if ckpt else
-                    CriticConfig(cameras=config.cameras, horizon=config.max_steps if config.time_input else 0))
+                    CriticConfig(cameras=config.cameras, horizon=config.max_steps if config.time_input else 0,
+                                 actor_input=config.actor_input))
     model = ValueCritic(model_config)
     # a fresh run may start its encoders from a policy's (read first: a bad path fails before the data loads)
     init = load_policy(resolve_input(config.init_policy)) if config.init_policy and not ckpt else None
@@ -50,6 +51,7 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     states = torch.from_numpy(data["states"])
     tokens = torch.from_numpy(data["tokens"])
     steps = torch.from_numpy(data["episode_steps"])
+    actors = torch.from_numpy(data["actors"])
     n_ep = len(data["episode_ends"])
     rng = np.random.default_rng(config.seed)
     val_eps = rng.choice(n_ep, size=max(1, int(round(config.val_fraction * n_ep))), replace=False)
@@ -77,20 +79,24 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
             copied = model.load_backbone(init)
             console.print(f"encoders {', '.join(copied)} from {config.init_policy}")
     params = sum(p.numel() for p in model.parameters())
-    console.print(f"critic: {params / 1e6:.2f} M parameters; {n_ep} episodes ({len(val_eps)} held out)")
+    n_policy = int(sum(episode_actor(m) == ACTOR_POLICY for m in data["metas"]))
+    console.print(f"critic: {params / 1e6:.2f} M parameters; {n_ep} episodes ({len(val_eps)} held out; "
+                  f"{n_ep - n_policy} demonstrations, {n_policy} rollouts"
+                  + (", told apart" if model_config.actor_input else "") + ")")
 
     def loss_fn(step: int) -> torch.Tensor:
         idx = train_idx[torch.randint(0, len(train_idx), (config.batch_size,), generator=generator)]
         imgs = {k: random_shift(v[idx], config.shift, generator) if config.shift else v[idx] for k, v in images.items()}
-        return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx], steps[idx])
+        return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx], steps[idx], actors[idx])
 
     def evaluate(step: int) -> dict:
         losses, errors = [], []
         for chunk in torch.split(val_idx, 512):
             imgs = {k: v[chunk] for k, v in images.items()}
             lang = model.embed_language(tokens[chunk])
-            logits = model.logits(imgs, states[chunk], lang, steps[chunk])
-            losses.append(float(model.loss(imgs, states[chunk], lang, targets[chunk], steps[chunk])) * len(chunk))
+            logits = model.logits(imgs, states[chunk], lang, steps[chunk], actors[chunk])
+            losses.append(float(model.loss(imgs, states[chunk], lang, targets[chunk], steps[chunk],
+                                           actors[chunk])) * len(chunk))
             errors.append((model.value(logits) - targets[chunk]).abs())
         err = torch.cat(errors)
         return {"val_loss": sum(losses) / len(val_idx), "val_value_mae": float(err.mean())}

@@ -7,7 +7,7 @@ import torch
 from capsules import Arena
 from critics.critic_runtime import CriticRuntime
 from critics.returns import normalized_returns
-from critics.value_critic import CriticConfig, ValueCritic
+from critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY, CriticConfig, ValueCritic
 from tests.policies.tiny import TINY_CRITIC, tiny_critic
 
 
@@ -124,6 +124,51 @@ def test_checkpoint_configs_from_before_the_time_input_load_without_it():
     with pytest.raises(ValueError, match="horizon"):
         CriticConfig(horizon=-1)
 
+
+def test_actor_input_keeps_the_demonstrators_and_the_policys_returns_apart():
+    """The same states lead to success under a demonstrator and to failure under the policy: a critic
+    told who acts fits both; one that is not can only fit their mixture, which is neither."""
+    frames = torch.randint(0, 256, (16, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    images = {"front": torch.cat([frames, frames])}  # the same 16 observations under each actor
+    state, tokens = torch.zeros(32, 8), torch.zeros(32, TINY_CRITIC.max_tokens, dtype=torch.long)
+    step = torch.cat([torch.arange(16)] * 2)
+    actor = torch.tensor([ACTOR_DEMONSTRATOR] * 16 + [ACTOR_POLICY] * 16)
+    target = torch.where(actor == ACTOR_POLICY, -1.0, -0.2)
+    errors = {}
+    for actor_input in (True, False):
+        torch.manual_seed(0)
+        critic = ValueCritic(dataclasses.replace(TINY_CRITIC, actor_input=actor_input))
+        opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
+        for _ in range(300):
+            loss = critic.loss(images, state, critic.embed_language(tokens), target, step, actor)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            value = critic.value(critic.logits(images, state, critic.embed_language(tokens), step, actor))
+        errors[actor_input] = float((value - target).abs().mean())
+    assert errors[True] < 0.05 and errors[False] > 0.3, errors
+    with pytest.raises(ValueError, match="pass actor="):
+        critic = ValueCritic(dataclasses.replace(TINY_CRITIC, actor_input=True))
+        critic.logits(images, state, critic.embed_language(tokens), step)
+
+
+def test_runtime_values_states_for_the_policy():
+    torch.manual_seed(0)
+    critic = ValueCritic(dataclasses.replace(TINY_CRITIC, actor_input=True))
+    with torch.no_grad():  # make the actor input matter
+        critic.state_in[0].weight[:, -1] = 5.0
+    rt = CriticRuntime(critic)
+    Arena([rt]).allocate()
+    rt.set_subtask("pick up the red block")
+    image, state = torch.randint(0, 256, (1, 16, 16, 3), dtype=torch.uint8), torch.zeros(1, 8)
+    got = float(rt.evaluate({"front": image[0]}, state[0], step=12)[0])
+    lang = critic.embed_language(torch.from_numpy(critic.tokenizer.encode_batch(["pick up the red block"])))
+    with torch.no_grad():
+        want = {a: float(critic.value(critic.logits({"front": image}, state, lang, torch.tensor([12]),
+                                                    torch.tensor([a])))[0]) for a in (ACTOR_DEMONSTRATOR, ACTOR_POLICY)}
+    assert got == pytest.approx(want[ACTOR_POLICY], abs=1e-6)
+    assert abs(want[ACTOR_POLICY] - want[ACTOR_DEMONSTRATOR]) > 1e-3
 
 
 def test_critic_backbone_starts_from_the_policys_encoders():

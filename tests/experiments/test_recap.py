@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
+from experiments.policy_data import episode_actor
 from experiments.run import main
 from rollout.zarr_reader import ZarrEpisodeReader
 
@@ -14,7 +16,7 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "10", "--bc_steps", "2",
             "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "2", "--eval_episodes", "2",
             "--batch_size", "4", "--takeover_threshold", "0.5", "--takeover_steps", "3", "--no-progress",
-            "--critic_cameras", "front", "top", "--betas", "3", "1.5", "--select_episodes", "2"]
+            "--critic_cameras", "front", "top", "--critic_actor_input", "--betas", "3", "1.5", "--select_episodes", "2"]
     assert main([*args, "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     its = data["iterations"]
@@ -30,7 +32,12 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     assert rollout.steps["intervention"].any() and np.isfinite(rollout.steps["value"]).any()
     # the critic sees both cameras, the policy the front one: demos and rollouts record both
     assert {"image_front", "image_top"} <= set(reader.keys)
-    assert json.loads((out / "critic_1" / "checkpoint.json").read_text())["config"]["model"]["cameras"] == ["front", "top"]
+    critic_model = json.loads((out / "critic_1" / "checkpoint.json").read_text())["config"]["model"]
+    assert critic_model["cameras"] == ["front", "top"] and critic_model["actor_input"]
+    # who acted: the demonstrations are the demonstrator's, the rollouts the policy's (takeovers included)
+    actors = {reader.meta(i).episode_id: episode_actor(reader.meta(i)) for i in range(len(reader))}
+    assert {a for i, a in actors.items() if i.startswith("recap1-")} == {ACTOR_POLICY}
+    assert {a for i, a in actors.items() if not i.startswith("recap1-")} == {ACTOR_DEMONSTRATOR}
     assert (out / "episodes.advantage.npz").exists() and (out / "policy_1").is_dir() and (out / "critic_1").is_dir()
     # the control arm: same data and steps without labels, compared seed by seed on the same held-out seeds
     control = its[1]["control"]
