@@ -266,9 +266,9 @@ class EvalPolicyConfig:
     """RECAP indicator to act with (positive: a policy trained with advantage labels, at its best)."""
     beta: float | None = None
     """Classifier-free guidance weight over the positive indicator (None: the conditioned policy alone)."""
-    critic: str = ""
-    """Also report this critic's failure AUC from its values at the mid-episode step (half the episode
-    limit) on these episodes (empty: none)."""
+    critic: tuple[str, ...] = ()
+    """Also report these critics' failure AUC from their values at the mid-episode step (half the episode
+    limit) on these episodes, each and (with more than one) their mean value's (none: no critic)."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.n_exec < 1:

@@ -18,25 +18,31 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
     model = load_policy(resolve_input(config.policy))
     seeds = list(range(config.seed, config.seed + config.episodes))
     t0 = time.perf_counter()
-    critic = load_critic(resolve_input(config.critic)) if config.critic else None
+    critics = [load_critic(resolve_input(c)) for c in config.critic]
     advantage = ADV_POSITIVE if config.advantage == "positive" else ADV_NONE
     policy = evaluate_policy(model, family=config.family, seeds=seeds, n_exec=config.n_exec, advantage=advantage,
-                             beta=config.beta, critic=critic)
+                             beta=config.beta, critics=critics)
     policy["seconds"] = time.perf_counter() - t0
     summary = {"policy_checkpoint": config.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
                "n_exec": config.n_exec, "advantage": config.advantage, "beta": config.beta, "policy": policy}
     lo, hi = policy["ci95"]
     console.print(f"policy: {policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
                   f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
-    auc = policy.get("critic_failure_auc")
-    if auc is not None:
-        shown = "n/a (needs both successes and failures)" if auc["auc"] is None else \
-            f"{auc['auc']:.2f} (95% CI {auc['ci95'][0]:.2f}-{auc['ci95'][1]:.2f})"
-        console.print(f"critic failure AUC from values at the mid-episode step: {shown}; "
-                      f"{auc['failures']} failures, {auc['successes']} successes")
+    aucs = policy.get("critic_failure_aucs") or [policy.get("critic_failure_auc")]
+    for name, auc in zip(config.critic, aucs):
+        _print_auc(console, f"critic {name}", auc)
+    if "critic_failure_auc_mean" in policy:
+        _print_auc(console, "the critics' mean value", policy["critic_failure_auc_mean"])
     if config.expert:
         expert = evaluate_expert(family=config.family, seeds=seeds)
         summary["expert"] = expert
         console.print(f"scripted expert: {expert['successes']}/{expert['episodes']} = {expert['success_rate']:.0%}, "
                       f"mean steps to success {expert['mean_steps_to_success']}")
     return ExperimentResult(summary)
+
+
+def _print_auc(console, who: str, auc: dict) -> None:
+    shown = "n/a (needs both successes and failures)" if auc["auc"] is None else \
+        f"{auc['auc']:.2f} (95% CI {auc['ci95'][0]:.2f}-{auc['ci95'][1]:.2f})"
+    console.print(f"{who}: failure AUC from values at the mid-episode step {shown}; "
+                  f"{auc['failures']} failures, {auc['successes']} successes")

@@ -63,52 +63,62 @@ class _FailureTracker:
 
 def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
                     noise_seed: int = 0, advantage: int = 0, beta: float | None = None,
-                    critic: ValueCritic | None = None) -> dict:
+                    critics: Sequence[ValueCritic] = ()) -> dict:
     """Success of `model` on `seeds` (fresh runtime; the model is only read).
 
     `advantage`: the RECAP indicator to act with (1: positive); `beta`: classifier-free
     guidance weight over it (None: no guidance, the conditional policy alone).
-    `critic`: also value every chunk's first observation and report how well the
-    value at the mid-episode step (half the episode limit; episodes still running
-    then) predicts failure (`critic_failure_auc`); it does not change what the
-    policy does.
+    `critics`: also value every chunk's first observation with each and report how
+    well the value at the mid-episode step (half the episode limit; episodes still
+    running then) predicts failure: `critic_failure_auc` for the first; with more
+    than one, `critic_failure_aucs` (each, on the same states) and
+    `critic_failure_auc_mean` (their mean value, an ensemble). They do not change
+    what the policy does.
     """
-    cameras = tuple(dict.fromkeys((*model.config.cameras, *(critic.config.cameras if critic else ()))))
+    cameras = tuple(dict.fromkeys((*model.config.cameras, *(c for critic in critics for c in critic.config.cameras))))
     env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
     runtime = PolicyRuntime(model, seed=noise_seed, guidance=beta is not None)
-    components: list = [runtime]
-    if critic is not None:
+    critic_runtimes = []
+    for i, critic in enumerate(critics):
         if critic.config.image_size != model.config.image_size:
             raise ValueError(f"critic image size {critic.config.image_size} != policy image size "
                              f"{model.config.image_size}: evaluate them on one env with one size")
-        critic_runtime = CriticRuntime(critic)
-        components.append(critic_runtime)
+        critic_runtimes.append(CriticRuntime(critic, name=f"critic{i}"))
+    components: list = [runtime, *critic_runtimes]
     Arena(components).allocate()
     runtime.set_advantage(advantage, 1.0 if beta is None else beta)
-    results, mids = [], []
+    results = []
+    mids: list[tuple[np.ndarray | None, bool]] = []  # per episode: each critic's mid-episode value
     try:
         for seed in seeds:
             obs, info = env.reset(seed=seed)
             tracker = _FailureTracker(env)
-            chunk_values: dict[int, float] = {}  # control step where a chunk started -> its value
+            chunk_values: dict[int, list[float]] = {}  # control step where a chunk started -> each critic's value
 
             def value_chunk(obs: dict, subtask: str) -> None:
-                if critic is not None:
-                    chunk_values[env.steps] = float(critic_runtime.evaluate(
-                        {c: obs[image_key(c)] for c in critic.config.cameras}, obs["state"], env.steps)[0])
+                if critic_runtimes:
+                    chunk_values[env.steps] = [float(rt.evaluate({c: obs[image_key(c)] for c in rt.config.cameras},
+                                                                 obs["state"], env.steps)[0])
+                                               for rt in critic_runtimes]
 
             info = play_episode(env, runtime, obs, info, n_exec=n_exec, readers=components,
                                 on_chunk=value_chunk, on_step=tracker.step)
             results.append((bool(info["success"]), env.steps, tracker.kind()))
-            if critic is not None:
-                values = np.full(env.steps, np.nan)  # one per control step, NaN where no chunk started
+            if critic_runtimes:
+                values = np.full((env.steps, len(critics)), np.nan)  # per control step, NaN where no chunk started
                 values[list(chunk_values)] = list(chunk_values.values())
-                mids.append((mid_episode_value(values, env.max_steps // 2), bool(info["success"])))
+                mid = [mid_episode_value(values[:, i], env.max_steps // 2) for i in range(len(critics))]
+                mids.append((None if mid[0] is None else np.array(mid), bool(info["success"])))
     finally:
         env.close()
     summary = _summary(results)
-    if critic is not None:
-        summary["critic_failure_auc"] = failure_auc_summary([(v, ok) for v, ok in mids if v is not None])
+    if critic_runtimes:
+        judged = [(v, ok) for v, ok in mids if v is not None]  # episodes still running at the mid step
+        aucs = [failure_auc_summary([(float(v[i]), ok) for v, ok in judged]) for i in range(len(critics))]
+        summary["critic_failure_auc"] = aucs[0]
+        if len(critics) > 1:
+            summary["critic_failure_aucs"] = aucs
+            summary["critic_failure_auc_mean"] = failure_auc_summary([(float(v.mean()), ok) for v, ok in judged])
     return summary
 
 

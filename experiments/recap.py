@@ -141,7 +141,7 @@ def run(config: RecapConfig) -> ExperimentResult:
         model = load_policy(str(policy_dir))
         return evaluate_policy(model, family=config.family, seeds=on, n_exec=config.n_exec,
                                advantage=ADV_POSITIVE if conditioned else 0, beta=beta if conditioned else None,
-                               critic=load_critic(str(critic_dir)) if critic_dir else None)
+                               critics=[load_critic(str(critic_dir))] if critic_dir else ())
 
     def choose_beta(policy_dir: Path) -> tuple[float | None, dict | None]:
         """The guidance weight the conditioned policy acts with: `--beta`, or the best of the positive

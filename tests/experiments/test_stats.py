@@ -71,6 +71,25 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
     assert judged["success_by_seed"] == plain["success_by_seed"] and len(plain["success_by_seed"]) == 4
     auc = judged["critic_failure_auc"]
     assert auc["episodes"] == 4 and auc["successes"] == plain["successes"] and "critic_failure_auc" not in plain
+    # several critics on the same episodes: each scored on the same states, and their mean value
+    import torch
+
+    from critics.value_critic import KIND, load_critic
+    from policies.common.checkpoint import save_checkpoint
+
+    other = load_critic("experiments/checkpoints/critic")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in other.head.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    save_checkpoint(tmp_path / "other", kind=KIND, model=other, step=0, config={"model": other.config.to_json()})
+    both = tmp_path / "both.json"
+    assert main([*base, "--critic", "experiments/checkpoints/critic", str(tmp_path / "other"),
+                 "--json", str(both)]) == 0
+    both = json.loads(both.read_text())["policy"]
+    assert both["success_by_seed"] == plain["success_by_seed"]
+    first, second = both["critic_failure_aucs"]
+    assert first == auc and second["episodes"] == first["episodes"] == both["critic_failure_auc_mean"]["episodes"]
 
 
 def test_eval_policy_refuses_guidance_without_the_positive_indicator(capsys):
