@@ -119,6 +119,8 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
         if len(critics) > 1:
             summary["critic_failure_aucs"] = aucs
             summary["critic_failure_auc_mean"] = failure_auc_summary([(float(v.mean()), ok) for v, ok in judged])
+            # per episode (seed order): each critic's mid-episode value, None where the episode had ended
+            summary["critic_mid_values"] = [None if v is None else v.tolist() for v, _ in mids]
     return summary
 
 

@@ -90,6 +90,9 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
     assert both["success_by_seed"] == plain["success_by_seed"]
     first, second = both["critic_failure_aucs"]
     assert first == auc and second["episodes"] == first["episodes"] == both["critic_failure_auc_mean"]["episodes"]
+    mids = both["critic_mid_values"]
+    assert len(mids) == 4 and sum(m is not None for m in mids) == first["episodes"]
+    assert all(len(m) == 2 and -1 <= min(m) <= max(m) <= 0 for m in mids if m is not None)
 
 
 def test_eval_policy_refuses_guidance_without_the_positive_indicator(capsys):
