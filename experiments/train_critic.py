@@ -46,6 +46,13 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     # a fresh run may start its encoders from a policy's (read first: a bad path fails before the data loads)
     init = load_policy(resolve_input(config.init_policy)) if config.init_policy and not ckpt else None
     data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
+    if model_config.actor_input and not ckpt and len(np.unique(data["actors"])) < 2:
+        # one actor only (demonstrations before any rollout): there is nothing to tell apart, and an input
+        # the critic never saw vary would be asked at run time for an actor it never saw
+        console.print("every episode has the same actor: this critic is trained without the actor input")
+        model_config = dataclasses.replace(model_config, actor_input=False)
+        torch.manual_seed(config.seed)
+        model = ValueCritic(model_config)
     targets = torch.from_numpy(value_targets(data, config.max_steps))
     images = {k: torch.from_numpy(v) for k, v in data["images"].items()}
     states = torch.from_numpy(data["states"])

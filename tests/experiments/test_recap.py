@@ -34,6 +34,8 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     assert {"image_front", "image_top"} <= set(reader.keys)
     critic_model = json.loads((out / "critic_1" / "checkpoint.json").read_text())["config"]["model"]
     assert critic_model["cameras"] == ["front", "top"] and critic_model["actor_input"]
+    # critic_0 saw demonstrations only: one actor, so no actor input (it is asked for the policy's value)
+    assert not json.loads((out / "critic_0" / "checkpoint.json").read_text())["config"]["model"]["actor_input"]
     # who acted: the demonstrations are the demonstrator's, the rollouts the policy's (takeovers included)
     actors = {reader.meta(i).episode_id: episode_actor(reader.meta(i)) for i in range(len(reader))}
     assert {a for i, a in actors.items() if i.startswith("recap1-")} == {ACTOR_POLICY}
