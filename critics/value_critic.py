@@ -160,7 +160,10 @@ class ValueCritic(nn.Module):
     def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
              target: torch.Tensor, step: torch.Tensor | None = None,
              actor: torch.Tensor | None = None) -> torch.Tensor:
-        logits = self.logits(images, state, lang, step, actor)
+        return self.loss_from_logits(self.logits(images, state, lang, step, actor), target)
+
+    def loss_from_logits(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of `logits` (B, bins) against the two-hot targets of `target` (B,)."""
         return torch.mean(torch.sum(-self.two_hot(target) * F.log_softmax(logits, dim=-1), dim=-1))
 
 

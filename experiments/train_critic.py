@@ -14,7 +14,7 @@ from critics.value_critic import ACTOR_POLICY, KIND, CriticConfig, ValueCritic
 from experiments.configs import TrainCriticConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.policy_data import episode_actor, load_training_arrays
+from experiments.policy_data import load_training_arrays
 from experiments.result import ExperimentResult
 from policies.common.checkpoint import open_training_dir, save_checkpoint
 from policies.common.encoders import random_shift
@@ -86,7 +86,7 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
             copied = model.load_backbone(init)
             console.print(f"encoders {', '.join(copied)} from {config.init_policy}")
     params = sum(p.numel() for p in model.parameters())
-    n_policy = int(sum(episode_actor(m) == ACTOR_POLICY for m in data["metas"]))
+    n_policy = int(np.sum(data["actors"][data["episode_ends"] - 1] == ACTOR_POLICY))  # one step per episode
     console.print(f"critic: {params / 1e6:.2f} M parameters; {n_ep} episodes ({len(val_eps)} held out; "
                   f"{n_ep - n_policy} demonstrations, {n_policy} rollouts"
                   + (", told apart" if model_config.actor_input else "") + ")")
@@ -102,8 +102,7 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
             imgs = {k: v[chunk] for k, v in images.items()}
             lang = model.embed_language(tokens[chunk])
             logits = model.logits(imgs, states[chunk], lang, steps[chunk], actors[chunk])
-            losses.append(float(model.loss(imgs, states[chunk], lang, targets[chunk], steps[chunk],
-                                           actors[chunk])) * len(chunk))
+            losses.append(float(model.loss_from_logits(logits, targets[chunk])) * len(chunk))
             errors.append((model.value(logits) - targets[chunk]).abs())
         err = torch.cat(errors)
         return {"val_loss": sum(losses) / len(val_idx), "val_value_mae": float(err.mean())}
