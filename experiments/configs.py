@@ -293,6 +293,9 @@ class ValueCeilingConfig:
     """Actions executed per chunk (receding horizon)."""
     advantage: Literal["none", "positive"] = "none"
     """RECAP indicator to act with (positive: a policy trained with advantage labels)."""
+    beta: float | None = None
+    """Classifier-free guidance weight over the indicator (None: the conditional policy alone), as
+    `eval_policy --beta`; needs --advantage positive."""
     branches: int = 16
     """Continuations played from each mid-episode capsule, each with its own noise seed."""
     at_step: int | None = None
@@ -303,6 +306,8 @@ class ValueCeilingConfig:
             raise ValueError("--episodes, --n_exec and --branches must be >= 1")
         if self.at_step is not None and self.at_step < 0:
             raise ValueError(f"--at_step must be >= 0 (got {self.at_step})")
+        if self.beta is not None and (self.advantage != "positive" or not self.beta > 0):
+            raise ValueError(f"--beta {self.beta}: guidance needs --advantage positive and a weight > 0")
 
 
 @dataclass(frozen=True)

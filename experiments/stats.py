@@ -79,3 +79,27 @@ def paired_comparison(a: Sequence[bool], b: Sequence[bool]) -> dict:
     tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n if n else 1.0
     return {"seeds": len(a), "only_a": only_a, "only_b": only_b,
             "both": sum(bool(x) and bool(y) for x, y in zip(a, b)), "p_value": min(1.0, 2 * tail)}
+
+
+def phase_breakdown(rows: Sequence[dict], scores: Sequence[str]) -> dict:
+    """How far a value predicts failure beyond knowing the task phase a state is in.
+
+    `rows`: one per judged state, with `phase` (a label: subtask and what the gripper holds),
+    `success` and each key of `scores` (higher: more likely to succeed). Returns `phases`, per
+    phase: states, successes and each score's failure AUC within that phase (None where a phase
+    has one outcome only); and `phase_alone`: the failure AUC of each state's phase success
+    rate, what a value that knows the phase and nothing else would reach (within a phase every
+    pair ties; one rate is fitted per phase, a handful against the states scored; a
+    leave-one-out rate would be biased instead, ranking a phase's successes below its failures).
+    """
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(str(row["phase"]), []).append(row)
+    phases = {}
+    for name, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        phases[name] = {"states": len(members), "successes": sum(bool(r["success"]) for r in members),
+                        **{key: failure_auc_summary([(float(r[key]), bool(r["success"])) for r in members])
+                           for key in scores}}
+    rates = [(phases[str(r["phase"])]["successes"] / phases[str(r["phase"])]["states"], bool(r["success"]))
+             for r in rows]
+    return {"phases": phases, "phase_alone": failure_auc_summary(rates)}

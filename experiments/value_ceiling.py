@@ -10,6 +10,11 @@ Its failure AUC against the episode's own outcome is the ceiling a
 learned critic is compared with (a noisy estimate of the optimum, so a lower bound on it);
 `--critic` scores a critic on the same states. Before branching, the episode is replayed
 once from the capsule with its own noise and must end exactly as it did (bit-exact restore).
+
+Each judged state also gets its task phase (subtask, and what the gripper holds): the
+summary gives the failure AUC of the phase alone (each state scored by its phase's success rate)
+and, per phase, the ceiling's and the critic's AUC within it, which tells a critic that
+only knows where in the task an episode is from one that sees how it is going there.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.policy_eval import play_episode
 from experiments.result import ExperimentResult
-from experiments.stats import failure_auc_summary
+from experiments.stats import failure_auc_summary, phase_breakdown
 from policies.flow_policy import ADV_NONE, ADV_POSITIVE, load_policy
 from policies.policy_runtime import PolicyRuntime
 
@@ -50,7 +55,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     at_step = env.max_steps // 2 if config.at_step is None else config.at_step
     if at_step >= env.max_steps:
         raise ValueError(f"--at_step {at_step} is not before the episode limit {env.max_steps}")
-    runtime = PolicyRuntime(model, seed=0)
+    runtime = PolicyRuntime(model, seed=0, guidance=config.beta is not None)
     arena = Arena([env, runtime]).allocate()  # what a branch restores: the sim and the policy's noise
     readers: list = [runtime]
     if critic is not None:
@@ -63,25 +68,26 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
         critic_runtime = CriticRuntime(critic)
         Arena([critic_runtime]).allocate()
         readers.append(critic_runtime)
-    runtime.set_advantage(ADV_POSITIVE if config.advantage == "positive" else ADV_NONE, 1.0)
+    runtime.set_advantage(ADV_POSITIVE if config.advantage == "positive" else ADV_NONE,
+                          1.0 if config.beta is None else config.beta)
     rows, t0 = [], time.perf_counter()
     try:
         for seed in range(config.seed, config.seed + config.episodes):
             obs, info = env.reset(seed=seed)
-            starts: list[tuple[int, object, dict, str]] = []  # (step, capsule, observation, subtask)
+            starts: list[tuple[int, object, dict, str, str]] = []  # (step, capsule, observation, subtask, phase)
 
             def keep(obs: dict, subtask: str) -> None:
                 if env.steps <= at_step:
                     starts.append((env.steps, snapshot(arena, step=env.steps, force=True, digest=False),
-                                   obs, subtask))
+                                   obs, subtask, task_phase(env)))
 
             info = play_episode(env, runtime, obs, info, n_exec=config.n_exec, readers=readers, on_chunk=keep)
             success, length = bool(info["success"]), env.steps
             noise_after = runtime.buffers["rng"].clone()  # the next episode's noise, as in eval_policy
             if length <= at_step:
                 continue  # ended before the step: not judged there
-            step, capsule, mid_obs, subtask = starts[-1]
-            row = {"seed": seed, "success": success, "length": length, "step": step}
+            step, capsule, mid_obs, subtask, phase = starts[-1]
+            row = {"seed": seed, "success": success, "length": length, "step": step, "phase": phase}
             if critic is not None:
                 critic_runtime.set_subtask(subtask)
                 row["critic_value"] = float(critic_runtime.evaluate(
@@ -108,7 +114,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     oracle = failure_auc_summary([(r["branch_success"], r["success"]) for r in rows])
     summary = {"policy_checkpoint": config.policy, "critic_checkpoint": config.critic or None,
                "family": config.family, "seeds": [config.seed, config.seed + config.episodes - 1],
-               "at_step": at_step, "branches": config.branches, "advantage": config.advantage,
+               "at_step": at_step, "branches": config.branches, "advantage": config.advantage, "beta": config.beta,
                "judged_episodes": len(rows), "branch_failure_auc": oracle,
                "mean_branch_success": float(np.mean([r["branch_success"] for r in rows])) if rows else None,
                "seconds": seconds, "episodes": rows}
@@ -118,7 +124,29 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     if critic is not None:
         summary["critic_failure_auc"] = failure_auc_summary([(r["critic_value"], r["success"]) for r in rows])
         console.print(f"failure AUC of the critic on the same states: {_shown(summary['critic_failure_auc'])}")
+    breakdown = phase_breakdown(rows, ["branch_success", *(["critic_value"] if critic is not None else [])])
+    summary["phase_alone_failure_auc"] = breakdown["phase_alone"]
+    summary["phases"] = breakdown["phases"]
+    console.print(f"failure AUC of the phase alone (each state scored by its phase's success rate): "
+                  f"{_shown(breakdown['phase_alone'])}")
+    for name, info in breakdown["phases"].items():
+        within = "; ".join(f"{label} {_auc(info[key])}" for key, label in
+                           (("branch_success", "ceiling"), ("critic_value", "critic")) if key in info)
+        console.print(f"  {name}: {info['states']} states, {info['successes']} successes; AUC within: {within}")
     return ExperimentResult(summary=summary)
+
+
+def task_phase(env: TabletopEnv) -> str:
+    """Where in its task an episode is: the subtask and what the gripper holds (its block, another, nothing)."""
+    index = min(env.subtask_index, len(env.subtasks) - 1)
+    holding = env.world().holding
+    held = ("nothing" if holding is None else
+            "its block" if holding == env.subtasks[index].block else "another block")
+    return f"subtask {index} ({env.subtasks[index].kind}), holding {held}"
+
+
+def _auc(auc: dict) -> str:
+    return "n/a" if auc["auc"] is None else f"{auc['auc']:.2f}"
 
 
 def _shown(auc: dict) -> str:

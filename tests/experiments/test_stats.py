@@ -11,6 +11,7 @@ from experiments.stats import (
     failure_auc_summary,
     mid_episode_value,
     paired_comparison,
+    phase_breakdown,
     wilson_interval,
 )
 
@@ -100,3 +101,22 @@ def test_eval_policy_refuses_guidance_without_the_positive_indicator(capsys):
 
     assert main(["eval_policy", "--beta", "2.0"]) == 2
     assert "--advantage positive" in capsys.readouterr().err
+
+
+def test_phase_breakdown_by_hand():
+    rows = [  # phase A: 1 success of 3, the value ranks it first; phase B: 2 of 2, no failure to rank
+        {"phase": "A", "success": False, "value": -0.9, "oracle": 0.0},
+        {"phase": "A", "success": False, "value": -0.2, "oracle": 0.1},
+        {"phase": "A", "success": True, "value": -0.5, "oracle": 0.9},
+        {"phase": "B", "success": True, "value": -0.1, "oracle": 1.0},
+        {"phase": "B", "success": True, "value": -0.3, "oracle": 0.8},
+    ]
+    out = phase_breakdown(rows, ["value", "oracle"])
+    a, b = out["phases"]["A"], out["phases"]["B"]
+    assert list(out["phases"]) == ["A", "B"]  # largest phase first
+    assert (a["states"], a["successes"], b["states"], b["successes"]) == (3, 1, 2, 2)
+    assert a["value"]["auc"] == 0.5 and a["oracle"]["auc"] == 1.0  # -0.9 < -0.5 < -0.2; oracle separates
+    assert b["value"]["auc"] is None  # one outcome only
+    # phase rates: A 1/3 for its three states, B 1.0; failures (1/3, 1/3) vs successes (1/3, 1, 1):
+    # each failure ties A's success (a half) and is below B's two, so 5 of 6 pairs
+    assert out["phase_alone"]["auc"] == pytest.approx(5 / 6)

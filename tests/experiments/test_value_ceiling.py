@@ -22,6 +22,13 @@ def test_branches_from_the_mid_episode_capsule_and_scores_the_critic_there(tmp_p
     # the shipped policy solves most layouts: its continuations from a live mid-episode state mostly succeed
     assert summary["mean_branch_success"] > 0.5
     assert summary["critic_failure_auc"]["episodes"] == len(rows)
+    # every judged state has a task phase; the phases partition them, each scored within
+    phases = summary["phases"]
+    assert all(row["phase"] in phases and row["phase"].startswith("subtask ") for row in rows)
+    assert sum(p["states"] for p in phases.values()) == len(rows)
+    assert sum(p["successes"] for p in phases.values()) == sum(row["success"] for row in rows)
+    assert all({"branch_success", "critic_value"} <= set(p) for p in phases.values())
+    assert summary["phase_alone_failure_auc"]["episodes"] == len(rows)
     # the judged episodes are eval_policy's own (same seeds, same noise): branching leaves them alone
     plain = tmp_path / "plain.json"
     assert main(["eval_policy", "--episodes", "4", "--no-expert", "--json", str(plain)]) == 0
@@ -38,5 +45,7 @@ def test_a_restore_that_is_not_exact_is_caught_before_any_branch_counts(monkeypa
 def test_bad_settings_are_refused_with_what_to_fix(capsys):
     assert main(["value_ceiling", "--branches", "0"]) == 2
     assert "--branches" in capsys.readouterr().err
+    assert main(["value_ceiling", "--beta", "2"]) == 2  # guidance over no indicator
+    assert "--advantage positive" in capsys.readouterr().err
     with pytest.raises(ValueError, match="episode limit"):
         value_ceiling.run(ValueCeilingConfig(episodes=1, at_step=80))
