@@ -33,6 +33,8 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
         _print_auc(console, f"critic {name}", auc)
     if "critic_failure_auc_mean" in policy:
         _print_auc(console, "the critics' mean value", policy["critic_failure_auc_mean"])
+    if "phase_alone_failure_auc" in policy:
+        _print_auc(console, "the task phase alone (its success rate)", policy["phase_alone_failure_auc"])
     if config.expert:
         expert = evaluate_expert(family=config.family, seeds=seeds)
         summary["expert"] = expert

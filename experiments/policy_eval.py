@@ -17,7 +17,7 @@ from critics.critic_runtime import CriticRuntime
 from critics.value_critic import ValueCritic
 from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import CONTROL_HZ, TabletopEnv, image_key
-from experiments.stats import failure_auc_summary, mid_episode_value, wilson_interval
+from experiments.stats import failure_auc_summary, mid_episode_value, phase_breakdown, wilson_interval
 from policies.flow_policy import FlowPolicy
 from policies.policy_runtime import PolicyRuntime
 
@@ -61,6 +61,15 @@ class _FailureTracker:
         return "never_picked" if self.max_subtask == 0 else "picked_not_placed"
 
 
+def task_phase(env: TabletopEnv) -> str:
+    """Where in its task an episode is: the subtask and what the gripper holds (its block, another, nothing)."""
+    index = min(env.subtask_index, len(env.subtasks) - 1)
+    holding = env.world().holding
+    held = ("nothing" if holding is None else
+            "its block" if holding == env.subtasks[index].block else "another block")
+    return f"subtask {index} ({env.subtasks[index].kind}), holding {held}"
+
+
 def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
                     noise_seed: int = 0, advantage: int = 0, beta: float | None = None,
                     critics: Sequence[ValueCritic] = ()) -> dict:
@@ -72,8 +81,10 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
     well the value at the mid-episode step (half the episode limit; episodes still
     running then) predicts failure: `critic_failure_auc` for the first; with more
     than one, `critic_failure_aucs` (each, on the same states) and
-    `critic_failure_auc_mean` (their mean value, an ensemble). They do not change
-    what the policy does.
+    `critic_failure_auc_mean` (their mean value, an ensemble); and, on the same states,
+    `phase_alone_failure_auc` (each state scored by its task phase's success rate, see
+    `task_phase`) and `critic_phases` (per phase, the first critic's AUC within it). They do
+    not change what the policy does.
     """
     cameras = tuple(dict.fromkeys((*model.config.cameras, *(c for critic in critics for c in critic.config.cameras))))
     env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
@@ -94,12 +105,14 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
             obs, info = env.reset(seed=seed)
             tracker = _FailureTracker(env)
             chunk_values: dict[int, list[float]] = {}  # control step where a chunk started -> each critic's value
+            chunk_phases: dict[int, str] = {}  # and the task phase there
 
             def value_chunk(obs: dict, subtask: str) -> None:
                 if critic_runtimes:
                     chunk_values[env.steps] = [float(rt.evaluate({c: obs[image_key(c)] for c in rt.config.cameras},
                                                                  obs["state"], env.steps)[0])
                                                for rt in critic_runtimes]
+                    chunk_phases[env.steps] = task_phase(env)
 
             info = play_episode(env, runtime, obs, info, n_exec=n_exec, readers=components,
                                 on_chunk=value_chunk, on_step=tracker.step)
@@ -108,19 +121,26 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
                 values = np.full((env.steps, len(critics)), np.nan)  # per control step, NaN where no chunk started
                 values[list(chunk_values)] = list(chunk_values.values())
                 mid = [mid_episode_value(values[:, i], env.max_steps // 2) for i in range(len(critics))]
-                mids.append((None if mid[0] is None else np.array(mid), bool(info["success"])))
+                at = max((s for s in chunk_phases if s <= env.max_steps // 2), default=None)
+                mids.append((None if mid[0] is None else np.array(mid), bool(info["success"]),
+                             None if mid[0] is None else chunk_phases[at]))
     finally:
         env.close()
     summary = _summary(results)
     if critic_runtimes:
-        judged = [(v, ok) for v, ok in mids if v is not None]  # episodes still running at the mid step
+        judged = [(v, ok) for v, ok, _ in mids if v is not None]  # episodes still running at the mid step
         aucs = [failure_auc_summary([(float(v[i]), ok) for v, ok in judged]) for i in range(len(critics))]
         summary["critic_failure_auc"] = aucs[0]
+        # the first critic against what the task phase alone gives, and within each phase
+        phases = phase_breakdown([{"phase": p, "success": ok, "critic_value": float(v[0])}
+                                  for v, ok, p in mids if v is not None], ["critic_value"])
+        summary["phase_alone_failure_auc"] = phases["phase_alone"]
+        summary["critic_phases"] = phases["phases"]
         if len(critics) > 1:
             summary["critic_failure_aucs"] = aucs
             summary["critic_failure_auc_mean"] = failure_auc_summary([(float(v.mean()), ok) for v, ok in judged])
             # per episode (seed order): each critic's mid-episode value, None where the episode had ended
-            summary["critic_mid_values"] = [None if v is None else v.tolist() for v, _ in mids]
+            summary["critic_mid_values"] = [None if v is None else v.tolist() for v, _, _ in mids]
     return summary
 
 

@@ -218,6 +218,8 @@ def _metrics(result: dict) -> dict:
                "success_by_seed": result["success_by_seed"]}
     if "critic_failure_auc" in result:  # the iteration's critic on these held-out episodes (it never saw them)
         metrics["critic_failure_auc_eval"] = result["critic_failure_auc"]
+        metrics["phase_alone_failure_auc_eval"] = result["phase_alone_failure_auc"]  # what the phase alone gives
+        metrics["critic_phases_eval"] = result["critic_phases"]
     return metrics
 
 
@@ -236,6 +238,9 @@ def _report(console, it: dict) -> None:
         console.print(f"  critic failure AUC (value at mid-episode step, held-out episodes): {auc['auc']:.2f} "
                       f"(95% CI {auc['ci95'][0]:.2f}-{auc['ci95'][1]:.2f}; "
                       f"{auc['failures']} failures, {auc['successes']} successes)")
+        phase = it["phase_alone_failure_auc_eval"]
+        if phase["auc"] is not None:
+            console.print(f"  the task phase alone (its success rate) on the same states: {phase['auc']:.2f}")
     if "control" in it:
         c, paired = it["control"], it["control"]["paired"]
         console.print(f"  control (same data and steps, no labels): {c['success_rate']:.0%} "

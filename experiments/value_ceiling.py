@@ -31,7 +31,7 @@ from envs.tabletop_env import TabletopEnv, image_key
 from experiments.configs import ValueCeilingConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.policy_eval import play_episode
+from experiments.policy_eval import play_episode, task_phase
 from experiments.result import ExperimentResult
 from experiments.stats import failure_auc_summary, phase_breakdown
 from policies.flow_policy import ADV_NONE, ADV_POSITIVE, load_policy
@@ -134,15 +134,6 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
                            (("branch_success", "ceiling"), ("critic_value", "critic")) if key in info)
         console.print(f"  {name}: {info['states']} states, {info['successes']} successes; AUC within: {within}")
     return ExperimentResult(summary=summary)
-
-
-def task_phase(env: TabletopEnv) -> str:
-    """Where in its task an episode is: the subtask and what the gripper holds (its block, another, nothing)."""
-    index = min(env.subtask_index, len(env.subtasks) - 1)
-    holding = env.world().holding
-    held = ("nothing" if holding is None else
-            "its block" if holding == env.subtasks[index].block else "another block")
-    return f"subtask {index} ({env.subtasks[index].kind}), holding {held}"
 
 
 def _auc(auc: dict) -> str:

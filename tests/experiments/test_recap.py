@@ -48,6 +48,8 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     assert data["gain_over_control_points"] == 100 * (its[1]["success_rate"] - control["success_rate"])
     for it in its:  # each iteration's critic judged on the held-out evaluation episodes
         assert it["critic_failure_auc_eval"]["episodes"] == 2
+        assert it["phase_alone_failure_auc_eval"]["episodes"] == 2
+        assert sum(p["states"] for p in it["critic_phases_eval"].values()) == 2
         assert it["successes_per_sim_hour"] >= 0
     # the guidance weight: chosen on the selection seeds among none and --betas (weak to strong), then the
     # held-out figures use it; the indicator alone is measured on the held-out seeds as well

@@ -72,6 +72,12 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
     assert judged["success_by_seed"] == plain["success_by_seed"] and len(plain["success_by_seed"]) == 4
     auc = judged["critic_failure_auc"]
     assert auc["episodes"] == 4 and auc["successes"] == plain["successes"] and "critic_failure_auc" not in plain
+    # the same states by task phase: the phases partition them, and the phase alone is scored too
+    phases = judged["critic_phases"]
+    assert all(name.startswith("subtask ") for name in phases)
+    assert sum(p["states"] for p in phases.values()) == auc["episodes"]
+    assert sum(p["successes"] for p in phases.values()) == auc["successes"]
+    assert judged["phase_alone_failure_auc"]["episodes"] == auc["episodes"] and "critic_phases" not in plain
     # several critics on the same episodes: each scored on the same states, and their mean value
     import torch
 
