@@ -1,7 +1,8 @@
 """`CriticRuntime`: the value critic as a rollout-host component with static buffers.
 
 Buffers: `state` = the subtask language embedding; `io` = observation slots (the
-images, the robot state and the episode step) and the outputs (value `(B,)` and logits `(B, bins)`). `evaluate()` runs one
+images, the robot state, the episode step and, for a critic that reads the plan, the
+actions about to be executed) and the outputs (value `(B,)` and logits `(B, bins)`). `evaluate()` runs one
 buffer-to-buffer function through a `GraphRunner`, so it can run on lane C of a
 `TwoLaneContext` while the policy runs on lane P.
 """
@@ -52,12 +53,16 @@ class CriticRuntime(BufferComponent):
         ]
         specs += [BufferSpec(f"image_{cam}", (b, c.image_size, c.image_size, 3), torch.uint8, dev, Role.IO)
                   for cam in c.cameras]
+        if c.plan_steps:
+            specs.append(BufferSpec("plan", (b, c.plan_steps, c.action_dim), torch.float32, dev, Role.IO,
+                                    doc="actions about to be executed (NaN: none, the state's value)"))
         return specs
 
     def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
         super().bind(buffers)
         b = self.buffers
-        example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["step"])
+        example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["step"],
+                   self._plan_args())
         self.core = trace_on_cpu(self.core, example, self.device, self._trace)
         self.runner = GraphRunner(self._evaluate, self.device, capture=self._capture)
 
@@ -83,19 +88,44 @@ class CriticRuntime(BufferComponent):
         load_observation(self.buffers, images, state, cameras=self.config.cameras, who="critic")
         if self.config.horizon:
             self.buffers["step"].copy_(t.expand(self.batch))
+        if self.config.plan_steps:
+            self.buffers["plan"].fill_(float("nan"))  # a new state: no plan until one is given
+
+    def load_plan(self, plan) -> None:
+        """The actions about to be executed from the loaded observation (a plan critic only): `(T, A)` or
+        `(B, T, A)` with T >= plan_steps (a policy's chunk; its first plan_steps are read)."""
+        c = self.config
+        if not c.plan_steps:
+            raise ValueError(f"critic {self.name} reads no plan (plan_steps 0)")
+        p = torch.as_tensor(plan, dtype=torch.float32)
+        if p.dim() == 2:
+            p = p[None]
+        if p.dim() != 3 or p.shape[0] not in (1, self.batch) or p.shape[1] < c.plan_steps or p.shape[2] != c.action_dim:
+            raise ValueError(f"critic {self.name}: plan must be (T, {c.action_dim}) or ({self.batch}, T, "
+                             f"{c.action_dim}) with T >= {c.plan_steps}; got {tuple(p.shape)}")
+        if not torch.isfinite(p[:, : c.plan_steps]).all():
+            raise ValueError(f"critic {self.name}: the plan holds NaN/inf actions")
+        self.buffers["plan"].copy_(p[:, : c.plan_steps].expand(self.batch, -1, -1))
 
     def evaluate(self, images: Mapping[str, np.ndarray | torch.Tensor] | None = None, state=None,
-                 step=None) -> torch.Tensor:
-        """Values `(B,)` (a view of the output buffer)."""
+                 step=None, plan=None) -> torch.Tensor:
+        """Values `(B,)` (a view of the output buffer). A plan critic values the state alone unless
+        `plan` (see `load_plan`) is given; `evaluate(plan=chunk)` after `evaluate(obs...)` values the
+        same observation with the plan."""
         if images is not None:
             self.load_observation(images, state, step)
+        if plan is not None:
+            self.load_plan(plan)
         self.runner()
         return self.buffers["value"]
+
+    def _plan_args(self) -> tuple[torch.Tensor, ...]:
+        return (self.buffers["plan"],) if self.config.plan_steps else ()
 
     def _evaluate(self) -> None:
         b = self.buffers
         logits, value = self.core(tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"],
-                                  b["step"])
+                                  b["step"], self._plan_args())
         b["logits"].copy_(logits)
         b["value"].copy_(value)
 
@@ -111,8 +141,10 @@ class _CriticCore(torch.nn.Module):
         self.model = model
         self.cameras = model.config.cameras
 
-    def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor):
+    def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor,
+                plan: tuple[torch.Tensor, ...]):
         config = self.model.config
         logits = self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.horizon else None,
-                                   torch.full_like(step, ACTOR_POLICY) if config.actor_input else None)
+                                   torch.full_like(step, ACTOR_POLICY) if config.actor_input else None,
+                                   plan[0] if plan else None)
         return logits, self.model.value(logits)

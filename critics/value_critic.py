@@ -8,7 +8,9 @@ limit, so the value of a state depends on how much time is left (Pardo et al.,
 clock cannot tell a slow failure from an on-time success; and, when `actor_input`
 is set, who acts from this state on (`ACTOR_DEMONSTRATOR` or `ACTOR_POLICY`): a
 demonstrator and the policy reach different returns from the same state, and a
-critic fitted to both at once predicts neither. Output: logits
+critic fitted to both at once predicts neither; and, when `plan_steps` is set, the
+actions the actor is about to execute (a Q on the plan; with no plan given the same
+network values the state alone). Output: logits
 `(B, bins)`; the scalar value is the expectation over the bin centres. Values are
 normalised returns: -(steps left to success) / max episode length, failures -1.
 Trained with cross-entropy against a two-hot target (the return split between its
@@ -51,12 +53,22 @@ class CriticConfig:
     """The critic also reads who acts from the state on (0: a demonstrator, 1: the policy, with any
     operator takeovers), so demonstrations and rollouts train one critic without mixing their returns;
     at run time it judges the policy. False: as in checkpoints written before it existed."""
+    plan_steps: int = 0
+    """The critic can also read the first `plan_steps` actions the actor is about to execute from the
+    state (a Q on the plan, `(B, plan_steps, action_dim)`); without a plan (a row of NaN, or none at all)
+    it gives the value of the state alone, so one network serves both (trained with the plan dropped
+    out). 0: the state alone, as in checkpoints written before it existed."""
+    action_dim: int = 4
+    """Size of one action of the plan."""
 
     def __post_init__(self) -> None:
         if self.bins < 2 or self.v_min >= self.v_max:
             raise ValueError("need bins >= 2 and v_min < v_max")
         if self.horizon < 0:
             raise ValueError(f"horizon must be >= 0 (0: no time input), got {self.horizon}")
+        if self.plan_steps < 0 or self.action_dim < 1:
+            raise ValueError(f"plan_steps must be >= 0 (0: no plan input) and action_dim >= 1, "
+                             f"got {self.plan_steps} and {self.action_dim}")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -82,6 +94,10 @@ class ValueCritic(nn.Module):
         })
         self.state_in = nn.Sequential(nn.Linear(c.state_dim + int(c.horizon > 0) + int(c.actor_input), 64), nn.SiLU())
         width = len(c.cameras) * c.vision_dim + 64 + c.lang_dim
+        if c.plan_steps:
+            self.plan_in = nn.Sequential(nn.Linear(c.plan_steps * c.action_dim, 64), nn.SiLU())
+            self.no_plan = nn.Parameter(torch.zeros(64))  # stands in for the plan where none is given
+            width += 64
         self.head = nn.Sequential(
             nn.Linear(width, c.hidden), nn.SiLU(), nn.LayerNorm(c.hidden),
             nn.Linear(c.hidden, c.hidden), nn.SiLU(), nn.Linear(c.hidden, c.bins),
@@ -124,10 +140,12 @@ class ValueCritic(nn.Module):
         return self.language(tokens)
 
     def logits(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
-               step: torch.Tensor | None = None, actor: torch.Tensor | None = None) -> torch.Tensor:
+               step: torch.Tensor | None = None, actor: torch.Tensor | None = None,
+               plan: torch.Tensor | None = None) -> torch.Tensor:
         """`step` `(B,)`: control steps since the episode started (needed when `horizon` is set);
         `actor` `(B,)`: who acts from the state on, ACTOR_DEMONSTRATOR or ACTOR_POLICY (needed when
-        `actor_input` is set)."""
+        `actor_input` is set); `plan` `(B, plan_steps, action_dim)`: the actions about to be executed
+        (read when `plan_steps` is set; None, or a row holding any NaN: the value of the state alone)."""
         feats = [self.vision[cam](images[cam], lang) for cam in self.config.cameras]
         s = (state - self.state_mean) / self.state_std
         if self.config.horizon:
@@ -140,7 +158,24 @@ class ValueCritic(nn.Module):
                 raise ValueError("this critic reads who acts (actor_input); pass actor= "
                                  f"({ACTOR_DEMONSTRATOR}: a demonstrator, {ACTOR_POLICY}: the policy)")
             s = torch.cat([s, actor.to(s.dtype)[:, None]], dim=-1)
-        return self.head(torch.cat([*feats, self.state_in(s), lang], dim=-1))
+        parts = [*feats, self.state_in(s), lang]
+        if self.config.plan_steps:
+            parts.append(self.plan_features(plan, state.shape[0]))
+        elif plan is not None:
+            raise ValueError("this critic reads no plan (plan_steps 0); train one with --plan_steps to give it one")
+        return self.head(torch.cat(parts, dim=-1))
+
+    def plan_features(self, plan: torch.Tensor | None, batch: int) -> torch.Tensor:
+        """`(B, 64)` features of the plan; the learned no-plan vector for rows without one."""
+        c = self.config
+        if plan is None:
+            return self.no_plan.expand(batch, -1)
+        if plan.dim() != 3 or plan.shape[1:] != (c.plan_steps, c.action_dim):
+            raise ValueError(f"plan must be (B, {c.plan_steps}, {c.action_dim}): the first {c.plan_steps} "
+                             f"actions about to be executed; got {tuple(plan.shape)}")
+        given = torch.isfinite(plan).flatten(1).all(dim=1)
+        feats = self.plan_in(torch.nan_to_num(plan, nan=0.0, posinf=0.0, neginf=0.0).flatten(1))
+        return torch.where(given[:, None], feats, self.no_plan.expand_as(feats))
 
     def value(self, logits: torch.Tensor) -> torch.Tensor:
         """Expected value (B,) of the distribution given by `logits` (B, bins)."""
@@ -159,8 +194,8 @@ class ValueCritic(nn.Module):
 
     def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
              target: torch.Tensor, step: torch.Tensor | None = None,
-             actor: torch.Tensor | None = None) -> torch.Tensor:
-        return self.loss_from_logits(self.logits(images, state, lang, step, actor), target)
+             actor: torch.Tensor | None = None, plan: torch.Tensor | None = None) -> torch.Tensor:
+        return self.loss_from_logits(self.logits(images, state, lang, step, actor, plan), target)
 
     def loss_from_logits(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of `logits` (B, bins) against the two-hot targets of `target` (B,)."""

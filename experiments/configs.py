@@ -223,6 +223,12 @@ class TrainCriticConfig:
     """The critic also reads who acted in each episode (a demonstrator: `collect_demos`; the policy: a
     RolloutHost's rollouts, takeovers included) and values states for the policy at run time, so the
     demonstrator's higher returns do not leak into the policy's values."""
+    plan_steps: int = 0
+    """The critic also reads the next `plan_steps` actions executed from each state (a Q on the plan;
+    at run time, the first actions of the chunk the policy is about to execute); 0: no plan input."""
+    plan_dropout: float = 0.3
+    """With --plan_steps: share of training examples whose plan is hidden, so the same critic also gives
+    the value of the state alone (what advantage labels and the rollout host use)."""
     init_policy: str = ""
     """Start the critic's vision and language encoders from this policy checkpoint's (same encoder sizes);
     empty: from scratch."""
@@ -246,6 +252,9 @@ class TrainCriticConfig:
             raise ValueError("--steps, --batch_size and --max_steps must be >= 1")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"--val_fraction must be within (0, 1), got {self.val_fraction}")
+        if self.plan_steps < 0 or not 0.0 <= self.plan_dropout < 1.0:
+            raise ValueError(f"--plan_steps must be >= 0 and --plan_dropout within [0, 1), got "
+                             f"{self.plan_steps} and {self.plan_dropout}")
 
 
 @dataclass(frozen=True)
@@ -558,6 +567,10 @@ class RecapConfig:
     critic_actor_input: bool = False
     """Critics read who acted (demonstrator or policy; see `train_critic --actor_input`) and value the
     policy's states for the policy."""
+    critic_plan_steps: int = 0
+    """Critics also read the first this many actions of the chunk about to run (see `train_critic
+    --plan_steps`); the held-out failure AUC then values each state with the policy's chunk. Takeovers
+    and advantage labels use the value of the state alone. 0: no plan input."""
     rollout_episodes: int = 50
     """Rollouts collected per iteration (with simulated takeovers)."""
     seed: int = 0
@@ -601,6 +614,9 @@ class RecapConfig:
             raise ValueError("--iterations must be >= 0 and the episode counts >= 1")
         if min(self.bc_steps, self.policy_steps, self.critic_steps, self.n, self.takeover_steps) < 1:
             raise ValueError("step counts must be >= 1")
+        if not 0 <= self.critic_plan_steps <= self.n_exec:
+            raise ValueError(f"--critic_plan_steps must be within 0..--n_exec ({self.n_exec}): the plan is the "
+                             f"start of the chunk about to run; got {self.critic_plan_steps}")
         bad = [c for c in self.critic_cameras if c not in CAMERAS]
         if bad or not self.critic_cameras:
             raise ValueError(f"--critic_cameras must name one or more of {list(CAMERAS)}, "

@@ -29,8 +29,11 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
     console.print(f"policy: {policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
                   f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
     aucs = policy.get("critic_failure_aucs") or [policy.get("critic_failure_auc")]
-    for name, auc in zip(config.critic, aucs):
-        _print_auc(console, f"critic {name}", auc)
+    state_only = policy.get("critic_failure_auc_state_only") or [None] * len(aucs)
+    for name, auc, alone in zip(config.critic, aucs, state_only):
+        _print_auc(console, f"critic {name}" + (" (with the policy's chunk)" if alone else ""), auc)
+        if alone:
+            _print_auc(console, f"critic {name} (the state alone)", alone)
     if "critic_failure_auc_mean" in policy:
         _print_auc(console, "the critics' mean value", policy["critic_failure_auc_mean"])
     if "phase_alone_failure_auc" in policy:

@@ -83,8 +83,10 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
     than one, `critic_failure_aucs` (each, on the same states) and
     `critic_failure_auc_mean` (their mean value, an ensemble); and, on the same states,
     `phase_alone_failure_auc` (each state scored by its task phase's success rate, see
-    `task_phase`) and `critic_phases` (per phase, the first critic's AUC within it). They do
-    not change what the policy does.
+    `task_phase`) and `critic_phases` (per phase, the first critic's AUC within it). A critic
+    that reads the plan (`plan_steps`) is asked after the policy's chunk is known and valued
+    with it; `critic_failure_auc_state_only` gives, per critic (None for the others), its
+    AUC without the plan on the same states. They do not change what the policy does.
     """
     cameras = tuple(dict.fromkeys((*model.config.cameras, *(c for critic in critics for c in critic.config.cameras))))
     env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
@@ -99,7 +101,9 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
     Arena(components).allocate()
     runtime.set_advantage(advantage, 1.0 if beta is None else beta)
     results = []
-    mids: list[tuple[np.ndarray | None, bool]] = []  # per episode: each critic's mid-episode value
+    mids: list[tuple[np.ndarray | None, bool, str | None]] = []  # per episode: each critic's mid value, phase
+    plan_critics = [i for i, critic in enumerate(critics) if critic.config.plan_steps]
+    state_mids: list[list[float | None] | None] = []  # per episode: the plan critics' values without the plan
     try:
         for seed in seeds:
             obs, info = env.reset(seed=seed)
@@ -114,8 +118,18 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
                                                for rt in critic_runtimes]
                     chunk_phases[env.steps] = task_phase(env)
 
+            def value_plan(chunk: np.ndarray) -> None:
+                # a critic that reads the plan: the same observation, now with the chunk about to run
+                # (what value_chunk gave it is the value of the state alone)
+                for i, rt in enumerate(critic_runtimes):
+                    if rt.config.plan_steps:
+                        state_values.setdefault(env.steps, {})[i] = chunk_values[env.steps][i]
+                        chunk_values[env.steps][i] = float(rt.evaluate(plan=chunk)[0])
+
+            state_values: dict[int, dict[int, float]] = {}  # step -> plan critic -> its value without the plan
             info = play_episode(env, runtime, obs, info, n_exec=n_exec, readers=components,
-                                on_chunk=value_chunk, on_step=tracker.step)
+                                on_chunk=value_chunk, on_step=tracker.step,
+                                on_act=value_plan if plan_critics else None)
             results.append((bool(info["success"]), env.steps, tracker.kind()))
             if critic_runtimes:
                 values = np.full((env.steps, len(critics)), np.nan)  # per control step, NaN where no chunk started
@@ -124,6 +138,8 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
                 at = max((s for s in chunk_phases if s <= env.max_steps // 2), default=None)
                 mids.append((None if mid[0] is None else np.array(mid), bool(info["success"]),
                              None if mid[0] is None else chunk_phases[at]))
+                if plan_critics:
+                    state_mids.append(None if mid[0] is None else [state_values[at].get(i) for i in range(len(critics))])
     finally:
         env.close()
     summary = _summary(results)
@@ -131,6 +147,10 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
         judged = [(v, ok) for v, ok, _ in mids if v is not None]  # episodes still running at the mid step
         aucs = [failure_auc_summary([(float(v[i]), ok) for v, ok in judged]) for i in range(len(critics))]
         summary["critic_failure_auc"] = aucs[0]
+        if plan_critics:  # a plan critic's AUC above is its value with the chunk; without it, on the same states
+            summary["critic_failure_auc_state_only"] = [
+                failure_auc_summary([(float(v[i]), ok) for v, (_, ok, _) in zip(state_mids, mids) if v is not None])
+                if i in plan_critics else None for i in range(len(critics))]
         # the first critic against what the task phase alone gives, and within each phase
         phases = phase_breakdown([{"phase": p, "success": ok, "critic_value": float(v[0])}
                                   for v, ok, p in mids if v is not None], ["critic_value"])
@@ -146,13 +166,15 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
 
 def play_episode(env: TabletopEnv, runtime: PolicyRuntime, obs: dict, info: dict, *, n_exec: int,
                  readers: Sequence, on_chunk: Callable[[dict, str], None] | None = None,
-                 on_step: Callable[[], None] | None = None) -> dict:
+                 on_step: Callable[[], None] | None = None,
+                 on_act: Callable[[np.ndarray], None] | None = None) -> dict:
     """Run the policy from `obs` (the env's current observation) to the episode's end; the last info.
 
     Receding horizon: the first `n_exec` actions of each chunk, and a new chunk as soon as the
     subtask changes. `readers` (the policy runtime, a critic runtime) get every subtask's
     language. `on_chunk(obs, subtask)` runs before each chunk is asked for (env.steps is its
-    step); `on_step()` after each env step.
+    step); `on_act(chunk)` with the chunk the policy returned, before any of it runs; `on_step()`
+    after each env step.
     """
     subtask = info["subtask"]
     for reader in readers:
@@ -162,6 +184,8 @@ def play_episode(env: TabletopEnv, runtime: PolicyRuntime, obs: dict, info: dict
         if on_chunk is not None:
             on_chunk(obs, subtask)
         chunk = runtime.act({c: obs[image_key(c)] for c in cameras}, obs["state"])[0].numpy().copy()
+        if on_act is not None:
+            on_act(chunk)
         for action in chunk[:n_exec]:
             obs, _, terminated, truncated, info = env.step(action)
             if on_step is not None:

@@ -133,6 +133,7 @@ def run(config: RecapConfig) -> ExperimentResult:
         train_critic.run(TrainCriticConfig(data=str(store), out=str(path), steps=config.critic_steps,
                                            cameras=config.critic_cameras, eval_every=config.critic_steps,
                                            actor_input=config.critic_actor_input,
+                                           plan_steps=config.critic_plan_steps,
                                            seed=config.seed, progress=config.progress))
         return path
 
@@ -220,6 +221,8 @@ def _metrics(result: dict) -> dict:
         metrics["critic_failure_auc_eval"] = result["critic_failure_auc"]
         metrics["phase_alone_failure_auc_eval"] = result["phase_alone_failure_auc"]  # what the phase alone gives
         metrics["critic_phases_eval"] = result["critic_phases"]
+        if result.get("critic_failure_auc_state_only"):  # a plan critic: the AUC above is with the chunk
+            metrics["critic_failure_auc_state_only_eval"] = result["critic_failure_auc_state_only"][0]
     return metrics
 
 

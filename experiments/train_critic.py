@@ -32,6 +32,17 @@ def value_targets(data: dict, max_steps: int) -> np.ndarray:
     return out
 
 
+def executed_plans(actions: np.ndarray, ends: np.ndarray, plan_steps: int) -> np.ndarray:
+    """`(N, plan_steps, A)`: for every step, the actions executed from it on within its episode (the
+    last action repeated past the episode's end)."""
+    ends = np.asarray(ends, np.int64)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    offsets = np.arange(plan_steps)
+    index = np.arange(len(actions))[:, None] + offsets[None, :]
+    last = np.repeat(ends - 1, ends - starts)[:, None]
+    return actions[np.minimum(index, last)].astype(np.float32)
+
+
 def run(config: TrainCriticConfig) -> ExperimentResult:
     console = make_console()
     if config.threads:
@@ -41,7 +52,7 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     torch.manual_seed(config.seed)
     model_config = (CriticConfig.from_json(ckpt.config["model"]) if ckpt else
                     CriticConfig(cameras=config.cameras, horizon=config.max_steps if config.time_input else 0,
-                                 actor_input=config.actor_input))
+                                 actor_input=config.actor_input, plan_steps=config.plan_steps))
     model = ValueCritic(model_config)
     # a fresh run may start its encoders from a policy's (read first: a bad path fails before the data loads)
     init = load_policy(resolve_input(config.init_policy)) if config.init_policy and not ckpt else None
@@ -59,6 +70,11 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     tokens = torch.from_numpy(data["tokens"])
     steps = torch.from_numpy(data["episode_steps"])
     actors = torch.from_numpy(data["actors"])
+    plan_steps = model_config.plan_steps
+    if plan_steps and data["actions"].shape[1] != model_config.action_dim:
+        raise ValueError(f"{config.data} records {data['actions'].shape[1]}-d actions; the critic's plan "
+                         f"takes {model_config.action_dim}-d ones")
+    plans = torch.from_numpy(executed_plans(data["actions"], data["episode_ends"], plan_steps)) if plan_steps else None
     n_ep = len(data["episode_ends"])
     rng = np.random.default_rng(config.seed)
     val_eps = rng.choice(n_ep, size=max(1, int(round(config.val_fraction * n_ep))), replace=False)
@@ -94,18 +110,29 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     def loss_fn(step: int) -> torch.Tensor:
         idx = train_idx[torch.randint(0, len(train_idx), (config.batch_size,), generator=generator)]
         imgs = {k: random_shift(v[idx], config.shift, generator) if config.shift else v[idx] for k, v in images.items()}
-        return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx], steps[idx], actors[idx])
+        plan = None
+        if plans is not None:  # hide some plans: the same critic learns the state's value too
+            plan = plans[idx].clone()
+            plan[torch.rand(len(idx), generator=generator) < config.plan_dropout] = float("nan")
+        return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx], steps[idx], actors[idx],
+                          plan)
 
     def evaluate(step: int) -> dict:
-        losses, errors = [], []
-        for chunk in torch.split(val_idx, 512):
-            imgs = {k: v[chunk] for k, v in images.items()}
-            lang = model.embed_language(tokens[chunk])
-            logits = model.logits(imgs, states[chunk], lang, steps[chunk], actors[chunk])
-            losses.append(float(model.loss_from_logits(logits, targets[chunk])) * len(chunk))
-            errors.append((model.value(logits) - targets[chunk]).abs())
-        err = torch.cat(errors)
-        return {"val_loss": sum(losses) / len(val_idx), "val_value_mae": float(err.mean())}
+        """Held-out loss and value error; a plan critic's with the plans given and, `_state_only`, without."""
+        modes = {"": True, "_state_only": False} if plans is not None else {"": False}
+        out = {}
+        for suffix, with_plan in modes.items():
+            losses, errors = [], []
+            for chunk in torch.split(val_idx, 512):
+                imgs = {k: v[chunk] for k, v in images.items()}
+                lang = model.embed_language(tokens[chunk])
+                logits = model.logits(imgs, states[chunk], lang, steps[chunk], actors[chunk],
+                                      plans[chunk] if with_plan else None)
+                losses.append(float(model.loss_from_logits(logits, targets[chunk])) * len(chunk))
+                errors.append((model.value(logits) - targets[chunk]).abs())
+            out[f"val_loss{suffix}"] = sum(losses) / len(val_idx)
+            out[f"val_value_mae{suffix}"] = float(torch.cat(errors).mean())
+        return out
 
     def save(step: int) -> None:
         save_checkpoint(

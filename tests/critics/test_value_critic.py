@@ -200,3 +200,69 @@ def test_critic_backbone_refuses_a_policy_that_does_not_fit():
     other_words = ValueCritic(dataclasses.replace(TINY_CRITIC, hash_buckets=64))
     with pytest.raises(ValueError, match="tokenizer differs"):
         other_words.load_backbone(tiny_policy())
+
+
+def test_plan_input_tells_apart_what_the_same_state_leads_to():
+    """From the same states, plans that move up succeed and plans that move down fail: a critic that
+    reads the plan fits both; without a plan (hidden in training a third of the time) it gives their
+    mixture, the value of the state alone."""
+    frames = torch.randint(0, 256, (16, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    images = {"front": torch.cat([frames, frames])}
+    state, tokens, step = torch.zeros(32, 8), torch.zeros(32, TINY_CRITIC.max_tokens, dtype=torch.long), torch.zeros(32)
+    plan = torch.zeros(32, 3, 4)
+    plan[:16, :, 2], plan[16:, :, 2] = 1.0, -1.0
+    target = torch.cat([torch.full((16,), -0.1), torch.full((16,), -0.9)])
+    torch.manual_seed(0)
+    critic = ValueCritic(dataclasses.replace(TINY_CRITIC, plan_steps=3))
+    opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(400):
+        hidden = plan.clone()
+        hidden[torch.rand(32, generator=g) < 0.3] = float("nan")
+        loss = critic.loss(images, state, critic.embed_language(tokens), target, step, None, hidden)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        lang = critic.embed_language(tokens)
+        with_plan = critic.value(critic.logits(images, state, lang, step, None, plan))
+        alone = critic.value(critic.logits(images, state, lang, step))
+        nan_rows = critic.value(critic.logits(images, state, lang, step, None, torch.full_like(plan, float("nan"))))
+    assert float((with_plan - target).abs().mean()) < 0.05
+    assert float((alone - target.mean()).abs().mean()) < 0.1  # the mixture of the two outcomes
+    assert torch.equal(alone, nan_rows)  # a NaN plan is no plan
+    with pytest.raises(ValueError, match=r"plan must be \(B, 3, 4\)"):
+        critic.logits(images, state, lang, step, None, plan[:, :2])
+    with pytest.raises(ValueError, match="reads no plan"):
+        ValueCritic(TINY_CRITIC).logits(images, state, lang, step, None, plan)
+
+
+def test_runtime_values_the_state_alone_until_given_the_plan():
+    torch.manual_seed(0)
+    critic = ValueCritic(dataclasses.replace(TINY_CRITIC, plan_steps=2))
+    with torch.no_grad():  # make the plan matter
+        critic.plan_in[0].weight.fill_(1.0)
+        critic.no_plan.fill_(-1.0)
+    rt = CriticRuntime(critic)
+    Arena([rt]).allocate()
+    rt.set_subtask("pick up the red block")
+    image, state = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8), torch.zeros(8)
+    chunk = torch.linspace(-1, 1, 16 * 4).reshape(16, 4)  # a policy chunk, longer than the plan
+    lang = critic.embed_language(torch.from_numpy(critic.tokenizer.encode_batch(["pick up the red block"])))
+    with torch.no_grad():
+        want_alone = float(critic.value(critic.logits({"front": image[None]}, state[None], lang, torch.tensor([3])))[0])
+        want_plan = float(critic.value(critic.logits({"front": image[None]}, state[None], lang, torch.tensor([3]),
+                                                     None, chunk[None, :2]))[0])
+    assert float(rt.evaluate({"front": image}, state, step=3)[0]) == pytest.approx(want_alone, abs=1e-6)
+    assert float(rt.evaluate(plan=chunk)[0]) == pytest.approx(want_plan, abs=1e-6)  # same observation, with plan
+    assert abs(want_plan - want_alone) > 1e-3
+    # a new observation drops the old plan
+    assert float(rt.evaluate({"front": image}, state, step=3)[0]) == pytest.approx(want_alone, abs=1e-6)
+    with pytest.raises(ValueError, match="T >= 2"):
+        rt.evaluate(plan=chunk[:1])
+    with pytest.raises(ValueError, match="NaN"):
+        rt.evaluate(plan=torch.full((2, 4), float("nan")))
+    with pytest.raises(ValueError, match="reads no plan"):
+        plain = CriticRuntime(ValueCritic(TINY_CRITIC))
+        Arena([plain]).allocate()
+        plain.load_plan(chunk)

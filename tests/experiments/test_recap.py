@@ -16,7 +16,8 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "10", "--bc_steps", "2",
             "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "2", "--eval_episodes", "2",
             "--batch_size", "4", "--takeover_threshold", "0.5", "--takeover_steps", "3", "--no-progress",
-            "--critic_cameras", "front", "top", "--critic_actor_input", "--betas", "3", "1.5", "--select_episodes", "2"]
+            "--critic_cameras", "front", "top", "--critic_actor_input", "--critic_plan_steps", "2", "--betas", "3", "1.5",
+            "--select_episodes", "2"]
     assert main([*args, "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     its = data["iterations"]
@@ -34,6 +35,8 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     assert {"image_front", "image_top"} <= set(reader.keys)
     critic_model = json.loads((out / "critic_1" / "checkpoint.json").read_text())["config"]["model"]
     assert critic_model["cameras"] == ["front", "top"] and critic_model["actor_input"]
+    assert critic_model["plan_steps"] == 2  # and it judged the held-out states with the policy's chunks
+    assert its[1]["critic_failure_auc_eval"]["episodes"] == its[1]["critic_failure_auc_state_only_eval"]["episodes"] == 2
     # critic_0 saw demonstrations only: one actor, so no actor input (it is asked for the policy's value)
     assert not json.loads((out / "critic_0" / "checkpoint.json").read_text())["config"]["model"]["actor_input"]
     # who acted: the demonstrations are the demonstrator's, the rollouts the policy's (takeovers included)
@@ -97,3 +100,8 @@ def test_recap_refuses_a_store_without_the_critics_cameras(tmp_path):
     with pytest.raises(SystemExit, match=r"no images of camera\(s\) \['top'\]"):
         main(["recap", "--out", str(out), "--critic_cameras", "top", "--no-progress"])
     assert len(ZarrEpisodeReader(out / "episodes.zarr")) == 1  # what was recorded is untouched
+
+
+def test_recap_refuses_a_plan_longer_than_the_executed_chunk(capsys):
+    assert main(["recap", "--critic_plan_steps", "9"]) == 2  # n_exec 8
+    assert "--critic_plan_steps" in capsys.readouterr().err

@@ -117,3 +117,37 @@ def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
 def test_episode_steps_restart_at_every_episode():
     assert episode_steps(np.array([3, 5, 9])).tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3]
     assert episode_steps(np.array([], np.int64)).tolist() == []
+
+
+def test_executed_plans_stay_within_their_episode():
+    from experiments.train_critic import executed_plans
+
+    actions = np.arange(5, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)  # steps 0-4, two episodes
+    plans = executed_plans(actions, np.array([3, 5]), 3)
+    assert plans.shape == (5, 3, 2)
+    assert plans[:, :, 0].tolist() == [[0, 1, 2], [1, 2, 2], [2, 2, 2], [3, 4, 4], [4, 4, 4]]
+
+
+def test_a_plan_critic_trains_labels_and_judges_the_policys_chunks(demos, tmp_path):
+    """train_critic --plan_steps: held-out error with and without the plan; its labels use the state's
+    value (the store is untouched); eval_policy values each chunk start with the chunk about to run."""
+    from critics.value_critic import load_critic
+
+    critic, summary = tmp_path / "critic", tmp_path / "c.json"
+    assert main(["train_critic", "--data", str(demos), "--out", str(critic), "--steps", "2", "--plan_steps", "4",
+                 "--batch_size", "4", "--eval_every", "2", "--val_fraction", "0.34", "--no-progress",
+                 "--json", str(summary)]) == 0
+    last = json.loads(summary.read_text())["evals"][-1]
+    assert {"val_loss", "val_loss_state_only", "val_value_mae", "val_value_mae_state_only"} <= set(last)
+    assert load_critic(str(critic)).config.plan_steps == 4
+    labels = tmp_path / "l.json"
+    assert main(["label_advantages", "--data", str(demos), "--critic", str(critic), "--n", "5",
+                 "--json", str(labels)]) == 0
+    judged = tmp_path / "e.json"
+    assert main(["eval_policy", "--episodes", "2", "--no-expert", "--critic", str(critic),
+                 "experiments/checkpoints/critic", "--json", str(judged)]) == 0
+    policy = json.loads(judged.read_text())["policy"]
+    with_plan, plain = policy["critic_failure_aucs"]
+    alone, none = policy["critic_failure_auc_state_only"]
+    assert none is None and alone["episodes"] == with_plan["episodes"] == plain["episodes"] >= 1
+    assert main(["train_critic", "--data", str(demos), "--out", str(tmp_path / "bad"), "--plan_steps", "-1"]) == 2
