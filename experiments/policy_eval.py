@@ -17,7 +17,7 @@ from critics.critic_runtime import CriticRuntime
 from critics.value_critic import ValueCritic
 from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import CONTROL_HZ, TabletopEnv, image_key
-from experiments.stats import failure_auc_summary, mid_episode_value, phase_breakdown, wilson_interval
+from experiments.stats import failure_auc_summary, mid_episode_step, phase_breakdown, wilson_interval
 from policies.flow_policy import FlowPolicy
 from policies.policy_runtime import PolicyRuntime
 
@@ -103,43 +103,44 @@ def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec:
     results = []
     mids: list[tuple[np.ndarray | None, bool, str | None]] = []  # per episode: each critic's mid value, phase
     plan_critics = [i for i, critic in enumerate(critics) if critic.config.plan_steps]
-    state_mids: list[list[float | None] | None] = []  # per episode: the plan critics' values without the plan
+    state_mids: list[list[float] | None] = []  # per episode: the critics' mid values without any plan
+    mid_step = env.max_steps // 2
     try:
         for seed in seeds:
             obs, info = env.reset(seed=seed)
             tracker = _FailureTracker(env)
             chunk_values: dict[int, list[float]] = {}  # control step where a chunk started -> each critic's value
-            chunk_phases: dict[int, str] = {}  # and the task phase there
+            state_values: dict[int, list[float]] = {}  # and, plan critics only, its value without the plan
+            chunk_phases: dict[int, str] = {}  # and the task phase there (up to the mid step, the one judged)
 
             def value_chunk(obs: dict, subtask: str) -> None:
                 if critic_runtimes:
                     chunk_values[env.steps] = [float(rt.evaluate({c: obs[image_key(c)] for c in rt.config.cameras},
                                                                  obs["state"], env.steps)[0])
                                                for rt in critic_runtimes]
-                    chunk_phases[env.steps] = task_phase(env)
+                    if env.steps <= mid_step:
+                        chunk_phases[env.steps] = task_phase(env)
 
             def value_plan(chunk: np.ndarray) -> None:
                 # a critic that reads the plan: the same observation, now with the chunk about to run
                 # (what value_chunk gave it is the value of the state alone)
-                for i, rt in enumerate(critic_runtimes):
-                    if rt.config.plan_steps:
-                        state_values.setdefault(env.steps, {})[i] = chunk_values[env.steps][i]
-                        chunk_values[env.steps][i] = float(rt.evaluate(plan=chunk)[0])
+                values = chunk_values[env.steps]
+                state_values[env.steps] = list(values)
+                for i in plan_critics:
+                    values[i] = float(critic_runtimes[i].evaluate(plan=chunk)[0])
 
-            state_values: dict[int, dict[int, float]] = {}  # step -> plan critic -> its value without the plan
             info = play_episode(env, runtime, obs, info, n_exec=n_exec, readers=components,
                                 on_chunk=value_chunk, on_step=tracker.step,
                                 on_act=value_plan if plan_critics else None)
             results.append((bool(info["success"]), env.steps, tracker.kind()))
             if critic_runtimes:
-                values = np.full((env.steps, len(critics)), np.nan)  # per control step, NaN where no chunk started
-                values[list(chunk_values)] = list(chunk_values.values())
-                mid = [mid_episode_value(values[:, i], env.max_steps // 2) for i in range(len(critics))]
-                at = max((s for s in chunk_phases if s <= env.max_steps // 2), default=None)
-                mids.append((None if mid[0] is None else np.array(mid), bool(info["success"]),
-                             None if mid[0] is None else chunk_phases[at]))
+                starts = np.full(env.steps, np.nan)  # per control step, finite where a chunk started
+                starts[list(chunk_values)] = 0.0
+                at = mid_episode_step(starts, mid_step)
+                mids.append((None, bool(info["success"]), None) if at is None else
+                            (np.array(chunk_values[at]), bool(info["success"]), chunk_phases[at]))
                 if plan_critics:
-                    state_mids.append(None if mid[0] is None else [state_values[at].get(i) for i in range(len(critics))])
+                    state_mids.append(None if at is None else state_values[at])
     finally:
         env.close()
     summary = _summary(results)

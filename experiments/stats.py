@@ -26,12 +26,18 @@ def mid_episode_value(values: np.ndarray, at_step: int) -> float | None:
     step is the same for every episode (callers pass half the episode limit): a point taken
     from each episode's own length would depend on its outcome, since successes end early.
     """
+    at = mid_episode_step(values, at_step)
+    return None if at is None else float(values[at])
+
+
+def mid_episode_step(values: np.ndarray, at_step: int) -> int | None:
+    """The control step whose value `mid_episode_value` takes (None where it gives None)."""
     if at_step < 0:
         raise ValueError(f"at_step must be >= 0, got {at_step}")
     if len(values) <= at_step:
         return None
     at = np.flatnonzero(np.isfinite(values[: at_step + 1]))
-    return float(values[at[-1]]) if len(at) else None
+    return int(at[-1]) if len(at) else None
 
 
 def failure_auc(pairs: Sequence[tuple[float, bool]]) -> float | None:

@@ -9,6 +9,7 @@ from experiments.stats import (
     auc_interval,
     failure_auc,
     failure_auc_summary,
+    mid_episode_step,
     mid_episode_value,
     paired_comparison,
     phase_breakdown,
@@ -33,6 +34,7 @@ def test_failure_auc_and_mid_episode_value_by_hand():
     assert mid_episode_value(values, 3) == -0.6 and mid_episode_value(values, 2) == -0.6
     assert mid_episode_value(values, 0) == -0.7 and mid_episode_value(values, 5) == -0.3
     assert mid_episode_value(values, 6) is None  # ended before step 6: not judged there
+    assert mid_episode_step(values, 3) == 2 and mid_episode_step(values, 6) is None  # the step judged
     assert mid_episode_value(np.array([nan, nan]), 1) is None
     with pytest.raises(ValueError, match="at_step"):
         mid_episode_value(values, -1)
