@@ -4,7 +4,8 @@ Buffers: `state` = the subtask language embedding; `io` = observation slots (the
 images, the robot state, the episode step and, for a critic that reads the plan, the
 actions about to be executed) and the outputs (value `(B,)` and logits `(B, bins)`). `evaluate()` runs one
 buffer-to-buffer function through a `GraphRunner`, so it can run on lane C of a
-`TwoLaneContext` while the policy runs on lane P.
+`TwoLaneContext` while the policy runs on lane P. It implements the rollout protocol's
+critic side (`critics.rollout_critic`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from capsules import BufferComponent, BufferSpec, Role
 from capsules.fingerprint import module_sha256
 from critics.value_critic import ACTOR_POLICY, ValueCritic
 from policies.common.graph_runner import GraphRunner, trace_on_cpu
-from policies.common.inputs import load_observation, write_language
+from critics.rollout_critic import CriticSpec
+from policies.common.inputs import load_observation, observation_keys, write_language
 
 
 class CriticRuntime(BufferComponent):
@@ -40,6 +42,7 @@ class CriticRuntime(BufferComponent):
             "config_sha256": hashlib.sha256(json.dumps(self.config.to_json(), sort_keys=True).encode()).hexdigest()[:16],
             "batch": str(batch),
         }
+        self.spec = CriticSpec(observation_keys=observation_keys(self.config.cameras))
         self.runner: GraphRunner | None = None
 
     def buffer_specs(self) -> list[BufferSpec]:
@@ -69,11 +72,12 @@ class CriticRuntime(BufferComponent):
     def fingerprint(self) -> Mapping[str, str]:
         return self._fingerprint
 
-    def set_subtask(self, text: str) -> None:
+    def set_language(self, text: str) -> None:
         write_language(self.buffers["lang"], self.model, text)
 
-    def load_observation(self, images: Mapping[str, np.ndarray | torch.Tensor], state, step=None) -> None:
-        """Validate an observation and copy it into the io slots (batch dim optional when batch=1).
+    def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor], step=None) -> None:
+        """Validate an observation (`image_<camera>`, `state`; batch dim optional when batch=1) and copy
+        it into the io slots.
 
         `step`: control steps since the episode started (an int, or `(B,)`); a critic
         with a time input (`config.horizon`) needs it, one without ignores it.
@@ -85,7 +89,7 @@ class CriticRuntime(BufferComponent):
             t = torch.as_tensor(step, dtype=torch.float32).reshape(-1)
             if t.shape[0] not in (1, self.batch) or not torch.isfinite(t).all() or bool((t < 0).any()):
                 raise ValueError(f"step must be a count >= 0 (an int or one per batch row), got {step!r}")
-        load_observation(self.buffers, images, state, cameras=self.config.cameras, who="critic")
+        load_observation(self.buffers, obs, cameras=self.config.cameras, who="critic")
         if self.config.horizon:
             self.buffers["step"].copy_(t.expand(self.batch))
         if self.config.plan_steps:
@@ -107,13 +111,13 @@ class CriticRuntime(BufferComponent):
             raise ValueError(f"critic {self.name}: the plan holds NaN/inf actions")
         self.buffers["plan"].copy_(p[:, : c.plan_steps].expand(self.batch, -1, -1))
 
-    def evaluate(self, images: Mapping[str, np.ndarray | torch.Tensor] | None = None, state=None,
-                 step=None, plan=None) -> torch.Tensor:
+    def evaluate(self, obs: Mapping[str, np.ndarray | torch.Tensor] | None = None, step=None,
+                 plan=None) -> torch.Tensor:
         """Values `(B,)` (a view of the output buffer). A plan critic values the state alone unless
         `plan` (see `load_plan`) is given; `evaluate(plan=chunk)` after `evaluate(obs...)` values the
         same observation with the plan."""
-        if images is not None:
-            self.load_observation(images, state, step)
+        if obs is not None:
+            self.load_observation(obs, step)
         if plan is not None:
             self.load_plan(plan)
         self.runner()

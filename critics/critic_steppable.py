@@ -19,7 +19,7 @@ class CriticSteppable:
         self.runtime = CriticRuntime(self.model, device=device)
         self.name = f"critic/value[{torch.device(device).type}]"
         self.arena = Arena([self.runtime]).allocate()
-        self.runtime.set_subtask(self.SUBTASKS[0])
+        self.runtime.set_language(self.SUBTASKS[0])
 
     def sample_inputs(self, generator: torch.Generator) -> dict[str, torch.Tensor]:
         c = self.model.config
@@ -32,9 +32,8 @@ class CriticSteppable:
 
     def step(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if float(inputs["switch"]) < 0.3:
-            self.runtime.set_subtask(self.SUBTASKS[int(float(inputs["switch"]) < 0.15)])
-        value = self.runtime.evaluate({cam: inputs[f"image_{cam}"] for cam in self.model.config.cameras},
-                                      inputs["state"], inputs["step"])
+            self.runtime.set_language(self.SUBTASKS[int(float(inputs["switch"]) < 0.15)])
+        value = self.runtime.evaluate(inputs, inputs["step"])
         return {"value": value, "logits": self.runtime.buffers["logits"]}
 
     def scramble(self, generator: torch.Generator) -> None:

@@ -52,6 +52,10 @@ class RobotBackend:
     control_hz: float = 10.0
     name: str = "robot"
     cameras: tuple[str, ...] = ()
+    state_dim: int = 8
+    """Length of the `state` observation vector."""
+    image_shape: tuple[int, int] = (64, 64)
+    """(H, W) of every camera image."""
 
     task: str = "task"
 
@@ -102,6 +106,8 @@ class SimBackend(RobotBackend):
 
         self.env = TabletopEnv(family, cameras=cameras, image_size=image_size)
         self.cameras = tuple(cameras)
+        self.state_dim = self.env.observation_spec.state_dim
+        self.image_shape = (image_size, image_size)
         self.name = f"sim-{family}"
         self.task = family
         self._expert = None
@@ -268,7 +274,9 @@ class RobotServer:
                     return
                 authed = True
                 b = self.backend
-                _send(conn, Message("welcome", {"robot": b.name, "control_hz": b.control_hz, "cameras": list(b.cameras)},
+                _send(conn, Message("welcome", {"robot": b.name, "control_hz": b.control_hz, "cameras": list(b.cameras),
+                                                "state_dim": int(b.state_dim),
+                                                "image_shape": [int(x) for x in b.image_shape]},
                                     {"action_low": np.asarray(b.action_low, np.float32),
                                      "action_high": np.asarray(b.action_high, np.float32)}, msg.seq))
                 continue
@@ -442,6 +450,8 @@ class RobotClient:
         self.robot = welcome.fields.get("robot", "")
         self.control_hz = welcome.fields.get("control_hz")
         self.cameras = tuple(welcome.fields.get("cameras", ()))
+        self.state_dim = welcome.fields.get("state_dim")
+        self.image_shape = tuple(welcome.fields.get("image_shape") or ())
         self.action_low, self.action_high = welcome.arrays["action_low"], welcome.arrays["action_high"]
         self._stop = threading.Event()
         self._beat = None

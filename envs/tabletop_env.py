@@ -11,7 +11,8 @@ Observation (dict): `image_<camera>` `(H, W, 3) uint8` per configured camera
 Reward: -1 per step, 0 on the success step, which terminates the episode;
 `info["success"]`, the current subtask and its progress are in `info`.
 
-As a `CapsuleComponent` ("env") it declares: the MuJoCo `mjSTATE_INTEGRATION`
+It implements the rollout protocol's env side (`envs.rollout_env.RolloutEnv`): the task id
+is the family name. As a `CapsuleComponent` ("env") it declares: the MuJoCo `mjSTATE_INTEGRATION`
 state (qpos, qvel, act, ctrl, mocap, warm-start, time...), its RNG, its step and
 subtask counters and the task ids, so a restore reproduces the following
 trajectory bit for bit, images included.
@@ -32,6 +33,7 @@ import torch
 from capsules import BufferComponent, BufferSpec
 from capsules.rng_state import PCG64_WORDS, pack_pcg64, unpack_pcg64
 from envs.offscreen_renderer import OffscreenRenderer
+from envs.rollout_env import ObservationSpec, image_key
 from envs.scene import (
     BLOCK_HALF,
     BLOCKS,
@@ -60,14 +62,11 @@ INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " ,.'-"
 _STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
 
 
-def image_key(camera: str) -> str:
-    return f"image_{camera}"
-
-
 class TabletopEnv(gym.Env, BufferComponent):
     """One tabletop task family; the task instance and layout come from `reset(seed=...)`."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
+    restorable = True
 
     def __init__(
         self,
@@ -107,6 +106,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         spaces["state"] = gym.spaces.Box(STATE_LOW, STATE_HIGH, (STATE_DIM,), np.float32)
         spaces["instruction"] = gym.spaces.Text(max_length=160, charset=INSTRUCTION_CHARSET)
         self.observation_space = gym.spaces.Dict(spaces)
+        self.observation_spec = ObservationSpec.of(state_dim=STATE_DIM, cameras=cameras, image_size=image_size)
         self._fingerprint = {
             "model_sha256": hashlib.sha256(self._xml.encode()).hexdigest()[:32],
             "mujoco": mujoco.__version__,
@@ -201,6 +201,17 @@ class TabletopEnv(gym.Env, BufferComponent):
     @property
     def instruction(self) -> str:
         return self.family.instruction(self.params)
+
+    @property
+    def task(self) -> str:
+        return self.family.name
+
+    @property
+    def subtask_texts(self) -> tuple[str, ...]:
+        return tuple(s.text for s in self.subtasks)
+
+    def success(self, info: Mapping[str, Any]) -> bool:
+        return bool(info["success"])
 
     def info(self, world: World | None = None, success: bool | None = None) -> dict[str, Any]:
         world = world or self.world()

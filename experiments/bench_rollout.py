@@ -4,8 +4,12 @@
    env, load both checkpoints, reset, first inference), interleaved rounds.
 2. Control loop: steps/s of the same episode (same seed, restored: identical work)
    with recording on (EpisodeBuilder + zarr writer thread) and off, alternating.
-3. Throughput: 1 vs 2 Ray actors (warmed up), episodes split between them.
-4. Hand-off: publish -> visible latency of the subtask channel, reader spinning,
+3. Loop overhead: the host (serial lanes, and two lanes) against a plain hand-written
+   loop over the same env, policy and critic objects (policy and critic called one after
+   the other, same seeds, same noise: the episodes are checked identical), steps/s of
+   the control loop in paired rounds (order shuffled per round); the ratio per round.
+4. Throughput: 1 vs 2 Ray actors (warmed up), episodes split between them.
+5. Hand-off: publish -> visible latency of the subtask channel, reader spinning,
    in-process (threads) and cross-process (shared memory, a spawned writer).
 """
 
@@ -30,12 +34,13 @@ from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from rollout.handoff import SubtaskChannel
 from rollout.host_factory import HostSpec, build_host
-from rollout.rollout_host import HostConfig
+from rollout.rollout_host import HostConfig, episode_noise_seed
 from rollout.zarr_recorder import ZarrRecorder
 
 RESET_TARGET = 100.0  # restore at least 100x faster than a cold reset
 RECORD_TARGET = 1.05  # recording costs at most 5%
 SCALE_TARGET = 1.8  # 2 actors at least 1.8x one actor's throughput
+LOOP_TARGET = 0.97  # the host with serial lanes at least 0.97x a hand-written loop's steps/s
 
 
 def _spec(config: BenchRolloutConfig) -> HostSpec:
@@ -55,8 +60,8 @@ def _resets(config: BenchRolloutConfig, spec: HostSpec) -> dict:
         if r < config.cold_rounds:
             t0 = time.perf_counter()
             cold = build_host(spec)
-            cold.reset(config.seed + 1 + r)
-            cold._infer(cold.env.observe())  # the first inference (a capture on CUDA)
+            _, _, _, obs = cold.reset(config.seed + 1 + r)
+            cold._infer(obs)  # the first inference (a capture on CUDA)
             cold_s.append(time.perf_counter() - t0)
             cold.close()
     host.close()
@@ -82,6 +87,73 @@ def _recording(config: BenchRolloutConfig, spec: HostSpec, tmp: Path) -> dict:
     med_on, med_off = float(np.median(on)), float(np.median(off))
     return {"steps_per_episode": steps, "on_steps_per_s": med_on, "off_steps_per_s": med_off,
             "slowdown": med_off / med_on}
+
+
+def hand_written_episode(env, policy, critic, seed: int, *, n_exec: int, limit: int, noise_seed: int = 0):
+    """What a user writes without the framework: reset, then chunks of the policy (and the critic's value)
+    called one after the other, a new chunk when the subtask changes. Returns (actions, seconds of the
+    control loop, the reset excluded)."""
+    obs, _ = env.reset(seed=seed)
+    policy.reset(episode_noise_seed(noise_seed, env.task, seed))
+    subtask = env.subtask_index
+    for model in (policy, critic):
+        model.set_language(env.subtask_texts[subtask])
+    low, high = env.action_space.low, env.action_space.high
+    actions = []
+    t0 = time.perf_counter()
+    while True:
+        policy.load_observation(obs)
+        critic.load_observation(obs, env.steps)
+        chunk = policy.act()[0].numpy()
+        critic.evaluate()
+        for proposed in chunk[:n_exec]:
+            action = np.clip(proposed, low, high)
+            obs, _, terminated, truncated, info = env.step(action)
+            actions.append(action)
+            if terminated or truncated or env.steps >= limit:
+                return np.array(actions), time.perf_counter() - t0
+            if env.subtask_index != subtask:  # new language, new chunk
+                subtask = env.subtask_index
+                for model in (policy, critic):
+                    model.set_language(env.subtask_texts[subtask])
+                break
+
+
+def _loop_overhead(config: BenchRolloutConfig, spec: HostSpec) -> dict:
+    """Steps/s of the host (serial lanes; two lanes) vs the hand-written loop on the same objects and seeds."""
+    serial = build_host(dataclasses.replace(spec, host=dataclasses.replace(spec.host, lanes="serial")))
+    two = build_host(dataclasses.replace(spec, host=dataclasses.replace(spec.host, lanes="two")))
+    seeds = list(range(config.seed, config.seed + config.loop_episodes))
+    limit = min(spec.host.max_steps or serial.env.max_steps, serial.env.max_steps)
+    for host in (serial, two):  # capsules made: every host reset below is a restore
+        host.run(seeds)
+    rates: dict[str, list[float]] = {"hand": [], "serial": [], "two": []}
+    identical = True
+    for r in range(config.loop_rounds):
+        order = list(rates)
+        random.Random(r).shuffle(order)
+        for mode in order:
+            steps = seconds = 0.0
+            for seed in seeds:
+                if mode == "hand":
+                    actions, dt = hand_written_episode(serial.env, serial.policy, serial.critic, seed,
+                                                       n_exec=spec.host.n_exec, limit=limit,
+                                                       noise_seed=spec.host.noise_seed)
+                    reference = serial.run_episode(seed).episode.steps["action"] if r == 0 else None
+                    identical &= reference is None or np.array_equal(actions, reference)
+                    steps, seconds = steps + len(actions), seconds + dt
+                else:
+                    result = (serial if mode == "serial" else two).run_episode(seed)
+                    steps, seconds = steps + result.episode.meta.length, seconds + result.run_s
+            rates[mode].append(steps / seconds)
+    serial.close()
+    two.close()
+    ratio_serial = [s / h for s, h in zip(rates["serial"], rates["hand"])]
+    ratio_two = [t / h for t, h in zip(rates["two"], rates["hand"])]
+    return {"episodes": len(seeds), "rounds": config.loop_rounds, "identical_actions": bool(identical),
+            **{f"{mode}_steps_per_s": float(np.median(v)) for mode, v in rates.items()},
+            "serial_over_hand": float(np.median(ratio_serial)), "two_over_hand": float(np.median(ratio_two)),
+            "serial_over_hand_rounds": ratio_serial}
 
 
 def _scaling(config: BenchRolloutConfig, spec: HostSpec) -> dict:
@@ -154,6 +226,8 @@ def run(config: BenchRolloutConfig) -> ExperimentResult:
         resets = _resets(config, spec)
         console.print("recording on/off ...")
         recording = _recording(config, spec, tmp)
+        console.print("loop overhead: host vs hand-written loop ...")
+        loop = _loop_overhead(config, spec)
         console.print("hand-off latency ...")
         handoff = _handoff(config)
         console.print("1 vs 2 actors ...")
@@ -161,10 +235,11 @@ def run(config: BenchRolloutConfig) -> ExperimentResult:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = {"machine": machine(), "checkpoints": {"policy": config.policy, "critic": config.critic},
-               "reset": resets, "recording": recording, "handoff": handoff, "scaling": scaling,
+               "reset": resets, "recording": recording, "loop": loop, "handoff": handoff, "scaling": scaling,
                "targets": {
                    "reset_speedup_ge_100x": resets["speedup"] >= RESET_TARGET,
                    "recording_le_5pct": recording["slowdown"] <= RECORD_TARGET,
+                   "host_serial_ge_0_97x_hand_loop": loop["serial_over_hand"] >= LOOP_TARGET,
                    "two_actors_ge_1_8x": None if scaling is None else max(
                        scaling["free"]["scaling"], scaling["pinned"]["scaling"]) >= SCALE_TARGET,
                }}
@@ -176,7 +251,7 @@ def run(config: BenchRolloutConfig) -> ExperimentResult:
 
 
 def _rows(s: dict) -> list[tuple[str, str, str]]:
-    r, rec, h, sc = s["reset"], s["recording"], s["handoff"], s["scaling"]
+    r, rec, h, sc, lo = s["reset"], s["recording"], s["handoff"], s["scaling"], s["loop"]
     rows = [
         ("reset: capsule restore (median / p99)", f"{r['restore_us']['median']:.0f} / {r['restore_us']['p99']:.0f} µs", ""),
         ("reset: cold (env + weights + first inference)", f"{r['cold_us']['median'] / 1e3:.0f} ms", ""),
@@ -184,6 +259,11 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
         ("control loop, recording off", f"{rec['off_steps_per_s']:.0f} steps/s", ""),
         ("control loop, recording on (zarr)", f"{rec['on_steps_per_s']:.0f} steps/s", ""),
         ("recording slowdown", f"{(rec['slowdown'] - 1) * 100:+.1f}%", "≤ +5%"),
+        ("hand-written loop (policy, critic, env; same objects and seeds)", f"{lo['hand_steps_per_s']:.0f} steps/s", ""),
+        ("host, serial lanes", f"{lo['serial_steps_per_s']:.0f} steps/s", ""),
+        ("host, two lanes", f"{lo['two_steps_per_s']:.0f} steps/s", ""),
+        ("host (serial lanes) / hand-written loop, median of rounds", f"{lo['serial_over_hand']:.3f}", "≥ 0.97"),
+        ("host (two lanes) / hand-written loop, median of rounds", f"{lo['two_over_hand']:.3f}", ""),
         ("hand-off in-process (median / p99)",
          f"{h['in_process_us']['median']:.1f} / {h['in_process_us']['p99']:.1f} µs", ""),
         ("hand-off cross-process (median / p99)",

@@ -10,6 +10,7 @@ from typing import Literal
 
 FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # envs.tasks.FAMILY_NAMES
 CAMERAS = ("front", "top")  # envs.tabletop_env.CAMERAS
+ADVANTAGE = Literal["checkpoint", "none", "positive"]  # rollout.host_factory.ADVANTAGE_CHOICES
 
 
 @dataclass(frozen=True)
@@ -271,19 +272,23 @@ class EvalPolicyConfig:
     """Actions executed per chunk (receding horizon)."""
     expert: bool = True
     """Also run the scripted expert on the same seeds, for comparison."""
-    advantage: Literal["none", "positive"] = "none"
-    """RECAP indicator to act with (positive: a policy trained with advantage labels, at its best)."""
+    advantage: ADVANTAGE = "checkpoint"
+    """RECAP indicator to act with: checkpoint = what the checkpoint records (a RECAP policy: positive, with
+    the guidance weight recap chose; a BC policy: none), or none / positive."""
     beta: float | None = None
-    """Classifier-free guidance weight over the positive indicator (None: the conditioned policy alone)."""
+    """Classifier-free guidance weight over the positive indicator: overrides the checkpoint's; with
+    --advantage positive, None = the conditioned policy alone."""
     critic: tuple[str, ...] = ()
     """Also report these critics' failure AUC from their values at the mid-episode step (half the episode
     limit) on these episodes, each and (with more than one) their mean value's (none: no critic)."""
+    actors: int = 0
+    """Ray actors to play the episodes on (0: in this process); results do not depend on it."""
 
     def __post_init__(self) -> None:
-        if self.episodes < 1 or self.n_exec < 1:
-            raise ValueError("--episodes and --n_exec must be >= 1")
-        if self.beta is not None and self.advantage != "positive":
-            raise ValueError("--beta guides towards the positive indicator: pass --advantage positive with it")
+        if self.episodes < 1 or self.n_exec < 1 or self.actors < 0:
+            raise ValueError("--episodes and --n_exec must be >= 1, --actors >= 0")
+        if self.beta is not None and (self.advantage == "none" or not self.beta > 0):
+            raise ValueError("--beta (> 0) guides towards the positive indicator: not with --advantage none")
 
 
 @dataclass(frozen=True)
@@ -300,11 +305,10 @@ class ValueCeilingConfig:
     """First seed."""
     n_exec: int = 8
     """Actions executed per chunk (receding horizon)."""
-    advantage: Literal["none", "positive"] = "none"
-    """RECAP indicator to act with (positive: a policy trained with advantage labels)."""
+    advantage: ADVANTAGE = "checkpoint"
+    """RECAP indicator to act with, as `eval_policy --advantage` (checkpoint: what the checkpoint records)."""
     beta: float | None = None
-    """Classifier-free guidance weight over the indicator (None: the conditional policy alone), as
-    `eval_policy --beta`; needs --advantage positive."""
+    """Classifier-free guidance weight, as `eval_policy --beta`."""
     branches: int = 16
     """Continuations played from each mid-episode capsule, each with its own noise seed."""
     at_step: int | None = None
@@ -315,8 +319,8 @@ class ValueCeilingConfig:
             raise ValueError("--episodes, --n_exec and --branches must be >= 1")
         if self.at_step is not None and self.at_step < 0:
             raise ValueError(f"--at_step must be >= 0 (got {self.at_step})")
-        if self.beta is not None and (self.advantage != "positive" or not self.beta > 0):
-            raise ValueError(f"--beta {self.beta}: guidance needs --advantage positive and a weight > 0")
+        if self.beta is not None and (self.advantage == "none" or not self.beta > 0):
+            raise ValueError(f"--beta {self.beta}: guidance needs an advantage-conditioned policy and a weight > 0")
 
 
 @dataclass(frozen=True)
@@ -346,9 +350,9 @@ class BenchPolicyConfig:
 @dataclass(frozen=True)
 class SimRolloutConfig:
     actors: int = 2
-    """Ray actors (rollout hosts), one process each."""
+    """Ray actors (rollout hosts), one process each; 0: play in this process, without Ray."""
     episodes: int = 8
-    """Episodes in total (seeds `seed` .. `seed + episodes - 1`)."""
+    """Seeds in total (`seed` .. `seed + episodes - 1`), each played --repeats times."""
     family: FAMILIES = "pick_place"
     """Task family."""
     seed: int = 1_000_000
@@ -358,13 +362,34 @@ class SimRolloutConfig:
     policy: str = "experiments/checkpoints/policy"
     """Policy checkpoint directory."""
     critic: str = "experiments/checkpoints/critic"
-    """Critic checkpoint directory."""
+    """Critic checkpoint directory; empty: no critic (values NaN, no low-value stop)."""
+    advantage: ADVANTAGE = "checkpoint"
+    """RECAP indicator to act with: checkpoint = what the checkpoint records (a RECAP policy: positive, with
+    the guidance weight recap chose; a BC policy: none), or none / positive."""
+    beta: float | None = None
+    """Classifier-free guidance weight: overrides the checkpoint's; with --advantage positive, None = none."""
     n_exec: int = 8
     """Actions of each chunk executed before the next inference."""
     value_threshold: float | None = None
     """Stop an episode when the critic's value stays below this (None: never)."""
     value_patience: int = 3
     """Consecutive low-value chunks before that stop."""
+    repeats: int = 1
+    """Rollouts per seed, each reset by restoring the seed's initial capsule, each with noise of its own
+    (episode ids get -r1, -r2...)."""
+    attempts: int = 1
+    """Tries per rollout: a failed one is retried from its initial capsule (a restore) with new noise, up
+    to this many times in all (ids get -a1, -a2...; each attempt is recorded)."""
+    capsule_budget_mb: float | None = None
+    """Memory budget of each actor's capsule store (None: unbounded); past it, least recently used
+    capsules are dropped and read back from capsules/ when needed."""
+    pin_seeds: tuple[int, ...] = ()
+    """Seeds whose initial capsules stay pinned in every actor's store (a fixed evaluation set)."""
+    episode_timeout_s: float | None = None
+    """An episode running longer than this is abandoned: its actor is killed and restarted, the episode
+    re-run (None: no deadline)."""
+    lanes: Literal["two", "serial"] = "two"
+    """Policy and critic on two lanes at once, or one after the other."""
     cpus_per_actor: float = 1.0
     """Ray CPU resources per actor."""
     gpus_per_actor: float = 0.0
@@ -378,13 +403,25 @@ class SimRolloutConfig:
     progress: bool = True
     """Show a progress bar."""
     crash: tuple[str, ...] = ()
-    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE: that actor exits once at that step."""
+    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE [exit|hang]: that actor exits (or hangs) once at
+    that step."""
 
     def __post_init__(self) -> None:
-        if self.actors < 1 or self.episodes < 1 or self.n_exec < 1 or self.value_patience < 1:
-            raise ValueError("--actors, --episodes, --n_exec and --value_patience must be >= 1")
-        if self.crash and len(self.crash) != 3:
-            raise ValueError("--crash takes three values: EPISODE_ID STEP MARKER_FILE")
+        if self.actors < 0 or self.episodes < 1 or self.n_exec < 1 or self.value_patience < 1:
+            raise ValueError("--actors must be >= 0; --episodes, --n_exec and --value_patience >= 1")
+        if self.repeats < 1 or self.attempts < 1:
+            raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
+        if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in
+                                                              ("exit", "hang"))):
+            raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang]")
+        if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
+            raise ValueError(f"--episode_timeout_s must be > 0 (got {self.episode_timeout_s})")
+        if self.capsule_budget_mb is not None and self.capsule_budget_mb < 0:
+            raise ValueError(f"--capsule_budget_mb must be >= 0 (got {self.capsule_budget_mb})")
+        if self.beta is not None and not self.beta > 0:
+            raise ValueError(f"--beta must be > 0 (got {self.beta})")
+        if self.beta is not None and self.advantage == "none":
+            raise ValueError("--beta needs an advantage-conditioned policy: --advantage positive or checkpoint")
 
 
 @dataclass(frozen=True)
@@ -427,6 +464,10 @@ class BenchRolloutConfig:
     """Cold resets timed (interleaved with the restores)."""
     record_rounds: int = 6
     """Episode pairs with recording on and off."""
+    loop_episodes: int = 4
+    """Episodes (seeds) per mode and round of the loop-overhead measurement."""
+    loop_rounds: int = 15
+    """Paired rounds of host (serial lanes, two lanes) vs hand-written loop."""
     scale_episodes: int = 8
     """Episodes per throughput measurement (1 vs 2 actors)."""
     handoff_samples: int = 500
@@ -437,7 +478,8 @@ class BenchRolloutConfig:
     """Markdown file whose bench_rollout section is replaced by the results; empty: none."""
 
     def __post_init__(self) -> None:
-        if min(self.reset_rounds, self.cold_rounds, self.record_rounds, self.scale_episodes) < 1:
+        if min(self.reset_rounds, self.cold_rounds, self.record_rounds, self.scale_episodes, self.loop_episodes,
+               self.loop_rounds) < 1:
             raise ValueError("round and episode counts must be >= 1")
         if self.handoff_samples < 10:
             raise ValueError("--handoff_samples must be >= 10")
@@ -501,7 +543,12 @@ class RealRecapConfig:
     policy: str = "experiments/checkpoints/policy"
     """Policy checkpoint."""
     critic: str = "experiments/checkpoints/critic"
-    """Critic checkpoint."""
+    """Critic checkpoint; empty: no critic (values recorded as NaN, no low-value stop)."""
+    advantage: ADVANTAGE = "checkpoint"
+    """RECAP indicator to act with: checkpoint = what the checkpoint records (a RECAP policy: positive, with
+    the guidance weight recap chose), or none / positive."""
+    beta: float | None = None
+    """Classifier-free guidance weight: overrides the checkpoint's; with --advantage positive, None = none."""
     n_exec: int = 8
     """Actions of each chunk executed before the next inference."""
     value_threshold: float | None = None
@@ -606,10 +653,15 @@ class RecapConfig:
     """Actions per chunk executed."""
     batch_size: int = 64
     """Training batch size."""
+    actors: int = 2
+    """Ray actors that play the rollouts and the evaluations (0: in this process, without Ray); results
+    do not depend on it."""
     progress: bool = True
     """Show progress bars."""
 
     def __post_init__(self) -> None:
+        if self.actors < 0:
+            raise ValueError(f"--actors must be >= 0 (got {self.actors})")
         if self.iterations < 0 or min(self.demo_episodes, self.rollout_episodes, self.eval_episodes) < 1:
             raise ValueError("--iterations must be >= 0 and the episode counts >= 1")
         if min(self.bc_steps, self.policy_steps, self.critic_steps, self.n, self.takeover_steps) < 1:

@@ -6,27 +6,37 @@ import time
 
 from experiments.configs import EvalPolicyConfig
 from experiments.console import make_console
-from experiments.policy_eval import evaluate_expert, evaluate_policy
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
-from critics.value_critic import load_critic
-from policies.flow_policy import ADV_NONE, ADV_POSITIVE, load_policy
+from experiments.policy_eval import evaluate_expert, evaluate_policy
+from experiments.result import ExperimentResult, checking_inputs
+from policies.flow_policy import resolve_conditioning
+from rollout.ray_rollout import init_ray, shutdown_ray
 
 
 def run(config: EvalPolicyConfig) -> ExperimentResult:
     console = make_console()
-    model = load_policy(resolve_input(config.policy))
+    policy_dir = resolve_input(config.policy)
+    with checking_inputs():
+        conditioning = resolve_conditioning(policy_dir, config.advantage, config.beta)
     seeds = list(range(config.seed, config.seed + config.episodes))
     t0 = time.perf_counter()
-    critics = [load_critic(resolve_input(c)) for c in config.critic]
-    advantage = ADV_POSITIVE if config.advantage == "positive" else ADV_NONE
-    policy = evaluate_policy(model, family=config.family, seeds=seeds, n_exec=config.n_exec, advantage=advantage,
-                             beta=config.beta, critics=critics)
+    where = init_ray() if config.actors else ""
+    try:
+        policy = evaluate_policy(policy_dir, family=config.family, seeds=seeds, n_exec=config.n_exec,
+                                 advantage=config.advantage, beta=config.beta,
+                                 critics=[resolve_input(c) for c in config.critic], actors=config.actors)
+    finally:
+        if where:
+            shutdown_ray(where)
     policy["seconds"] = time.perf_counter() - t0
     summary = {"policy_checkpoint": config.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
-               "n_exec": config.n_exec, "advantage": config.advantage, "beta": config.beta, "policy": policy}
+               "n_exec": config.n_exec, "advantage": conditioning.advantage, "beta": conditioning.beta,
+               "policy": policy}
     lo, hi = policy["ci95"]
-    console.print(f"policy: {policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
+    acting = "" if conditioning.advantage == "none" else (
+        f" (advantage {conditioning.advantage}" + (f", guidance beta {conditioning.beta:g})" if conditioning.beta
+                                                   else ")"))
+    console.print(f"policy{acting}: {policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
                   f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
     aucs = policy.get("critic_failure_aucs") or [policy.get("critic_failure_auc")]
     state_only = policy.get("critic_failure_auc_state_only") or [None] * len(aucs)

@@ -1,25 +1,32 @@
 """Closed-loop evaluation of a policy (and the scripted expert) on held-out seeds.
 
-Receding horizon: each chunk's first `n_exec` actions are executed, and a new
-chunk is asked for as soon as the subtask changes (the scripted planner's choice:
-the env's current subtask).
+Every episode is played by the one episode loop, `RolloutHost` (in this process or on
+Ray actors), seeded per (task, seed): a seed's result does not depend on which seeds
+ran before it or where. `EvalObserver` attaches to the host and records, per episode,
+the failure kind and, at the mid-episode step, each critic's value and the task phase.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from capsules import Arena
 from critics.critic_runtime import CriticRuntime
-from critics.value_critic import ValueCritic
+from critics.value_critic import ValueCritic, load_critic
 from envs.scripted_expert import ScriptedExpert
-from envs.tabletop_env import CONTROL_HZ, TabletopEnv, image_key
+from envs.tabletop_env import CONTROL_HZ, TabletopEnv
 from experiments.stats import failure_auc_summary, mid_episode_step, phase_breakdown, wilson_interval
-from policies.flow_policy import FlowPolicy
+from policies.flow_policy import Conditioning, FlowPolicy
 from policies.policy_runtime import PolicyRuntime
+from rollout.host_factory import HostSpec
+from rollout.observer import EpisodeObserver
+from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.rollout_host import HostConfig, RolloutHost
+
+OBSERVER = "experiments.policy_eval:EvalObserver"
 
 
 def _summary(results: list[tuple[bool, int, str]]) -> dict:
@@ -70,134 +77,183 @@ def task_phase(env: TabletopEnv) -> str:
     return f"subtask {index} ({env.subtasks[index].kind}), holding {held}"
 
 
-def evaluate_policy(model: FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
-                    noise_seed: int = 0, advantage: int = 0, beta: float | None = None,
-                    critics: Sequence[ValueCritic] = ()) -> dict:
-    """Success of `model` on `seeds` (fresh runtime; the model is only read).
+class EvalObserver(EpisodeObserver):
+    """Per episode (in `result.extra["eval"]`): the failure kind and, at the mid-episode step (the last
+    chunk started at or before `mid_step`, default half the episode limit), the host critic's and every
+    extra critic's value there and the task phase. A critic that reads the plan is asked again once the
+    chunk is known, with it; its value of the state alone is kept beside."""
 
-    `advantage`: the RECAP indicator to act with (1: positive); `beta`: classifier-free
-    guidance weight over it (None: no guidance, the conditional policy alone).
-    `critics`: also value every chunk's first observation with each and report how
-    well the value at the mid-episode step (half the episode limit; episodes still
-    running then) predicts failure: `critic_failure_auc` for the first; with more
-    than one, `critic_failure_aucs` (each, on the same states) and
-    `critic_failure_auc_mean` (their mean value, an ensemble); and, on the same states,
-    `phase_alone_failure_auc` (each state scored by its task phase's success rate, see
-    `task_phase`) and `critic_phases` (per phase, the first critic's AUC within it). A critic
-    that reads the plan (`plan_steps`) is asked after the policy's chunk is known and valued
-    with it; `critic_failure_auc_state_only` gives, per critic (None for the others), its
-    AUC without the plan on the same states. They do not change what the policy does.
-    """
+    name = "eval"
+
+    def __init__(self, critics: Sequence[str] = (), mid_step: int | None = None, *,
+                 critic_models: Sequence[ValueCritic] = ()) -> None:
+        models = [*(load_critic(path) for path in critics), *critic_models]
+        self.extra = [CriticRuntime(model, name=f"critic{i + 1}") for i, model in enumerate(models)]
+        if self.extra:
+            Arena(self.extra).allocate()
+        self.mid_step = mid_step
+        self._language = ""
+
+    def episode_start(self, host: RolloutHost, seed: int) -> None:
+        self.tracker = _FailureTracker(host.env)
+        self.at = host.env.max_steps // 2 if self.mid_step is None else self.mid_step
+        self.values: dict[int, list[float]] = {}  # chunk start step -> each critic's value
+        self.state_values: dict[int, list[float]] = {}  # and without the plan (plan critics)
+        self.phases: dict[int, str] = {}
+        self._obs = None
+
+    def chunk_start(self, host: RolloutHost, obs: dict) -> None:
+        self._obs = obs
+        text = host.channel.read().text
+        if text and text != self._language:
+            for runtime in self.extra:
+                runtime.set_language(text)
+            self._language = text
+
+    def chunk(self, host: RolloutHost, chunk: np.ndarray) -> None:
+        step = host.env.steps
+        critics = ([host.critic] if host.critic is not None else []) + self.extra
+        if not critics:
+            return
+        alone = ([host.value] if host.critic is not None else []) + [float(rt.evaluate(self._obs, step)[0])
+                                                                      for rt in self.extra]
+        with_plan = [float(rt.evaluate(plan=chunk)[0]) if getattr(rt.config, "plan_steps", 0) else v
+                     for rt, v in zip(critics, alone)]
+        self.values[step] = with_plan
+        self.state_values[step] = alone
+        if step <= self.at:
+            self.phases[step] = task_phase(host.env)
+
+    def step(self, host: RolloutHost, tick) -> None:
+        self.tracker.step()
+
+    def episode_end(self, host: RolloutHost, result) -> None:
+        out = {"failure_kind": self.tracker.kind(), "steps": host.env.steps}
+        if self.values:
+            starts = np.full(host.env.steps, np.nan)  # per control step, finite where a chunk started
+            starts[[s for s in self.values if s < host.env.steps]] = 0.0
+            at = mid_episode_step(starts, self.at)
+            if at is not None:
+                out.update(mid_step=at, mid_values=self.values[at], mid_state_values=self.state_values[at],
+                           phase=self.phases[at])
+        result.extra[self.name] = out
+
+
+def eval_spec(policy: str, *, family: str, n_exec: int = 8, noise_seed: int = 0, advantage: str = "checkpoint",
+              beta: float | None = None, critics: Sequence[str] = (), mid_step: int | None = None,
+              threads: int = 1) -> HostSpec:
+    """The host spec of an evaluation: the first critic runs on the host's critic lane, the others in
+    the observer."""
+    import json
+
+    kwargs = json.dumps({"critics": list(critics[1:]), "mid_step": mid_step})
+    return HostSpec(family=family, policy=policy, critic=critics[0] if critics else "",
+                    host=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False),
+                    advantage=advantage, beta=beta, threads=threads, observers=((OBSERVER, kwargs),))
+
+
+def local_eval_host(model: FlowPolicy, *, family: str, n_exec: int = 8, noise_seed: int = 0,
+                    conditioning: Conditioning = Conditioning(), critics: Sequence[ValueCritic] = (),
+                    mid_step: int | None = None) -> RolloutHost:
+    """An evaluation host around models in memory (a training loop's policy)."""
     cameras = tuple(dict.fromkeys((*model.config.cameras, *(c for critic in critics for c in critic.config.cameras))))
-    env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
-    runtime = PolicyRuntime(model, seed=noise_seed, guidance=beta is not None)
-    critic_runtimes = []
-    for i, critic in enumerate(critics):
+    for critic in critics:
         if critic.config.image_size != model.config.image_size:
             raise ValueError(f"critic image size {critic.config.image_size} != policy image size "
                              f"{model.config.image_size}: evaluate them on one env with one size")
-        critic_runtimes.append(CriticRuntime(critic, name=f"critic{i}"))
-    components: list = [runtime, *critic_runtimes]
-    Arena(components).allocate()
-    runtime.set_advantage(advantage, 1.0 if beta is None else beta)
-    results = []
-    mids: list[tuple[np.ndarray | None, bool, str | None]] = []  # per episode: each critic's mid value, phase
-    plan_critics = [i for i, critic in enumerate(critics) if critic.config.plan_steps]
-    state_mids: list[list[float] | None] = []  # per episode: the critics' mid values without any plan
-    mid_step = env.max_steps // 2
-    try:
-        for seed in seeds:
-            obs, info = env.reset(seed=seed)
-            tracker = _FailureTracker(env)
-            chunk_values: dict[int, list[float]] = {}  # control step where a chunk started -> each critic's value
-            state_values: dict[int, list[float]] = {}  # and, plan critics only, its value without the plan
-            chunk_phases: dict[int, str] = {}  # and the task phase there (up to the mid step, the one judged)
-
-            def value_chunk(obs: dict, subtask: str) -> None:
-                if critic_runtimes:
-                    chunk_values[env.steps] = [float(rt.evaluate({c: obs[image_key(c)] for c in rt.config.cameras},
-                                                                 obs["state"], env.steps)[0])
-                                               for rt in critic_runtimes]
-                    if env.steps <= mid_step:
-                        chunk_phases[env.steps] = task_phase(env)
-
-            def value_plan(chunk: np.ndarray) -> None:
-                # a critic that reads the plan: the same observation, now with the chunk about to run
-                # (what value_chunk gave it is the value of the state alone)
-                values = chunk_values[env.steps]
-                state_values[env.steps] = list(values)
-                for i in plan_critics:
-                    values[i] = float(critic_runtimes[i].evaluate(plan=chunk)[0])
-
-            info = play_episode(env, runtime, obs, info, n_exec=n_exec, readers=components,
-                                on_chunk=value_chunk, on_step=tracker.step,
-                                on_act=value_plan if plan_critics else None)
-            results.append((bool(info["success"]), env.steps, tracker.kind()))
-            if critic_runtimes:
-                starts = np.full(env.steps, np.nan)  # per control step, finite where a chunk started
-                starts[list(chunk_values)] = 0.0
-                at = mid_episode_step(starts, mid_step)
-                mids.append((None, bool(info["success"]), None) if at is None else
-                            (np.array(chunk_values[at]), bool(info["success"]), chunk_phases[at]))
-                if plan_critics:
-                    state_mids.append(None if at is None else state_values[at])
-    finally:
-        env.close()
-    summary = _summary(results)
-    if critic_runtimes:
-        judged = [(v, ok) for v, ok, _ in mids if v is not None]  # episodes still running at the mid step
-        aucs = [failure_auc_summary([(float(v[i]), ok) for v, ok in judged]) for i in range(len(critics))]
-        summary["critic_failure_auc"] = aucs[0]
-        if plan_critics:  # a plan critic's AUC above is its value with the chunk; without it, on the same states
-            summary["critic_failure_auc_state_only"] = [
-                failure_auc_summary([(float(v[i]), ok) for v, (_, ok, _) in zip(state_mids, mids) if v is not None])
-                if i in plan_critics else None for i in range(len(critics))]
-        # the first critic against what the task phase alone gives, and within each phase
-        phases = phase_breakdown([{"phase": p, "success": ok, "critic_value": float(v[0])}
-                                  for v, ok, p in mids if v is not None], ["critic_value"])
-        summary["phase_alone_failure_auc"] = phases["phase_alone"]
-        summary["critic_phases"] = phases["phases"]
-        if len(critics) > 1:
-            summary["critic_failure_aucs"] = aucs
-            summary["critic_failure_auc_mean"] = failure_auc_summary([(float(v.mean()), ok) for v, ok in judged])
-            # per episode (seed order): each critic's mid-episode value, None where the episode had ended
-            summary["critic_mid_values"] = [None if v is None else v.tolist() for v, _, _ in mids]
-    return summary
+    env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
+    runtime = PolicyRuntime(model, guidance=conditioning.beta is not None)
+    host = RolloutHost(env=env, policy=runtime, critic=CriticRuntime(critics[0]) if critics else None,
+                       config=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False),
+                       observers=[EvalObserver(critic_models=critics[1:], mid_step=mid_step)])
+    runtime.set_conditioning(conditioning.indicator, conditioning.beta)
+    return host
 
 
-def play_episode(env: TabletopEnv, runtime: PolicyRuntime, obs: dict, info: dict, *, n_exec: int,
-                 readers: Sequence, on_chunk: Callable[[dict, str], None] | None = None,
-                 on_step: Callable[[], None] | None = None,
-                 on_act: Callable[[np.ndarray], None] | None = None) -> dict:
-    """Run the policy from `obs` (the env's current observation) to the episode's end; the last info.
+def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
+                    noise_seed: int = 0, advantage: str = "checkpoint", beta: float | None = None,
+                    critics: Sequence[str | ValueCritic] = (), actors: int = 0) -> dict:
+    """Success of `policy` (a checkpoint directory, or a model in memory) on `seeds`.
 
-    Receding horizon: the first `n_exec` actions of each chunk, and a new chunk as soon as the
-    subtask changes. `readers` (the policy runtime, a critic runtime) get every subtask's
-    language. `on_chunk(obs, subtask)` runs before each chunk is asked for (env.steps is its
-    step); `on_act(chunk)` with the chunk the policy returned, before any of it runs; `on_step()`
-    after each env step.
+    `advantage`/`beta`: how the policy acts (see `policies.flow_policy.resolve_conditioning`; a model in
+    memory takes "none" / "positive" only). `actors`: Ray actors to play on (0: this process; needs
+    checkpoint paths). `critics`: each values every chunk's first observation; the value at the
+    mid-episode step (half the episode limit; episodes still running then) gives `critic_failure_auc`
+    for the first; with more than one, `critic_failure_aucs` (each, on the same states) and
+    `critic_failure_auc_mean` (their mean value, an ensemble); and, on the same states,
+    `phase_alone_failure_auc` (each state scored by its task phase's success rate, see `task_phase`) and
+    `critic_phases` (per phase, the first critic's AUC within it). A critic that reads the plan
+    (`plan_steps`) is valued with the policy's chunk; `critic_failure_auc_state_only` gives, per critic
+    (None for the others), its AUC without the plan on the same states. They do not change what the
+    policy does.
     """
-    subtask = info["subtask"]
-    for reader in readers:
-        reader.set_subtask(subtask)
-    cameras = runtime.config.cameras
-    while True:
-        if on_chunk is not None:
-            on_chunk(obs, subtask)
-        chunk = runtime.act({c: obs[image_key(c)] for c in cameras}, obs["state"])[0].numpy().copy()
-        if on_act is not None:
-            on_act(chunk)
-        for action in chunk[:n_exec]:
-            obs, _, terminated, truncated, info = env.step(action)
-            if on_step is not None:
-                on_step()
-            if terminated or truncated:
-                return info
-            if info["subtask"] != subtask:  # the planner moved on: new language, new chunk
-                subtask = info["subtask"]
-                for reader in readers:
-                    reader.set_subtask(subtask)
-                break
+    reports, plan_critics = play(policy, family=family, seeds=seeds, n_exec=n_exec, noise_seed=noise_seed,
+                                 advantage=advantage, beta=beta, critics=critics, actors=actors)
+    return summarize(reports, n_critics=len(critics), plan_critics=plan_critics)
+
+
+def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8, noise_seed: int = 0,
+         advantage: str = "checkpoint", beta: float | None = None, critics: Sequence[str | ValueCritic] = (),
+         actors: int = 0) -> tuple[list, list[int]]:
+    """The evaluation's episodes (`ActorReport`s in seed order, each with `extra["eval"]`), and which
+    critics read the plan; see `evaluate_policy`."""
+    items = [WorkItem(f"{family}-s{seed:07d}", seed) for seed in seeds]
+    if isinstance(policy, FlowPolicy):
+        if actors:
+            raise ValueError("evaluating a model in memory runs in this process (actors=0); save a checkpoint "
+                             "to evaluate on Ray actors")
+        if advantage == "checkpoint":
+            advantage = "none"
+        models = [c if isinstance(c, ValueCritic) else load_critic(c) for c in critics]
+        host = local_eval_host(policy, family=family, n_exec=n_exec, noise_seed=noise_seed,
+                               conditioning=Conditioning(advantage, beta), critics=models)
+        try:
+            reports, _ = run_rollouts(HostSpec(family=family), items, actors=0, host=host)
+        finally:
+            host.close()
+        plan_critics = [i for i, m in enumerate(models) if m.config.plan_steps]
+    else:
+        if any(not isinstance(c, str) for c in critics):
+            raise ValueError("with a checkpoint policy, give critics as checkpoint directories")
+        spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage,
+                         beta=beta, critics=list(critics))
+        reports, _ = run_rollouts(spec, items, actors=actors, cpus_per_actor=1.0)
+        plan_critics = [i for i, c in enumerate(critics) if load_critic(c).config.plan_steps]
+    failed = [r for r in reports if r.episode is None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} evaluation episodes failed before their first step: {failed[0].error}")
+    by_id = {r.item.episode_id: r for r in reports}
+    return [by_id[item.episode_id] for item in items], plan_critics  # seed order, whatever order they finished in
+
+
+def summarize(reports: list, *, n_critics: int = 0, plan_critics: Sequence[int] = ()) -> dict:
+    """The evaluation summary from the episodes' reports (in seed order)."""
+    results = [(bool(r.episode.meta.success), int(r.episode.meta.length), r.extra["eval"]["failure_kind"])
+               for r in reports]
+    summary = _summary(results)
+    if not n_critics:
+        return summary
+    mids = [(np.array(r.extra["eval"]["mid_values"]), bool(r.episode.meta.success), r.extra["eval"]["phase"],
+             r.extra["eval"]["mid_state_values"]) if "mid_step" in r.extra["eval"]
+            else (None, bool(r.episode.meta.success), None, None) for r in reports]
+    judged = [(v, ok) for v, ok, _, _ in mids if v is not None]  # episodes still running at the mid step
+    aucs = [failure_auc_summary([(float(v[i]), ok) for v, ok in judged]) for i in range(n_critics)]
+    summary["critic_failure_auc"] = aucs[0]
+    if plan_critics:  # a plan critic's AUC above is its value with the chunk; without it, on the same states
+        summary["critic_failure_auc_state_only"] = [
+            failure_auc_summary([(float(alone[i]), ok) for v, ok, _, alone in mids if v is not None])
+            if i in plan_critics else None for i in range(n_critics)]
+    # the first critic against what the task phase alone gives, and within each phase
+    phases = phase_breakdown([{"phase": p, "success": ok, "critic_value": float(v[0])}
+                              for v, ok, p, _ in mids if v is not None], ["critic_value"])
+    summary["phase_alone_failure_auc"] = phases["phase_alone"]
+    summary["critic_phases"] = phases["phases"]
+    if n_critics > 1:
+        summary["critic_failure_aucs"] = aucs
+        summary["critic_failure_auc_mean"] = failure_auc_summary([(float(v.mean()), ok) for v, ok in judged])
+        # per episode (seed order): each critic's mid-episode value, None where the episode had ended
+        summary["critic_mid_values"] = [None if v is None else v.tolist() for v, _, _, _ in mids]
+    return summary
 
 
 def evaluate_expert(*, family: str, seeds: list[int], noise: float = 0.0) -> dict:

@@ -17,19 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from critics.critic_runtime import CriticRuntime
-from critics.value_critic import load_critic
 from envs.operator_input import Kind, KeyboardOperator, OperatorEvent, ScriptedOperator
 from envs.robot_bridge import RobotClient
 from envs.robot_env import RobotEnv
 from experiments.configs import RealRecapConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
-from policies.flow_policy import load_policy
-from policies.policy_runtime import PolicyRuntime
+from experiments.result import ExperimentResult, checking_inputs
+from rollout.host_factory import HostSpec, build_host, check_spec
 from rollout.npz_recorder import NpzRecorder
-from rollout.rollout_host import HostConfig, RolloutHost
+from rollout.rollout_host import HostConfig
 from rollout.zarr_recorder import ZarrRecorder
 
 
@@ -51,22 +48,30 @@ def run(config: RealRecapConfig) -> ExperimentResult:
     if config.robot.port <= 0:
         raise ValueError("--robot.port is required: the port the robot server listens on")
     out = Path(config.out)
+    spec = HostSpec(policy=resolve_input(config.policy), critic=resolve_input(config.critic) if config.critic else "",
+                    advantage=config.advantage, beta=config.beta, threads=0,
+                    host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
+                                    value_patience=config.value_patience, max_steps=config.max_steps))
+    with checking_inputs():  # before connecting: a bad checkpoint or --beta never moves the robot
+        check_spec(spec)
+        conditioning = spec.conditioning()
     client = RobotClient(config.robot.host, config.robot.port, token=config.robot.token)
     operator = None
     if config.operator == "keyboard":
         operator = KeyboardOperator(sys.stdin, echo=sys.stderr)
     elif config.operator == "script":
         operator = ScriptedOperator(parse_script(config.script))
-    env = RobotEnv(client, max_steps=config.max_steps)
-    host = RolloutHost(
-        env=env, policy=PolicyRuntime(load_policy(resolve_input(config.policy))),
-        critic=CriticRuntime(load_critic(resolve_input(config.critic))),
-        config=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
-                          value_patience=config.value_patience, max_steps=config.max_steps),
-        operator=operator, teleop=client.teleop_action if config.teleop else None,
-    )
+    try:
+        env = RobotEnv(client, max_steps=config.max_steps)
+        host = build_host(spec, env=env, observers=[], operator=operator,
+                          teleop=client.teleop_action if config.teleop else None)
+    except Exception:
+        client.close()
+        raise
     npz, zarr = NpzRecorder(out / "npz"), ZarrRecorder(out / "episodes.zarr")
-    console.print(f"robot {client.robot} at {config.robot.host}:{config.robot.port}; cameras {list(client.cameras)}")
+    console.print(f"robot {client.robot} at {config.robot.host}:{config.robot.port}; cameras {list(client.cameras)}; "
+                  f"policy acting with advantage {conditioning.advantage}"
+                  + (f", guidance beta {conditioning.beta:g}" if conditioning.beta else ""))
     results = []
     try:
         for i in range(config.episodes):
@@ -88,7 +93,8 @@ def run(config: RealRecapConfig) -> ExperimentResult:
             results.append(result)
     finally:
         zarr.close()
-        host.lanes.close()
+        if host.lanes is not None:
+            host.lanes.close()
         client.close()
         if operator is not None:
             operator.close()
@@ -101,5 +107,7 @@ def run(config: RealRecapConfig) -> ExperimentResult:
         if episodes else 0.0,
         "store": str(out / "episodes.zarr"),
         "npz": str(out / "npz"),
+        "advantage": conditioning.advantage,
+        "beta": conditioning.beta,
     }
     return ExperimentResult(summary)

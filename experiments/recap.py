@@ -26,14 +26,11 @@ critic's failure AUC, the guidance choice, the control arm.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 
-from critics.critic_runtime import CriticRuntime
-from critics.value_critic import load_critic
-from envs.scripted_expert import ScriptedExpert
-from envs.tabletop_env import TabletopEnv
 from experiments import collect_demos, label_advantages, train_critic, train_policy
 from experiments.configs import (
     CollectDemosConfig,
@@ -46,37 +43,37 @@ from experiments.console import make_console
 from experiments.policy_eval import evaluate_policy
 from experiments.result import ExperimentResult
 from experiments.stats import failure_auc_summary, mid_episode_value, paired_comparison
-from policies.flow_policy import ADV_POSITIVE, load_policy
-from policies.policy_runtime import PolicyRuntime
-from rollout.rollout_host import HostConfig, RolloutHost
+from policies.common.checkpoint import update_info
+from policies.flow_policy import CONDITIONING_INFO, Conditioning
 from rollout.episode_schema import IMAGE_PREFIX
-from rollout.value_takeover import ValueTakeover
+from rollout.host_factory import HostSpec
+from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
+from rollout.rollout_host import HostConfig
 from rollout.zarr_reader import ZarrEpisodeReader
 from rollout.zarr_recorder import ZarrRecorder
 
 
 def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Path, k: int,
               beta: float | None) -> dict:
-    policy, critic = load_policy(str(policy_dir)), load_critic(str(critic_dir))
-    env = TabletopEnv(config.family, cameras=_cameras(policy.config.cameras, critic.config.cameras),
-                      image_size=policy.config.image_size)
-    runtime = PolicyRuntime(policy, guidance=beta is not None)
-    host = RolloutHost(env=env, policy=runtime, critic=CriticRuntime(critic),
-                       config=HostConfig(n_exec=config.n_exec, noise_seed=k),
-                       teleop=ScriptedExpert(env).act)
-    host.operator = ValueTakeover(config.takeover_threshold, config.takeover_steps).bind(host)
-    runtime.set_advantage(ADV_POSITIVE, 1.0 if beta is None else beta)
+    """Iteration k's rollouts on the actor pool: policy k-1 acting with the positive indicator, critic k-1
+    triggering the simulated operator's takeovers; each episode recorded once (a resumed run skips what
+    the store holds)."""
+    spec = HostSpec(family=config.family, policy=str(policy_dir), critic=str(critic_dir),
+                    advantage="positive", beta=beta, host=HostConfig(n_exec=config.n_exec, noise_seed=k),
+                    takeover=(config.takeover_threshold, config.takeover_steps))
     first = config.rollout_first_seed(k)
-    ids = [f"recap{k}-{config.family}-s{seed:07d}" for seed in range(first, first + config.rollout_episodes)]
+    items = [WorkItem(f"recap{k}-{config.family}-s{seed:07d}", seed)
+             for seed in range(first, first + config.rollout_episodes)]
     with ZarrRecorder(store) as recorder:
-        for seed, episode_id in zip(range(first, first + config.rollout_episodes), ids):
-            if episode_id in recorder:  # a resumed run: recorded before it stopped
-                continue
-            result = host.run_episode(seed, episode_id=episode_id)
-            if result.episode is not None:
-                recorder.write(result.episode)
-    host.close()
-    return _rollout_summary(store, ids, env.max_steps // 2)
+        todo = [it for it in items if it.episode_id not in recorder]  # a resumed run: recorded before it stopped
+        run_rollouts(spec, todo, actors=config.actors, recorder=recorder)
+    return _rollout_summary(store, [it.episode_id for it in items], _episode_limit(config) // 2)
+
+
+def _episode_limit(config: RecapConfig) -> int:
+    from envs.tasks import FAMILIES, family_index
+
+    return FAMILIES[family_index(config.family)].max_steps
 
 
 def _cameras(*sets: tuple[str, ...]) -> tuple[str, ...]:
@@ -127,22 +124,42 @@ def run(config: RecapConfig) -> ExperimentResult:
                                          cameras=cameras, progress=config.progress))
     common = dict(data=str(store), batch_size=config.batch_size, n_exec=config.n_exec, eval_episodes=0,
                   progress=config.progress, eval_family=config.family, shift=0, seed=config.seed)
+    timing = {"rollouts_s": 0.0, "training_s": 0.0, "evaluation_s": 0.0}
+    where = init_ray() if config.actors else ""
+    try:
+        return _loop(config, console, out, store, seeds, select, common, timing)
+    finally:
+        if where:
+            shutdown_ray(where)
+
+
+def _loop(config: RecapConfig, console, out: Path, store: Path, seeds: list[int], select: list[int], common: dict,
+          timing: dict) -> ExperimentResult:
 
     def critic_for(k: int) -> Path:
         path = out / f"critic_{k}"
+        t0 = time.perf_counter()
         train_critic.run(TrainCriticConfig(data=str(store), out=str(path), steps=config.critic_steps,
                                            cameras=config.critic_cameras, eval_every=config.critic_steps,
                                            actor_input=config.critic_actor_input,
                                            plan_steps=config.critic_plan_steps,
                                            seed=config.seed, progress=config.progress))
+        timing["training_s"] += time.perf_counter() - t0
         return path
+
+    def fit_policy(**kwargs) -> None:
+        t0 = time.perf_counter()
+        train_policy.run(TrainPolicyConfig(**kwargs, **common))
+        timing["training_s"] += time.perf_counter() - t0
 
     def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None,
                  beta: float | None = None, on: list[int] = seeds) -> dict:
-        model = load_policy(str(policy_dir))
-        return evaluate_policy(model, family=config.family, seeds=on, n_exec=config.n_exec,
-                               advantage=ADV_POSITIVE if conditioned else 0, beta=beta if conditioned else None,
-                               critics=[load_critic(str(critic_dir))] if critic_dir else ())
+        t0 = time.perf_counter()
+        result = evaluate_policy(str(policy_dir), family=config.family, seeds=on, n_exec=config.n_exec,
+                                 advantage="positive" if conditioned else "none", beta=beta if conditioned else None,
+                                 critics=[str(critic_dir)] if critic_dir else (), actors=config.actors)
+        timing["evaluation_s"] += time.perf_counter() - t0
+        return result
 
     def choose_beta(policy_dir: Path) -> tuple[float | None, dict | None]:
         """The guidance weight the conditioned policy acts with: `--beta`, or the best of the positive
@@ -162,7 +179,7 @@ def run(config: RecapConfig) -> ExperimentResult:
     beta = None  # the BC policy never saw the indicator: it acts unguided
     policy_dir = control_dir = out / "policy_0"
     console.print(f"[bold]iteration 0[/bold]: behaviour cloning on {config.demo_episodes} noisy demos")
-    train_policy.run(TrainPolicyConfig(out=str(policy_dir), steps=config.bc_steps, **common))
+    fit_policy(out=str(policy_dir), steps=config.bc_steps)
     critic_dir = critic_for(0)
     result = evaluate(policy_dir, False, critic_dir)
     iterations.append({"iteration": 0, **_metrics(result), "interventions_per_episode": 0.0,
@@ -170,15 +187,20 @@ def run(config: RecapConfig) -> ExperimentResult:
     _report(console, iterations[-1])
     for k in range(1, config.iterations + 1):
         console.print(f"[bold]iteration {k}[/bold]: rollouts, critic, advantage labels, conditioned policy")
+        started, before = time.perf_counter(), dict(timing)
+        t0 = time.perf_counter()
         rollouts = _rollouts(config, policy_dir, critic_dir, store, k, beta)
+        timing["rollouts_s"] += time.perf_counter() - t0
         critic_dir = critic_for(k)
         labels = label_advantages.run(LabelAdvantagesConfig(data=str(store), critic=str(critic_dir), n=config.n,
                                                             positive_fraction=config.positive_fraction))
         new_policy = out / f"policy_{k}"
-        train_policy.run(TrainPolicyConfig(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir),
-                                           advantage=labels.summary["sidecar"], **common))
+        fit_policy(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir),
+                   advantage=labels.summary["sidecar"])
         policy_dir = new_policy
         beta, guidance = choose_beta(policy_dir)
+        # the checkpoint records how it acts: sim_rollout, eval_policy and real_recap run it so by default
+        update_info(policy_dir, **{CONDITIONING_INFO: Conditioning("positive", beta).to_json()})
         result = evaluate(policy_dir, True, critic_dir, beta=beta)
         it = {"iteration": k, **_metrics(result), "beta": beta, **rollouts, "policy": str(policy_dir),
               "critic": str(critic_dir), "positive_fraction": labels.summary["positive_fraction"]}
@@ -190,16 +212,17 @@ def run(config: RecapConfig) -> ExperimentResult:
         if config.control:
             # same data, same steps, no labels: what more training on more data gives by itself
             new_control = out / f"control_{k}"
-            train_policy.run(TrainPolicyConfig(out=str(new_control), steps=config.policy_steps,
-                                               init=str(control_dir), **common))
+            fit_policy(out=str(new_control), steps=config.policy_steps, init=str(control_dir))
             control_dir = new_control
             control = evaluate(control_dir, False)
             it["control"] = {**_metrics(control), "policy": str(control_dir),
                              "paired": paired_comparison(result["success_by_seed"], control["success_by_seed"])}
+        it["wall_s"] = {"iteration": time.perf_counter() - started, "actors": config.actors,
+                        **{key: timing[key] - before[key] for key in timing}}
         iterations.append(it)
         _report(console, iterations[-1])
     summary = {"family": config.family, "seed": config.seed, "eval_seeds": [seeds[0], seeds[-1]],
-               "iterations": iterations,
+               "iterations": iterations, "actors": config.actors,
                "gain_points": 100 * (iterations[-1]["success_rate"] - iterations[0]["success_rate"]),
                # the issue's other yardstick: successes per hour of simulated time, last iteration / BC
                "successes_per_sim_hour_ratio": (iterations[-1]["successes_per_sim_hour"] /
@@ -233,6 +256,10 @@ def _report(console, it: dict) -> None:
                   f"interventions per rollout {it['interventions_per_episode']:.2f}, "
                   f"{it['successes_per_sim_hour']:.0f} successes per sim hour"
                   + (f", guidance beta {it['beta']:g}" if it.get("beta") is not None else ""))
+    if "wall_s" in it:
+        w = it["wall_s"]
+        console.print(f"  wall time {w['iteration']:.0f} s on {w['actors'] or 'no'} Ray actors: rollouts "
+                      f"{w['rollouts_s']:.0f} s, training {w['training_s']:.0f} s, evaluation {w['evaluation_s']:.0f} s")
     if "guidance" in it:
         alone = it["guidance"]["indicator_alone"]
         console.print(f"  the positive indicator alone (no guidance): {alone['success_rate']:.0%}")

@@ -10,7 +10,6 @@ actions, values, states and images are compared with the recording.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +19,9 @@ from experiments.configs import ReplayConfig
 from experiments.console import make_console
 from experiments.result import ExperimentResult
 from rollout import episode_schema as S
-from rollout.host_factory import HostSpec, build_host, capsule_path
+from rollout.host_factory import build_host, capsule_path, read_spec
 from rollout.rollout_host import capsule_key
 from rollout.zarr_reader import ZarrEpisodeReader
-
-SPEC_FILE = "rollout.json"
 COMPARED = (S.ACTION, S.POLICY_ACTION, S.VALUE, S.STATE, S.REWARD, S.SUBTASK_ID)
 
 
@@ -39,10 +36,7 @@ def run(config: ReplayConfig) -> ExperimentResult:
         raise ValueError(f"episode {config.episode!r} is not in {store}; it has {len(ids)} episodes, "
                          f"e.g. {ids[:3]}")
     recorded = reader.episode(ids.index(config.episode))
-    spec_path = store.parent / SPEC_FILE
-    if not spec_path.exists():
-        raise FileNotFoundError(f"{spec_path} not found: replay needs the host spec that sim_rollout writes")
-    spec = dataclasses.replace(HostSpec.from_json(json.loads(spec_path.read_text())), crash=(), capsule_dir="")
+    spec = dataclasses.replace(read_spec(store.parent), crash=(), capsule_dir="")
     meta = recorded.meta
     path = capsule_path(config.capsules or store.parent / "capsules", meta.task, meta.seed)
     if not path.exists():
@@ -51,7 +45,7 @@ def run(config: ReplayConfig) -> ExperimentResult:
     host = build_host(spec)
     try:
         host.store.put(capsule_key(meta.task, meta.seed), capsule, pin=True)
-        result = host.run_episode(meta.seed, episode_id=meta.episode_id)
+        result = host.run_episode(meta.seed, episode_id=meta.episode_id, attempt=meta.attempt, repeat=meta.repeat)
     finally:
         host.close()
     replayed = result.episode

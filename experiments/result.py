@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,22 @@ from typing import Any
 class ExperimentResult:
     summary: dict[str, Any] = field(default_factory=dict)  # written to --json PATH
     exit_code: int = 0  # non-zero: the experiment's check failed
+
+
+class UsageError(ValueError):
+    """Bad input an experiment found once it looked at its files (a checkpoint, a store): the CLI prints
+    the message and exits with status 2, as for a bad option."""
+
+
+@contextmanager
+def checking_inputs():
+    """Turn ValueError / FileNotFoundError raised while an experiment checks its inputs into a UsageError."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _jsonable(value: Any) -> Any:

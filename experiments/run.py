@@ -7,7 +7,7 @@ import sys
 
 from experiments import registry
 from experiments.config_cli import ConfigError, add_config_options, build_config, check_unknown
-from experiments.result import ExperimentResult, write_json
+from experiments.result import ExperimentResult, UsageError, write_json
 
 
 def _usage() -> str:
@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # argparse: --help (0) or a malformed value (2), already printed
         return int(exc.code or 0)
-    result: ExperimentResult = experiment.load_runner()(config)
+    try:
+        result: ExperimentResult = experiment.load_runner()(config)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if json_path:
         path = write_json(json_path, result.summary)
         print(f"summary written to {path}")

@@ -7,7 +7,6 @@ initial capsule, for `replay`), `rollout.json` (the host spec), `rollout.png`
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter
@@ -20,45 +19,75 @@ from tqdm import tqdm
 from experiments.configs import SimRolloutConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from experiments.result import ExperimentResult, checking_inputs
 from rollout import episode_schema as S
-from rollout.host_factory import HostSpec, check_spec
+from rollout.host_factory import HostSpec, check_spec, read_spec, write_spec
 from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
 from rollout.rollout_host import HostConfig
+from rollout.zarr_reader import ZarrEpisodeReader
 from rollout.zarr_recorder import ZarrRecorder
-
-SPEC_FILE = "rollout.json"
 
 
 def rollout_episode_id(family: str, seed: int) -> str:
     return f"{family}-s{seed:07d}"
 
 
+def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
+    crash = (config.crash[0], int(config.crash[1]), *config.crash[2:]) if config.crash else ()
+    return HostSpec(
+        family=config.family, policy=str(Path(resolve_input(config.policy)).resolve()),
+        critic=str(Path(resolve_input(config.critic)).resolve()) if config.critic else "",
+        advantage=config.advantage, beta=config.beta,
+        host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
+                        value_patience=config.value_patience, pin_seeds=config.pin_seeds, lanes=config.lanes),
+        device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
+        capsule_dir=str((out / "capsules").resolve()), capsule_budget_mb=config.capsule_budget_mb,
+        crash=crash, pin_cores=config.pin_cores,
+    )
+
+
+def _same_run(out: Path, spec: HostSpec) -> None:
+    """A resumed run must play as the recorded one did: refuse an --out made with other settings."""
+    try:
+        recorded = read_spec(out).to_json()
+    except FileNotFoundError:
+        return
+    now = spec.to_json()
+    free = {"crash", "threads", "pin_cores", "capsule_budget_mb"}  # they do not change what is played
+    differ = sorted(k for k in now if k not in free and recorded.get(k) != now[k])
+    if differ:
+        raise ValueError(f"{out} holds a run made with other settings ({', '.join(differ)} differ; see "
+                         f"{out / 'rollout.json'}): use another --out, or the same settings to resume it")
+
+
+def recorded_outcomes(store: Path) -> dict[str, bool]:
+    """Episode id -> success of what a store already holds (a resumed run walks past these)."""
+    if not store.exists():
+        return {}
+    reader = ZarrEpisodeReader(store)
+    return {reader.meta(i).episode_id: bool(reader.meta(i).success) for i in range(len(reader))}
+
+
 def run(config: SimRolloutConfig) -> ExperimentResult:
     console = make_console()
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    crash = (config.crash[0], int(config.crash[1]), config.crash[2]) if config.crash else ()
-    spec = HostSpec(
-        family=config.family, policy=str(Path(resolve_input(config.policy)).resolve()),
-        critic=str(Path(resolve_input(config.critic)).resolve()),
-        host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
-                        value_patience=config.value_patience),
-        device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
-        capsule_dir=str((out / "capsules").resolve()), crash=crash, pin_cores=config.pin_cores,
-    )
-    check_spec(spec)
-    (out / SPEC_FILE).write_text(json.dumps({**spec.to_json(), "crash": []}, indent=2) + "\n")
+    spec = spec_from_config(config, out)
+    with checking_inputs():
+        check_spec(spec)
+        conditioning = spec.conditioning()
+        _same_run(out, spec)
+    write_spec(out, spec)
     store = out / "episodes.zarr"
+    done = recorded_outcomes(store)
     recorder = ZarrRecorder(store)
     items = [WorkItem(rollout_episode_id(config.family, s), s)
              for s in range(config.seed, config.seed + config.episodes)]
-    already = [it for it in items if it.episode_id in recorder]
-    items = [it for it in items if it.episode_id not in recorder]
-    if already:
-        console.print(f"{len(already)} of the episodes are already in {store}; running the other {len(items)}")
-    where = init_ray()
-    bar = tqdm(total=len(items), desc=f"sim_rollout {config.family}", unit="ep", disable=not config.progress)
+    if done:
+        console.print(f"{len(done)} episodes are already in {store}; running the rest")
+    where = init_ray() if config.actors else "in-process"
+    bar = tqdm(total=len(items) * config.repeats, desc=f"sim_rollout {config.family}", unit="ep",
+               disable=not config.progress)
     steps_total = [0]
     t0 = time.perf_counter()
 
@@ -66,32 +95,48 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
         if report.episode is not None:
             steps_total[0] += report.episode.meta.length
         elapsed = time.perf_counter() - t0
-        bar.update(1)
+        if report.item is None or report.item.attempt == 0:
+            bar.update(1)
         bar.set_postfix(success=f"{stats.successes}/{stats.episodes}", hz=f"{steps_total[0] / elapsed:.0f}")
 
     try:
         reports, stats = run_rollouts(spec, items, actors=config.actors, recorder=recorder,
                                       cpus_per_actor=config.cpus_per_actor, gpus_per_actor=config.gpus_per_actor,
-                                      max_restarts=config.max_restarts, on_report=on_report)
+                                      max_restarts=config.max_restarts, repeats=config.repeats,
+                                      attempts=config.attempts, episode_timeout_s=config.episode_timeout_s,
+                                      done=done, on_report=on_report)
     finally:
         bar.close()
         recorder.close()
-        shutdown_ray(where)
+        if config.actors:
+            shutdown_ray(where)
     wall = time.perf_counter() - t0
     episodes = [r.episode for r in reports if r.episode is not None]
     reasons = Counter(e.meta.stop_reason for e in episodes)
-    resets = [r.reset_ms for r in reports]
+    resets = [r.reset_ms for r in reports if r.episode is not None]
+    by_actor: dict[str, Counter] = {}
+    for r in reports:
+        by_actor.setdefault(str(r.actor_index if r.actor_index >= 0 else r.actor_pid), Counter())[r.reset_kind] += 1
+    first = [e for e in episodes if e.meta.attempt == 0]
     summary = {
         "episodes": len(episodes),
         "successes": sum(e.meta.success for e in episodes),
         "success_rate": (sum(e.meta.success for e in episodes) / len(episodes)) if episodes else 0.0,
+        "first_attempt_success_rate": (sum(e.meta.success for e in first) / len(first)) if first else 0.0,
+        "seeds_solved": len({e.meta.seed for e in episodes if e.meta.success}),
+        "advantage": conditioning.advantage,
+        "beta": conditioning.beta,
         "stop_reasons": dict(reasons),
+        "failed_before_first_step": stats.failed_before_first_step,
+        "errors": [r.error for r in reports if r.error][:10],
         "reset_ms_median": float(np.median(resets)) if resets else None,
         "reset_kinds": dict(Counter(r.reset_kind for r in reports)),
+        "reset_kinds_by_actor": {k: dict(v) for k, v in sorted(by_actor.items())},
         "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0,
         "control_hz_per_actor_median": float(np.median([r.steps_per_s for r in reports])) if reports else None,
         "actors": config.actors,
         "actor_failures": stats.actor_failures,
+        "timeouts": stats.timeouts,
         "resubmitted": stats.resubmitted,
         "duplicates_skipped": stats.duplicates_skipped,
         "wall_s": wall,
@@ -114,13 +159,15 @@ def _table(console, s: dict) -> None:
         ("episodes", s["episodes"]),
         ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(s["stop_reasons"].items()))),
-        ("reset (median)", (f"{s['reset_ms_median']:.2f} ms ("
-                            + ", ".join(f"{k} {v}" for k, v in sorted(s["reset_kinds"].items())) + ")")
-         if s["reset_ms_median"] is not None else "-"),
+        ("reset (median)", f"{s['reset_ms_median']:.2f} ms" if s["reset_ms_median"] is not None else "-"),
+        ("resets by kind", ", ".join(f"{k} {v}" for k, v in sorted(s["reset_kinds"].items()))),
+        *((f"  actor {a}", ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+          for a, kinds in s["reset_kinds_by_actor"].items()),
         ("steps/s, all actors (wall, incl. start-up)", f"{s['steps_per_s']:.0f}"),
         ("control Hz per actor (median episode)", f"{s['control_hz_per_actor_median']:.0f}"
          if s["control_hz_per_actor_median"] is not None else "-"),
-        ("actors / failures / re-run", f"{s['actors']} / {s['actor_failures']} / {s['resubmitted']}"),
+        ("actors / failures / timeouts / re-run",
+         f"{s['actors']} / {s['actor_failures']} / {s['timeouts']} / {s['resubmitted']}"),
         ("store", s["store"]),
     ]
     for name, value in rows:

@@ -18,7 +18,7 @@ from policies.chunk_dataset import ChunkDataset, subgoal_targets
 from policies.common.checkpoint import Checkpoint, open_training_dir, save_checkpoint
 from policies.common.encoders import random_shift
 from policies.common.trainer import LoopConfig, make_optimizer, train
-from policies.flow_policy import ADV_NONE, KIND, FlowPolicy, FlowPolicyConfig
+from policies.flow_policy import ADV_NONE, CONDITIONING_INFO, KIND, Conditioning, FlowPolicy, FlowPolicyConfig
 
 
 def _model_config(config: TrainPolicyConfig) -> FlowPolicyConfig:
@@ -94,7 +94,9 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
             out, kind=KIND, model=model, step=step, optimizer=optimizer, extra_tensors={"generator": generator.get_state()},
             config={"model": model_config.to_json(), "tokenizer": model.tokenizer.to_json(),
                     "train": dataclasses.asdict(config)},
-            info={"data": config.data, "episodes": dataset.n_episodes, "steps": len(dataset), "evals": evals},
+            info={"data": config.data, "episodes": dataset.n_episodes, "steps": len(dataset), "evals": evals,
+                  # trained with RECAP labels: deployed with the positive indicator (recap adds its guidance weight)
+                  **({CONDITIONING_INFO: Conditioning("positive").to_json()} if advantage is not None else {})},
         )
 
     t0 = time.perf_counter()

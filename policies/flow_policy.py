@@ -22,8 +22,7 @@ from torch import nn
 
 from policies.common.encoders import LanguageEncoder, VisionEncoder
 from policies.common.tokenizer import Tokenizer
-
-ADV_NONE, ADV_POSITIVE, ADV_NEGATIVE = 0, 1, 2
+from policies.rollout_policy import ADV_NEGATIVE, ADV_NONE, ADV_POSITIVE  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -212,3 +211,50 @@ def load_policy(directory: str, device: str = "cpu") -> FlowPolicy:
     from policies.common.checkpoint import load_model
 
     return load_model(directory, kind=KIND, config_cls=FlowPolicyConfig, model_cls=FlowPolicy, device=device)
+
+
+ADVANTAGE_MODES = {"none": ADV_NONE, "positive": ADV_POSITIVE}
+CONDITIONING_INFO = "conditioning"  # checkpoint info key: {"advantage": "none" | "positive", "beta": float | None}
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """How a policy acts: the RECAP indicator and the classifier-free guidance weight (None: no guidance)."""
+
+    advantage: str = "none"
+    beta: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.advantage not in ADVANTAGE_MODES:
+            raise ValueError(f"advantage must be one of {sorted(ADVANTAGE_MODES)}, got {self.advantage!r}")
+        if self.beta is not None and (self.advantage != "positive" or not self.beta > 0):
+            raise ValueError(f"guidance weight {self.beta}: guidance needs advantage 'positive' and a weight > 0")
+
+    @property
+    def indicator(self) -> int:
+        return ADVANTAGE_MODES[self.advantage]
+
+    def to_json(self) -> dict:
+        return {"advantage": self.advantage, "beta": self.beta}
+
+
+def checkpoint_conditioning(directory: str) -> Conditioning:
+    """The conditioning a checkpoint records (RECAP training and `recap`'s guidance choice); none else."""
+    from policies.common.checkpoint import Checkpoint
+
+    info = Checkpoint(directory, kind=KIND).meta.get("info", {}).get(CONDITIONING_INFO) or {}
+    return Conditioning(info.get("advantage", "none"), info.get("beta"))
+
+
+def resolve_conditioning(directory: str, advantage: str = "checkpoint", beta: float | None = None) -> Conditioning:
+    """What to act with: `advantage` "checkpoint" takes the checkpoint's record (with `beta`, when
+    given, overriding its weight); "none" / "positive" are explicit, with `beta` or no guidance."""
+    if advantage == "checkpoint":
+        recorded = checkpoint_conditioning(directory)
+        if beta is None:
+            return recorded
+        if recorded.advantage == "none":
+            raise ValueError(f"--beta {beta}: the checkpoint {directory} was not trained with advantage labels; "
+                             "pass --advantage positive to act with the indicator anyway")
+        return Conditioning("positive", beta)
+    return Conditioning(advantage, beta)

@@ -1,11 +1,13 @@
 """`PolicyRuntime`: the flow policy as a rollout-host component with static buffers.
 
+It implements the rollout protocol's policy side (`policies.rollout_policy`).
 Buffers (see `buffer_specs`): `state` = the noise generator's (seed, counter),
-the subtask language embedding (written by `set_subtask`, read every chunk) and
-the advantage indicator and guidance weight (set per episode); `io` = the
-observation slots and the output chunk. `act()` copies an observation into the io slots and runs one
-buffer-to-buffer function through a `GraphRunner` (one CUDA graph on a GPU, eager
-on the CPU). Snapshot -> act -> restore -> act gives the same chunk bit for bit.
+the subtask language embedding (written by `set_language`, read every chunk) and
+the advantage indicator and guidance weight (`set_conditioning`); `io` = the
+observation slots and the output chunk. `act()` runs one buffer-to-buffer function
+over the loaded observation through a `GraphRunner` (one CUDA graph on a GPU, eager
+on the CPU). Snapshot -> act -> restore -> act gives the same chunk bit for bit;
+`reset(seed)` starts a new noise stream.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from capsules.fingerprint import module_sha256
 from policies.common.counter_rng import normal_
 from policies.flow_policy import ADV_NONE, FlowPolicy
 from policies.common.graph_runner import GraphRunner, trace_on_cpu
-from policies.common.inputs import load_observation, write_language
+from policies.common.inputs import load_observation, observation_keys, write_language
+from policies.rollout_policy import PolicySpec
 
 
 class PolicyRuntime(BufferComponent):
@@ -56,6 +59,8 @@ class PolicyRuntime(BufferComponent):
             "batch": str(batch),
             "guidance": str(guidance),
         }
+        self.spec = PolicySpec(chunk_length=self.config.horizon, action_dim=self.config.action_dim,
+                               observation_keys=observation_keys(self.config.cameras))
         self.runner: GraphRunner | None = None
 
     # -- component ------------------------------------------------------------------
@@ -91,26 +96,38 @@ class PolicyRuntime(BufferComponent):
     def fingerprint(self) -> Mapping[str, str]:
         return self._fingerprint
 
-    # -- host API -----------------------------------------------------------------
-    def set_subtask(self, text: str) -> None:
+    # -- rollout protocol ---------------------------------------------------------
+    def reset(self, episode_seed: int) -> None:
+        """Start the noise stream of an episode (or branch): generator state (seed, 0)."""
+        self.buffers["rng"].copy_(torch.tensor([int(episode_seed), 0]))
+
+    def set_language(self, text: str) -> None:
         """Encode the subtask's language once and store it in the subtask buffer."""
         write_language(self.buffers["lang"], self.model, text)
 
-    def set_advantage(self, indicator: int, beta: float = 1.0) -> None:
-        """RECAP conditioning: 0 none, 1 positive, 2 negative; `beta` is the guidance weight."""
-        if indicator not in (0, 1, 2):
-            raise ValueError(f"advantage indicator must be 0 (none), 1 (positive) or 2 (negative), got {indicator}")
-        self.buffers["advantage"].fill_(indicator)
-        self.buffers["beta"].fill_(float(beta))
+    def set_conditioning(self, advantage: int, beta: float | None = None) -> None:
+        """RECAP conditioning: indicator 0 none, 1 positive, 2 negative; `beta`: the classifier-free
+        guidance weight (None: the conditional policy alone; needs a runtime made with `guidance=True`)."""
+        if advantage not in (0, 1, 2):
+            raise ValueError(f"advantage indicator must be 0 (none), 1 (positive) or 2 (negative), got {advantage}")
+        if beta is not None and not self.guidance:
+            raise ValueError(f"guidance weight {beta} given, but this policy runtime was made without guidance "
+                             "(PolicyRuntime(..., guidance=True))")
+        if beta is not None and not beta > 0:
+            raise ValueError(f"the guidance weight must be > 0, got {beta}")
+        self.buffers["advantage"].fill_(advantage)
+        self.buffers["beta"].fill_(1.0 if beta is None else float(beta))
 
-    def load_observation(self, images: Mapping[str, np.ndarray | torch.Tensor], state) -> None:
-        """Validate an observation and copy it into the io slots (batch dim optional when batch=1)."""
-        load_observation(self.buffers, images, state, cameras=self.config.cameras, who="policy")
+    def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+        """Validate an observation (`image_<camera>`, `state`; batch dim optional when batch=1) and copy
+        it into the io slots."""
+        load_observation(self.buffers, obs, cameras=self.config.cameras, who="policy")
 
-    def act(self, images: Mapping[str, np.ndarray | torch.Tensor] | None = None, state=None) -> torch.Tensor:
-        """One action chunk `(B, T, A)` (a view of the output buffer; copy it to keep it)."""
-        if images is not None:
-            self.load_observation(images, state)
+    def act(self, obs: Mapping[str, np.ndarray | torch.Tensor] | None = None) -> torch.Tensor:
+        """One action chunk `(B, T, A)` for `obs` (else the loaded observation): a view of the output
+        buffer, valid until the next call (copy it to keep it)."""
+        if obs is not None:
+            self.load_observation(obs)
         self.runner()
         return self.buffers["chunk"]
 

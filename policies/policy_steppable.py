@@ -21,8 +21,8 @@ class PolicySteppable:
         self.runtime = PolicyRuntime(self.model, device=device, seed=11, guidance=guidance)
         self.name = f"policy/flow[{torch.device(device).type}]"
         self.arena = Arena([self.runtime]).allocate()
-        self.runtime.set_subtask(self.SUBTASKS[0])
-        self.runtime.set_advantage(1, beta=1.5 if guidance else 1.0)
+        self.runtime.set_language(self.SUBTASKS[0])
+        self.runtime.set_conditioning(1, beta=1.5 if guidance else None)
         self._t = 0
 
     def sample_inputs(self, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -34,10 +34,9 @@ class PolicySteppable:
         return out
 
     def step(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        c = self.model.config
         if int(inputs["subtask"]) == 0:  # sometimes the planner changes the subtask
-            self.runtime.set_subtask(self.SUBTASKS[int(inputs["state"][0] > 0) + 1])
-        chunk = self.runtime.act({cam: inputs[f"image_{cam}"] for cam in c.cameras}, inputs["state"])
+            self.runtime.set_language(self.SUBTASKS[int(inputs["state"][0] > 0) + 1])
+        chunk = self.runtime.act(inputs)
         return {"chunk": chunk}
 
     def scramble(self, generator: torch.Generator) -> None:

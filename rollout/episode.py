@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,8 @@ class EpisodeMeta:
     initial_capsule_id: str = ""
     subtasks: str = ""  # subtask texts joined by episode_schema.SUBTASK_SEPARATOR
     operator_events: str = ""  # one "step:kind[:text]" per line (episode_schema)
+    attempt: int = 0  # retry index after a failure (episode_schema)
+    repeat: int = 0  # which rollout from the same initial state (episode_schema)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -153,18 +156,23 @@ def _meta_problems(meta: EpisodeMeta) -> list[str]:
 
 
 class EpisodeBuilder:
-    """Accumulates steps (cheap per step) and produces a validated `Episode`.
+    """Accumulates steps (cheap per step: it runs in the control loop) and produces a validated `Episode`.
 
-    Each `add` checks that step's shapes against the first step and that fields
-    where NaN is not allowed are finite, so a bad step is refused at once.
+    Each `add` checks that step's shapes against the first step and that fields where
+    NaN is not allowed are finite, so a bad step is refused at once (nothing of it is kept).
     """
 
+    _SCALARS = (S.VALUE, S.REWARD, S.INTERVENTION, S.SUBTASK_ID, S.TIMESTAMP)
+
     def __init__(self) -> None:
-        self._rows: dict[str, list[np.ndarray]] = {}
+        self._arrays: dict[str, list[np.ndarray]] = {S.STATE: [], S.ACTION: [], S.POLICY_ACTION: []}
+        self._images: dict[str, list[np.ndarray]] = {}
+        self._scalars: dict[str, list] = {k: [] for k in self._SCALARS}
         self._shapes: dict[str, tuple] = {}
+        self._nan_action: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self._rows.get(S.STATE, []))
+        return len(self._arrays[S.STATE])
 
     def add(
         self,
@@ -179,39 +187,61 @@ class EpisodeBuilder:
         subtask_id: int = 0,
         timestamp: float | None = None,
     ) -> None:
+        t = len(self)
+        st = np.asarray(state, dtype=np.float32)
         act = np.asarray(action, dtype=np.float32)
-        row = {
-            S.STATE: np.asarray(state, dtype=np.float32),
-            S.ACTION: act,
-            S.POLICY_ACTION: np.full_like(act, np.nan) if policy_action is None else np.asarray(policy_action, np.float32),
-            S.VALUE: np.float32(value),
-            S.REWARD: np.float32(reward),
-            S.INTERVENTION: np.bool_(intervention),
-            S.SUBTASK_ID: np.int32(subtask_id),
-            S.TIMESTAMP: np.float64(time.time() if timestamp is None else timestamp),
-        }
+        if policy_action is None:
+            if self._nan_action is None or self._nan_action.shape != act.shape:
+                self._nan_action = np.full(act.shape, np.nan, np.float32)
+            proposed = self._nan_action
+        else:
+            proposed = np.asarray(policy_action, dtype=np.float32)
+        shapes = self._shapes
+        if not shapes:
+            self._first_step(images, st, act, proposed)
+        else:
+            for key, array, want in ((S.STATE, st, shapes[S.STATE]), (S.ACTION, act, shapes[S.ACTION]),
+                                     (S.POLICY_ACTION, proposed, shapes[S.ACTION])):
+                if array.shape != want:
+                    raise EpisodeError(f"{key} at step {t}: shape {array.shape}, earlier steps had {want}")
+            if images.keys() != self._images.keys():
+                raise EpisodeError(f"step {t} has image fields {sorted(images)}, earlier steps had "
+                                   f"{sorted(self._images)}")
+            for camera, image in images.items():
+                if image.dtype != np.uint8:
+                    raise EpisodeError(f"image {camera!r} at step {t}: uint8 expected, got {image.dtype}")
+                if image.shape != shapes[camera]:
+                    raise EpisodeError(f"image {camera!r} at step {t}: shape {image.shape}, earlier steps had "
+                                       f"{shapes[camera]}")
+        for key, array in ((S.STATE, st), (S.ACTION, act)):
+            if not np.isfinite(array).all():
+                raise EpisodeError(f"{key} at step {t} is not finite ({array.tolist()}); NaN/inf is not allowed there")
+        if not math.isfinite(reward):
+            raise EpisodeError(f"reward at step {t} is not finite ({reward}); NaN/inf is not allowed there")
+        self._arrays[S.STATE].append(st)
+        self._arrays[S.ACTION].append(act)
+        self._arrays[S.POLICY_ACTION].append(proposed)
+        for camera, image in images.items():
+            self._images[camera].append(image)
+        sc = self._scalars
+        sc[S.VALUE].append(value)
+        sc[S.REWARD].append(reward)
+        sc[S.INTERVENTION].append(bool(intervention))
+        sc[S.SUBTASK_ID].append(int(subtask_id))
+        sc[S.TIMESTAMP].append(time.time() if timestamp is None else timestamp)
+
+    def _first_step(self, images: Mapping[str, np.ndarray], st: np.ndarray, act: np.ndarray,
+                    proposed: np.ndarray) -> None:
+        if proposed.shape != act.shape:
+            raise EpisodeError(f"step 0: policy_action {proposed.shape} differs from action {act.shape}")
+        shapes = {S.STATE: st.shape, S.ACTION: act.shape}
         for camera, image in images.items():
             img = np.asarray(image)
             if img.dtype != np.uint8:
-                raise EpisodeError(f"image {camera!r} at step {len(self)}: uint8 expected, got {img.dtype}")
-            row[S.IMAGE_PREFIX + camera] = img
-        self._check(row)
-        for key, item in row.items():
-            self._rows.setdefault(key, []).append(item)
-
-    def _check(self, row: dict[str, np.ndarray]) -> None:
-        t = len(self)
-        if self._shapes and set(row) != set(self._shapes):
-            raise EpisodeError(f"step {t} has fields {sorted(row)}, earlier steps had {sorted(self._shapes)}")
-        for key, value in row.items():
-            shape = np.shape(value)
-            if self._shapes and shape != self._shapes[key]:
-                raise EpisodeError(f"{key} at step {t}: shape {shape}, earlier steps had {self._shapes[key]}")
-            rule = S.step_field(key)
-            if rule.dtype.kind == "f" and not rule.nan_allowed and not np.all(np.isfinite(value)):
-                raise EpisodeError(f"{key} at step {t} is not finite ({value}); NaN/inf is not allowed there")
-        if not self._shapes:
-            self._shapes = {k: np.shape(v) for k, v in row.items()}
+                raise EpisodeError(f"image {camera!r} at step 0: uint8 expected, got {img.dtype}")
+            shapes[camera] = img.shape
+        self._shapes = shapes
+        self._images = {camera: [] for camera in images}
 
     def finish(
         self,
@@ -225,6 +255,8 @@ class EpisodeBuilder:
         initial_capsule_id: str = "",
         subtasks: list[str] | tuple[str, ...] = (),
         operator_events: list[str] | tuple[str, ...] = (),
+        attempt: int = 0,
+        repeat: int = 0,
     ) -> Episode:
         """The recorded episode (validated); the builder is empty afterwards.
 
@@ -233,13 +265,16 @@ class EpisodeBuilder:
         """
         if not len(self):
             raise EpisodeError(f"episode {episode_id!r} has no steps")
-        steps = {k: np.stack(v) for k, v in self._rows.items()}
+        steps = {k: np.stack(v) for k, v in self._arrays.items()}
+        steps.update({S.IMAGE_PREFIX + camera: np.stack(v) for camera, v in self._images.items()})
+        steps.update({k: np.asarray(v, dtype=S.STEP_FIELDS[k].dtype) for k, v in self._scalars.items()})
         done = np.zeros(len(self), dtype=np.bool_)
         done[-1] = True
         steps[S.DONE] = done
         if any(S.SUBTASK_SEPARATOR in text for text in subtasks):
             raise EpisodeError("subtask texts cannot contain a newline")
         meta = EpisodeMeta(episode_id, int(seed), task, instruction, bool(success), stop_reason, len(self),
-                           initial_capsule_id, S.SUBTASK_SEPARATOR.join(subtasks), _fit_events(operator_events))
-        self._rows, self._shapes = {}, {}
+                           initial_capsule_id, S.SUBTASK_SEPARATOR.join(subtasks), _fit_events(operator_events),
+                           int(attempt), int(repeat))
+        self.__init__()
         return validate_episode(Episode(steps, meta))

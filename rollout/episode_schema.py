@@ -15,8 +15,11 @@ Per episode: episode_id, seed, task, instruction, subtasks (the subtask texts,
 newline-separated; `subtask_id` indexes them), success, stop_reason, length,
 initial_capsule_id, operator_events (what the operator did, one
 `step:kind[:text]` per line, e.g. `12:coach:pick up the red block`: a coached
-subtask text is recorded only here; empty when nobody acted). Stores written
-before a field existed read it as its empty default.
+subtask text is recorded only here; empty when nobody acted), attempt (0 for a
+seed's first rollout; k for its k-th retry after a failure, from the same initial
+capsule with noise of its own), repeat (which of several rollouts from the same
+initial state, 0 for the first). Stores written before a field existed read it as
+its empty default.
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ STOP_REASON = "stop_reason"
 LENGTH = "length"
 INITIAL_CAPSULE_ID = "initial_capsule_id"
 OPERATOR_EVENTS = "operator_events"
+ATTEMPT = "attempt"
+REPEAT = "repeat"
 
-STOP_REASONS = ("success", "operator_end", "low_value", "timeout", "safety", "error", "aborted")
+# "terminated": the env ended the episode without success (a gymnasium termination, e.g. a fall)
+STOP_REASONS = ("success", "operator_end", "low_value", "timeout", "safety", "error", "aborted", "terminated")
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ EPISODE_FIELDS: dict[str, np.dtype] = {
     LENGTH: np.dtype(np.int64),
     INITIAL_CAPSULE_ID: np.dtype("<U64"),
     OPERATOR_EVENTS: np.dtype("<U2048"),
+    ATTEMPT: np.dtype(np.int64),
+    REPEAT: np.dtype(np.int64),
 }
 
 

@@ -1,10 +1,20 @@
-"""Building a `RolloutHost` from checkpoints (plain Python; used by the Ray actor, replay and benchmarks)."""
+"""Building a `RolloutHost` from a `HostSpec` (plain Python; used by the Ray actors, replay, evaluation).
+
+A `HostSpec` is everything a rollout process needs, as plain data (sent to each
+actor, written next to a run as `rollout.json` for `replay`): which env, which
+policy and critic checkpoints, how the policy is conditioned (a RECAP checkpoint
+acts with the indicator and guidance weight it records, unless overridden), the
+host's config, the capsule store's budget, a simulated operator, and observers
+named by import path (`"package.module:factory"`, called as `factory(**kwargs)`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,10 +23,17 @@ import torch
 from capsules import CapsuleStore, save_capsule
 from critics.critic_runtime import CriticRuntime
 from critics.value_critic import load_critic
+from envs.rollout_env import RolloutEnv
 from envs.tabletop_env import TabletopEnv
-from policies.flow_policy import load_policy
+from policies.flow_policy import Conditioning, load_policy, resolve_conditioning
 from policies.policy_runtime import PolicyRuntime
+from rollout.observer import EpisodeObserver
 from rollout.rollout_host import HostConfig, RolloutHost, capsule_key
+
+ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
+SPEC_FILE = "rollout.json"
+"""Written next to a run's store: the spec its episodes were played with (read back by `replay`)."""
+FAULT_MODES = ("exit", "hang")
 
 
 @dataclass(frozen=True)
@@ -26,17 +43,41 @@ class HostSpec:
     family: str = "pick_place"
     policy: str = "experiments/checkpoints/policy"
     critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint; empty: no critic (values recorded as NaN, no low-value stop)."""
     host: HostConfig = field(default_factory=HostConfig)
+    advantage: str = "checkpoint"
+    """RECAP indicator: `checkpoint` (what the checkpoint records; none for a BC policy), `none`, `positive`."""
+    beta: float | None = None
+    """Guidance weight: with `checkpoint`, overrides the recorded one; else None means no guidance."""
     device: str = "cpu"
     threads: int = 1
     """torch threads per host (one per actor when actors share the cores)."""
     pin_cores: bool = False
     """Pin actor i's process to CPU core i (mod the core count): one core per host, lanes included."""
     capsule_dir: str = ""
-    """Where each episode's initial capsule is saved (for `replay`); empty: not saved."""
-    crash: tuple[str, int, str] = ()
-    """Fault injection for tests: (episode_id, step, marker file): the process exits at that
-    step of that episode once (the marker records that it happened)."""
+    """Where each episode's initial capsule is saved (for `replay`, and for another actor to restore
+    it instead of a cold reset); empty: not saved."""
+    capsule_budget_mb: float | None = None
+    """Memory budget of each host's capsule store (None: unbounded). Past it, the least recently used
+    unpinned capsules are dropped from memory (those saved in `capsule_dir` are read back from there)."""
+    takeover: tuple[float, int] = ()
+    """(threshold, steps): a simulated operator takes over with the scripted expert for `steps` control
+    steps when the chunk's value is below `threshold` (sim RECAP); empty: none."""
+    observers: tuple[tuple[str, str], ...] = ()
+    """(import path `module:factory`, JSON kwargs) of episode observers built in each process."""
+    crash: tuple = ()
+    """Fault injection for tests: (episode_id, step, marker file[, "exit" | "hang"]): at that step of that
+    episode the process exits (or hangs forever) once; the marker records that it happened."""
+
+    def __post_init__(self) -> None:
+        if self.advantage not in ADVANTAGE_CHOICES:
+            raise ValueError(f"advantage must be one of {ADVANTAGE_CHOICES}, got {self.advantage!r}")
+        if self.capsule_budget_mb is not None and not self.capsule_budget_mb >= 0:
+            raise ValueError(f"capsule_budget_mb must be >= 0 or None, got {self.capsule_budget_mb}")
+        if self.takeover and (len(self.takeover) != 2 or int(self.takeover[1]) < 1):
+            raise ValueError(f"takeover is (threshold, steps >= 1), got {self.takeover}")
+        if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in FAULT_MODES)):
+            raise ValueError(f"crash is (episode_id, step, marker[, one of {FAULT_MODES}]), got {self.crash}")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -46,7 +87,26 @@ class HostSpec:
         data = dict(data)
         host = data.pop("host", {})
         host = HostConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in host.items()})
-        return cls(host=host, **{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        observers = tuple(tuple(o) for o in data.pop("observers", ()))
+        return cls(host=host, observers=observers,
+                   **{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    def conditioning(self) -> Conditioning:
+        return resolve_conditioning(self.policy, self.advantage, self.beta)
+
+
+def write_spec(directory: str | os.PathLike, spec: HostSpec) -> Path:
+    """Save `spec` as the run's `rollout.json` (fault injection left out)."""
+    path = Path(directory) / SPEC_FILE
+    path.write_text(json.dumps({**spec.to_json(), "crash": []}, indent=2) + "\n")
+    return path
+
+
+def read_spec(directory: str | os.PathLike) -> HostSpec:
+    path = Path(directory) / SPEC_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: replay needs the host spec that sim_rollout writes")
+    return HostSpec.from_json(json.loads(path.read_text()))
 
 
 def check_spec(spec: HostSpec) -> None:
@@ -58,66 +118,108 @@ def check_spec(spec: HostSpec) -> None:
     from policies.flow_policy import FlowPolicyConfig
 
     for what, path in (("policy", spec.policy), ("critic", spec.critic)):
-        if not Path(path).is_dir():
+        if path and not Path(path).is_dir():
             raise FileNotFoundError(f"{what} checkpoint {path!r} not found; train one (train_{what}) or pass its directory")
     policy = FlowPolicyConfig.from_json(Checkpoint(spec.policy, kind=POLICY_KIND).config["model"])
-    critic = CriticConfig.from_json(Checkpoint(spec.critic, kind=CRITIC_KIND).config["model"])
-    if policy.image_size != critic.image_size:
-        raise ValueError(f"policy images are {policy.image_size}px, critic images "
-                         f"{critic.image_size}px: use checkpoints trained on the same images")
+    if spec.critic:
+        critic = CriticConfig.from_json(Checkpoint(spec.critic, kind=CRITIC_KIND).config["model"])
+        if policy.image_size != critic.image_size:
+            raise ValueError(f"policy images are {policy.image_size}px, critic images "
+                             f"{critic.image_size}px: use checkpoints trained on the same images")
     if spec.host.n_exec > policy.horizon:
         raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({policy.horizon})")
+    if spec.host.value_threshold is not None and not spec.critic:
+        raise ValueError("--value_threshold needs a critic (--critic)")
+    if spec.takeover and not spec.critic:
+        raise ValueError("value-triggered takeovers need a critic")
+    spec.conditioning()  # refuses a --beta the checkpoint cannot take
+    for path, kwargs in spec.observers:
+        _resolve(path)
+        json.loads(kwargs or "{}")
 
 
-def build_host(spec: HostSpec, *, recorder=None) -> RolloutHost:
+def _resolve(path: str):
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"observer {path!r} not found ({exc}); give it as 'package.module:factory'") from None
+
+
+def make_observers(spec: HostSpec) -> list[EpisodeObserver]:
+    return [_resolve(path)(**json.loads(kwargs or "{}")) for path, kwargs in spec.observers]
+
+
+def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver] | None = None,
+               env: RolloutEnv | None = None, operator=None, teleop=None) -> RolloutHost:
+    """The host a spec describes. `observers`: instead of the spec's (e.g. objects built in-process);
+    `env`: instead of the spec's tabletop family (a `RobotEnv`, a third-party env); `operator`, `teleop`:
+    see `RolloutHost`."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
     check_spec(spec)
+    conditioning = spec.conditioning()
     policy = load_policy(spec.policy, spec.device)
-    critic = load_critic(spec.critic, spec.device)
-    cameras = tuple(dict.fromkeys((*policy.config.cameras, *critic.config.cameras)))
-    env = TabletopEnv(spec.family, cameras=cameras, image_size=policy.config.image_size)
-    host = RolloutHost(env=env, policy=PolicyRuntime(policy, device=spec.device),
-                       critic=CriticRuntime(critic, device=spec.device), config=spec.host,
-                       store=CapsuleStore(), recorder=recorder)
+    critic = load_critic(spec.critic, spec.device) if spec.critic else None
+    cameras = tuple(dict.fromkeys((*policy.config.cameras, *(critic.config.cameras if critic else ()))))
+    if env is None:
+        env = TabletopEnv(spec.family, cameras=cameras, image_size=policy.config.image_size)
+    runtime = PolicyRuntime(policy, device=spec.device, guidance=conditioning.beta is not None)
+    host = RolloutHost(env=env, policy=runtime,
+                       critic=CriticRuntime(critic, device=spec.device) if critic is not None else None,
+                       config=spec.host, recorder=recorder, operator=operator, teleop=teleop,
+                       store=CapsuleStore(device_bytes=None if spec.capsule_budget_mb is None
+                                          else int(spec.capsule_budget_mb * 2**20), host_bytes=0),
+                       observers=make_observers(spec) if observers is None else observers)
+    runtime.set_conditioning(conditioning.indicator, conditioning.beta)
+    if spec.takeover:
+        from envs.scripted_expert import ScriptedExpert
+        from rollout.value_takeover import ValueTakeover
+
+        host.teleop = ScriptedExpert(env).act
+        host.operator = ValueTakeover(float(spec.takeover[0]), int(spec.takeover[1])).bind(host)
     if spec.crash:
-        _arm_crash(host, *spec.crash)
+        _arm_fault(host, *spec.crash)
     return host
 
 
-def capsule_path(capsule_dir: str | os.PathLike, family: str, seed: int) -> Path:
-    return Path(capsule_dir) / f"{capsule_key(family, seed)}.capsule"
+def capsule_path(capsule_dir: str | os.PathLike, task: str, seed: int) -> Path:
+    return Path(capsule_dir) / f"{capsule_key(task, seed)}.capsule"
 
 
 def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int) -> Path | None:
     """Write the seed's initial capsule under `spec.capsule_dir` once (atomic; kept for replay)."""
-    if not spec.capsule_dir:
+    if not spec.capsule_dir or not getattr(host.env, "restorable", True):
         return None
-    path = capsule_path(spec.capsule_dir, host.family, seed)
-    if not path.exists():
+    path = capsule_path(spec.capsule_dir, host.task, seed)
+    capsule = host.initial_capsule  # the store may have dropped it already (a budget)
+    if not path.exists() and capsule is not None and capsule.meta.label == capsule_key(host.task, seed):
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_capsule(host.store.get(capsule_key(host.family, seed)), path,
-                     annotations={"host_spec": json.dumps(spec.to_json())})
+        save_capsule(capsule, path, annotations={"host_spec": json.dumps(spec.to_json())})
     return path
 
 
-def _arm_crash(host: RolloutHost, episode_id: str, step: int, marker: str) -> None:
-    """Exit the process at `step` of `episode_id`, once (see HostSpec.crash)."""
+def _arm_fault(host: RolloutHost, episode_id: str, step: int, marker: str, mode: str = "exit") -> None:
+    """Exit (or hang) the process at `step` of `episode_id`, once (see HostSpec.crash)."""
     inner = host.safety_check
     original = host.run_episode
+    step = int(step)
 
     def check(obs, action):
         if host.env.steps == step and current[0] == episode_id and not Path(marker).exists():
-            Path(marker).write_text("crashed\n")
+            Path(marker).write_text(f"{mode}\n")
+            if mode == "hang":
+                while True:
+                    time.sleep(3600)
             os._exit(1)
         if inner is not None:
             inner(obs, action)
 
     current = [""]
 
-    def run_episode(seed, *, episode_id=None):
+    def run_episode(seed, *, episode_id=None, **kwargs):
         current[0] = episode_id or ""
-        return original(seed, episode_id=episode_id)
+        return original(seed, episode_id=episode_id, **kwargs)
 
     host.safety_check = check
     host.run_episode = run_episode

@@ -11,29 +11,30 @@ class Planner(Protocol):
     """Decides the current subtask; the actor reads it from the channel every tick."""
 
     def reset(self, env) -> None:
-        """A new episode (or a restored boundary) begins on `env`: publish its current subtask."""
+        """A new episode begins on `env`: publish its current subtask."""
 
     def update(self, env) -> None:
         """Called at the planner's rate (the host calls it every `planner_every` control steps)."""
 
 
 class ScriptedPlanner:
-    """Follows the sim task's own decomposition: the env's progress predicates decide
-    when a subtask is done, and the next subtask's text is published."""
+    """Follows the env's own decomposition (`env.subtask_texts`, `env.subtask_index`): the env
+    decides when a subtask is done, and the next subtask's text is published. An env without
+    subtasks has its instruction published once as the one subtask (nothing when it has none)."""
 
     def __init__(self, channel: SubtaskChannel) -> None:
         self.channel = channel
         self.published: int | None = None  # subtask index last published
-
-    def _current(self, env) -> int:
-        return min(env.subtask_index, len(env.subtasks) - 1)
 
     def reset(self, env) -> None:
         self.published = None
         self.update(env)
 
     def update(self, env) -> None:
-        index = self._current(env)
+        texts = env.subtask_texts or ((env.instruction,) if env.instruction else ())
+        if not texts:
+            return
+        index = min(env.subtask_index, len(texts) - 1) if env.subtask_texts else 0
         if index != self.published:
-            self.channel.publish(env.subtasks[index].text, index)
+            self.channel.publish(texts[index], index)
             self.published = index

@@ -1,11 +1,19 @@
 """The Ray layer: `RolloutActor` (the only Ray-aware wrapper of `RolloutHost`) and the driver.
 
-The driver places N actors (CPU / GPU fractions each), hands out work items
-(family, seed, episode id), and writes each returned episode to the recorder. It
-is fault tolerant: an actor that dies is restarted by Ray (`max_restarts`), the
-episode it was running is handed out again, and an episode id that is already in
-the store is never written twice, so every episode lands exactly once.
+The driver places N actors (CPU / GPU fractions each), hands work items (seed,
+episode id, attempt, repeat) only to actors Ray has placed and that answered,
+and writes each returned episode to the recorder. It is fault tolerant: an actor
+that dies (or hangs past the episode deadline, and is killed) is restarted by Ray
+(`max_restarts`), the episode it was running is handed out again, and an episode
+id that is already in the store is never written twice, so every episode lands
+exactly once. A reset that raises fails that episode, not the run; a fatal CUDA
+error ends the actor's process (its context is unusable) and the episode is re-run
+on a fresh one. Follow-up rollouts of a seed (`repeats`, and `attempts` after a
+failure) go preferably to the actor that holds the seed's initial capsule, so
+their resets are restores; another actor restores it from `capsule_dir`.
 
+`run_rollouts(..., actors=0)` plays the same items in this process (no Ray): the
+same actor code, for tests, evaluation in a training loop, and small runs.
 `init_ray()` joins the cluster named by `RAY_ADDRESS` (e.g. under `ray job submit`)
 or starts an embedded local one.
 """
@@ -15,19 +23,40 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from rollout.host_factory import HostSpec, build_host, save_initial_capsule
+from capsules import CapsuleError, load_capsule
+from rollout.host_factory import HostSpec, build_host, capsule_path, save_initial_capsule
+from rollout.observer import EpisodeObserver
+from rollout.rollout_host import RolloutHost
+
+CUDA_FATAL = ("CUDA error", "device-side assert", "illegal memory access", "CUBLAS_STATUS", "cudaError",
+              "unspecified launch failure")
 
 
 @dataclass(frozen=True)
 class WorkItem:
     episode_id: str
     seed: int
+    attempt: int = 0
+    """0: the seed's first rollout; k: the k-th retry after a failure (noise of its own)."""
+    repeat: int = 0
+    """Which rollout from the seed's initial state (noise of its own)."""
+    base: str = ""
+    """The episode id of the seed's first rollout (follow-ups are named after it); empty: `episode_id`."""
+
+    @property
+    def base_id(self) -> str:
+        return self.base or self.episode_id
+
+
+def follow_up_id(base: str, attempt: int, repeat: int) -> str:
+    """Episode id of a seed's repeat / retry: `base`, `base-r1`, `base-a1`, `base-r1-a2`..."""
+    return base + (f"-r{repeat}" if repeat else "") + (f"-a{attempt}" if attempt else "")
 
 
 @dataclass
@@ -40,6 +69,9 @@ class ActorReport:
     steps_per_s: float
     error: str
     actor_pid: int
+    item: WorkItem | None = None
+    extra: dict = field(default_factory=dict)  # the observers' per-episode results
+    actor_index: int = -1
 
 
 def init_ray(num_cpus: int | None = None) -> str:
@@ -62,24 +94,62 @@ def shutdown_ray(where: str) -> None:
         ray.shutdown()
 
 
-class RolloutActor:
-    """One rollout host in its own process; `run(item)` plays one episode."""
+def _is_cuda_fatal(error: str) -> bool:
+    return any(marker in error for marker in CUDA_FATAL)
 
-    def __init__(self, spec: HostSpec, index: int = 0) -> None:
-        self.spec = spec
+
+class RolloutActor:
+    """One rollout host in its own process (or in this one); `run(item)` plays one episode."""
+
+    def __init__(self, spec: HostSpec, index: int = 0, *, host: RolloutHost | None = None,
+                 observers: list[EpisodeObserver] | None = None) -> None:
+        """`host`: a host built by the caller (in-process use); else one is built from `spec`."""
+        self.spec, self.index = spec, index
         if spec.pin_cores and hasattr(os, "sched_setaffinity"):
             cores = sorted(os.sched_getaffinity(0))
             os.sched_setaffinity(0, {cores[index % len(cores)]})
-        self.host = build_host(spec)
+        if spec.device.startswith("cuda") and ray.is_initialized():
+            gpu_ids = ray.get_gpu_ids()  # MuJoCo's EGL ignores CUDA_VISIBLE_DEVICES: render on our GPU
+            if gpu_ids:
+                os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", str(int(float(gpu_ids[0]))))
+        self.host = host if host is not None else build_host(spec, observers=observers)
+        if spec.capsule_dir and self.host.capsule_source is None:
+            self.host.capsule_source = self._saved_capsule
+
+    def ready(self) -> int:
+        """Answers once the actor is placed and its host built (the driver waits for it)."""
+        return os.getpid()
+
+    pid = ready
+
+    def _saved_capsule(self, key: str, seed: int):
+        """A seed's initial capsule saved under `capsule_dir` (by this or another actor), or None."""
+        path = capsule_path(self.spec.capsule_dir, self.host.task, seed)
+        if not path.exists():
+            return None
+        try:
+            return load_capsule(path)
+        except CapsuleError:
+            return None  # unreadable: the reset is cold (and writes no new file over it)
 
     def run(self, item: WorkItem) -> ActorReport:
-        result = self.host.run_episode(item.seed, episode_id=item.episode_id)
+        try:
+            result = self.host.run_episode(item.seed, episode_id=item.episode_id, attempt=item.attempt,
+                                           repeat=item.repeat)
+        except Exception as exc:  # a reset that raised: this episode failed, the actor goes on
+            error = f"{type(exc).__name__}: {exc}"
+            if _is_cuda_fatal(error):
+                os._exit(3)  # the CUDA context is dead: Ray restarts the process, the driver re-runs the item
+            return ActorReport(None, "failed", 0.0, 0.0, error, os.getpid(), item, {}, self.index)
+        if _is_cuda_fatal(result.error):
+            os._exit(3)
         save_initial_capsule(self.host, self.spec, item.seed)
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
-                           steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid())
+                           steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
+                           extra=result.extra, actor_index=self.index)
 
-    def pid(self) -> int:
-        return os.getpid()
+    def close(self) -> None:
+        self.host.close()
 
 
 @dataclass
@@ -88,8 +158,86 @@ class DriverStats:
     successes: int = 0
     resubmitted: int = 0
     actor_failures: int = 0
+    timeouts: int = 0
     duplicates_skipped: int = 0
     failed_before_first_step: int = 0
+    actors_placed: int = 0
+    follow_ups: int = 0
+
+
+class _Plan:
+    """The work: items to hand out, follow-ups (repeats, retries) as results come in, resumes."""
+
+    def __init__(self, items: Iterable[WorkItem], repeats: int, attempts: int, done: Mapping[str, bool]) -> None:
+        self.repeats, self.attempts, self.done = repeats, attempts, dict(done)
+        self.todo: deque[WorkItem] = deque()
+        self.preferred: dict[int, deque[WorkItem]] = {}
+        self.skipped = 0
+        for item in items:
+            self._add(item, None)
+
+    def _add(self, item: WorkItem, actor: int | None) -> None:
+        """Queue `item`, or, when already recorded, walk on to what it would lead to."""
+        if item.episode_id in self.done:
+            self.skipped += 1
+            for nxt in self.after(item, self.done[item.episode_id]):
+                self._add(nxt, actor)
+            return
+        (self.preferred.setdefault(actor, deque()) if actor is not None else self.todo).append(item)
+
+    def after(self, item: WorkItem, success: bool) -> list[WorkItem]:
+        """What a finished rollout leads to: a retry after a failure, the seed's next repeat."""
+        base, out = item.base_id, []
+        if not success and item.attempt + 1 < self.attempts:
+            out.append(WorkItem(follow_up_id(base, item.attempt + 1, item.repeat), item.seed, item.attempt + 1,
+                                item.repeat, base))
+        if item.attempt == 0 and item.repeat + 1 < self.repeats:
+            out.append(WorkItem(follow_up_id(base, 0, item.repeat + 1), item.seed, 0, item.repeat + 1, base))
+        return out
+
+    def follow(self, item: WorkItem, success: bool, actor: int) -> int:
+        nxt = self.after(item, success)
+        for it in nxt:
+            self._add(it, actor)
+        return len(nxt)
+
+    def retry(self, item: WorkItem) -> None:
+        self.todo.appendleft(item)
+
+    def take(self, actor: int) -> WorkItem | None:
+        """The next item for `actor`: its own follow-ups, then new work, then another's follow-ups
+        (better a restore from `capsule_dir`, or a cold reset, than an idle actor)."""
+        own = self.preferred.get(actor)
+        if own:
+            return own.popleft()
+        if self.todo:
+            return self.todo.popleft()
+        for queue in self.preferred.values():
+            if queue:
+                return queue.popleft()
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self.todo) or any(self.preferred.values())
+
+    def __len__(self) -> int:
+        return len(self.todo) + sum(len(q) for q in self.preferred.values())
+
+
+def _record(report: ActorReport, recorder, stats: DriverStats) -> None:
+    if report.episode is None:
+        stats.failed_before_first_step += 1
+    elif recorder is not None and report.episode.meta.episode_id in recorder:
+        stats.duplicates_skipped += 1
+    else:
+        if recorder is not None:
+            recorder.write(report.episode)
+        stats.episodes += 1
+        stats.successes += int(report.episode.meta.success)
+
+
+def _success(report: ActorReport) -> bool:
+    return report.episode is not None and bool(report.episode.meta.success)
 
 
 def run_rollouts(
@@ -102,82 +250,157 @@ def run_rollouts(
     gpus_per_actor: float = 0.0,
     max_restarts: int = 3,
     max_attempts: int = 3,
+    repeats: int = 1,
+    attempts: int = 1,
+    episode_timeout_s: float | None = None,
+    placement_timeout_s: float = 300.0,
+    done: Mapping[str, bool] | None = None,
+    host: RolloutHost | None = None,
     on_report: Callable[[ActorReport, DriverStats], None] | None = None,
 ) -> tuple[list[ActorReport], DriverStats]:
-    """Play every item on `actors` Ray actors; episodes go to `recorder` exactly once.
+    """Play every item on `actors` Ray actors (0: in this process); episodes go to `recorder` once.
 
-    An item whose actor dies is handed out again (up to `max_attempts` tries);
-    an episode id already in the recorder is not written again.
+    `repeats`: rollouts per seed from its initial state; `attempts`: tries of a rollout that fails
+    (each a restore of the initial capsule with noise of its own). `done`: episode id -> success of
+    episodes already recorded (a resumed run walks past them). An item whose actor dies, or runs
+    past `episode_timeout_s`, is handed out again (up to `max_attempts` tries).
     """
-    if actors < 1:
-        raise ValueError(f"actors must be >= 1, got {actors}")
-    todo = deque(items)
-    ids = [it.episode_id for it in todo]
+    if actors < 0:
+        raise ValueError(f"actors must be >= 0, got {actors}")
+    if repeats < 1 or attempts < 1:
+        raise ValueError(f"repeats and attempts must be >= 1, got {repeats}, {attempts}")
+    if episode_timeout_s is not None and not episode_timeout_s > 0:
+        raise ValueError(f"episode_timeout_s must be > 0 or None, got {episode_timeout_s}")
+    items = list(items)
+    ids = [it.episode_id for it in items]
     if len(set(ids)) != len(ids):
         raise ValueError("work items must have unique episode ids")
+    plan = _Plan(items, repeats, attempts, done or {})
+    if actors == 0:
+        return _run_local(spec, plan, recorder, host, on_report)
+    return _run_ray(spec, plan, actors=actors, recorder=recorder, cpus_per_actor=cpus_per_actor,
+                    gpus_per_actor=gpus_per_actor, max_restarts=max_restarts, max_attempts=max_attempts,
+                    episode_timeout_s=episode_timeout_s, placement_timeout_s=placement_timeout_s,
+                    on_report=on_report)
+
+
+def _run_local(spec, plan: _Plan, recorder, host, on_report):
+    actor = RolloutActor(spec, host=host)
+    stats, reports = DriverStats(actors_placed=1), []
+    try:
+        while plan:
+            item = plan.take(0)
+            report = actor.run(item)
+            _record(report, recorder, stats)
+            stats.follow_ups += plan.follow(item, _success(report), 0)
+            reports.append(report)
+            if on_report is not None:
+                on_report(report, stats)
+    finally:
+        if host is None:
+            actor.close()
+    return reports, stats
+
+
+def _run_ray(spec, plan: _Plan, *, actors, recorder, cpus_per_actor, gpus_per_actor, max_restarts, max_attempts,
+             episode_timeout_s, placement_timeout_s, on_report):
     remote_cls = ray.remote(RolloutActor).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
                                                    max_restarts=max_restarts, max_task_retries=0)
     pool = [remote_cls.remote(spec, i) for i in range(actors)]
-    idle = deque(pool)
-    in_flight: dict = {}  # object ref -> (actor, item)
-    probes: dict = {}  # object ref -> actor being restarted (a `pid()` call answers once it is back)
-    alive = len(pool)
-    attempts: dict[str, int] = {}
+    idle: deque[int] = deque()
+    in_flight: dict = {}  # object ref -> (actor index, item, started)
+    probes: dict = {ray_actor.ready.remote(): i for i, ray_actor in enumerate(pool)}  # placed and built?
+    alive = set(range(actors))
+    placed: set[int] = set()
+    tries: dict[str, int] = {}
+    timed_out: set = set()
     stats = DriverStats()
     reports: list[ActorReport] = []
+    started = time.monotonic()
     try:
-        while todo or in_flight:
-            while todo and idle:
-                item, actor = todo.popleft(), idle.popleft()
-                attempts[item.episode_id] = attempts.get(item.episode_id, 0) + 1
-                in_flight[actor.run.remote(item)] = (actor, item)
+        while plan or in_flight:
+            while plan and idle:
+                index = idle.popleft()
+                item = plan.take(index)
+                tries[item.episode_id] = tries.get(item.episode_id, 0) + 1
+                in_flight[pool[index].run.remote(item)] = (index, item, time.monotonic())
             if not in_flight and not probes:
-                raise RuntimeError(f"every rollout actor is gone; {len(todo)} episodes were not run")
-            done, _ = ray.wait([*in_flight, *probes], num_returns=1)
+                raise RuntimeError(f"every rollout actor is gone; {len(plan)} episodes were not run")
+            wait = _next_deadline(in_flight, episode_timeout_s, placed & alive, probes, started, placement_timeout_s)
+            done, _ = ray.wait([*in_flight, *probes], num_returns=1, timeout=wait)
+            if not done:
+                _expire(in_flight, probes, pool, timed_out, stats, episode_timeout_s, placed & alive, started,
+                        placement_timeout_s, spec, cpus_per_actor, gpus_per_actor)
+                continue
             ref = done[0]
-            if ref in probes:  # a restarted actor: back to work, or still restarting, or gone
-                actor = probes.pop(ref)
+            if ref in probes:  # an actor placed (or restarted): to work; still restarting; or gone
+                index = probes.pop(ref)
                 try:
                     ray.get(ref)
-                    idle.append(actor)
+                    placed.add(index)
+                    stats.actors_placed = len(placed)
+                    idle.append(index)
                 except ActorUnavailableError:
                     time.sleep(0.2)
-                    probes[actor.pid.remote()] = actor
-                except (RayActorError, ActorDiedError):
-                    alive -= 1  # out of restarts
+                    probes[pool[index].ready.remote()] = index
+                except (RayActorError, ActorDiedError) as exc:
+                    if "creation task" in str(exc) or index not in placed:  # the host could not be built
+                        raise RuntimeError(f"a rollout actor could not start: {exc}") from exc
+                    alive.discard(index)  # out of restarts
                     if not alive:
-                        raise RuntimeError(f"every rollout actor died; {len(todo)} episodes were not run") from None
+                        raise RuntimeError(f"every rollout actor died; {len(plan)} episodes were not run") from None
                 continue
-            actor, item = in_flight.pop(ref)
+            index, item, _ = in_flight.pop(ref)
             try:
                 report: ActorReport = ray.get(ref)
             except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
                 if "creation task" in str(exc):  # the host could not be built: retrying will not help
                     raise RuntimeError(f"a rollout actor could not start: {exc}") from exc
                 stats.actor_failures += 1
-                if attempts[item.episode_id] >= max_attempts:
-                    raise RuntimeError(f"episode {item.episode_id} failed {max_attempts} times; last: {exc}") from exc
+                why = f"ran past the {episode_timeout_s} s deadline" if ref in timed_out else f"{exc}"
+                if tries[item.episode_id] >= max_attempts:
+                    raise RuntimeError(f"episode {item.episode_id} failed {max_attempts} times; last: {why}") from exc
                 stats.resubmitted += 1
-                todo.appendleft(item)  # re-run it first, on the next actor that is ready
-                probes[actor.pid.remote()] = actor  # Ray restarts this one meanwhile
+                plan.retry(item)  # re-run it first, on the next actor that is ready
+                probes[pool[index].ready.remote()] = index  # Ray restarts this one meanwhile
                 continue
-            idle.append(actor)
-            if report.episode is None:
-                stats.failed_before_first_step += 1
-            elif recorder is not None and report.episode.meta.episode_id in recorder:
-                stats.duplicates_skipped += 1
-            else:
-                if recorder is not None:
-                    recorder.write(report.episode)
-                stats.episodes += 1
-                stats.successes += int(report.episode.meta.success)
+            idle.append(index)
+            _record(report, recorder, stats)
+            stats.follow_ups += plan.follow(item, _success(report), index)
             reports.append(report)
             if on_report is not None:
                 on_report(report, stats)
     finally:
-        for actor in pool:
-            ray.kill(actor, no_restart=True)
+        for ray_actor in pool:
+            ray.kill(ray_actor, no_restart=True)
     return reports, stats
+
+
+def _next_deadline(in_flight, timeout_s, placed, probes, started, placement_timeout_s) -> float | None:
+    """Seconds until the next deadline (an episode's, or placement's while no actor is placed)."""
+    now = time.monotonic()
+    waits = []
+    if timeout_s is not None and in_flight:
+        waits.append(min(t for _, _, t in in_flight.values()) + timeout_s - now)
+    if not placed and probes:
+        waits.append(started + placement_timeout_s - now)
+    return max(0.0, min(waits)) if waits else None
+
+
+def _expire(in_flight, probes, pool, timed_out, stats, timeout_s, placed, started, placement_timeout_s, spec,
+            cpus, gpus) -> None:
+    now = time.monotonic()
+    if not placed and probes and now >= started + placement_timeout_s:
+        raise RuntimeError(f"no rollout actor was placed within {placement_timeout_s:.0f} s: each asks for "
+                           f"{cpus} CPU and {gpus} GPU; the cluster has {ray.available_resources()} free. "
+                           "Ask for less (--cpus_per_actor, --gpus_per_actor) or fewer --actors")
+    if timeout_s is None:
+        return
+    for ref, (index, item, t0) in list(in_flight.items()):
+        if now - t0 >= timeout_s and ref not in timed_out:
+            timed_out.add(ref)
+            stats.timeouts += 1
+            ray.kill(pool[index], no_restart=False)  # Ray restarts it; the pending call then fails
 
 
 def actor_throughput(spec: HostSpec, seeds: list[int], *, counts=(1, 2), cpus_per_actor: float = 1.0) -> dict:
@@ -188,16 +411,16 @@ def actor_throughput(spec: HostSpec, seeds: list[int], *, counts=(1, 2), cpus_pe
     """
     n_max = max(counts)
     remote = ray.remote(RolloutActor).options(num_cpus=cpus_per_actor)
-    actors = [remote.remote(spec, i) for i in range(n_max)]
+    pool = [remote.remote(spec, i) for i in range(n_max)]
     try:
-        ray.get([a.run.remote(WorkItem(f"warm-{i}-{s}", s)) for i, a in enumerate(actors) for s in seeds])
+        ray.get([a.run.remote(WorkItem(f"warm-{i}-{s}", s)) for i, a in enumerate(pool) for s in seeds])
         out: dict[int, list[float]] = {}
         for n in counts:
             t0 = time.perf_counter()
-            refs = [actors[i % n].run.remote(WorkItem(f"n{n}-{s}", s)) for i, s in enumerate(seeds)]
+            refs = [pool[i % n].run.remote(WorkItem(f"n{n}-{s}", s)) for i, s in enumerate(seeds)]
             steps = sum(r.episode.meta.length for r in ray.get(refs))
             out.setdefault(n, []).append(steps / (time.perf_counter() - t0))
         return out
     finally:
-        for a in actors:
+        for a in pool:
             ray.kill(a)

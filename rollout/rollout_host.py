@@ -1,23 +1,34 @@
-"""`RolloutHost`: one rollout host's episode state machine (plain Python, no Ray).
+"""`RolloutHost`: the one episode loop (plain Python, no Ray), over the rollout protocols.
 
 Per episode: RESET -> RUNNING -> STOP_INFER -> RECORD -> (next RESET).
 
+The host drives any env, policy and (optional) critic that implement the protocols
+of `envs.rollout_env`, `policies.rollout_policy` and `critics.rollout_critic`; the
+project's tabletop env, flow policy and value critic are implementations like any
+other. Every entry point plays its episodes here: rollouts on Ray, evaluation,
+branching from mid-episode capsules, RECAP, the robot. Observers
+(`rollout.observer.EpisodeObserver`) attach to its hooks instead of copying it.
+
 - RESET restores the episode's initial capsule: env physics and task, the policy's
-  noise generator and subtask embedding, the critic's subtask embedding, and the
-  host's own state (action queue, counters, the hand-off's subtask block). For a
-  (family, seed) seen before that is a restore and nothing else; for a new one it
-  is made once by a cold reset (`env.reset(seed)`, planner, language encodings) and
-  kept in the `CapsuleStore`: pinned for the evaluation seeds, LRU otherwise.
+  noise generator and language, the critic's, and the host's own state (action
+  queue, counters, the hand-off's subtask block). For a (task, seed) seen before
+  that is a restore and nothing else; for a new one it is made once by a cold reset
+  (`env.reset(seed)`, `policy.reset(noise seed)`, planner, language) and kept in the
+  `CapsuleStore`: pinned for the evaluation seeds, LRU otherwise. A robot
+  (`env.restorable = False`) is reset physically every time.
 - RUNNING is the chunk loop. Every tick the host reads the subtask channel (a new
   version -> new language for policy and critic, and a new chunk at once); when the
-  action queue is empty the policy lane and the critic lane run together on the
-  `TwoLaneContext` and the first `n_exec` actions of the chunk are queued
-  (receding horizon). Stop checks after every step: success, operator END, value
-  below a threshold for M consecutive chunks, timeout, safety, error.
+  action queue is empty the policy lane and the critic lane run (together on the
+  `TwoLaneContext`, or one after the other with `lanes="serial"`) and the first
+  `n_exec` actions of the chunk are queued (receding horizon). Each action is
+  clipped to the env's action bounds. Stop checks after every step: success,
+  operator END, value below a threshold for M consecutive chunks, timeout, safety,
+  error.
 - STOP_INFER ends inference; RECORD writes the episode (if a recorder is set).
 
-The noise of each episode's policy is seeded from (noise_seed, family, seed), so a
-seed's episode is reproducible from its initial capsule alone (see `replay`).
+The policy's noise is seeded per episode from (noise_seed, task, seed, attempt,
+repeat), so a seed's episode does not depend on which episodes ran before it, on
+which host, and is reproducible from its initial capsule alone (see `replay`).
 """
 
 from __future__ import annotations
@@ -26,21 +37,23 @@ import enum
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
 
-from capsules import Arena, BufferComponent, BufferSpec, CapsuleStore, restore, snapshot
-from critics.critic_runtime import CriticRuntime
+from capsules import Arena, BufferComponent, BufferSpec, Capsule, CapsuleStore, restore, snapshot
+from critics.rollout_critic import RolloutCritic
 from envs.operator_input import OperatorSource
-from envs.tabletop_env import ACTION_DIM, TabletopEnv, image_key
+from envs.rollout_env import STATE_KEY, RolloutEnv, action_bounds, image_key
 from policies.execution_context import TwoLaneContext
-from policies.policy_runtime import PolicyRuntime
+from policies.rollout_policy import RolloutPolicy
 from rollout import episode_schema as S
 from rollout.episode import Episode, EpisodeBuilder
 from rollout.handoff import NBYTES, SubtaskChannel
+from rollout.observer import EpisodeObserver
 from rollout.planner import Planner, ScriptedPlanner
 
 
@@ -52,7 +65,7 @@ class Phase(str, enum.Enum):
     RECORD = "record"
 
 
-SUCCESS, OPERATOR_END, LOW_VALUE, TIMEOUT, SAFETY, ERROR, ABORTED = S.STOP_REASONS
+SUCCESS, OPERATOR_END, LOW_VALUE, TIMEOUT, SAFETY, ERROR, ABORTED, TERMINATED = S.STOP_REASONS
 _ALLOWED = {
     Phase.IDLE: {Phase.RESET},
     Phase.RESET: {Phase.RUNNING, Phase.STOP_INFER},  # a reset can fail: error, recorded if there were steps
@@ -60,6 +73,8 @@ _ALLOWED = {
     Phase.STOP_INFER: {Phase.RECORD},
     Phase.RECORD: {Phase.RESET, Phase.IDLE},
 }
+# the host's counters (one int64 buffer of its capsule state)
+_POS, _LEN, _LOW, _CHUNKS, _PUBLISHED = range(5)
 
 
 class SafetyStop(Exception):
@@ -84,15 +99,19 @@ class HostConfig:
     """Seeds whose initial capsules stay pinned in the store (a fixed evaluation set)."""
     record_images: bool = True
     """Record the cameras' images in each episode."""
+    lanes: Literal["two", "serial"] = "two"
+    """Run policy and critic on two lanes at once, or one after the other on one."""
 
     def __post_init__(self) -> None:
         if self.n_exec < 1 or self.value_patience < 1 or self.planner_every < 1:
             raise ValueError("n_exec, value_patience and planner_every must be >= 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
+        if self.lanes not in ("two", "serial"):
+            raise ValueError(f"lanes must be 'two' or 'serial', got {self.lanes!r}")
 
 
-@dataclass
+@dataclass(slots=True)
 class Tick:
     """What one control step did (see `RolloutHost.tick`)."""
 
@@ -106,19 +125,20 @@ class Tick:
     reward: float = 0.0
     terminated: bool = False
     truncated: bool = False
-    info: dict = field(default_factory=dict)
+    info: dict | None = None
     intervention: bool = False
 
 
 @dataclass
 class EpisodeResult:
     episode: Episode | None  # None only when the episode failed before its first step
-    reset_kind: str  # "restore" or "cold"
+    reset_kind: str  # "restore", "cold", "physical" (a robot) or "branch"
     reset_ms: float
     run_s: float
     steps_per_s: float
     error: str = ""
     transitions: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # observers' per-episode results (by observer name)
 
     @property
     def meta(self):
@@ -128,10 +148,11 @@ class EpisodeResult:
 class _HostState(BufferComponent):
     """The host's own committed state: action queue, counters, the subtask block."""
 
-    def __init__(self, horizon: int, before_snapshot: Callable[[], None], after_restore: Callable[[], None]) -> None:
+    def __init__(self, chunk_length: int, action_dim: int, before_snapshot: Callable[[], None],
+                 after_restore: Callable[[], None]) -> None:
         super().__init__()
         self.name = "host"
-        self.horizon = horizon
+        self.chunk_length, self.action_dim = chunk_length, action_dim
         self._before, self._after = before_snapshot, after_restore
 
     def before_snapshot(self) -> None:
@@ -142,7 +163,8 @@ class _HostState(BufferComponent):
 
     def buffer_specs(self) -> list[BufferSpec]:
         return [
-            BufferSpec("queue", (self.horizon, ACTION_DIM), torch.float32, doc="actions left of the current chunk"),
+            BufferSpec("queue", (self.chunk_length, self.action_dim), torch.float32,
+                       doc="actions of the current chunk"),
             BufferSpec("counters", (5,), torch.int64,
                        doc="queue position, queue length, low-value chunks, chunks, planner's last subtask"),
             BufferSpec("value", (), torch.float32, doc="critic value of the current chunk"),
@@ -150,25 +172,39 @@ class _HostState(BufferComponent):
         ]
 
     def fingerprint(self) -> Mapping[str, str]:
-        return {"kind": "rollout_host", "horizon": str(self.horizon), "subtask_bytes": str(NBYTES)}
+        return {"kind": "rollout_host", "horizon": str(self.chunk_length), "action_dim": str(self.action_dim),
+                "subtask_bytes": str(NBYTES)}
 
 
-def episode_noise_seed(noise_seed: int, family: str, seed: int) -> int:
-    """The policy's noise seed for one episode (stable across processes and runs)."""
-    return (noise_seed * 1_000_003 + zlib.crc32(family.encode()) * 7919 + seed) % (2**62)
+_ATTEMPT_MIX, _REPEAT_MIX = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F
 
 
-def capsule_key(family: str, seed: int) -> str:
-    return f"{family}/s{seed:07d}"
+def episode_noise_seed(noise_seed: int, task: str, seed: int, attempt: int = 0, repeat: int = 0) -> int:
+    """The policy's noise seed for one episode (stable across processes, hosts and runs).
+
+    `attempt` / `repeat` > 0: a retry of a failed episode / another rollout from the same
+    initial state, each with noise of its own."""
+    return (noise_seed * 1_000_003 + zlib.crc32(task.encode()) * 7919 + seed
+            + attempt * _ATTEMPT_MIX + repeat * _REPEAT_MIX) % (2**62)
+
+
+def capsule_key(task: str, seed: int) -> str:
+    return f"{task}/s{seed:07d}"
+
+
+def _call_optional(component, method: str, *args) -> None:
+    fn = getattr(component, method, None)
+    if callable(fn):
+        fn(*args)
 
 
 class RolloutHost:
     def __init__(
         self,
         *,
-        env: TabletopEnv,
-        policy: PolicyRuntime,
-        critic: CriticRuntime,
+        env: RolloutEnv,
+        policy: RolloutPolicy,
+        critic: RolloutCritic | None = None,
         config: HostConfig = HostConfig(),
         store: CapsuleStore | None = None,
         channel: SubtaskChannel | None = None,
@@ -177,14 +213,28 @@ class RolloutHost:
         safety_check: Callable[[dict, np.ndarray], None] | None = None,
         operator: OperatorSource | None = None,
         teleop: Callable[[], np.ndarray] | None = None,
+        observers: Sequence[EpisodeObserver] = (),
+        capsule_source: Callable[[str, int], Capsule | None] | None = None,
     ) -> None:
-        """`operator`: polled every control step (END, takeover, coaching, e-stop). `teleop`: the action
-        source while an operator has taken over (a leader arm; in sim the scripted expert)."""
-        if config.n_exec > policy.config.horizon:
-            raise ValueError(f"n_exec ({config.n_exec}) exceeds the policy's chunk length ({policy.config.horizon})")
-        missing = [c for c in (*policy.config.cameras, *critic.config.cameras) if c not in env.cameras]
-        if missing:
-            raise ValueError(f"policy/critic need camera(s) {missing}; the env renders {list(env.cameras)}")
+        """`critic`: optional (None: values recorded as NaN, no low-value stop). `operator`: polled
+        every control step (END, takeover, coaching, e-stop). `teleop`: the action source while an
+        operator has taken over (a leader arm; in sim the scripted expert). `observers`: see
+        `rollout.observer`. `capsule_source(key, seed)`: asked for a seed's initial capsule when the store
+        does not hold it (e.g. a file another host saved), before resorting to a cold reset."""
+        spec = policy.spec
+        self.low, self.high = action_bounds(env)
+        if self.low.shape != (spec.action_dim,):
+            raise ValueError(f"the policy acts with {spec.action_dim} numbers, the env's action space has "
+                             f"{self.low.shape[0]}: use a policy trained for this env")
+        if config.n_exec > spec.chunk_length:
+            raise ValueError(f"n_exec ({config.n_exec}) exceeds the policy's chunk length ({spec.chunk_length})")
+        if critic is None and config.value_threshold is not None:
+            raise ValueError("value_threshold needs a critic: pass one, or leave value_threshold None")
+        available = set(env.observation_spec.arrays)
+        for who, part in (("policy", policy), ("critic", critic)):
+            missing = [k for k in (part.spec.observation_keys if part is not None else ()) if k not in available]
+            if missing:
+                raise ValueError(f"the {who} reads observation key(s) {missing}; the env gives {sorted(available)}")
         self.env, self.policy, self.critic, self.config = env, policy, critic, config
         self.store = store if store is not None else CapsuleStore()
         self.channel = channel if channel is not None else SubtaskChannel()
@@ -192,21 +242,41 @@ class RolloutHost:
         self.recorder = recorder
         self.safety_check = safety_check
         self.operator, self.teleop = operator, teleop
+        self.observers = list(observers)
+        self.capsule_source = capsule_source
         self.takeover = False
         self.events: list[str] = []  # operator events of the current episode, as they were applied
-        self.state = _HostState(policy.config.horizon, self._save_subtask, self._load_subtask)
-        self.arena = Arena([env, policy, critic, self.state]).allocate()
-        self.lanes = TwoLaneContext(policy.device)
+        self.state = _HostState(spec.chunk_length, spec.action_dim, self._save_subtask, self._load_subtask)
+        self.arena = Arena([env, policy, *([critic] if critic is not None else []), self.state]).allocate()
+        b = self.state.buffers
+        # numpy views of the host's buffers (the same memory): cheap to index every step
+        self._queue, self._counters, self._value = b["queue"].numpy(), b["counters"].numpy(), b["value"].numpy()
+        self._cameras = tuple(env.observation_spec.cameras) if config.record_images else ()
+        self._images = tuple((c, image_key(c)) for c in self._cameras)
+        self.lanes = TwoLaneContext(policy.device) if critic is not None else None
+        self._chunk_out: torch.Tensor | None = None  # what the lanes returned last
+        self._value_out: torch.Tensor | None = None
         self.phase = Phase.IDLE
         self.transitions: list[str] = []
         self._seen_version = -1
         self._subtask_index = 0
+        self._first_bad = spec.chunk_length  # first non-finite row of the queued chunk
+        self.initial_capsule: Capsule | None = None  # the current episode's, restored or made at its reset
         self._end_request: bool | None = None  # operator END: success flag
         self._lock = threading.Lock()
 
     @property
-    def family(self) -> str:
-        return self.env.family.name
+    def task(self) -> str:
+        return self.env.task
+
+    @property
+    def family(self) -> str:  # the tabletop's name for the task id
+        return self.env.task
+
+    @property
+    def value(self) -> float:
+        """The critic's value of the current chunk (NaN without a critic or before the first chunk)."""
+        return float(self._value)
 
     # -- operator ---------------------------------------------------------------------
     def request_end(self, success: bool) -> None:
@@ -222,7 +292,8 @@ class RolloutHost:
         self.phase = phase
 
     def close(self) -> None:
-        self.lanes.close()
+        if self.lanes is not None:
+            self.lanes.close()
         self.env.close()
 
     # -- capsule hooks for the hand-off block ------------------------------------------
@@ -233,7 +304,7 @@ class RolloutHost:
         seq = block[:8].view(torch.int64)
         seq.fill_(2 if int(seq) > 0 else 0)
         published = getattr(self.planner, "published", None)
-        self.state.buffers["counters"][4] = -1 if published is None else published
+        self._counters[_PUBLISHED] = -1 if published is None else published
 
     def _load_subtask(self) -> None:
         """After a restore: republish the restored subtask, and treat it as already seen."""
@@ -245,43 +316,70 @@ class RolloutHost:
         self._seen_version = self.channel.version()
         self._subtask_index = max(sub.index, 0) if sub.version else 0
         if hasattr(self.planner, "published"):  # what the planner last published, as at the boundary
-            published = int(self.state.buffers["counters"][4])
+            published = int(self._counters[_PUBLISHED])
             self.planner.published = None if published < 0 else published
+        self._first_bad = self._scan_queue()
+
+    def _scan_queue(self) -> int:
+        """Index of the first queued action that is not finite (chunk length when all are)."""
+        bad = ~np.isfinite(self._queue).all(axis=1)
+        return int(bad.argmax()) if bad.any() else len(self._queue)
+
+    # -- capsules -----------------------------------------------------------------------
+    def snapshot(self, label: str = "", *, step: int | None = None) -> Capsule:
+        """A capsule of the whole host (env, policy, critic, queue, hand-off) at the current committed
+        boundary: between episodes, or in an observer's `chunk_start`."""
+        return snapshot(self.arena, label=label, step=self.env.steps if step is None else step, force=True)
 
     # -- RESET --------------------------------------------------------------------------
-    def reset(self, seed: int) -> tuple[str, float, str]:
-        """Restore (or make, then keep) the initial capsule of `seed`; returns (kind, ms, capsule id)."""
+    def reset(self, seed: int, *, attempt: int = 0, repeat: int = 0) -> tuple[str, float, str, dict | None]:
+        """Restore (or make, then keep) the initial capsule of `seed`, seed the policy's noise for
+        (attempt, repeat); returns (kind, ms, capsule id, the observation when the reset made one)."""
         self._go(Phase.RESET)
         t0 = time.perf_counter()
-        key = capsule_key(self.family, seed)
+        key = capsule_key(self.task, seed)
+        obs = None
         if not getattr(self.env, "restorable", True):  # a robot: home it every time; nothing is kept
-            capsule = self._cold_reset(seed, key, keep=False)
+            capsule, obs = self._cold_reset(seed, key, keep=False)
             kind = "physical"
-        elif key in self.store:
-            capsule = self.store.get(key)
+        elif key in self.store or (capsule := self._fetch(key, seed)) is not None:
+            capsule = self.store.get(key) if key in self.store else capsule
             restore(self.arena, capsule)  # the host component's hook republishes the subtask
             kind = "restore"
         else:
-            capsule = self._cold_reset(seed, key)
+            capsule, obs = self._cold_reset(seed, key)
             kind = "cold"
+        self.initial_capsule = capsule
+        if attempt or repeat:  # another rollout from the same initial state: noise of its own
+            self.policy.reset(episode_noise_seed(self.config.noise_seed, self.task, seed, attempt, repeat))
         with self._lock:
             self._end_request = None
-        return kind, (time.perf_counter() - t0) * 1e3, capsule.meta.capsule_id
+        return kind, (time.perf_counter() - t0) * 1e3, capsule.meta.capsule_id, obs
 
-    def _cold_reset(self, seed: int, key: str, keep: bool = True):
-        self.env.reset(seed=seed)
+    def _fetch(self, key: str, seed: int) -> Capsule | None:
+        """The initial capsule from `capsule_source` (kept in the store, within its budget)."""
+        capsule = self.capsule_source(key, seed) if self.capsule_source is not None else None
+        if capsule is not None:
+            self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
+        return capsule
+
+    def _cold_reset(self, seed: int, key: str, keep: bool = True) -> tuple[Capsule, dict]:
+        obs, _ = self.env.reset(seed=seed)
+        episode_seed = episode_noise_seed(self.config.noise_seed, self.task, seed)
+        self.policy.reset(episode_seed)
+        if self.critic is not None:
+            _call_optional(self.critic, "reset", episode_seed)
+        self._queue[:] = 0.0
+        self._counters[:] = 0
+        self._value[...] = np.nan
         self.planner.reset(self.env)
         self._seen_version = -1
         self._poll_subtask()
-        self.policy.buffers["rng"].copy_(torch.tensor([episode_noise_seed(self.config.noise_seed, self.family, seed), 0]))
-        b = self.state.buffers
-        b["queue"].zero_()
-        b["counters"].zero_()
-        b["value"].fill_(float("nan"))
-        capsule = snapshot(self.arena, label=key, step=0, episode=key, extra={"seed": str(seed), "family": self.family})
+        self._first_bad = len(self._queue)
+        capsule = snapshot(self.arena, label=key, step=0, episode=key, extra={"seed": str(seed), "task": self.task})
         if keep:
             self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
-        return capsule
+        return capsule, obs
 
     def _poll_subtask(self) -> bool:
         """Read the channel; on a new version re-encode the language. True when it changed."""
@@ -289,28 +387,48 @@ class RolloutHost:
         if sub is None:
             return False
         self._seen_version = sub.version
+        if not sub.version:  # nothing published yet
+            return False
         if sub.index >= 0:
             self._subtask_index = sub.index
-        self.policy.set_subtask(sub.text)
-        self.critic.set_subtask(sub.text)
+        _call_optional(self.policy, "set_language", sub.text)
+        if self.critic is not None:
+            _call_optional(self.critic, "set_language", sub.text)
         return True
 
     # -- RUNNING ----------------------------------------------------------------------
+    def _policy_lane(self) -> None:
+        self._chunk_out = self.policy.act()
+
+    def _critic_lane(self) -> None:
+        self._value_out = self.critic.evaluate()
+
     def _infer(self, obs: dict) -> None:
-        images = {c: obs[image_key(c)] for c in self.policy.config.cameras}
-        self.policy.load_observation(images, obs["state"])
-        self.critic.load_observation({c: obs[image_key(c)] for c in self.critic.config.cameras}, obs["state"],
-                                     step=self.env.steps)
-        self.lanes.run(self.policy.runner, self.critic.runner)
-        b = self.state.buffers
-        b["queue"].copy_(self.policy.buffers["chunk"][0])
-        value = self.critic.buffers["value"][0]
-        b["value"].copy_(value)
-        c = b["counters"]
-        c[0], c[1] = 0, self.config.n_exec
-        threshold = self.config.value_threshold
-        c[2] = c[2] + 1 if threshold is not None and float(value) < threshold else 0
-        c[3] += 1
+        for observer in self.observers:
+            observer.chunk_start(self, obs)
+        self.policy.load_observation(obs)
+        critic, c = self.critic, self._counters
+        if critic is None:
+            self._policy_lane()
+        else:
+            critic.load_observation(obs, self.env.steps)
+            if self.config.lanes == "two":
+                self.lanes.run(self._policy_lane, self._critic_lane)
+            else:
+                self.lanes.serial(self._policy_lane, self._critic_lane)
+            value = float(self._value_out.reshape(-1)[0])
+            self._value[...] = value
+            threshold = self.config.value_threshold
+            c[_LOW] = c[_LOW] + 1 if threshold is not None and value < threshold else 0
+        queue = self._queue
+        queue[:] = self._chunk_out.reshape(queue.shape).cpu().numpy()
+        c[_POS], c[_LEN] = 0, self.config.n_exec
+        c[_CHUNKS] += 1
+        self._first_bad = self._scan_queue()
+        if self.observers:
+            proposed = queue.copy()
+            for observer in self.observers:
+                observer.chunk(self, proposed)
 
     def _operator_events(self, step: int) -> str | None:
         """Apply what the operator did since the last step; returns "estop" when the robot must stop."""
@@ -337,12 +455,12 @@ class RolloutHost:
 
     def _teleop_tick(self) -> Tick:
         """One step driven by the operator: recorded as an intervention; the policy's chunk is dropped."""
-        b = self.state.buffers
         self._poll_subtask()
-        b["counters"][1] = 0  # after a human moved the robot, the policy plans afresh
-        action = np.clip(np.asarray(self.teleop(), np.float32).reshape(-1), -1.0, 1.0)
-        if not np.all(np.isfinite(action)):
-            raise SafetyStop(f"teleoperation sent a non-finite action {action.tolist()}")
+        self._counters[_LEN] = 0  # after a human moved the robot, the policy plans afresh
+        action = np.asarray(self.teleop(), np.float32).reshape(-1)
+        if action.shape != self.low.shape or not np.all(np.isfinite(action)):
+            raise SafetyStop(f"teleoperation sent {action.tolist()}; the env takes {self.low.shape[0]} finite numbers")
+        action = np.minimum(np.maximum(action, self.low), self.high)
         tick = Tick(new_chunk=False, value=float("nan"), action=action, subtask_id=self._subtask_index,
                     intervention=True)
         tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
@@ -353,84 +471,129 @@ class RolloutHost:
     def tick(self, obs: dict) -> Tick:
         """One control step of the chunk loop from observation `obs` (the env's current one).
 
-        Reads the hand-off (a new subtask -> new language, new chunk), runs both lanes
-        when the queue is empty, and executes the next queued action. A low-value
-        stop, when due, is reported before acting (`tick.low_value`, nothing executed).
+        Reads the hand-off (a new subtask -> new language, new chunk), runs the lanes
+        when the queue is empty, and executes the next queued action, clipped to the
+        env's bounds. A low-value stop, when due, is reported before acting
+        (`tick.low_value`, nothing executed).
         """
-        b, cfg = self.state.buffers, self.config
+        c, cfg = self._counters, self.config
         if self._poll_subtask():
-            b["counters"][1] = 0  # new language: new chunk now
-        c = b["counters"]
-        new_chunk = int(c[0]) >= int(c[1])
+            c[_LEN] = 0  # new language: new chunk now
+        pos = int(c[_POS])
+        new_chunk = bool(pos >= c[_LEN])
         if new_chunk:
             self._infer(obs)
-            if cfg.value_threshold is not None and int(c[2]) >= cfg.value_patience:
-                return Tick(new_chunk=True, value=float(b["value"]), low_value=True)
-        proposed = b["queue"][int(c[0])].numpy().copy()
-        c[0] += 1
-        tick = Tick(new_chunk=new_chunk, value=float(b["value"]), proposed=proposed, subtask_id=self._subtask_index)
-        if not np.all(np.isfinite(proposed)):
-            raise SafetyStop(f"policy proposed a non-finite action {proposed.tolist()}")
-        tick.action = np.clip(proposed, -1.0, 1.0)
+            pos = 0
+            if cfg.value_threshold is not None and c[_LOW] >= cfg.value_patience:
+                return Tick(new_chunk=True, value=float(self._value), low_value=True)
+        if pos >= self._first_bad:
+            raise SafetyStop(f"policy proposed a non-finite action {self._queue[pos].tolist()}")
+        proposed = self._queue[pos].copy()
+        c[_POS] = pos + 1
+        action = np.minimum(np.maximum(proposed, self.low), self.high)
+        tick = Tick(new_chunk, float(self._value), False, proposed, action, self._subtask_index)
         if self.safety_check is not None:
-            self.safety_check(obs, tick.action)
-        tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(tick.action)
+            self.safety_check(obs, action)
+        tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
         if self.env.steps % cfg.planner_every == 0:
             self.planner.update(self.env)
         return tick
 
-    def run_episode(self, seed: int, *, episode_id: str | None = None) -> EpisodeResult:
-        """RESET -> RUNNING -> STOP_INFER -> RECORD for one seed; returns the recorded episode."""
-        self.transitions = []
-        episode_id = episode_id or f"{self.family}-s{seed:07d}"
-        builder = EpisodeBuilder()
-        error, reason, success = "", TIMEOUT, False
-        try:
-            kind, reset_ms, capsule_id = self.reset(seed)
-        except Exception as exc:  # nothing ran: no episode to record
-            self.phase = Phase.IDLE
-            raise RuntimeError(f"reset of {episode_id} failed: {type(exc).__name__}: {exc}") from exc
-        self._go(Phase.RUNNING)
-        env, cfg = self.env, self.config
-        limit = min(cfg.max_steps or env.max_steps, env.max_steps)
-        obs = env.observe()
-        t0 = time.perf_counter()
-        self.takeover, self.events = False, []
+    def _loop(self, obs: dict, builder: EpisodeBuilder, limit: int) -> tuple[str, bool, str]:
+        """Ticks until a stop; returns (stop reason, success, error)."""
+        env, observers, images = self.env, self.observers, self._images
+        reason, success, error = TIMEOUT, False, ""
         try:
             while True:
-                if self._operator_events(env.steps) == "estop":
-                    reason, error = SAFETY, "operator e-stop"
-                    break
+                if self.operator is not None and self._operator_events(env.steps) == "estop":
+                    return SAFETY, False, "operator e-stop"
                 tick = self._teleop_tick() if self.takeover else self.tick(obs)
                 # an episode executes at least one step, so every stop is recorded
-                if tick.low_value and len(builder):
-                    reason = LOW_VALUE
-                    break
-                if tick.low_value:  # stop due before the first step: run the chunk anyway
-                    self.state.buffers["counters"][2] = 0
+                if tick.low_value:
+                    if len(builder):
+                        return LOW_VALUE, False, ""
+                    self._counters[_LOW] = 0  # stop due before the first step: run the chunk anyway
                     continue
-                images = {c_: obs[image_key(c_)] for c_ in env.cameras} if cfg.record_images else {}
-                builder.add(images=images, state=obs["state"], action=tick.action, reward=tick.reward,
-                            policy_action=tick.proposed, value=tick.value if tick.new_chunk else float("nan"),
+                builder.add(images={c: obs[k] for c, k in images}, state=obs[STATE_KEY], action=tick.action,
+                            reward=tick.reward, policy_action=tick.proposed,
+                            value=tick.value if tick.new_chunk else float("nan"),
                             subtask_id=tick.subtask_id, intervention=tick.intervention)
+                for observer in observers:
+                    observer.step(self, tick)
                 obs = tick.obs
                 with self._lock:
                     end = self._end_request
-                if tick.info["success"]:
-                    reason, success = SUCCESS, True
-                    break
+                if env.success(tick.info):
+                    return SUCCESS, True, ""
                 if end is not None:
-                    reason, success = OPERATOR_END, end
-                    break
+                    return OPERATOR_END, end, ""
+                if tick.terminated:
+                    return TERMINATED, False, ""
                 if tick.truncated or env.steps >= limit:
-                    reason = TIMEOUT
-                    break
+                    return TIMEOUT, False, ""
         except SafetyStop as exc:
-            reason, error = SAFETY, str(exc) or "safety check stopped the episode"
+            return SAFETY, False, str(exc) or "safety check stopped the episode"
         except Exception as exc:  # recorded (as an error, or the reason it names); the host stays usable
             named = getattr(exc, "stop_reason", None)
-            reason = named if named in S.STOP_REASONS else ERROR
-            error = f"{type(exc).__name__}: {exc}"
+            return (named if named in S.STOP_REASONS else ERROR), success, f"{type(exc).__name__}: {exc}"
+
+    def _limit(self, max_steps: int | None = None) -> int:
+        env_limit = self.env.max_steps
+        return min(max_steps or self.config.max_steps or env_limit, env_limit)
+
+    def run_episode(self, seed: int, *, episode_id: str | None = None, attempt: int = 0,
+                    repeat: int = 0) -> EpisodeResult:
+        """RESET -> RUNNING -> STOP_INFER -> RECORD for one seed; returns the recorded episode.
+
+        `attempt` / `repeat` > 0: another rollout from the seed's initial capsule (a restore when it
+        is kept), with its own policy noise (a retry after a failure / an extra rollout)."""
+        self.transitions = []
+        try:
+            kind, reset_ms, capsule_id, obs = self.reset(seed, attempt=attempt, repeat=repeat)
+        except Exception as exc:  # nothing ran: no episode to record
+            self.phase = Phase.IDLE
+            raise RuntimeError(f"reset of {episode_id or f'seed {seed}'} failed: {type(exc).__name__}: {exc}") from exc
+        episode_id = episode_id or f"{self.task}-s{seed:07d}"  # a robot names its task at reset
+        return self._run(seed, episode_id, kind, reset_ms, capsule_id, obs, None, attempt, repeat)
+
+    def branch(self, capsule: Capsule, *, seed: int, noise_seed: int | None = None, episode_id: str = "",
+               max_steps: int | None = None) -> EpisodeResult:
+        """Play on from a capsule taken by `snapshot()` at a chunk boundary of an episode of `seed`:
+        restore it, reseed the policy's noise with `noise_seed` (None: the episode's own noise, an
+        exact replay), run to the episode's end. The episode holds the steps from the boundary on;
+        it is not recorded."""
+        self.transitions = []
+        self._go(Phase.RESET)
+        t0 = time.perf_counter()
+        try:
+            restore(self.arena, capsule)
+            if noise_seed is not None:
+                self.policy.reset(noise_seed)
+        except Exception:
+            self.phase = Phase.IDLE
+            raise
+        with self._lock:
+            self._end_request = None
+        reset_ms = (time.perf_counter() - t0) * 1e3
+        recorder, self.recorder = self.recorder, None
+        try:
+            return self._run(seed, episode_id or f"{self.task}-s{seed:07d}-branch", "branch", reset_ms,
+                             capsule.meta.capsule_id, None, max_steps, 0, 0)
+        finally:
+            self.recorder = recorder
+
+    def _run(self, seed: int, episode_id: str, kind: str, reset_ms: float, capsule_id: str, obs: dict | None,
+             max_steps: int | None, attempt: int, repeat: int) -> EpisodeResult:
+        self._go(Phase.RUNNING)
+        env = self.env
+        if obs is None:  # restored: the observation of the committed state
+            obs = env.observe()
+        builder = EpisodeBuilder()
+        self.takeover, self.events = False, []
+        for observer in self.observers:
+            observer.episode_start(self, seed)
+        t0 = time.perf_counter()
+        reason, success, error = self._loop(obs, builder, self._limit(max_steps))
         run_s = time.perf_counter() - t0
         self._go(Phase.STOP_INFER)
         self._go(Phase.RECORD)
@@ -440,15 +603,18 @@ class RolloutHost:
             return EpisodeResult(episode=None, reset_kind=kind, reset_ms=reset_ms, run_s=run_s, steps_per_s=0.0,
                                  error=error or reason, transitions=list(self.transitions))
         episode = builder.finish(
-            episode_id=episode_id, seed=seed, task=self.family, instruction=env.instruction, success=success,
-            stop_reason=reason, initial_capsule_id=capsule_id, subtasks=[s.text for s in env.subtasks],
-            operator_events=self.events,
+            episode_id=episode_id, seed=seed, task=self.task, instruction=env.instruction, success=success,
+            stop_reason=reason, initial_capsule_id=capsule_id, subtasks=list(env.subtask_texts),
+            operator_events=self.events, attempt=attempt, repeat=repeat,
         )
+        result = EpisodeResult(episode=episode, reset_kind=kind, reset_ms=reset_ms, run_s=run_s,
+                               steps_per_s=n / run_s if run_s > 0 else 0.0, error=error,
+                               transitions=list(self.transitions))
+        for observer in self.observers:
+            observer.episode_end(self, result)
         if self.recorder is not None:
             self.recorder.write(episode)
-        return EpisodeResult(episode=episode, reset_kind=kind, reset_ms=reset_ms, run_s=run_s,
-                             steps_per_s=n / run_s if run_s > 0 and n else 0.0, error=error,
-                             transitions=list(self.transitions))
+        return result
 
     def run(self, seeds: Iterable[int]) -> list[EpisodeResult]:
         return [self.run_episode(seed) for seed in seeds]

@@ -196,6 +196,13 @@ def export_weights(source: str | os.PathLike, destination: str | os.PathLike, *,
     return destination
 
 
+def update_info(directory: str | os.PathLike, **fields: Any) -> None:
+    """Merge `fields` into a checkpoint's `info` (rewrites its JSON atomically; weights untouched)."""
+    ckpt_meta = Checkpoint(directory).meta
+    ckpt_meta["info"] = {**ckpt_meta.get("info", {}), **fields}
+    _atomic_write(Path(directory) / META_FILE, json.dumps(ckpt_meta, indent=2).encode())
+
+
 def load_model(directory: str | os.PathLike, *, kind: str, config_cls, model_cls, device: str = "cpu"):
     """A model of `model_cls` built from a checkpoint's config (`config_cls.from_json`) and weights, in eval mode."""
     ckpt = Checkpoint(directory, kind=kind)

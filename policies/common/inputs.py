@@ -29,30 +29,36 @@ def as_state_tensor(state, expect: tuple[int, ...]) -> torch.Tensor:
     return t
 
 
+def observation_keys(cameras: tuple[str, ...]) -> tuple[str, ...]:
+    """The observation keys a model with these cameras reads: `image_<camera>` each, then `state`."""
+    return (*(f"image_{cam}" for cam in cameras), "state")
+
+
 def load_observation(
     buffers: Mapping[str, torch.Tensor],
-    images: Mapping[str, np.ndarray | torch.Tensor],
-    state,
+    obs: Mapping[str, np.ndarray | torch.Tensor],
     *,
     cameras: tuple[str, ...],
     who: str,
 ) -> None:
-    """Validate an observation and copy it into `buffers["image_<cam>"]` and `buffers["state"]`.
+    """Validate an observation (`image_<camera>` per camera and `state`, as an env returns it) and
+    copy it into `buffers["image_<cam>"]` and `buffers["state"]`.
 
     Shapes come from the buffers; the batch dimension may be left out when it is 1.
     Everything is checked before anything is copied.
     """
-    missing = [cam for cam in cameras if cam not in images]
+    missing = [key for key in observation_keys(cameras) if key not in obs]
     if missing:
-        raise ValueError(f"missing camera image(s) {missing}; the {who} reads {list(cameras)}")
+        raise ValueError(f"observation lacks {missing}; the {who} reads {list(observation_keys(cameras))}")
     checked = {}
     for cam in cameras:
-        slot = buffers[f"image_{cam}"]
-        img = torch.as_tensor(images[cam])
+        key = f"image_{cam}"
+        slot = buffers[key]
+        img = torch.as_tensor(obs[key])
         if slot.shape[0] == 1 and img.dim() == 3:
             img = img[None]
-        checked[f"image_{cam}"] = as_image_tensor(f"image_{cam}", img, tuple(slot.shape))
-    st = torch.as_tensor(state)
+        checked[key] = as_image_tensor(key, img, tuple(slot.shape))
+    st = torch.as_tensor(obs["state"])
     if buffers["state"].shape[0] == 1 and st.dim() == 1:
         st = st[None]
     checked["state"] = as_state_tensor(st, tuple(buffers["state"].shape))

@@ -8,7 +8,7 @@ from capsules import Arena
 from critics.critic_runtime import CriticRuntime
 from critics.returns import normalized_returns
 from critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY, CriticConfig, ValueCritic
-from tests.policies.tiny import TINY_CRITIC, tiny_critic
+from tests.policies.tiny import TINY_CRITIC, obs_of, tiny_critic
 
 
 def test_two_hot_targets_have_the_exact_expectation():
@@ -60,12 +60,12 @@ def test_critic_learns_a_constant_target():
 def test_runtime_refuses_bad_inputs():
     rt = CriticRuntime(tiny_critic())
     Arena([rt]).allocate()
-    rt.set_subtask("pick up the red block")
+    rt.set_language("pick up the red block")
     with pytest.raises(ValueError, match="uint8"):
-        rt.evaluate({"front": torch.zeros(16, 16, 3)}, torch.zeros(8), step=0)
+        rt.evaluate(obs_of({"front": torch.zeros(16, 16, 3)}, torch.zeros(8)), step=0)
     with pytest.raises(ValueError, match="non-finite"):
-        rt.evaluate({"front": torch.zeros(16, 16, 3, dtype=torch.uint8)}, torch.full((8,), float("inf")), step=0)
-    value = rt.evaluate({"front": torch.zeros(16, 16, 3, dtype=torch.uint8)}, torch.zeros(8), step=0)
+        rt.evaluate(obs_of({"front": torch.zeros(16, 16, 3, dtype=torch.uint8)}, torch.full((8,), float("inf"))), step=0)
+    value = rt.evaluate(obs_of({"front": torch.zeros(16, 16, 3, dtype=torch.uint8)}, torch.zeros(8)), step=0)
     assert value.shape == (1,) and -1 <= float(value) <= 0
 
 
@@ -78,14 +78,14 @@ def test_critic_with_a_time_input_needs_the_step():
         critic.logits(images, state, lang)
     rt = CriticRuntime(critic)
     Arena([rt]).allocate()
-    rt.set_subtask("pick up the red block")
+    rt.set_language("pick up the red block")
     with pytest.raises(ValueError, match="pass step="):
-        rt.evaluate({"front": images["front"][0]}, state[0])
+        rt.evaluate(obs_of({"front": images["front"][0]}, state[0]))
     with pytest.raises(ValueError, match="count >= 0"):
-        rt.evaluate({"front": images["front"][0]}, state[0], step=-1)
+        rt.evaluate(obs_of({"front": images["front"][0]}, state[0]), step=-1)
     # the runtime (traced core, static buffers) gives the model's own value at that step
     for step in (0, 37, 79):
-        got = float(rt.evaluate({"front": images["front"][0]}, state[0], step=step)[0])
+        got = float(rt.evaluate(obs_of({"front": images["front"][0]}, state[0]), step=step)[0])
         with torch.no_grad():
             want = float(critic.value(critic.logits(images, state, lang, torch.tensor([step, step])))[0])
         assert got == pytest.approx(want, abs=1e-6)
@@ -160,9 +160,9 @@ def test_runtime_values_states_for_the_policy():
         critic.state_in[0].weight[:, -1] = 5.0
     rt = CriticRuntime(critic)
     Arena([rt]).allocate()
-    rt.set_subtask("pick up the red block")
+    rt.set_language("pick up the red block")
     image, state = torch.randint(0, 256, (1, 16, 16, 3), dtype=torch.uint8), torch.zeros(1, 8)
-    got = float(rt.evaluate({"front": image[0]}, state[0], step=12)[0])
+    got = float(rt.evaluate(obs_of({"front": image[0]}, state[0]), step=12)[0])
     lang = critic.embed_language(torch.from_numpy(critic.tokenizer.encode_batch(["pick up the red block"])))
     with torch.no_grad():
         want = {a: float(critic.value(critic.logits({"front": image}, state, lang, torch.tensor([12]),
@@ -245,7 +245,7 @@ def test_runtime_values_the_state_alone_until_given_the_plan():
         critic.no_plan.fill_(-1.0)
     rt = CriticRuntime(critic)
     Arena([rt]).allocate()
-    rt.set_subtask("pick up the red block")
+    rt.set_language("pick up the red block")
     image, state = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8), torch.zeros(8)
     chunk = torch.linspace(-1, 1, 16 * 4).reshape(16, 4)  # a policy chunk, longer than the plan
     lang = critic.embed_language(torch.from_numpy(critic.tokenizer.encode_batch(["pick up the red block"])))
@@ -253,11 +253,11 @@ def test_runtime_values_the_state_alone_until_given_the_plan():
         want_alone = float(critic.value(critic.logits({"front": image[None]}, state[None], lang, torch.tensor([3])))[0])
         want_plan = float(critic.value(critic.logits({"front": image[None]}, state[None], lang, torch.tensor([3]),
                                                      None, chunk[None, :2]))[0])
-    assert float(rt.evaluate({"front": image}, state, step=3)[0]) == pytest.approx(want_alone, abs=1e-6)
+    assert float(rt.evaluate(obs_of({"front": image}, state), step=3)[0]) == pytest.approx(want_alone, abs=1e-6)
     assert float(rt.evaluate(plan=chunk)[0]) == pytest.approx(want_plan, abs=1e-6)  # same observation, with plan
     assert abs(want_plan - want_alone) > 1e-3
     # a new observation drops the old plan
-    assert float(rt.evaluate({"front": image}, state, step=3)[0]) == pytest.approx(want_alone, abs=1e-6)
+    assert float(rt.evaluate(obs_of({"front": image}, state), step=3)[0]) == pytest.approx(want_alone, abs=1e-6)
     with pytest.raises(ValueError, match="T >= 2"):
         rt.evaluate(plan=chunk[:1])
     with pytest.raises(ValueError, match="NaN"):

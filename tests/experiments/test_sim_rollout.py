@@ -44,12 +44,12 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
     assert json.loads(summary.read_text())["episodes"] == 0 and len(ZarrEpisodeReader(data["store"])) == 5
 
 
-def test_checkpoints_that_do_not_fit_are_refused_before_ray_starts(checkpoints, tmp_path):
+def test_checkpoints_that_do_not_fit_are_refused_before_ray_starts(checkpoints, tmp_path, capsys):
     policy, critic = checkpoints
-    with pytest.raises(ValueError, match="n_exec 8 exceeds"):
-        main(["sim_rollout", "--out", str(tmp_path), "--policy", policy, "--critic", critic])
-    with pytest.raises(FileNotFoundError, match="critic checkpoint"):
-        main(["sim_rollout", "--out", str(tmp_path), "--policy", policy, "--critic", str(tmp_path / "none")])
+    assert main(["sim_rollout", "--out", str(tmp_path), "--policy", policy, "--critic", critic]) == 2
+    assert "n_exec 8 exceeds the policy's chunk length (4)" in capsys.readouterr().err
+    assert main(["sim_rollout", "--out", str(tmp_path), "--policy", policy, "--critic", str(tmp_path / "none")]) == 2
+    assert "critic checkpoint" in capsys.readouterr().err
 
 
 def test_replay_detects_a_changed_recording_and_bad_arguments(checkpoints, tmp_path):
@@ -91,3 +91,71 @@ def test_a_planner_in_its_own_ray_actor_hands_off_through_shared_memory(ray_sess
         sub = channel.read()  # nothing was sent back but the version: the text is in the shared block
         assert (sub.version, sub.index, sub.text) == (version, 1, "place it on the blue pad")
         ray_session.kill(planner)
+
+
+def test_attempts_retry_a_failed_episode_by_restoring_its_initial_capsule(checkpoints, tmp_path):
+    from rollout.host_factory import HostSpec, build_host
+    from rollout.rollout_host import HostConfig
+
+    policy, critic = checkpoints  # random weights: every episode times out, so every attempt runs
+    out, summary = tmp_path / "run", tmp_path / "s.json"
+    assert main(["sim_rollout", "--actors", "1", "--episodes", "2", "--attempts", "3", "--out", str(out),
+                 "--policy", policy, "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false",
+                 "--json", str(summary)]) == 0
+    data = json.loads(summary.read_text())
+    assert data["episodes"] == 6 and data["reset_kinds"] == {"cold": 2, "restore": 4}
+    reader = ZarrEpisodeReader(data["store"])
+    metas = {reader.meta(i).episode_id: reader.meta(i) for i in range(len(reader))}
+    assert sorted(metas) == sorted(f"pick_place-s{1000000 + s:07d}{a}" for s in (0, 1) for a in ("", "-a1", "-a2"))
+    first, retry = metas["pick_place-s1000001"], metas["pick_place-s1000001-a2"]
+    assert (retry.attempt, retry.seed) == (2, first.seed) and retry.initial_capsule_id == first.initial_capsule_id
+    episodes = {reader.meta(i).episode_id: reader.episode(i) for i in range(len(reader))}
+    assert not np.array_equal(episodes["pick_place-s1000001"].steps["action"][:4],
+                              episodes["pick_place-s1000001-a2"].steps["action"][:4])  # noise of its own
+    # the restored attempt is bit-exact against a cold reset of the same seed and attempt on a fresh host
+    host = build_host(HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2)))
+    cold = host.run_episode(1000001, attempt=2)
+    host.close()
+    assert cold.reset_kind == "cold"
+    for key in ("action", "value", "state", "image_front"):
+        assert np.array_equal(cold.episode.steps[key], episodes["pick_place-s1000001-a2"].steps[key], equal_nan=True)
+
+
+def test_repeats_reset_by_restore_and_a_hung_actor_is_killed_and_its_episode_rerun(checkpoints, tmp_path):
+    policy, critic = checkpoints
+    out, summary = tmp_path / "run", tmp_path / "s.json"
+    marker = tmp_path / "hung"
+    victim = "pick_place-s1000001-r1"
+    assert main(["sim_rollout", "--actors", "2", "--episodes", "3", "--repeats", "2", "--out", str(out),
+                 "--policy", policy, "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false",
+                 "--episode_timeout_s", "20", "--crash", victim, "3", str(marker), "hang",
+                 "--json", str(summary)]) == 0
+    data = json.loads(summary.read_text())
+    assert marker.read_text() == "hang\n"  # the actor really hung mid-episode
+    assert data["timeouts"] == 1 and data["resubmitted"] == 1 and data["actor_failures"] == 1
+    reader = ZarrEpisodeReader(data["store"])
+    assert sorted(reader.episode_ids) == sorted(f"pick_place-s{1000000 + s:07d}{r}" for s in range(3)
+                                                for r in ("", "-r1"))  # every episode exactly once
+    kinds = data["reset_kinds"]
+    assert kinds.get("cold", 0) + kinds.get("restore", 0) == 6 and kinds.get("restore", 0) >= 3
+    assert {reader.meta(i).repeat for i in range(len(reader))} == {0, 1}
+    assert main(["replay", "--store", data["store"], "--episode", victim]) == 0
+
+
+def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoints, tmp_path):
+    from rollout.host_factory import HostSpec
+    from rollout.ray_rollout import RolloutActor, WorkItem
+    from rollout.rollout_host import HostConfig, capsule_key
+
+    policy, critic = checkpoints
+    spec = HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=3, pin_seeds=(5,)),
+                    capsule_dir=str(tmp_path / "capsules"), capsule_budget_mb=0.003)  # one 2.4 KB capsule
+    actor = RolloutActor(spec)
+    try:
+        kinds = [actor.run(WorkItem(f"e{s}-{r}", s, repeat=r)).reset_kind for r in (0, 1) for s in (5, 6, 7)]
+        store = actor.host.store
+        assert kinds == ["cold"] * 3 + ["restore"] * 3
+        assert store.is_pinned(capsule_key("pick_place", 5)) and capsule_key("pick_place", 6) not in store
+        assert (tmp_path / "capsules" / "pick_place" / "s0000006.capsule").exists()
+    finally:
+        actor.close()

@@ -107,8 +107,10 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
 def test_eval_policy_refuses_guidance_without_the_positive_indicator(capsys):
     from experiments.run import main
 
-    assert main(["eval_policy", "--beta", "2.0"]) == 2
-    assert "--advantage positive" in capsys.readouterr().err
+    assert main(["eval_policy", "--beta", "2.0"]) == 2  # the shipped policy is not advantage-conditioned
+    assert "not trained with advantage labels; pass --advantage positive" in capsys.readouterr().err
+    assert main(["eval_policy", "--advantage", "none", "--beta", "2.0"]) == 2
+    assert "not with --advantage none" in capsys.readouterr().err
 
 
 def test_phase_breakdown_by_hand():

@@ -37,7 +37,9 @@ def test_branches_from_the_mid_episode_capsule_and_scores_the_critic_there(tmp_p
 
 
 def test_a_restore_that_is_not_exact_is_caught_before_any_branch_counts(monkeypatch):
-    monkeypatch.setattr(value_ceiling, "restore", lambda arena, capsule: None)  # branches go on from the end
+    from rollout import rollout_host
+
+    monkeypatch.setattr(rollout_host, "restore", lambda arena, capsule: None)  # branches go on from the end
     with pytest.raises(value_ceiling.ReplayDivergedError, match="did not end as the episode did"):
         value_ceiling.run(ValueCeilingConfig(episodes=1, branches=1, at_step=8))
 

@@ -4,7 +4,7 @@ from capsules import Arena, restore, snapshot
 from critics.critic_runtime import CriticRuntime
 from policies.execution_context import TwoLaneContext
 from policies.policy_runtime import PolicyRuntime
-from tests.policies.tiny import tiny_critic, tiny_policy
+from tests.policies.tiny import obs_of, tiny_critic, tiny_policy
 
 
 def test_two_lanes_give_the_serial_results():
@@ -13,10 +13,10 @@ def test_two_lanes_give_the_serial_results():
     arena = Arena([pol, cri]).allocate()
     g = torch.Generator().manual_seed(0)
     for rt in (pol, cri):
-        rt.set_subtask("pick up the green block")
+        rt.set_language("pick up the green block")
         step = {"step": 17} if rt is cri else {}  # the critic also reads the episode step
-        rt.load_observation({"front": torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=g)},
-                            torch.randn(8, generator=g), **step)
+        rt.load_observation(obs_of({"front": torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=g)},
+                                   torch.randn(8, generator=g)), **step)
     capsule = snapshot(arena)  # state: noise counter and subtask embeddings
     ctx = TwoLaneContext("cpu")
     try:

@@ -8,7 +8,7 @@ from policies.common.tokenizer import Tokenizer
 from policies.flow_policy import ADV_POSITIVE, FlowPolicy, FlowPolicyConfig
 from policies.policy_runtime import PolicyRuntime
 from tests.conftest import HAS_CUDA
-from tests.policies.tiny import TINY_POLICY, tiny_policy
+from tests.policies.tiny import TINY_POLICY, obs_of, tiny_policy
 
 
 def _obs(config, seed=0, batch=None):
@@ -22,7 +22,7 @@ def _obs(config, seed=0, batch=None):
 def _runtime(model, **kw):
     rt = PolicyRuntime(model, **kw)
     arena = Arena([rt]).allocate()
-    rt.set_subtask("pick up the red block")
+    rt.set_language("pick up the red block")
     return rt, arena
 
 
@@ -31,7 +31,7 @@ def test_shapes_and_dtypes_follow_the_spec():
     c = model.config
     rt, arena = _runtime(model, batch=3)
     images, state = _obs(c, batch=3)
-    chunk = rt.act(images, state)
+    chunk = rt.act(obs_of(images, state))
     assert chunk.shape == (3, c.horizon, c.action_dim) and chunk.dtype == torch.float32
     assert torch.all(chunk >= model.action_low) and torch.all(chunk <= model.action_high)
     specs = {s.name: s for s in rt.buffer_specs()}
@@ -92,9 +92,9 @@ def test_guidance_combines_conditional_and_unconditional_fields():
 def test_runtime_equals_a_direct_eager_call_bit_for_bit(guidance):
     model = tiny_policy()
     rt, _ = _runtime(model, seed=5, guidance=guidance)
-    rt.set_advantage(ADV_POSITIVE, beta=1.7)
+    rt.set_conditioning(ADV_POSITIVE, beta=1.7 if guidance else None)
     images, state = _obs(model.config)
-    chunk = rt.act(images, state).clone()
+    chunk = rt.act(obs_of(images, state)).clone()
     with torch.no_grad():  # the same computation by hand, from the same generator state
         rng, noise = make_state(5), torch.empty(1, model.config.horizon * model.config.action_dim)
         normal_(rng, noise, torch.arange(noise.numel()))
@@ -114,11 +114,11 @@ def test_restore_gives_identical_chunks_and_noise_advances():
     rt, arena = _runtime(model, seed=2)
     images, state = _obs(model.config)
     capsule = snapshot(arena)
-    first, second = rt.act(images, state).clone(), rt.act(images, state).clone()
+    first, second = rt.act(obs_of(images, state)).clone(), rt.act(obs_of(images, state)).clone()
     assert not torch.equal(first, second)  # the noise counter moved on
-    rt.set_subtask("place it on the orange pad")
+    rt.set_language("place it on the orange pad")
     restore(arena, capsule)
-    assert torch.equal(rt.act(images, state), first)
+    assert torch.equal(rt.act(obs_of(images, state)), first)
 
 
 def test_bad_inputs_get_clear_errors():
@@ -126,15 +126,15 @@ def test_bad_inputs_get_clear_errors():
     rt, _ = _runtime(model)
     images, state = _obs(model.config)
     with pytest.raises(ValueError, match="uint8"):
-        rt.act({"front": images["front"].float()}, state)
+        rt.act(obs_of({"front": images["front"].float()}, state))
     with pytest.raises(ValueError, match=r"expected shape \(1, 16, 16, 3\)"):
-        rt.act({"front": torch.zeros(1, 32, 32, 3, dtype=torch.uint8)}, state)
+        rt.act(obs_of({"front": torch.zeros(1, 32, 32, 3, dtype=torch.uint8)}, state))
     with pytest.raises(ValueError, match="non-finite"):
-        rt.act(images, torch.full((8,), float("nan")))
-    with pytest.raises(ValueError, match="missing camera"):
-        rt.act({"top": images["front"]}, state)
+        rt.act(obs_of(images, torch.full((8,), float("nan"))))
+    with pytest.raises(ValueError, match=r"observation lacks \['image_front'\]"):
+        rt.act(obs_of({"top": images["front"]}, state))
     with pytest.raises(ValueError, match="indicator"):
-        rt.set_advantage(5)
+        rt.set_conditioning(5)
     with pytest.raises(ValueError, match="unknown policy config fields"):
         FlowPolicyConfig.from_json({**TINY_POLICY.to_json(), "layers": 3})
 
@@ -156,17 +156,17 @@ def test_cuda_graph_capture_equals_eager():
     arena = Arena([eager, graph]).allocate()
     images, state = _obs(model.config)
     for rt in (eager, graph):
-        rt.set_subtask("pick up the red block")
+        rt.set_language("pick up the red block")
     capsule = snapshot(arena)
     outs = {}
     for rt in (eager, graph):
-        outs[rt.name] = [rt.act(images, state).clone() for _ in range(3)]
+        outs[rt.name] = [rt.act(obs_of(images, state)).clone() for _ in range(3)]
     for a, b in zip(outs["eager"], outs["graph"]):
         assert torch.equal(a, b)
     assert graph.runner.mode == "cuda_graph" and graph.runner.graph is not None
     restore(arena, capsule)  # restore refills buffers in place: replay without re-capture
     captured = graph.runner.graph
-    assert torch.equal(graph.act(images, state), outs["graph"][0]) and graph.runner.graph is captured
+    assert torch.equal(graph.act(obs_of(images, state)), outs["graph"][0]) and graph.runner.graph is captured
 
 
 def test_traced_cpu_path_stays_bit_identical_to_eager_over_many_calls():
@@ -178,7 +178,7 @@ def test_traced_cpu_path_stays_bit_identical_to_eager_over_many_calls():
     assert isinstance(traced.core, torch.jit.ScriptModule) and not isinstance(eager.core, torch.jit.ScriptModule)
     for i in range(12):
         images, state = _obs(model.config, seed=i)
-        assert torch.equal(traced.act(images, state), eager.act(images, state)), f"call {i}"
+        assert torch.equal(traced.act(obs_of(images, state)), eager.act(obs_of(images, state))), f"call {i}"
 
 
 def test_traced_critic_equals_eager():
@@ -191,8 +191,8 @@ def test_traced_critic_equals_eager():
     Arena(runtimes[:1]).allocate()
     Arena(runtimes[1:]).allocate()
     for rt in runtimes:
-        rt.set_subtask("pick up the red block")
+        rt.set_language("pick up the red block")
     for i in range(12):
         images, state = _obs(FlowPolicyConfig(), seed=i)
-        a, b = (rt.evaluate(images, state).clone() for rt in runtimes)
+        a, b = (rt.evaluate(obs_of(images, state)).clone() for rt in runtimes)
         assert torch.equal(a, b) and torch.equal(runtimes[0].buffers["logits"], runtimes[1].buffers["logits"])

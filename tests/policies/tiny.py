@@ -9,6 +9,11 @@ TINY_CRITIC = CriticConfig(image_size=16, channels=(8, 8, 8), vision_dim=16, lan
                            horizon=80)
 
 
+def obs_of(images: dict, state) -> dict:
+    """An env-style observation (`image_<camera>`, `state`) from images by camera and a state."""
+    return {**{f"image_{camera}": image for camera, image in images.items()}, "state": state}
+
+
 def tiny_policy(seed: int = 0) -> FlowPolicy:
     import torch
 

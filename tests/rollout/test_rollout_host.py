@@ -163,7 +163,7 @@ def test_bad_configuration_is_refused():
     with pytest.raises(ValueError, match="n_exec"):
         make_host(n_exec=99)
     env = TabletopEnv("pick_place", cameras=(), image_size=16)
-    with pytest.raises(ValueError, match="camera"):
+    with pytest.raises(ValueError, match=r"the policy reads observation key\(s\) \['image_front'\]"):
         RolloutHost(env=env, policy=PolicyRuntime(tiny_policy()), critic=CriticRuntime(tiny_critic()),
                     config=HostConfig(n_exec=2))
     with pytest.raises(ValueError, match=">= 1"):
