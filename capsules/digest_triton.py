@@ -5,6 +5,9 @@ partials are then summed per buffer (integer sums: deterministic in any order).
 On a GPU this keeps a snapshot's integrity digest on the device: one launch and
 one small device-to-host copy, instead of one host round trip per buffer. Runs on
 the CPU under `TRITON_INTERPRET=1` (set before this module is imported).
+
+The interpreter runs the kernel as Python and skips the compiler's checks; the
+tests also compile it ahead of time for sm_80 and sm_90 targets (no GPU needed).
 """
 
 from __future__ import annotations
@@ -16,9 +19,18 @@ import torch
 import triton
 import triton.language as tl
 
-from capsules.digest import GOLDEN, MASK27, MASK30, MASK31, MIX1, MIX2, SALT
+from capsules import digest as _ref
 
 BLOCK_WORDS = 1024
+# The reference's constants as `tl.constexpr` globals: the Triton compiler refuses
+# plain Python ints read from module scope ("Cannot access global variable").
+GOLDEN = tl.constexpr(_ref.GOLDEN)
+SALT = tl.constexpr(_ref.SALT)
+MIX1 = tl.constexpr(_ref.MIX1)
+MIX2 = tl.constexpr(_ref.MIX2)
+MASK30 = tl.constexpr(_ref.MASK30)
+MASK27 = tl.constexpr(_ref.MASK27)
+MASK31 = tl.constexpr(_ref.MASK31)
 
 
 @triton.jit
