@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 export RAY_USAGE_STATS_ENABLED ?= 0
 export PYTHONUNBUFFERED ?= 1
 
-.PHONY: install test test-slow demo bench clean
+.PHONY: install test test-slow demo bench gpu-check gpu-present clean
 
 install: $(STAMP)
 
@@ -47,6 +47,27 @@ bench: $(STAMP)
 	$(PY) -m experiments.run bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
 	$(PY) -m experiments.run bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
 	$(PY) -m experiments.run bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
+
+# On a machine with an NVIDIA GPU and its driver: installs the CUDA build of torch into the
+# venv (GPU_TORCH_SPEC from the index in GPU_TORCH_PIP_ARGS), then runs every check of the
+# CUDA path (experiments/gpu_check.py: GPU tests, verify_capsule, bench_capsules, bench_policy,
+# sim_rollout on 2 actors with half a GPU each, a replay) and writes one JSON report,
+# $(GPU_CHECK_OUT)/gpu_check.json. Without a GPU it stops at once, before installing anything.
+# GPU_CHECK_ARGS="--docs docs/BENCHMARKS.md" also writes the figures into BENCHMARKS.
+GPU_TORCH_SPEC ?= $(TORCH_SPEC)
+GPU_TORCH_PIP_ARGS ?= --index-url https://download.pytorch.org/whl/cu128
+GPU_CHECK_OUT ?= runs/gpu_check
+GPU_CHECK_ARGS ?=
+
+gpu-present:
+	@nvidia-smi -L 2>/dev/null | grep -q '^GPU' || { echo "gpu-check: no NVIDIA GPU here (nvidia-smi lists none): run it on a machine with an NVIDIA GPU and its driver" >&2; exit 2; }
+
+gpu-check: gpu-present $(STAMP)
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)" || { \
+	  echo "gpu-check: installing the CUDA build of torch: $(GPU_TORCH_SPEC) $(GPU_TORCH_PIP_ARGS)"; \
+	  $(PY) -m pip install --force-reinstall --no-deps "$(GPU_TORCH_SPEC)" $(GPU_TORCH_PIP_ARGS) && \
+	  $(PY) -m pip install "$(GPU_TORCH_SPEC)" $(GPU_TORCH_PIP_ARGS); }
+	$(PY) -m experiments.run gpu_check --out $(GPU_CHECK_OUT) --json $(GPU_CHECK_OUT)/gpu_check.json $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

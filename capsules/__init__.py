@@ -10,7 +10,7 @@ from capsules.capsule import Capsule, CapsuleMeta, fork, mismatches, restore, sn
 from capsules.capsule_file import capsule_from_bytes, capsule_to_bytes, load_capsule, save_capsule
 from capsules.capsule_store import CapsuleStore, StoreStats, Tier
 from capsules.component import BufferComponent, CapsuleComponent
-from capsules.digest import digest_slab, digest_tensors
+from capsules.digest import BackendChoice, digest_backend, digest_slab, digest_tensors
 from capsules.errors import (
     CapsuleAlignmentError,
     CapsuleError,
@@ -27,6 +27,7 @@ from capsules.verify import Steppable, VerifyReport, verify_steppable
 
 __all__ = [
     "Arena",
+    "BackendChoice",
     "BufferComponent",
     "BufferSpec",
     "Capsule",
@@ -50,6 +51,7 @@ __all__ = [
     "VerifyReport",
     "capsule_from_bytes",
     "capsule_to_bytes",
+    "digest_backend",
     "digest_slab",
     "digest_tensors",
     "fork",

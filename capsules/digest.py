@@ -8,14 +8,17 @@ vectorised chunks on the CPU) gives the same bits, and the digest does not depen
 on where the buffer sits in a slab.
 
 Backends: `triton` (one fused launch over every buffer of a slab; used for CUDA
-slabs) and `torch` (the reference, used on the CPU). `CAPSULES_DIGEST_BACKEND`
-= auto | torch | triton overrides the choice. It is an integrity check against
+slabs once a first small launch on the device has worked) and `torch` (the
+reference, used on the CPU and as the fallback). `CAPSULES_DIGEST_BACKEND`
+= auto | torch | triton overrides the choice; `digest_backend(device)` says
+which one serves a device and why. It is an integrity check against
 corruption and accidental writes, not a cryptographic MAC.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,6 +40,7 @@ MASK31 = (1 << 33) - 1
 _CHUNK_WORDS = 1 << 15  # words per vectorised torch step: 256 KiB stays in cache
 _SMALL_WORDS = 1 << 12  # buffers up to this many words are gathered together
 BACKENDS = ("auto", "torch", "triton")
+ENV_VAR = "CAPSULES_DIGEST_BACKEND"
 
 
 def mix_words(words: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -172,28 +176,105 @@ def _check_slab(slab: torch.Tensor, slots: Sequence[tuple[int, int]]) -> None:
 
 
 @lru_cache(maxsize=1)
-def _triton_module():
+def _triton_import() -> tuple[object | None, str]:
+    """(the Triton backend module or None, why not)."""
     try:
         from capsules import digest_triton
-    except Exception:  # triton missing or broken: the torch backend serves
-        return None
-    return digest_triton
+    except Exception as exc:  # triton missing or broken: the torch backend serves
+        return None, f"triton cannot be imported ({type(exc).__name__}: {_first_line(exc)})"
+    return digest_triton, ""
+
+
+def _triton_module():
+    return _triton_import()[0]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 def triton_available() -> bool:
+    """Triton imports. Whether it can launch on a device is `triton_status(device)`."""
     return _triton_module() is not None
 
 
-def choose_backend(device: torch.device, requested: str | None = None) -> str:
-    """Resolve `requested` (or $CAPSULES_DIGEST_BACKEND, default auto) for a device."""
-    choice = requested or os.environ.get("CAPSULES_DIGEST_BACKEND", "auto")
+@dataclass(frozen=True)
+class BackendChoice:
+    """The digest backend used for one device, and why."""
+
+    backend: str  # "torch" or "triton"
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"backend": self.backend, "reason": self.reason}
+
+
+_PROBE_SIZES = (1, 13, 8 * 1024 + 5)  # a partial word, a small buffer, one over a block
+
+
+@lru_cache(maxsize=16)
+def _triton_status(device: str) -> tuple[bool, str]:
+    module, why = _triton_import()
+    if module is None:
+        return False, why
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in _PROBE_SIZES]
+    try:
+        # a real launch: the first one builds Triton's C launcher (a C compiler and the
+        # Python headers) and compiles the kernel for the device; either can fail
+        slab, slots = pack([t.to(device) for t in tensors])
+        got = module.digest_words(slab.view(torch.int64), slots)
+    except Exception as exc:
+        return False, f"a first Triton launch on {device} failed ({type(exc).__name__}: {_first_line(exc)})"
+    want = _digest_torch(slab.view(torch.int64), slots)
+    if got != want:
+        return False, f"the Triton digest on {device} differs from the torch reference"
+    return True, f"a Triton launch on {device} gave the reference digest"
+
+
+def triton_status(device: torch.device | str) -> tuple[bool, str]:
+    """Whether the Triton digest works on `device` (one small real launch, checked against torch; cached)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _triton_status(str(device))
+
+
+_warned: set[str] = set()
+
+
+def digest_backend(device: torch.device | str, requested: str | None = None) -> BackendChoice:
+    """Resolve `requested` (or $CAPSULES_DIGEST_BACKEND, default auto) for a device, with the reason.
+
+    auto: Triton for CUDA buffers when a first launch on that device works (checked
+    once per device), else the torch digest (with a warning saying why); the torch
+    digest for CPU buffers. An explicit `triton` that cannot launch raises.
+    """
+    device = torch.device(device)
+    source = "requested" if requested else f"{ENV_VAR}={os.environ[ENV_VAR]}" if os.environ.get(ENV_VAR) else ""
+    choice = requested or os.environ.get(ENV_VAR, "auto") or "auto"
     if choice not in BACKENDS:
-        raise ValueError(f"digest backend {choice!r} is unknown; use one of {BACKENDS}")
-    if choice == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
-    if choice == "triton" and not triton_available():
-        raise RuntimeError("digest backend 'triton' was requested but triton cannot be imported")
-    return choice
+        raise ValueError(f"digest backend {choice!r} is unknown; use one of {BACKENDS} (argument or ${ENV_VAR})")
+    if choice == "torch":
+        return BackendChoice("torch", f"torch digest {source}")
+    if choice == "auto" and device.type != "cuda":
+        return BackendChoice("torch", f"the torch digest serves {device.type} buffers")
+    usable, why = triton_status(device)
+    if choice == "triton" and not usable:
+        raise RuntimeError(f"digest backend 'triton' was {source} but {why}; use 'auto' or 'torch'")
+    if usable:
+        return BackendChoice("triton", why)
+    if str(device) not in _warned:
+        _warned.add(str(device))
+        warnings.warn(f"capsule digests on {device} fall back to the torch digest: {why}", RuntimeWarning,
+                      stacklevel=2)
+    return BackendChoice("torch", f"fallback: {why}")
+
+
+def choose_backend(device: torch.device, requested: str | None = None) -> str:
+    """The backend name `digest_backend` resolves to."""
+    return digest_backend(device, requested).backend
 
 
 def digest_slab(
@@ -204,7 +285,7 @@ def digest_slab(
     if not slots:
         return []
     words = slab.view(torch.int64)
-    if choose_backend(slab.device, backend) == "triton":
+    if digest_backend(slab.device, backend).backend == "triton":
         values = _triton_module().digest_words(words, tuple(slots))
     else:
         values = _digest_torch(words, slots)

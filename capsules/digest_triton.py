@@ -5,10 +5,14 @@ partials are then summed per buffer (integer sums: deterministic in any order).
 On a GPU this keeps a snapshot's integrity digest on the device: one launch and
 one small device-to-host copy, instead of one host round trip per buffer. Runs on
 the CPU under `TRITON_INTERPRET=1` (set before this module is imported).
+
+The interpreter runs the kernel as Python and skips the compiler's checks; the
+tests also compile it ahead of time for sm_80 and sm_90 targets (no GPU needed).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -16,10 +20,18 @@ import torch
 import triton
 import triton.language as tl
 
-from capsules.digest import GOLDEN, MASK27, MASK30, MASK31, MIX1, MIX2, SALT
+from capsules import digest as _ref
 
 BLOCK_WORDS = 1024
-
+# The reference's constants as `tl.constexpr` globals: the Triton compiler refuses
+# plain Python ints read from module scope ("Cannot access global variable").
+GOLDEN = tl.constexpr(_ref.GOLDEN)
+SALT = tl.constexpr(_ref.SALT)
+MIX1 = tl.constexpr(_ref.MIX1)
+MIX2 = tl.constexpr(_ref.MIX2)
+MASK30 = tl.constexpr(_ref.MASK30)
+MASK27 = tl.constexpr(_ref.MASK27)
+MASK31 = tl.constexpr(_ref.MASK31)
 
 @triton.jit
 def _digest_blocks(
@@ -64,12 +76,23 @@ def _plan(slots: tuple[tuple[int, int], ...], device: str) -> tuple[torch.Tensor
     return as_tensor(abs_start), as_tensor(rel_start), as_tensor(rem_bytes), as_tensor(owner)
 
 
-def digest_words(words: torch.Tensor, slots: Sequence[tuple[int, int]]) -> list[int]:
-    """Per-slot digest values of `words` (a slab viewed as int64)."""
+def on_device(device: torch.device):
+    """`device` made current for a launch: Triton launches on the current CUDA device, not the tensors'."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def digest_sums(words: torch.Tensor, slots: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """Per-slot digest values of `words` (a slab viewed as int64) as an int64 tensor on its device."""
     abs_start, rel_start, rem_bytes, owner = _plan(tuple(slots), str(words.device))
     sums = torch.zeros(len(slots), dtype=torch.int64, device=words.device)
     if owner.numel():
         partial = torch.empty(owner.numel(), dtype=torch.int64, device=words.device)
-        _digest_blocks[(owner.numel(),)](words, abs_start, rel_start, rem_bytes, partial, BLOCK=BLOCK_WORDS)
+        with on_device(words.device):
+            _digest_blocks[(owner.numel(),)](words, abs_start, rel_start, rem_bytes, partial, BLOCK=BLOCK_WORDS)
         sums.index_add_(0, owner, partial)
-    return [int(v) for v in sums.tolist()]
+    return sums
+
+
+def digest_words(words: torch.Tensor, slots: Sequence[tuple[int, int]]) -> list[int]:
+    """Per-slot digest values of `words` (a slab viewed as int64)."""
+    return [int(v) for v in digest_sums(words, slots).tolist()]

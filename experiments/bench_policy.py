@@ -55,13 +55,15 @@ def _lanes(policy, critic, device: torch.device, rounds: int) -> dict:
     pol = PolicyRuntime(policy, device=str(device))
     cri = CriticRuntime(critic, device=str(device))
     Arena([pol, cri]).allocate()
-    # the same policy run eagerly (on the CPU the runtimes trace the network to TorchScript)
-    pol_eager = PolicyRuntime(policy, device=str(device), trace=False, name="policy_eager")
+    # the same policy run eagerly: neither traced to TorchScript (the CPU default) nor captured (CUDA's)
+    pol_eager = PolicyRuntime(policy, device=str(device), trace=False, capture=False, name="policy_eager")
     Arena([pol_eager]).allocate()
     images, state = _observation(policy.config.image_size)
     for runtime in (pol, cri, pol_eager):
         runtime.set_subtask("pick up the red block")
+    for runtime in (pol, pol_eager):
         runtime.load_observation(images, state)
+    cri.load_observation(images, state, step=0)  # a critic with a time input reads the episode step
     ctx = TwoLaneContext(device)
     methods = {
         "policy": pol.runner,
@@ -84,6 +86,7 @@ def _lanes(policy, critic, device: torch.device, rounds: int) -> dict:
     out["serial_over_slower"] = out["serial"]["median"] / slower
     out["eager_over_traced"] = out["policy_eager"]["median"] / out["policy"]["median"]
     out["policy_mode"] = pol.runner.mode
+    out["eager_mode"] = pol_eager.runner.mode
     return out
 
 
@@ -118,7 +121,8 @@ def markdown(summary: dict) -> str:
         f"batch 1, one 64x64 camera, K = {summary['denoise_steps']} Euler steps, chunk of {summary['horizon']}.",
         "",
         "| torch threads | policy act (median / p99 us) | critic (median / p99 us) | serial | two lanes | "
-        "two lanes / slower | serial / slower | policy eager (not traced) | eager / traced |",
+        "two lanes / slower | serial / slower | policy eager (not traced, not captured) | "
+        "eager / runtime (TorchScript on the CPU, CUDA graph on a GPU) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for threads, r in summary["lanes"].items():

@@ -703,3 +703,23 @@ class RecapConfig:
     def rollout_first_seed(self, k: int) -> int:
         """First rollout seed of iteration k (a block per run seed and iteration)."""
         return self.rollout_seed + self.seed * 1_000_000 + k * 100_000
+
+
+@dataclass(frozen=True)
+class GpuCheckConfig:
+    out: str = "runs/gpu_check"
+    """Directory for every step's JSON summary and log, the rollout's episodes and the report (gpu_check.json)."""
+    episodes: int = 4
+    """sim_rollout episodes (2 actors with half a GPU each); the first one recorded is replayed."""
+    rounds: int = 100
+    """Timed rounds of bench_capsules and bench_policy."""
+    step_timeout_s: float = 1800.0
+    """A step still running after this many seconds is stopped and recorded as timed out."""
+    docs: str = ""
+    """Markdown file whose gpu_check section gets the report's figures (e.g. docs/BENCHMARKS.md); empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.rounds < 3:
+            raise ValueError("--episodes must be >= 1 and --rounds >= 3")
+        if self.step_timeout_s <= 0:
+            raise ValueError(f"--step_timeout_s must be positive, got {self.step_timeout_s}")

@@ -16,6 +16,7 @@ from experiments.configs import (
     BenchRolloutConfig,
     CollectDemosConfig,
     EvalPolicyConfig,
+    GpuCheckConfig,
     ExportCheckpointConfig,
     LabelAdvantagesConfig,
     RealRecapConfig,
@@ -214,5 +215,13 @@ register(
         RecapConfig(),
         "experiments.recap:run",
         "The RECAP loop in sim: BC baseline, then rollouts with takeovers, critic, advantage labels, conditioned policy.",
+    )
+)
+register(
+    Experiment(
+        "gpu_check",
+        GpuCheckConfig(),
+        "experiments.gpu_check:run",
+        "Every check of the CUDA path in one run (GPU tests, verify, benchmarks, GPU actors, replay); one JSON report.",
     )
 )

@@ -9,7 +9,7 @@ import torch
 from rich.markup import escape
 from rich.table import Table
 
-from capsules import Steppable, VerifyReport, verify_steppable
+from capsules import Steppable, VerifyReport, digest_backend, verify_steppable
 from capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
 from critics.critic_steppable import CriticSteppable
 from critics.value_critic import ValueCritic, load_critic
@@ -54,7 +54,8 @@ def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
         found.append(lambda device=device: PolicySteppable(policy, device=device))
         found.append(lambda device=device: CriticSteppable(critic, device=device))
     # the whole rollout boundary as one component: env + policy + critic + host state + hand-off
-    found.append(lambda: RolloutSteppable(policy, critic))
+    for device in _devices(config):
+        found.append(lambda device=device: RolloutSteppable(policy, critic, device=device))
     return found
 
 
@@ -79,4 +80,9 @@ def run(config: VerifyCapsuleConfig) -> ExperimentResult:
         | {"device": r.device, "checks": r.checks, "failures": r.failures}
         for r in reports
     ]
-    return ExperimentResult({"components": components, "all_bit_exact": all_exact}, exit_code=0 if all_exact else 1)
+    # which digest backend checked each device's capsules, and why (Triton on CUDA when a first launch works)
+    backends = {d: digest_backend(d).to_json() for d in _devices(config)}
+    for device, choice in backends.items():
+        make_console().print(f"digests on {device}: {choice['backend']} ({escape(choice['reason'])})")
+    return ExperimentResult({"components": components, "all_bit_exact": all_exact, "digest_backends": backends},
+                            exit_code=0 if all_exact else 1)

@@ -25,12 +25,14 @@ class RolloutSteppable:
     """
 
     def __init__(self, policy: FlowPolicy, critic: ValueCritic, *, family: str = "pick_place", seed: int = 0,
-                 n_exec: int = 4) -> None:
+                 n_exec: int = 4, device: str = "cpu") -> None:
+        """`device`: where policy and critic run (their buffers live there; the env's stay on the CPU)."""
         cameras = tuple(dict.fromkeys((*policy.config.cameras, *critic.config.cameras)))
         env = TabletopEnv(family, cameras=cameras, image_size=policy.config.image_size)
-        self.host = RolloutHost(env=env, policy=PolicyRuntime(policy), critic=CriticRuntime(critic),
-                                config=HostConfig(n_exec=n_exec))
-        self.name = f"rollout/{family}[env+policy+critic+handoff]"
+        self.host = RolloutHost(env=env, policy=PolicyRuntime(policy, device=device),
+                                critic=CriticRuntime(critic, device=device), config=HostConfig(n_exec=n_exec))
+        kind = torch.device(device).type
+        self.name = f"rollout/{family}[env+policy+critic+handoff]" + ("" if kind == "cpu" else f"[{kind}]")
         self.arena = self.host.arena
         self.host.reset(seed)
         self.host._go(self.host.phase.RUNNING)

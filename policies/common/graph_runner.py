@@ -3,9 +3,12 @@
 The function must read its inputs from, and write its outputs into, tensors whose
 addresses never change (arena `io` buffers), and keep any state it advances (the
 noise counter) in arena `state` buffers. On CUDA the first call warms up on a side
-stream and captures the whole function once; every later call replays it
-(restoring a capsule changes buffer contents, not addresses, so no re-capture).
-On the CPU the same function runs eagerly over the same buffers.
+stream, puts back the state the warm-up advanced, and captures the whole function
+once, on a capture stream of the runner's own device; every later call replays it
+on the caller's current stream (restoring a capsule changes buffer contents, not
+addresses, so no re-capture). All of it runs with the runner's device current, so
+a runner on `cuda:1` is right whatever device the caller has current. On the CPU
+the same function runs eagerly over the same buffers.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ class GraphRunner:
         warmup: int = 3,
         preserve: Sequence[torch.Tensor] = (),
     ) -> None:
-        """`preserve`: state buffers the warm-up runs advance; restored before the first real call."""
+        """`preserve`: state buffers the warm-up runs advance; put back before the capture."""
         self.fn = fn
         self.device = torch.device(device)
         self.capture = self.device.type == "cuda" if capture is None else capture
@@ -44,23 +47,30 @@ class GraphRunner:
             with torch.no_grad():
                 self.fn()
             return
-        if self.graph is None:
-            self._capture()
-        self.graph.replay()
+        with torch.cuda.device(self.device):
+            if self.graph is None:
+                self._capture()
+            self.graph.replay()  # on the caller's current stream of this device
 
     def _capture(self) -> None:
+        if self.device.index is None:  # "cuda": the device current when the buffers were made
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        caller = torch.cuda.current_stream(self.device)
         saved = [t.clone() for t in self.preserve]
         side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
+        side.wait_stream(caller)
         with torch.no_grad(), torch.cuda.stream(side):
             for _ in range(self.warmup):  # lets kernels pick algorithms and the allocator settle
                 self.fn()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+            for tensor, value in zip(self.preserve, saved):  # the warm-up advanced them: put them back
+                tensor.copy_(value)
+        caller.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
+        # a capture stream of this device (torch's shared default one is made on whatever
+        # device was current when first used)
+        capture_stream = torch.cuda.Stream(self.device)
+        with torch.no_grad(), torch.cuda.graph(graph, stream=capture_stream):
             self.fn()
-        for tensor, value in zip(self.preserve, saved):
-            tensor.copy_(value)
         torch.cuda.synchronize(self.device)
         self.graph = graph
 

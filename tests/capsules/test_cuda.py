@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from capsules import Arena, CapsuleStore, Tier, restore, snapshot, verify_steppable
-from capsules.digest import choose_backend, triton_available
+from capsules.digest import choose_backend, digest_backend, triton_available
 from capsules.standins import NoisyChunkSteppable
 from tests.capsules.fakes import SpecComponent, basic_specs, fill_state, same_bytes, state_copy
 
@@ -49,6 +49,8 @@ def test_host_tier_capsule_is_pinned_and_restores_into_cuda():
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 def test_triton_digest_is_chosen_on_cuda_and_matches_torch():
+    choice = digest_backend(torch.device("cuda"))
+    assert choice.backend == "triton", choice.reason  # the reason says why Triton could not launch
     assert choose_backend(torch.device("cuda")) == "triton"
     arena = _mixed_arena()
     fill_state(arena, 5)
@@ -64,3 +66,17 @@ def test_cuda_standin_is_bit_exact():
     report = verify_steppable(lambda: NoisyChunkSteppable("cuda"))
     assert report.bit_exact, report.failures
     assert report.device == "cpu+cuda"  # generator state is a CPU tensor
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_triton_digest_of_a_slab_on_the_second_gpu_with_the_first_current():
+    from capsules import digest_slab
+    from capsules.digest import pack
+
+    torch.cuda.set_device(0)
+    g = torch.Generator().manual_seed(9)
+    slab, slots = pack([torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to("cuda:1")
+                        for n in (5, 8000, 70000)])
+    assert digest_slab(slab, slots, backend="triton") == digest_slab(slab, slots, backend="torch")
+    assert torch.cuda.current_device() == 0

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from capsules import digest_slab, digest_tensors, snapshot
+from capsules import digest
 from capsules.digest import choose_backend, pack, triton_available
 from tests.capsules.fakes import fill_state, make_arena
 from tests.conftest import HAS_CUDA
@@ -71,3 +72,79 @@ def test_bad_slabs_are_refused():
         digest_slab(torch.zeros(12, dtype=torch.uint8), [(0, 4)])
     with pytest.raises(ValueError, match="8-aligned region"):
         digest_slab(torch.zeros(16, dtype=torch.uint8), [(4, 4)])
+
+
+# -- backend choice: Triton only where a first launch works, with the reason ---------------------
+
+
+class _BrokenTriton:
+    """A Triton backend that imports but cannot launch (no C compiler or Python headers for its launcher)."""
+
+    @staticmethod
+    def digest_words(words, slots):
+        raise RuntimeError("failed to build the kernel launcher: Python.h: No such file or directory\nmore")
+
+
+@pytest.fixture
+def fresh_status(monkeypatch):
+    digest._triton_status.cache_clear()
+    monkeypatch.setattr(digest, "_warned", set())
+    yield
+    digest._triton_status.cache_clear()
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_triton_status_is_a_real_launch_checked_against_torch(fresh_status, monkeypatch):
+    ok, why = digest.triton_status("cpu")  # the interpreter stands in for a device here
+    assert ok and "reference digest" in why
+    monkeypatch.setattr(digest, "_triton_import", lambda: (_BrokenTriton, ""))
+    digest._triton_status.cache_clear()
+    ok, why = digest.triton_status("cpu")
+    assert not ok and "launch on cpu failed" in why and "Python.h" in why and "more" not in why
+
+
+def test_unusable_triton_falls_back_to_torch_with_the_reason(fresh_status, monkeypatch):
+    monkeypatch.delenv("CAPSULES_DIGEST_BACKEND", raising=False)
+    monkeypatch.setattr(digest, "triton_status", lambda device: (False, "a first Triton launch failed (X)"))
+    with pytest.warns(RuntimeWarning, match="fall back to the torch digest"):
+        choice = digest.digest_backend(torch.device("cuda:0"))
+    assert choice == digest.BackendChoice("torch", "fallback: a first Triton launch failed (X)")
+    assert choose_backend(torch.device("cuda:0")) == "torch"  # warned once per device, chosen every time
+    with pytest.raises(RuntimeError, match=r"'triton' was requested but a first Triton launch failed \(X\)"):
+        digest.digest_backend(torch.device("cuda:0"), "triton")
+
+
+def test_usable_triton_serves_cuda_buffers_and_says_why(fresh_status, monkeypatch):
+    monkeypatch.delenv("CAPSULES_DIGEST_BACKEND", raising=False)
+    calls = []
+    monkeypatch.setattr(digest, "triton_status", lambda device: calls.append(device) or (True, "it works"))
+    assert digest.digest_backend(torch.device("cuda:1")).to_json() == {"backend": "triton", "reason": "it works"}
+    assert digest.digest_backend(torch.device("cpu")).backend == "torch" and len(calls) == 1  # no probe for CPU
+    monkeypatch.setenv("CAPSULES_DIGEST_BACKEND", "torch")
+    assert digest.digest_backend(torch.device("cuda:1")).reason == "torch digest CAPSULES_DIGEST_BACKEND=torch"
+
+
+def test_triton_launches_with_the_buffers_device_current(monkeypatch):
+    """Triton launches on the current CUDA device, not the tensors': a slab on cuda:1 must make cuda:1 current."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tests.fake_cuda import FakeCuda
+
+    digest_triton = pytest.importorskip("capsules.digest_triton")
+    fake = FakeCuda(monkeypatch)
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((grid, torch.cuda.current_device()))
+
+    monkeypatch.setattr(digest_triton, "_digest_blocks", Kernel())
+    try:
+        with FakeTensorMode():
+            words = torch.empty(2048, dtype=torch.int64, device="cuda:1")
+            sums = digest_triton.digest_sums(words, [(0, 8000), (8000, 100)])
+        assert sums.device == torch.device("cuda:1") and sums.shape == (2,)
+    finally:
+        digest_triton._plan.cache_clear()  # it holds fake tensors now
+    assert launched == [((2,), 1)]  # one launch, 2 blocks, with cuda:1 current
+    assert fake.current_device == 0  # and the caller's device current again

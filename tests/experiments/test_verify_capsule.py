@@ -16,6 +16,17 @@ def test_report_is_all_bit_exact_with_the_documented_fields(tmp_path):
         assert {"name", "bit_exact", "max_abs_diff", "cosine", "capsule_bytes"} <= set(comp)
         assert comp["bit_exact"] is True and comp["max_abs_diff"] == 0.0 and comp["cosine"] == 1.0
         assert comp["capsule_bytes"] > 0
+    assert data["digest_backends"]["cpu"] == {"backend": "torch", "reason": "the torch digest serves cpu buffers"}
+
+
+def test_verify_capsule_on_cuda_without_a_gpu_says_so():
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    with pytest.raises(SystemExit, match="no CUDA device is visible"):
+        main(["verify_capsule", "--device", "cuda"])
 
 
 def test_exit_code_is_non_zero_when_a_component_is_not_exact(tmp_path, monkeypatch):
