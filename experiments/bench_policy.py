@@ -46,9 +46,11 @@ def _models(config: BenchPolicyConfig) -> tuple[FlowPolicy, ValueCritic, dict]:
     return policy, critic, sizes
 
 
-def _observation(size: int) -> tuple[dict, np.ndarray]:
+def _observation(size: int) -> dict:
+    """An observation as the env gives it: the front camera's image and the state."""
     rng = np.random.default_rng(0)
-    return {"front": rng.integers(0, 256, (size, size, 3), dtype=np.uint8)}, rng.normal(size=8).astype(np.float32)
+    return {"image_front": rng.integers(0, 256, (size, size, 3), dtype=np.uint8),
+            "state": rng.normal(size=8).astype(np.float32)}
 
 
 def _lanes(policy, critic, device: torch.device, rounds: int) -> dict:
@@ -58,12 +60,12 @@ def _lanes(policy, critic, device: torch.device, rounds: int) -> dict:
     # the same policy run eagerly: neither traced to TorchScript (the CPU default) nor captured (CUDA's)
     pol_eager = PolicyRuntime(policy, device=str(device), trace=False, capture=False, name="policy_eager")
     Arena([pol_eager]).allocate()
-    images, state = _observation(policy.config.image_size)
+    obs = _observation(policy.config.image_size)
     for runtime in (pol, cri, pol_eager):
-        runtime.set_subtask("pick up the red block")
+        runtime.set_language("pick up the red block")
     for runtime in (pol, pol_eager):
-        runtime.load_observation(images, state)
-    cri.load_observation(images, state, step=0)  # a critic with a time input reads the episode step
+        runtime.load_observation(obs)
+    cri.load_observation(obs, step=0)  # a critic with a time input reads the episode step
     ctx = TwoLaneContext(device)
     methods = {
         "policy": pol.runner,
@@ -95,10 +97,10 @@ def _graph_vs_eager(policy, rounds: int) -> dict:
     eager = PolicyRuntime(policy, device="cuda", capture=False, name="eager")
     graph = PolicyRuntime(policy, device="cuda", capture=True, name="graph")
     Arena([eager, graph]).allocate()
-    images, state = _observation(policy.config.image_size)
+    obs = _observation(policy.config.image_size)
     for runtime in (eager, graph):
-        runtime.set_subtask("pick up the red block")
-        runtime.load_observation(images, state)
+        runtime.set_language("pick up the red block")
+        runtime.load_observation(obs)
     for _ in range(5):
         eager.runner(), graph.runner()
     samples = {"eager": [], "cuda_graph": []}

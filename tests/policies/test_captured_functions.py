@@ -56,8 +56,8 @@ def _policy(guidance: bool) -> PolicyRuntime:
     torch.manual_seed(0)
     runtime = PolicyRuntime(FlowPolicy(TINY_POLICY), seed=5, guidance=guidance, trace=False)
     Arena([runtime]).allocate()
-    runtime.set_subtask("pick up the red block")
-    runtime.set_advantage(1, beta=1.5)
+    runtime.set_language("pick up the red block")
+    runtime.set_conditioning(1, beta=1.5 if guidance else None)
     return runtime
 
 
@@ -65,7 +65,7 @@ def _critic(**changes) -> CriticRuntime:
     torch.manual_seed(0)
     runtime = CriticRuntime(ValueCritic(dataclasses.replace(TINY_CRITIC, **changes)), trace=False)
     Arena([runtime]).allocate()
-    runtime.set_subtask("pick up the red block")
+    runtime.set_language("pick up the red block")
     return runtime
 
 

@@ -7,7 +7,7 @@ from capsules import Arena, restore, snapshot
 from critics.critic_runtime import CriticRuntime
 from policies.execution_context import TwoLaneContext
 from policies.policy_runtime import PolicyRuntime
-from tests.policies.tiny import tiny_critic, tiny_policy
+from tests.policies.tiny import obs_of, tiny_critic, tiny_policy
 
 pytestmark = pytest.mark.gpu
 
@@ -20,9 +20,9 @@ def _pair(device: str, *, capture: bool | None = None, seed: int = 3):
     image = {"front": torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=g)}
     state = torch.randn(8, generator=g)
     for rt in (pol, cri):
-        rt.set_subtask("pick up the green block")
-    pol.load_observation(image, state)
-    cri.load_observation(image, state, step=17)
+        rt.set_language("pick up the green block")
+    pol.load_observation(obs_of(image, state))
+    cri.load_observation(obs_of(image, state), step=17)
     return pol, cri, arena
 
 

@@ -20,7 +20,7 @@ from policies.common.graph_runner import GraphRunner
 from policies.execution_context import TwoLaneContext
 from policies.policy_runtime import PolicyRuntime
 from tests.fake_cuda import FakeCuda
-from tests.policies.tiny import tiny_critic, tiny_policy
+from tests.policies.tiny import obs_of, tiny_critic, tiny_policy
 
 DEVICE = 1  # the runtimes' device; device 0 is current
 WARMUP = 3
@@ -35,9 +35,9 @@ def _observation():
 def _load(pol: PolicyRuntime, cri: CriticRuntime) -> None:
     images, state = _observation()
     for runtime in (pol, cri):
-        runtime.set_subtask("pick up the green block")
-    pol.load_observation(images, state)
-    cri.load_observation(images, state, step=12)
+        runtime.set_language("pick up the green block")
+    pol.load_observation(obs_of(images, state))
+    cri.load_observation(obs_of(images, state), step=12)
 
 
 @pytest.fixture(scope="module")
