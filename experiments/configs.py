@@ -651,3 +651,55 @@ class RecapConfig:
     def rollout_first_seed(self, k: int) -> int:
         """First rollout seed of iteration k (a block per run seed and iteration)."""
         return self.rollout_seed + self.seed * 1_000_000 + k * 100_000
+
+
+@dataclass(frozen=True)
+class ExportLeRobotConfig:
+    store: str = "runs/demos/pick_place.zarr"
+    """Zarr store of episodes to export (what collect_demos, sim_rollout or real_recap wrote)."""
+    out: str = "runs/lerobot/dataset"
+    """Output directory: a new LeRobot v3.0 dataset (an existing one is refused unless --overwrite)."""
+    video: bool = True
+    """Camera images as one mp4 per camera (LeRobot's default); --no-video: PNG images in the parquet files."""
+    episodes: tuple[str, ...] = ()
+    """Episodes to export, by id or index in the store; none: all."""
+    fps: int = 0
+    """Frames per second in meta/info.json; 0: the tabletop env's control rate (10 Hz)."""
+    names: Literal["tabletop", "none"] = "tabletop"
+    """Dimension names of observation.state and action: the tabletop env's, or none (other robots)."""
+    vcodec: Literal["libsvtav1", "h264", "hevc"] = "libsvtav1"
+    """Video encoder: libsvtav1 (AV1, LeRobot's default), h264 or hevc."""
+    crf: int = 30
+    """Video quality (constant rate factor: lower is better and larger; LeRobot uses 30)."""
+    robot_type: str = ""
+    """`robot_type` in meta/info.json; empty: null."""
+    overwrite: bool = False
+    """Replace an existing dataset at --out (only once the new one is complete)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if not self.out:
+            raise ValueError("--out is required: the directory the LeRobot dataset is written to")
+        if self.fps < 0:
+            raise ValueError(f"--fps must be >= 0 (0: the env's control rate), got {self.fps}")
+        if not 0 <= self.crf <= 63:
+            raise ValueError(f"--crf must be within 0..63, got {self.crf}")
+
+
+@dataclass(frozen=True)
+class ImportLeRobotConfig:
+    src: str = "runs/lerobot/dataset"
+    """A local LeRobot v3.0 dataset directory (e.g. made by export_lerobot or by LeRobot's tools)."""
+    out: str = "runs/lerobot/imported.zarr"
+    """Zarr store the episodes are appended to (created if missing; episodes already in it are skipped)."""
+    episodes: tuple[str, ...] = ()
+    """Episodes to import, by id or episode index; none: all."""
+    id_prefix: str = ""
+    """Episode ids for datasets that carry none are <prefix>-e<episode_index>; empty: the directory's name."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if not self.src or not self.out:
+            raise ValueError("--src (a LeRobot dataset directory) and --out (a zarr store) are required")

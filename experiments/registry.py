@@ -17,6 +17,8 @@ from experiments.configs import (
     CollectDemosConfig,
     EvalPolicyConfig,
     ExportCheckpointConfig,
+    ExportLeRobotConfig,
+    ImportLeRobotConfig,
     LabelAdvantagesConfig,
     RealRecapConfig,
     RecapConfig,
@@ -214,5 +216,21 @@ register(
         RecapConfig(),
         "experiments.recap:run",
         "The RECAP loop in sim: BC baseline, then rollouts with takeovers, critic, advantage labels, conditioned policy.",
+    )
+)
+register(
+    Experiment(
+        "export_lerobot",
+        ExportLeRobotConfig(),
+        "experiments.export_lerobot:run",
+        "Export a store as a LeRobot v3.0 dataset (parquet frames, mp4 per camera, tasks, stats) for LeRobot's loader.",
+    )
+)
+register(
+    Experiment(
+        "import_lerobot",
+        ImportLeRobotConfig(),
+        "experiments.import_lerobot:run",
+        "Read a local LeRobot v3.0 dataset into a zarr store (train_policy can train on it; resumable).",
     )
 )
