@@ -26,7 +26,10 @@ from rollout import lerobot_stats
 from rollout.episode import Episode
 from rollout.zarr_reader import ZarrEpisodeReader
 
-VIDEO_CODECS = ("libsvtav1", "h264", "hevc")  # LeRobot's software encoders; libsvtav1 (AV1) is its default
+VIDEO_CODECS = ("h264", "libsvtav1", "hevc")  # LeRobot's software encoders (its own default is libsvtav1)
+# SVT-AV1's fast presets (LeRobot records with 12) left the motion out of every other frame of the
+# tabletop's 64x64 images (the previous frame's content came back); preset 6 keeps it (docs/BENCHMARKS.md).
+SVT_PRESET = "6"
 ROW_GROUP_BYTES = 32 << 20  # frames buffered before a parquet row group is written
 
 
@@ -40,10 +43,10 @@ class LeRobotWriterOptions:
     """Frames per second (the control rate the episodes were recorded at)."""
     video: bool = True
     """Camera images as mp4 videos (LeRobot's default); False: PNG images inside the parquet files."""
-    vcodec: str = "libsvtav1"
-    """Video encoder: libsvtav1 (AV1, LeRobot's default), h264 or hevc."""
-    crf: int = 30
-    """Encoder quality (constant rate factor; lower is better and larger; LeRobot uses 30)."""
+    vcodec: str = "h264"
+    """Video encoder: h264, libsvtav1 (AV1) or hevc."""
+    crf: int = 18
+    """Encoder quality (constant rate factor: lower is better and larger)."""
     gop: int = 2
     """Frames between key frames (LeRobot uses 2: random access costs at most one extra frame)."""
     robot_type: str | None = None
@@ -141,7 +144,7 @@ class _VideoSeries(_Series):
         opts = self.options
         codec_options = {"g": str(opts.gop), "crf": str(opts.crf)}
         if opts.vcodec == "libsvtav1":
-            codec_options["preset"] = "12"
+            codec_options["preset"] = SVT_PRESET
             os.environ.setdefault("SVT_LOG", "2")  # the encoder prints its banner to stderr unless told
         self.path().parent.mkdir(parents=True, exist_ok=True)
         try:
