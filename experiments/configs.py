@@ -703,3 +703,22 @@ class ImportLeRobotConfig:
     def __post_init__(self) -> None:
         if not self.src or not self.out:
             raise ValueError("--src (a LeRobot dataset directory) and --out (a zarr store) are required")
+
+
+@dataclass(frozen=True)
+class BenchLeRobotConfig:
+    store: str = "runs/bench/demos200.zarr"
+    """Zarr store exported (make one: collect_demos --episodes 200 --out runs/bench/demos200.zarr)."""
+    rounds: int = 3
+    """Interleaved rounds; each exports (and imports) once per method, in shuffled order."""
+    vcodecs: tuple[str, ...] = ("h264", "libsvtav1")
+    """Video encoders measured beside the export without video."""
+    docs: str = ""
+    """Markdown file whose bench_lerobot section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
+        bad = [c for c in self.vcodecs if c not in ("h264", "libsvtav1", "hevc")]
+        if bad:
+            raise ValueError(f"--vcodecs {bad} unknown; choose from h264, libsvtav1, hevc")

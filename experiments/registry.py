@@ -12,6 +12,7 @@ from experiments.configs import (
     BenchBridgeConfig,
     BenchCapsulesConfig,
     BenchEnvConfig,
+    BenchLeRobotConfig,
     BenchPolicyConfig,
     BenchRolloutConfig,
     CollectDemosConfig,
@@ -232,5 +233,13 @@ register(
         ImportLeRobotConfig(),
         "experiments.import_lerobot:run",
         "Read a local LeRobot v3.0 dataset into a zarr store (train_policy can train on it; resumable).",
+    )
+)
+register(
+    Experiment(
+        "bench_lerobot",
+        BenchLeRobotConfig(),
+        "experiments.bench_lerobot:run",
+        "LeRobot export and import speed (frames/s) with and without video, and the dataset's size.",
     )
 )

@@ -27,9 +27,6 @@ from rollout.episode import Episode
 from rollout.zarr_reader import ZarrEpisodeReader
 
 VIDEO_CODECS = ("h264", "libsvtav1", "hevc")  # LeRobot's software encoders (its own default is libsvtav1)
-# SVT-AV1's fast presets (LeRobot records with 12) left the motion out of every other frame of the
-# tabletop's 64x64 images (the previous frame's content came back); preset 6 keeps it (docs/BENCHMARKS.md).
-SVT_PRESET = "6"
 ROW_GROUP_BYTES = 32 << 20  # frames buffered before a parquet row group is written
 
 
@@ -49,6 +46,9 @@ class LeRobotWriterOptions:
     """Encoder quality (constant rate factor: lower is better and larger)."""
     gop: int = 2
     """Frames between key frames (LeRobot uses 2: random access costs at most one extra frame)."""
+    svt_preset: int = 6
+    """libsvtav1's speed preset. LeRobot records with 12; presets 7 and up left the motion out of about
+    every other frame of the tabletop's 64x64 images (docs/BENCHMARKS.md, `bench_lerobot`)."""
     robot_type: str | None = None
     """`robot_type` in info.json."""
     names: Mapping[str, Sequence[str]] = field(default_factory=lambda: MappingProxyType({}))
@@ -65,6 +65,8 @@ class LeRobotWriterOptions:
             raise LeRobotExportError(f"vcodec {self.vcodec!r} is not one of {VIDEO_CODECS}")
         if self.crf < 0 or self.gop < 1 or self.data_file_mb < 1 or self.video_file_mb < 1:
             raise LeRobotExportError("crf must be >= 0, gop and the file sizes >= 1")
+        if not 0 <= self.svt_preset <= 13:
+            raise LeRobotExportError(f"svt_preset must be within 0..13, got {self.svt_preset}")
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ class _VideoSeries(_Series):
         opts = self.options
         codec_options = {"g": str(opts.gop), "crf": str(opts.crf)}
         if opts.vcodec == "libsvtav1":
-            codec_options["preset"] = SVT_PRESET
+            codec_options["preset"] = str(opts.svt_preset)
             os.environ.setdefault("SVT_LOG", "2")  # the encoder prints its banner to stderr unless told
         self.path().parent.mkdir(parents=True, exist_ok=True)
         try:
