@@ -56,7 +56,8 @@ def frame_fidelity(source: np.ndarray, decoded: np.ndarray) -> dict[str, float]:
     previous = (np.abs(decoded[1:] - source[:-1]) * moved).sum(axis=(1, 2, 3))
     checked = moved.sum(axis=(1, 2, 3)) >= 20
     return {"mean_abs_error": float(np.abs(decoded - source).mean()),
-            "frames_in_place": float((own[checked] < previous[checked]).mean()), "frames_checked": int(checked.sum())}
+            "frames_in_place": float((own[checked] < previous[checked]).mean()) if checked.any() else None,
+            "frames_checked": int(checked.sum())}
 
 
 def run(config: BenchLeRobotConfig) -> ExperimentResult:
@@ -131,6 +132,9 @@ def markdown(summary: dict) -> str:
 
 
 def _cells(res: dict) -> list[str]:
-    quality = ([f"{res['mean_abs_error']:.2f}", f"{res['frames_in_place']:.1%} of {res['frames_checked']}"]
-               if "mean_abs_error" in res else ["-", "-"])
+    quality = ["-", "-"]
+    if "mean_abs_error" in res:
+        quality[0] = f"{res['mean_abs_error']:.2f}"
+    if res.get("frames_in_place") is not None:
+        quality[1] = f"{res['frames_in_place']:.1%} of {res['frames_checked']}"
     return [f"{res['export_frames_per_s']:.0f}", f"{res['import_frames_per_s']:.0f}", f"{res['dataset_mb']:.1f}", *quality]

@@ -53,9 +53,9 @@ class LeRobotWriterOptions:
     """`robot_type` in info.json."""
     names: Mapping[str, Sequence[str]] = field(default_factory=lambda: MappingProxyType({}))
     """Names of the dimensions of vector features (e.g. observation.state), where known."""
-    data_file_mb: int = F.DATA_FILE_MB
-    """A data parquet file is closed once it holds about this many MB."""
-    video_file_mb: int = F.VIDEO_FILE_MB
+    data_file_mb: float = F.DATA_FILE_MB
+    """A data parquet file is closed once it holds about this many MB (of frames in memory)."""
+    video_file_mb: float = F.VIDEO_FILE_MB
     """A video file is closed once it holds about this many MB."""
 
     def __post_init__(self) -> None:
@@ -63,8 +63,8 @@ class LeRobotWriterOptions:
             raise LeRobotExportError(f"fps must be a positive integer (LeRobot stores it as one), got {self.fps!r}")
         if self.vcodec not in VIDEO_CODECS:
             raise LeRobotExportError(f"vcodec {self.vcodec!r} is not one of {VIDEO_CODECS}")
-        if self.crf < 0 or self.gop < 1 or self.data_file_mb < 1 or self.video_file_mb < 1:
-            raise LeRobotExportError("crf must be >= 0, gop and the file sizes >= 1")
+        if self.crf < 0 or self.gop < 1 or not (self.data_file_mb > 0 and self.video_file_mb > 0):
+            raise LeRobotExportError("crf must be >= 0, gop >= 1 and the file sizes > 0")
         if not 0 <= self.svt_preset <= 13:
             raise LeRobotExportError(f"svt_preset must be within 0..13, got {self.svt_preset}")
 
@@ -82,8 +82,8 @@ class ExportSummary:
 class _Series:
     """Numbered files (chunk-XXX/file-YYY) of one kind; the current one is closed past a size."""
 
-    def __init__(self, root: Path, template: str, limit_mb: int, **fmt: str) -> None:
-        self.root, self.template, self.limit, self.fmt = root, template, limit_mb << 20, fmt
+    def __init__(self, root: Path, template: str, limit_mb: float, **fmt: str) -> None:
+        self.root, self.template, self.limit, self.fmt = root, template, int(limit_mb * 2**20), fmt
         self.number = 0
 
     def path(self) -> Path:
@@ -94,7 +94,7 @@ class _Series:
 
 
 class _ParquetSeries(_Series):
-    def __init__(self, root: Path, limit_mb: int) -> None:
+    def __init__(self, root: Path, limit_mb: float) -> None:
         super().__init__(root, F.DATA_PATH, limit_mb)
         _, self.pa, self.pq, _ = F.require_optional()
         self.writer = None
@@ -158,7 +158,7 @@ class _VideoSeries(_Series):
             raise LeRobotExportError(
                 f"cannot open a {opts.vcodec} encoder for {width}x{height} images ({exc}); "
                 "try --vcodec h264, or --no-video to store PNG images") from exc
-        self.frames_in_file = 0
+        self.frames_in_file = self.file_bytes = 0
 
     def append(self, frames: np.ndarray) -> dict[str, float | int]:
         """Encode one episode's frames (T, H, W, 3) uint8; returns where they are."""
@@ -169,14 +169,15 @@ class _VideoSeries(_Series):
             frame = self.av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
             frame = self.to_yuv.reformat(frame, format="yuv420p")
             frame.pts, frame.time_base = self.frames_in_file, Fraction(1, self.options.fps)
-            self.container.mux(self.stream.encode(frame))
+            packets = self.stream.encode(frame)
+            self.container.mux(packets)
+            self.file_bytes += sum(p.size for p in packets)  # the file on disk lags behind its write buffer
             self.frames_in_file += 1
         prefix = f"videos/{self.key}/"
         span = {prefix + "chunk_index": where["chunk_index"], prefix + "file_index": where["file_index"],
                 prefix + "from_timestamp": start / self.options.fps,
                 prefix + "to_timestamp": self.frames_in_file / self.options.fps}
-        path = self.path()  # created at the first packet out of the encoder, which may hold a few frames back
-        if path.exists() and path.stat().st_size >= self.limit:
+        if self.file_bytes >= self.limit:
             self.close()
             self.number += 1
         return span

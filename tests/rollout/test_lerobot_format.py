@@ -127,6 +127,25 @@ def test_videos_hold_every_frame_at_its_time(store, tmp_path):
     np.testing.assert_allclose([m for _, m in frames], expected, atol=2)
 
 
+def test_files_roll_over_and_every_episode_still_reads(store, tmp_path):
+    export(store, tmp_path / "ds", video=True, data_file_mb=0.001, video_file_mb=0.001)
+    data = sorted((tmp_path / "ds/data").glob("chunk-000/file-*.parquet"))
+    videos = sorted((tmp_path / "ds/videos/observation.images.front").glob("chunk-000/file-*.mp4"))
+    assert len(data) >= 2 and len(videos) >= 2
+    rows = pq.read_table(tmp_path / "ds" / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    key = "videos/observation.images.front/"
+    assert {r["data/file_index"] for r in rows} == set(range(len(data)))
+    assert {r[key + "file_index"] for r in rows} == set(range(len(videos)))
+    for before, after in zip(rows, rows[1:]):  # a new file starts at time 0; within a file, spans abut
+        same = before[key + "file_index"] == after[key + "file_index"]
+        assert after[key + "from_timestamp"] == pytest.approx(before[key + "to_timestamp"] if same else 0.0)
+    reader = LeRobotDatasetReader(tmp_path / "ds")
+    for i, ep in enumerate(episodes()):
+        got = reader.episode(i)
+        np.testing.assert_array_equal(got.steps[S.STATE], ep.steps[S.STATE])
+        assert np.abs(got.steps["image_front"].astype(int) - ep.steps["image_front"]).max() <= 3
+
+
 def test_tasks_are_indexed_by_text_for_pandas(store, tmp_path):
     export(store, tmp_path / "ds", video=False)
     tasks = pq.read_table(tmp_path / "ds" / F.TASKS_PATH)

@@ -47,12 +47,20 @@ def probe(root: Path, backend: str, tmp_path: Path) -> tuple[dict, dict]:
     return dict(np.load(out)), json.loads(out.with_suffix(".json").read_text())
 
 
+EXPORTS = {  # name -> writer options: video, images, and video with every episode in files of its own
+    "video": LeRobotWriterOptions(fps=10),
+    "images": LeRobotWriterOptions(fps=10, video=False),
+    "small-files": LeRobotWriterOptions(fps=10, data_file_mb=0.002, video_file_mb=0.005),
+}
+
+
 @pytest.fixture(scope="module")
 def exports(store, tmp_path_factory):
     base = tmp_path_factory.mktemp("lerobot")
-    for video in (True, False):
-        export_lerobot(store_episodes(store, range(len(store))), base / f"video-{video}",
-                       LeRobotWriterOptions(fps=10, video=video))
+    for name, options in EXPORTS.items():
+        export_lerobot(store_episodes(store, range(len(store))), base / name, options)
+    files = list((base / "small-files").glob("**/file-*.*"))
+    assert len(files) >= 2 * len(store), "the small-files export should spread episodes over several files"
     return base
 
 
@@ -72,10 +80,10 @@ def expected(store) -> dict[str, np.ndarray]:
             "subtasks": subtasks}
 
 
-@pytest.mark.parametrize("backend", ["torchcodec", "pyav", "-"])
-def test_lerobot_loads_the_export(store, exports, backend, tmp_path):
-    root = exports / f"video-{backend != '-'}"
-    got, info = probe(root, backend, tmp_path)
+@pytest.mark.parametrize(("export", "backend"), [("video", "torchcodec"), ("video", "pyav"), ("images", "-"),
+                                                ("small-files", "torchcodec"), ("small-files", "pyav")])
+def test_lerobot_loads_the_export(store, exports, export, backend, tmp_path):
+    got, info = probe(exports / export, backend, tmp_path)
     want = expected(store)
     assert info["lerobot"] == "0.4.4" and info["camera"] == "observation.images.front"
     assert (info["num_episodes"], info["num_frames"]) == (len(store), store.n_steps)
