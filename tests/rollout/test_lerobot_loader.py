@@ -111,3 +111,19 @@ def test_lerobot_loads_the_export(store, exports, export, backend, tmp_path):
     previous = (np.abs(images[1:] - source[:-1]) * moved).sum(axis=(1, 2, 3))
     checked = moved.sum(axis=(1, 2, 3)) >= 20
     assert checked.sum() > len(checked) // 2 and (own[checked] < previous[checked]).all()
+
+
+def test_lerobot_trains_a_policy_on_the_export(exports, tmp_path):
+    """`lerobot-train` (ACT, one step on the CPU, no pretrained backbone to download) reads the export:
+    its features, normalisation stats and action chunks."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": ""}
+    done = subprocess.run(
+        [str(LEROBOT_PYTHON), "-m", "lerobot.scripts.lerobot_train", "--dataset.repo_id=capsule-rollout/export",
+         f"--dataset.root={exports / 'video'}", "--policy.type=act", "--policy.device=cpu",
+         "--policy.push_to_hub=false", "--policy.pretrained_backbone_weights=null", "--steps=1", "--batch_size=2",
+         "--num_workers=0", "--save_checkpoint=false", "--eval_freq=0", "--wandb.enable=false",
+         f"--output_dir={tmp_path / 'train'}"],
+        env=env, capture_output=True, text=True, timeout=600)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "dataset.num_episodes=3" in log and "End of training" in log
