@@ -66,6 +66,8 @@ bench: $(STAMP)
 	$(PY) -m experiments.run bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
 	$(PY) -m experiments.run bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
 	$(PY) -m experiments.run bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
+	$(PY) -m experiments.run collect_demos --episodes 200 --out runs/bench/demos200.zarr --no-progress
+	$(PY) -m experiments.run bench_lerobot --rounds 5 --svt_presets 7 8 10 --json runs/bench/bench_lerobot.json --docs docs/BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) $(LEROBOT_VENV) runs .pytest_cache .hypothesis

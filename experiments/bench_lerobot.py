@@ -1,7 +1,8 @@
 """bench_lerobot: export a store as a LeRobot v3.0 dataset, with and without video, and import it back.
 
 Side by side in one run: each round exports the whole store once per method (no video: PNG images
-in the parquet; video: one mp4 per camera with each encoder, and with LeRobot's own AV1 settings),
+in the parquet; video: one mp4 per camera with each encoder, SVT-AV1 at other presets if asked, and
+with LeRobot's own AV1 settings),
 in shuffled order, then imports each dataset into a fresh zarr store. Frames/s count the store's
 frames over the wall time of the whole export (reading the store, encoding, parquet, stats,
 metadata) or import (reading, decoding, validating, writing the store); medians over rounds.
@@ -66,6 +67,9 @@ def run(config: BenchLeRobotConfig) -> ExperimentResult:
     reader = open_store(store)
     methods = {"no video (PNG)": LeRobotWriterOptions(fps=FPS, video=False)}
     methods.update({f"video {c}": LeRobotWriterOptions(fps=FPS, vcodec=c) for c in config.vcodecs})
+    for preset in config.svt_presets:
+        methods[f"video libsvtav1 preset {preset}"] = LeRobotWriterOptions(fps=FPS, vcodec="libsvtav1",
+                                                                           svt_preset=preset)
     if "libsvtav1" in config.vcodecs:  # LeRobot's own recording settings, for comparison
         methods["video libsvtav1, LeRobot's settings (preset 12, crf 30)"] = LeRobotWriterOptions(
             fps=FPS, vcodec="libsvtav1", crf=30, svt_preset=12)

@@ -713,12 +713,16 @@ class BenchLeRobotConfig:
     """Interleaved rounds; each exports (and imports) once per method, in shuffled order."""
     vcodecs: tuple[str, ...] = ("h264", "libsvtav1")
     """Video encoders measured beside the export without video."""
+    svt_presets: tuple[int, ...] = ()
+    """More libsvtav1 speed presets to measure (at the default crf), beside the default 6 and LeRobot's 12."""
     docs: str = ""
     """Markdown file whose bench_lerobot section is replaced by the results; empty: none."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
             raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
+        if any(not 0 <= p <= 13 for p in self.svt_presets):
+            raise ValueError(f"--svt_presets must be within 0..13, got {list(self.svt_presets)}")
         bad = [c for c in self.vcodecs if c not in ("h264", "libsvtav1", "hevc")]
         if bad:
             raise ValueError(f"--vcodecs {bad} unknown; choose from h264, libsvtav1, hevc")

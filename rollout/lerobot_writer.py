@@ -47,8 +47,8 @@ class LeRobotWriterOptions:
     gop: int = 2
     """Frames between key frames (LeRobot uses 2: random access costs at most one extra frame)."""
     svt_preset: int = 6
-    """libsvtav1's speed preset. LeRobot records with 12; presets 7 and up left the motion out of about
-    every other frame of the tabletop's 64x64 images (docs/BENCHMARKS.md, `bench_lerobot`)."""
+    """libsvtav1's speed preset. LeRobot records with 12; presets 7 and up left the motion out of some
+    frames of the tabletop's 64x64 images, about half of them at 12 (docs/BENCHMARKS.md, `bench_lerobot`)."""
     robot_type: str | None = None
     """`robot_type` in info.json."""
     names: Mapping[str, Sequence[str]] = field(default_factory=lambda: MappingProxyType({}))
