@@ -26,16 +26,20 @@ def main() -> int:
             return 3
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    fps = json.loads((root / "meta/info.json").read_text())["fps"]
+    info = json.loads((root / "meta/info.json").read_text())
+    fps = info["fps"]
+    camera = next(k for k, ft in info["features"].items() if ft["dtype"] in ("video", "image"))
     dataset = LeRobotDataset("capsule-rollout/export", root=root, video_backend=None if backend == "-" else backend,
-                             delta_timestamps={"action": [k / fps for k in range(horizon)]})
+                             delta_timestamps={"action": [k / fps for k in range(horizon)], camera: [-1 / fps, 0.0]})
     items = [dataset[i] for i in range(len(dataset))]
-    camera = dataset.meta.camera_keys[0]
+    images = (torch.stack([it[camera] for it in items]) * 255).round().to(torch.uint8)  # (N, 2, C, H, W)
     arrays = {
         "state": torch.stack([it["observation.state"] for it in items]),
         "action_chunk": torch.stack([it["action"] for it in items]),
         "action_is_pad": torch.stack([it["action_is_pad"] for it in items]),
-        "image": (torch.stack([it[camera] for it in items]) * 255).round().to(torch.uint8),
+        "image": images[:, 1],
+        "previous_image": images[:, 0],
+        "previous_is_pad": torch.stack([it[f"{camera}_is_pad"][0] for it in items]),
         **{k: torch.stack([it[k] for it in items]) for k in
            ("episode_index", "frame_index", "index", "timestamp", "reward", "value", "intervention", "subtask_id")},
     }

@@ -100,9 +100,16 @@ def test_lerobot_loads_the_export(store, exports, export, backend, tmp_path):
     assert "observation.images.front" in info["stats_keys"] and info["batch_action_shape"] == [4, HORIZON, 4]
     images = got["image"].transpose(0, 2, 3, 1).astype(int)  # LeRobot gives (C, H, W) in [0, 1]
     source = want["image_front"].astype(int)
+    # the frame 0.1 s back (delta_timestamps on the camera): the episode's first frame where there is none
+    first = np.repeat(store.starts, store.ends - store.starts)
+    previous = np.maximum(np.arange(store.n_steps) - 1, first)
+    np.testing.assert_array_equal(got["previous_is_pad"], np.arange(store.n_steps) == first)
+    previous_images = got["previous_image"].transpose(0, 2, 3, 1).astype(int)
     if backend == "-":
         np.testing.assert_array_equal(images, source)  # PNG: lossless
+        np.testing.assert_array_equal(previous_images, source[previous])
         return
+    np.testing.assert_array_equal(previous_images, images[previous])  # the same decoded frame either way
     assert np.abs(images - source).mean() < 4  # h264 at crf 18
     # each frame is the store's frame at its own time, not its predecessor: where the scene moved
     # (pixels that changed by more than 30), the decoded frame is nearer to its own source frame
