@@ -16,7 +16,16 @@ STAMP := $(VENV)/.installed
 export RAY_USAGE_STATS_ENABLED ?= 0
 export PYTHONUNBUFFERED ?= 1
 
-.PHONY: install test test-slow demo bench gpu-check gpu-present clean
+# LeRobot 0.4.4 in a venv of its own, for the test that opens an export with LeRobot's loader
+# (`make test-slow`). LeRobot pins torch < 2.11, so this is torch 2.10.0 with torchvision 0.25.0 and
+# torchcodec 0.10.0, builds from PyPI with CUDA libraries (about 8 GB, 5 minutes here); the project's
+# venv is never touched. torchcodec, LeRobot's default video decoder, loads the system's FFmpeg
+# libraries: installed with apt where that works, else the test decodes with PyAV only.
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_SPEC ?= lerobot==0.4.4 torch==2.10.0 torchvision==0.25.0 torchcodec==0.10.0
+LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
+
+.PHONY: install test test-slow lerobot-venv demo bench gpu-check gpu-present clean
 
 install: $(STAMP)
 
@@ -30,8 +39,18 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(LEROBOT_STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
+
+lerobot-venv: $(LEROBOT_STAMP)
+
+$(LEROBOT_STAMP):
+	test -x $(LEROBOT_VENV)/bin/python || $(PYTHON) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/python -m pip install $(LEROBOT_SPEC)
+	@ldconfig -p | grep -q 'libavutil\.so' || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends ffmpeg >/dev/null; } || \
+		echo "note: no FFmpeg libraries for torchcodec; the LeRobot loader test decodes video with PyAV only"
+	touch $@
 
 # The demo: the shipped policy and critic on 2 Ray actors (local cluster), episodes
 # recorded to zarr with a plot and a gif; then one episode replayed bit for bit from
@@ -47,6 +66,8 @@ bench: $(STAMP)
 	$(PY) -m experiments.run bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
 	$(PY) -m experiments.run bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
 	$(PY) -m experiments.run bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
+	$(PY) -m experiments.run collect_demos --episodes 200 --out runs/bench/demos200.zarr --no-progress
+	$(PY) -m experiments.run bench_lerobot --rounds 5 --svt_presets 7 8 10 --json runs/bench/bench_lerobot.json --docs docs/BENCHMARKS.md
 
 # On a machine with an NVIDIA GPU and its driver: installs the CUDA build of torch into the
 # venv (GPU_TORCH_SPEC from the index in GPU_TORCH_PIP_ARGS), then runs every check of the
@@ -70,4 +91,4 @@ gpu-check: gpu-present $(STAMP)
 	$(PY) -m experiments.run gpu_check --out $(GPU_CHECK_OUT) --json $(GPU_CHECK_OUT)/gpu_check.json $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LEROBOT_VENV) runs .pytest_cache .hypothesis

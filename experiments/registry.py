@@ -12,12 +12,15 @@ from experiments.configs import (
     BenchBridgeConfig,
     BenchCapsulesConfig,
     BenchEnvConfig,
+    BenchLeRobotConfig,
     BenchPolicyConfig,
     BenchRolloutConfig,
     CollectDemosConfig,
     EvalPolicyConfig,
-    GpuCheckConfig,
     ExportCheckpointConfig,
+    ExportLeRobotConfig,
+    GpuCheckConfig,
+    ImportLeRobotConfig,
     LabelAdvantagesConfig,
     RealRecapConfig,
     RecapConfig,
@@ -223,5 +226,29 @@ register(
         GpuCheckConfig(),
         "experiments.gpu_check:run",
         "Every check of the CUDA path in one run (GPU tests, verify, benchmarks, GPU actors, replay); one JSON report.",
+    )
+)
+register(
+    Experiment(
+        "export_lerobot",
+        ExportLeRobotConfig(),
+        "experiments.export_lerobot:run",
+        "Export a store as a LeRobot v3.0 dataset (parquet frames, mp4 per camera, tasks, stats) for LeRobot's loader.",
+    )
+)
+register(
+    Experiment(
+        "import_lerobot",
+        ImportLeRobotConfig(),
+        "experiments.import_lerobot:run",
+        "Read a local LeRobot v3.0 dataset into a zarr store (train_policy can train on it; resumable).",
+    )
+)
+register(
+    Experiment(
+        "bench_lerobot",
+        BenchLeRobotConfig(),
+        "experiments.bench_lerobot:run",
+        "LeRobot export and import speed (frames/s) with and without video, and the dataset's size.",
     )
 )

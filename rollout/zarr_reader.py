@@ -64,6 +64,12 @@ class ZarrEpisodeReader:
         steps = {k: (self._loaded[k][lo:hi] if k in self._loaded else self._data[k][lo:hi]) for k in (keys or self._data)}
         return Episode(steps, self.meta(i))
 
+    def steps(self, lo: int, hi: int, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Step arrays of the store's steps lo..hi-1 (one read per array, across episodes)."""
+        if not 0 <= lo <= hi <= self.n_steps:
+            raise IndexError(f"steps {lo}..{hi} out of range: the store holds {self.n_steps} complete steps")
+        return {k: (self._loaded[k][lo:hi] if k in self._loaded else self._data[k][lo:hi]) for k in (keys or self._data)}
+
     def episodes(self, keys: Sequence[str] | None = None) -> Iterator[Episode]:
         for i in range(len(self)):
             yield self.episode(i, keys)

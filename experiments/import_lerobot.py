@@ -1,0 +1,44 @@
+"""import_lerobot: the episodes of a local LeRobot v3.0 dataset into a zarr store (resumable)."""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from experiments.configs import ImportLeRobotConfig
+from experiments.console import make_console
+from experiments.paths import resolve_input
+from experiments.result import ExperimentResult
+from rollout import lerobot_format as F
+from rollout.lerobot_reader import LeRobotDatasetReader
+from rollout.zarr_recorder import ZarrRecorder
+
+
+def run(config: ImportLeRobotConfig) -> ExperimentResult:
+    reader = LeRobotDatasetReader(resolve_input(config.src), id_prefix=config.id_prefix or None)
+    ids = [reader.episode_id(i) for i in range(len(reader))]
+    indices = F.select_episodes(ids, config.episodes)
+    recorder = ZarrRecorder(config.out)
+    imported = skipped = frames = 0
+    bar = tqdm(indices, desc="import", unit="ep", disable=not config.progress)
+    start = time.perf_counter()
+    try:
+        for i in bar:
+            if ids[i] in recorder:
+                skipped += 1
+                continue
+            episode = reader.episode(i)
+            recorder.write(episode)
+            imported += 1
+            frames += episode.length
+        recorder.flush()
+    finally:
+        bar.close()
+        recorder.close()
+        reader.close()
+    elapsed = time.perf_counter() - start
+    make_console().print(f"{imported} episodes ({frames} frames) imported, {skipped} already in the store "
+                         f"-> {config.out} in {elapsed:.1f} s")
+    return ExperimentResult({"src": str(config.src), "store": str(config.out), "episodes": imported,
+                             "frames": frames, "skipped_already_recorded": skipped, "seconds": elapsed})

@@ -1,0 +1,63 @@
+"""export_lerobot and import_lerobot from the command line: store -> LeRobot -> store, and training on it."""
+
+import json
+
+import pytest
+
+pytest.importorskip("pyarrow")
+pytest.importorskip("av")
+
+from experiments.export_lerobot import TABLETOP_NAMES  # noqa: E402
+from experiments.run import main  # noqa: E402
+from rollout.lerobot_writer import LeRobotExportError  # noqa: E402
+from rollout.zarr_reader import ZarrEpisodeReader  # noqa: E402
+from tests.rollout.fakes import assert_same_episode  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    path = tmp_path_factory.mktemp("demos") / "d.zarr"
+    assert main(["collect_demos", "--episodes", "2", "--out", str(path), "--no-progress"]) == 0
+    return path
+
+
+def test_store_to_lerobot_to_store_is_the_same_and_trains(demos, tmp_path):
+    dataset, store, summary = tmp_path / "ds", tmp_path / "back.zarr", tmp_path / "export.json"
+    assert main(["export_lerobot", "--store", str(demos), "--out", str(dataset), "--no-video", "--no-progress",
+                 "--json", str(summary)]) == 0
+    source = ZarrEpisodeReader(demos)
+    result = json.loads(summary.read_text())
+    assert (result["episodes"], result["frames"], result["video"], result["fps"]) == (2, source.n_steps, False, 10)
+    info = json.loads((dataset / "meta/info.json").read_text())
+    assert info["features"]["observation.state"]["names"] == TABLETOP_NAMES["observation.state"]
+    assert info["features"]["observation.images.front"]["dtype"] == "image"
+
+    imported = tmp_path / "import.json"
+    assert main(["import_lerobot", "--src", str(dataset), "--out", str(store), "--no-progress",
+                 "--json", str(imported)]) == 0
+    assert json.loads(imported.read_text())["episodes"] == 2
+    back = ZarrEpisodeReader(store)
+    assert back.episode_ids == source.episode_ids
+    for i in range(len(source)):
+        assert_same_episode(back.episode(i), source.episode(i))
+    assert main(["import_lerobot", "--src", str(dataset), "--out", str(store), "--no-progress",
+                 "--json", str(imported)]) == 0  # resumed: nothing new
+    assert json.loads(imported.read_text())["skipped_already_recorded"] == 2 and len(ZarrEpisodeReader(store)) == 2
+
+    assert main(["train_policy", "--data", str(store), "--out", str(tmp_path / "policy"), "--steps", "1",
+                 "--batch_size", "4", "--noise_samples", "1", "--eval_episodes", "0", "--no-progress"]) == 0
+
+
+def test_export_chooses_episodes_and_refuses_to_overwrite(demos, tmp_path):
+    dataset = tmp_path / "ds"
+    args = ["export_lerobot", "--store", str(demos), "--out", str(dataset), "--episodes", "1", "--no-progress"]
+    assert main(args) == 0
+    info = json.loads((dataset / "meta/info.json").read_text())
+    assert info["total_episodes"] == 1 and info["features"]["observation.images.front"]["dtype"] == "video"
+    with pytest.raises(LeRobotExportError, match="already exists"):
+        main(args)
+    assert main([*args[:-2], "--overwrite", "--no-progress"]) == 0
+    assert json.loads((dataset / "meta/info.json").read_text())["total_episodes"] == 2
+    with pytest.raises(LeRobotExportError, match="cannot read"):
+        main(["export_lerobot", "--store", str(tmp_path / "none.zarr"), "--out", str(tmp_path / "x")])
+    assert main(["export_lerobot", "--store", str(demos), "--out", ""]) == 2  # a config error, before any work
