@@ -219,6 +219,8 @@ class LeRobotDatasetReader:
             initial_capsule_id=row.get(S.INITIAL_CAPSULE_ID) or "",
             subtasks=S.SUBTASK_SEPARATOR.join(subtasks),
             operator_events=row.get(S.OPERATOR_EVENTS) or "",
+            attempt=int(row.get(S.ATTEMPT) or 0),
+            repeat=int(row.get(S.REPEAT) or 0),
         )
 
 
