@@ -33,7 +33,7 @@ from rollout.rollout_host import HostConfig, RolloutHost, capsule_key
 ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
 """Written next to a run's store: the spec its episodes were played with (read back by `replay`)."""
-FAULT_MODES = ("exit", "hang")
+FAULT_MODES = ("exit", "hang", "cuda_error")
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,9 @@ class HostSpec:
     observers: tuple[tuple[str, str], ...] = ()
     """(import path `module:factory`, JSON kwargs) of episode observers built in each process."""
     crash: tuple = ()
-    """Fault injection for tests: (episode_id, step, marker file[, "exit" | "hang"]): at that step of that
-    episode the process exits (or hangs forever) once; the marker records that it happened."""
+    """Fault injection for tests: (episode_id, step, marker file[, "exit" | "hang" | "cuda_error"]): at that
+    step of that episode the process exits (hangs forever; raises what a dead CUDA context raises) once;
+    the marker records that it happened."""
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_CHOICES:
@@ -200,7 +201,7 @@ def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int) -> Path |
 
 
 def _arm_fault(host: RolloutHost, episode_id: str, step: int, marker: str, mode: str = "exit") -> None:
-    """Exit (or hang) the process at `step` of `episode_id`, once (see HostSpec.crash)."""
+    """Exit (hang, raise a CUDA error) at `step` of `episode_id`, once (see HostSpec.crash)."""
     inner = host.safety_check
     original = host.run_episode
     step = int(step)
@@ -211,6 +212,8 @@ def _arm_fault(host: RolloutHost, episode_id: str, step: int, marker: str, mode:
             if mode == "hang":
                 while True:
                     time.sleep(3600)
+            if mode == "cuda_error":
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
             os._exit(1)
         if inner is not None:
             inner(obs, action)

@@ -1,0 +1,49 @@
+"""The Ray driver: work only for placed actors, a fatal CUDA error ends the actor and its episode is re-run."""
+
+import pytest
+
+from rollout.host_factory import HostSpec
+from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.rollout_host import HostConfig
+from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.zarr_recorder import ZarrRecorder
+from tests.policies.tiny import save_tiny_checkpoints
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    policy, critic = save_tiny_checkpoints(tmp_path_factory.mktemp("ckpt"))
+    return HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
+
+
+def _items(n):
+    return [WorkItem(f"pick_place-s{s:07d}", s) for s in range(1_000_000, 1_000_000 + n)]
+
+
+def test_no_work_goes_to_an_actor_ray_cannot_place(spec):
+    with pytest.raises(RuntimeError, match=r"no rollout actor was placed within 5 s: each asks for 1.0 CPU and 1.0 GPU"):
+        run_rollouts(spec, _items(2), actors=2, gpus_per_actor=1.0, placement_timeout_s=5)
+
+
+def test_the_actors_that_fit_do_all_the_work(spec, ray_session):
+    cpus = ray_session.cluster_resources()["CPU"]
+    reports, stats = run_rollouts(spec, _items(4), actors=2, cpus_per_actor=cpus * 0.6)  # only one fits
+    assert stats.actors_placed == 1 and stats.episodes == 4
+    assert len({r.actor_pid for r in reports}) == 1
+
+
+def test_a_fatal_cuda_error_restarts_the_actor_and_reruns_the_episode(spec, tmp_path):
+    import dataclasses
+
+    victim = "pick_place-s1000001"
+    marker = tmp_path / "cuda"
+    faulty = dataclasses.replace(spec, crash=(victim, 3, str(marker), "cuda_error"))
+    with ZarrRecorder(tmp_path / "e.zarr") as recorder:
+        reports, stats = run_rollouts(faulty, _items(3), actors=1, recorder=recorder)
+    assert marker.exists() and stats.actor_failures == 1 and stats.resubmitted == 1
+    by_id = {r.item.episode_id: r for r in reports}
+    assert by_id[victim].error == "" and by_id[victim].episode.meta.length == 6  # re-run on a fresh process
+    assert len({r.actor_pid for r in reports}) == 2  # the process that saw the error is gone
+    assert sorted(ZarrEpisodeReader(tmp_path / "e.zarr").episode_ids) == sorted(it.episode_id for it in _items(3))
