@@ -24,6 +24,7 @@ its empty default.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,8 +54,22 @@ OPERATOR_EVENTS = "operator_events"
 ATTEMPT = "attempt"
 REPEAT = "repeat"
 
-# "terminated": the env ended the episode without success (a gymnasium termination, e.g. a fall)
-STOP_REASONS = ("success", "operator_end", "low_value", "timeout", "safety", "error", "aborted", "terminated")
+
+
+class StopReason(str, enum.Enum):
+    """Why an episode stopped (recorded as the value string)."""
+
+    SUCCESS = "success"
+    OPERATOR_END = "operator_end"  # the operator ended it (success or failure, their call)
+    LOW_VALUE = "low_value"  # the critic's value stayed below the threshold
+    TIMEOUT = "timeout"  # the step limit
+    SAFETY = "safety"  # a safety check, a non-finite action, an e-stop
+    ERROR = "error"  # an exception
+    ABORTED = "aborted"  # the robot aborted it (e.g. a lost heartbeat)
+    TERMINATED = "terminated"  # the env ended it without success (a gymnasium termination, e.g. a fall)
+
+
+STOP_REASONS = tuple(reason.value for reason in StopReason)
 
 
 @dataclass(frozen=True)

@@ -33,163 +33,36 @@ which host, and is reproducible from its initial capsule alone (see `replay`).
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from capsules import Arena, BufferComponent, BufferSpec, Capsule, CapsuleStore, restore, snapshot
+from capsules import Arena, Capsule, CapsuleStore, restore, snapshot
 from critics.rollout_critic import RolloutCritic
 from envs.operator_input import OperatorSource
 from envs.rollout_env import STATE_KEY, RolloutEnv, action_bounds, image_key
 from policies.execution_context import TwoLaneContext
 from policies.rollout_policy import RolloutPolicy
-from rollout import episode_schema as S
-from rollout.episode import Episode, EpisodeBuilder
-from rollout.handoff import NBYTES, SubtaskChannel
+from rollout.episode import EpisodeBuilder
+from rollout.episode_schema import STOP_REASONS, StopReason
+from rollout.handoff import SubtaskChannel
+from rollout.host_config import (  # noqa: F401 (capsule_key, episode_noise_seed: re-exported)
+    ALLOWED_TRANSITIONS,
+    EpisodeResult,
+    HostConfig,
+    Phase,
+    SafetyStop,
+    Tick,
+    capsule_key,
+    episode_noise_seed,
+)
+from rollout.host_state import HostState
 from rollout.observer import EpisodeObserver
+from rollout.operator_control import OperatorControl
 from rollout.planner import Planner, ScriptedPlanner
-
-
-class Phase(str, enum.Enum):
-    IDLE = "idle"
-    RESET = "reset"
-    RUNNING = "running"
-    STOP_INFER = "stop_infer"
-    RECORD = "record"
-
-
-SUCCESS, OPERATOR_END, LOW_VALUE, TIMEOUT, SAFETY, ERROR, ABORTED, TERMINATED = S.STOP_REASONS
-_ALLOWED = {
-    Phase.IDLE: {Phase.RESET},
-    Phase.RESET: {Phase.RUNNING, Phase.STOP_INFER},  # a reset can fail: error, recorded if there were steps
-    Phase.RUNNING: {Phase.STOP_INFER},
-    Phase.STOP_INFER: {Phase.RECORD},
-    Phase.RECORD: {Phase.RESET, Phase.IDLE},
-}
-# the host's counters (one int64 buffer of its capsule state)
-_POS, _LEN, _LOW, _CHUNKS, _PUBLISHED = range(5)
-
-
-class SafetyStop(Exception):
-    """Raised by a safety check: the episode stops with stop reason `safety`."""
-
-
-@dataclass(frozen=True)
-class HostConfig:
-    n_exec: int = 8
-    """Actions of each chunk executed before the next inference (receding horizon)."""
-    value_threshold: float | None = None
-    """Stop when the critic's value is below this for `value_patience` consecutive chunks (None: never)."""
-    value_patience: int = 3
-    """M: consecutive low-value chunks before stopping."""
-    max_steps: int | None = None
-    """Timeout in control steps (None: the env's limit)."""
-    planner_every: int = 1
-    """Control steps between planner updates (the planner's rate)."""
-    noise_seed: int = 0
-    """Base seed of the policy's per-episode noise."""
-    pin_seeds: tuple[int, ...] = ()
-    """Seeds whose initial capsules stay pinned in the store (a fixed evaluation set)."""
-    record_images: bool = True
-    """Record the cameras' images in each episode."""
-    lanes: Literal["two", "serial"] = "two"
-    """Run policy and critic on two lanes at once, or one after the other on one."""
-
-    def __post_init__(self) -> None:
-        if self.n_exec < 1 or self.value_patience < 1 or self.planner_every < 1:
-            raise ValueError("n_exec, value_patience and planner_every must be >= 1")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
-        if self.lanes not in ("two", "serial"):
-            raise ValueError(f"lanes must be 'two' or 'serial', got {self.lanes!r}")
-
-
-@dataclass(slots=True)
-class Tick:
-    """What one control step did (see `RolloutHost.tick`)."""
-
-    new_chunk: bool
-    value: float
-    low_value: bool = False
-    proposed: np.ndarray | None = None
-    action: np.ndarray | None = None
-    subtask_id: int = 0
-    obs: dict | None = None
-    reward: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
-    info: dict | None = None
-    intervention: bool = False
-
-
-@dataclass
-class EpisodeResult:
-    episode: Episode | None  # None only when the episode failed before its first step
-    reset_kind: str  # "restore", "cold", "physical" (a robot) or "branch"
-    reset_ms: float
-    run_s: float
-    steps_per_s: float
-    error: str = ""
-    transitions: list[str] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)  # observers' per-episode results (by observer name)
-
-    @property
-    def meta(self):
-        return self.episode.meta
-
-
-class _HostState(BufferComponent):
-    """The host's own committed state: action queue, counters, the subtask block."""
-
-    def __init__(self, chunk_length: int, action_dim: int, before_snapshot: Callable[[], None],
-                 after_restore: Callable[[], None]) -> None:
-        super().__init__()
-        self.name = "host"
-        self.chunk_length, self.action_dim = chunk_length, action_dim
-        self._before, self._after = before_snapshot, after_restore
-
-    def before_snapshot(self) -> None:
-        self._before()
-
-    def after_restore(self) -> None:
-        self._after()
-
-    def buffer_specs(self) -> list[BufferSpec]:
-        return [
-            BufferSpec("queue", (self.chunk_length, self.action_dim), torch.float32,
-                       doc="actions of the current chunk"),
-            BufferSpec("counters", (5,), torch.int64,
-                       doc="queue position, queue length, low-value chunks, chunks, planner's last subtask"),
-            BufferSpec("value", (), torch.float32, doc="critic value of the current chunk"),
-            BufferSpec("subtask", (NBYTES,), torch.uint8, doc="the hand-off channel's block at the boundary"),
-        ]
-
-    def fingerprint(self) -> Mapping[str, str]:
-        return {"kind": "rollout_host", "horizon": str(self.chunk_length), "action_dim": str(self.action_dim),
-                "subtask_bytes": str(NBYTES)}
-
-
-_ATTEMPT_MIX, _REPEAT_MIX = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F
-
-
-def episode_noise_seed(noise_seed: int, task: str, seed: int, attempt: int = 0, repeat: int = 0) -> int:
-    """The policy's noise seed for one episode (stable across processes, hosts and runs).
-
-    `attempt` / `repeat` > 0: a retry of a failed episode / another rollout from the same
-    initial state, each with noise of its own."""
-    return (noise_seed * 1_000_003 + zlib.crc32(task.encode()) * 7919 + seed
-            + attempt * _ATTEMPT_MIX + repeat * _REPEAT_MIX) % (2**62)
-
-
-def capsule_key(task: str, seed: int) -> str:
-    return f"{task}/s{seed:07d}"
 
 
 def _call_optional(component, method: str, *args) -> None:
@@ -241,16 +114,11 @@ class RolloutHost:
         self.planner = planner if planner is not None else ScriptedPlanner(self.channel)
         self.recorder = recorder
         self.safety_check = safety_check
-        self.operator, self.teleop = operator, teleop
+        self.control = OperatorControl(operator, teleop, self.channel, self.request_end)
         self.observers = list(observers)
         self.capsule_source = capsule_source
-        self.takeover = False
-        self.events: list[str] = []  # operator events of the current episode, as they were applied
-        self.state = _HostState(spec.chunk_length, spec.action_dim, self._save_subtask, self._load_subtask)
+        self.state = HostState(spec.chunk_length, spec.action_dim, self._save_subtask, self._load_subtask)
         self.arena = Arena([env, policy, *([critic] if critic is not None else []), self.state]).allocate()
-        b = self.state.buffers
-        # numpy views of the host's buffers (the same memory): cheap to index every step
-        self._queue, self._counters, self._value = b["queue"].numpy(), b["counters"].numpy(), b["value"].numpy()
         self._cameras = tuple(env.observation_spec.cameras) if config.record_images else ()
         self._images = tuple((c, image_key(c)) for c in self._cameras)
         self.lanes = TwoLaneContext(policy.device) if critic is not None else None
@@ -276,7 +144,33 @@ class RolloutHost:
     @property
     def value(self) -> float:
         """The critic's value of the current chunk (NaN without a critic or before the first chunk)."""
-        return float(self._value)
+        return float(self.state.value)
+
+    # the operator's side (see OperatorControl); settable after construction
+    @property
+    def operator(self) -> OperatorSource | None:
+        return self.control.operator
+
+    @operator.setter
+    def operator(self, source: OperatorSource | None) -> None:
+        self.control.operator = source
+
+    @property
+    def teleop(self) -> Callable[[], np.ndarray] | None:
+        return self.control.teleop
+
+    @teleop.setter
+    def teleop(self, source: Callable[[], np.ndarray] | None) -> None:
+        self.control.teleop = source
+
+    @property
+    def takeover(self) -> bool:
+        return self.control.takeover
+
+    @property
+    def events(self) -> list[str]:
+        """Operator events of the current episode, as they were applied."""
+        return self.control.events
 
     # -- operator ---------------------------------------------------------------------
     def request_end(self, success: bool) -> None:
@@ -286,7 +180,7 @@ class RolloutHost:
 
     # -- state machine ----------------------------------------------------------------
     def _go(self, phase: Phase) -> None:
-        if phase not in _ALLOWED[self.phase]:
+        if phase not in ALLOWED_TRANSITIONS[self.phase]:
             raise RuntimeError(f"rollout host: transition {self.phase.value} -> {phase.value} is not allowed")
         self.transitions.append(f"{self.phase.value}->{phase.value}")
         self.phase = phase
@@ -304,7 +198,7 @@ class RolloutHost:
         seq = block[:8].view(torch.int64)
         seq.fill_(2 if int(seq) > 0 else 0)
         published = getattr(self.planner, "published", None)
-        self._counters[_PUBLISHED] = -1 if published is None else published
+        self.state.published[...] = -1 if published is None else published
 
     def _load_subtask(self) -> None:
         """After a restore: republish the restored subtask, and treat it as already seen."""
@@ -316,14 +210,14 @@ class RolloutHost:
         self._seen_version = self.channel.version()
         self._subtask_index = max(sub.index, 0) if sub.version else 0
         if hasattr(self.planner, "published"):  # what the planner last published, as at the boundary
-            published = int(self._counters[_PUBLISHED])
+            published = int(self.state.published)
             self.planner.published = None if published < 0 else published
         self._first_bad = self._scan_queue()
 
     def _scan_queue(self) -> int:
         """Index of the first queued action that is not finite (chunk length when all are)."""
-        bad = ~np.isfinite(self._queue).all(axis=1)
-        return int(bad.argmax()) if bad.any() else len(self._queue)
+        bad = ~np.isfinite(self.state.queue).all(axis=1)
+        return int(bad.argmax()) if bad.any() else len(self.state.queue)
 
     # -- capsules -----------------------------------------------------------------------
     def snapshot(self, label: str = "", *, step: int | None = None) -> Capsule:
@@ -369,13 +263,11 @@ class RolloutHost:
         self.policy.reset(episode_seed)
         if self.critic is not None:
             _call_optional(self.critic, "reset", episode_seed)
-        self._queue[:] = 0.0
-        self._counters[:] = 0
-        self._value[...] = np.nan
+        self.state.clear()
         self.planner.reset(self.env)
         self._seen_version = -1
         self._poll_subtask()
-        self._first_bad = len(self._queue)
+        self._first_bad = len(self.state.queue)
         capsule = snapshot(self.arena, label=key, step=0, episode=key, extra={"seed": str(seed), "task": self.task})
         if keep:
             self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
@@ -407,7 +299,7 @@ class RolloutHost:
         for observer in self.observers:
             observer.chunk_start(self, obs)
         self.policy.load_observation(obs)
-        critic, c = self.critic, self._counters
+        critic, st = self.critic, self.state
         if critic is None:
             self._policy_lane()
         else:
@@ -417,46 +309,23 @@ class RolloutHost:
             else:
                 self.lanes.serial(self._policy_lane, self._critic_lane)
             value = float(self._value_out.reshape(-1)[0])
-            self._value[...] = value
+            st.value[...] = value
             threshold = self.config.value_threshold
-            c[_LOW] = c[_LOW] + 1 if threshold is not None and value < threshold else 0
-        queue = self._queue
+            st.low[...] = st.low + 1 if threshold is not None and value < threshold else 0
+        queue = st.queue
         queue[:] = self._chunk_out.reshape(queue.shape).cpu().numpy()
-        c[_POS], c[_LEN] = 0, self.config.n_exec
-        c[_CHUNKS] += 1
+        st.pos[...], st.length[...] = 0, self.config.n_exec
+        st.chunks[...] += 1
         self._first_bad = self._scan_queue()
         if self.observers:
             proposed = queue.copy()
             for observer in self.observers:
                 observer.chunk(self, proposed)
 
-    def _operator_events(self, step: int) -> str | None:
-        """Apply what the operator did since the last step; returns "estop" when the robot must stop."""
-        if self.operator is None:
-            return None
-        for event in self.operator.poll(step):
-            kind = event.kind.value
-            self.events.append(f"{step}:{kind}:{event.text}" if event.text else f"{step}:{kind}")
-            if kind in ("end_success", "end_failure"):
-                self.request_end(kind == "end_success")
-            elif kind == "coach":
-                self.channel.coach(event.text)
-            elif kind in ("takeover_on", "takeover_off"):
-                if self.teleop is None:
-                    self.events.append(f"{step}:takeover ignored (no teleop source)")
-                else:
-                    self.takeover = kind == "takeover_on"
-            elif kind == "estop":
-                estop = getattr(self.env, "estop", None)
-                if callable(estop):
-                    estop()
-                return "estop"
-        return None
-
     def _teleop_tick(self) -> Tick:
         """One step driven by the operator: recorded as an intervention; the policy's chunk is dropped."""
         self._poll_subtask()
-        self._counters[_LEN] = 0  # after a human moved the robot, the policy plans afresh
+        self.state.length[...] = 0  # after a human moved the robot, the policy plans afresh
         action = np.asarray(self.teleop(), np.float32).reshape(-1)
         if action.shape != self.low.shape or not np.all(np.isfinite(action)):
             raise SafetyStop(f"teleoperation sent {action.tolist()}; the env takes {self.low.shape[0]} finite numbers")
@@ -476,22 +345,22 @@ class RolloutHost:
         env's bounds. A low-value stop, when due, is reported before acting
         (`tick.low_value`, nothing executed).
         """
-        c, cfg = self._counters, self.config
+        st, cfg = self.state, self.config
         if self._poll_subtask():
-            c[_LEN] = 0  # new language: new chunk now
-        pos = int(c[_POS])
-        new_chunk = bool(pos >= c[_LEN])
+            st.length[...] = 0  # new language: new chunk now
+        pos = int(st.pos)
+        new_chunk = pos >= int(st.length)
         if new_chunk:
             self._infer(obs)
             pos = 0
-            if cfg.value_threshold is not None and c[_LOW] >= cfg.value_patience:
-                return Tick(new_chunk=True, value=float(self._value), low_value=True)
+            if cfg.value_threshold is not None and int(st.low) >= cfg.value_patience:
+                return Tick(new_chunk=True, value=float(st.value), low_value=True)
         if pos >= self._first_bad:
-            raise SafetyStop(f"policy proposed a non-finite action {self._queue[pos].tolist()}")
-        proposed = self._queue[pos].copy()
-        c[_POS] = pos + 1
+            raise SafetyStop(f"policy proposed a non-finite action {st.queue[pos].tolist()}")
+        proposed = st.queue[pos].copy()
+        st.pos[...] = pos + 1
         action = np.minimum(np.maximum(proposed, self.low), self.high)
-        tick = Tick(new_chunk, float(self._value), False, proposed, action, self._subtask_index)
+        tick = Tick(new_chunk, float(st.value), False, proposed, action, self._subtask_index)
         if self.safety_check is not None:
             self.safety_check(obs, action)
         tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
@@ -499,20 +368,19 @@ class RolloutHost:
             self.planner.update(self.env)
         return tick
 
-    def _loop(self, obs: dict, builder: EpisodeBuilder, limit: int) -> tuple[str, bool, str]:
+    def _loop(self, obs: dict, builder: EpisodeBuilder, limit: int) -> tuple[StopReason, bool, str]:
         """Ticks until a stop; returns (stop reason, success, error)."""
-        env, observers, images = self.env, self.observers, self._images
-        reason, success, error = TIMEOUT, False, ""
+        env, observers, images, control = self.env, self.observers, self._images, self.control
         try:
             while True:
-                if self.operator is not None and self._operator_events(env.steps) == "estop":
-                    return SAFETY, False, "operator e-stop"
-                tick = self._teleop_tick() if self.takeover else self.tick(obs)
+                if control.operator is not None and control.apply(env.steps, env):
+                    return StopReason.SAFETY, False, "operator e-stop"
+                tick = self._teleop_tick() if control.takeover else self.tick(obs)
                 # an episode executes at least one step, so every stop is recorded
                 if tick.low_value:
                     if len(builder):
-                        return LOW_VALUE, False, ""
-                    self._counters[_LOW] = 0  # stop due before the first step: run the chunk anyway
+                        return StopReason.LOW_VALUE, False, ""
+                    self.state.low[...] = 0  # stop due before the first step: run the chunk anyway
                     continue
                 builder.add(images={c: obs[k] for c, k in images}, state=obs[STATE_KEY], action=tick.action,
                             reward=tick.reward, policy_action=tick.proposed,
@@ -524,18 +392,19 @@ class RolloutHost:
                 with self._lock:
                     end = self._end_request
                 if env.success(tick.info):
-                    return SUCCESS, True, ""
+                    return StopReason.SUCCESS, True, ""
                 if end is not None:
-                    return OPERATOR_END, end, ""
+                    return StopReason.OPERATOR_END, end, ""
                 if tick.terminated:
-                    return TERMINATED, False, ""
+                    return StopReason.TERMINATED, False, ""
                 if tick.truncated or env.steps >= limit:
-                    return TIMEOUT, False, ""
+                    return StopReason.TIMEOUT, False, ""
         except SafetyStop as exc:
-            return SAFETY, False, str(exc) or "safety check stopped the episode"
+            return StopReason.SAFETY, False, str(exc) or "safety check stopped the episode"
         except Exception as exc:  # recorded (as an error, or the reason it names); the host stays usable
             named = getattr(exc, "stop_reason", None)
-            return (named if named in S.STOP_REASONS else ERROR), success, f"{type(exc).__name__}: {exc}"
+            reason = StopReason(named) if named in STOP_REASONS else StopReason.ERROR
+            return reason, False, f"{type(exc).__name__}: {exc}"
 
     def _limit(self, max_steps: int | None = None) -> int:
         env_limit = self.env.max_steps
@@ -589,7 +458,7 @@ class RolloutHost:
         if obs is None:  # restored: the observation of the committed state
             obs = env.observe()
         builder = EpisodeBuilder()
-        self.takeover, self.events = False, []
+        self.control.start_episode()
         for observer in self.observers:
             observer.episode_start(self, seed)
         t0 = time.perf_counter()
@@ -601,10 +470,10 @@ class RolloutHost:
         if n == 0:  # failed before the first step: there is nothing to record
             self._go(Phase.IDLE)
             return EpisodeResult(episode=None, reset_kind=kind, reset_ms=reset_ms, run_s=run_s, steps_per_s=0.0,
-                                 error=error or reason, transitions=list(self.transitions))
+                                 error=error or reason.value, transitions=list(self.transitions))
         episode = builder.finish(
             episode_id=episode_id, seed=seed, task=self.task, instruction=env.instruction, success=success,
-            stop_reason=reason, initial_capsule_id=capsule_id, subtasks=list(env.subtask_texts),
+            stop_reason=reason.value, initial_capsule_id=capsule_id, subtasks=list(env.subtask_texts),
             operator_events=self.events, attempt=attempt, repeat=repeat,
         )
         result = EpisodeResult(episode=episode, reset_kind=kind, reset_ms=reset_ms, run_s=run_s,

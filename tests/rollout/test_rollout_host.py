@@ -218,3 +218,21 @@ def test_value_triggered_takeover_hands_control_to_the_expert_and_back():
     second = h.run_episode(1)  # the count starts again with the next episode
     assert second.episode.steps["intervention"].sum() == 4
     h.close()
+
+
+def test_a_capsule_of_the_earlier_host_layout_is_refused_by_name():
+    """The host's counters are named buffers now (layout 2); a layout-1 capsule (one int64[5] array) is refused."""
+    import dataclasses
+
+    from capsules import Capsule, CapsuleMismatchError, restore
+
+    h = make_host(max_steps=2)
+    h.run_episode(1)
+    capsule = h.snapshot()
+    old = Capsule(dataclasses.replace(capsule.meta, fingerprint={**capsule.meta.fingerprint, "host/layout": "1"}),
+                  capsule.slabs(), capsule.digests)
+    with pytest.raises(CapsuleMismatchError, match="host/layout"):
+        restore(h.arena, old)
+    assert sorted(h.state.buffers) == ["chunks", "low_value_chunks", "planner_subtask", "queue", "queue_len",
+                                       "queue_pos", "subtask", "value"]
+    h.close()

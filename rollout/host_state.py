@@ -1,0 +1,69 @@
+"""`HostState`: the rollout host's own committed state, as capsule buffers with names.
+
+The action queue of the current chunk, where in it the host is, the critic's value of
+the chunk, the low-value streak, the chunk count, what the planner last published, and
+a copy of the hand-off block at the boundary. Every field is a buffer of its own (a
+named counter, not an index into one array); numpy views of them are what the control
+loop reads and writes each step (the same memory, cheap to index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+
+from capsules import BufferComponent, BufferSpec
+from rollout.handoff import NBYTES
+
+LAYOUT = "2"
+"""Version of this layout in the host's fingerprint: a capsule of another layout is refused by name."""
+
+
+class HostState(BufferComponent):
+    def __init__(self, chunk_length: int, action_dim: int, before_snapshot: Callable[[], None],
+                 after_restore: Callable[[], None]) -> None:
+        super().__init__()
+        self.name = "host"
+        self.chunk_length, self.action_dim = chunk_length, action_dim
+        self._before, self._after = before_snapshot, after_restore
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        counter = lambda name, doc: BufferSpec(name, (), torch.int64, doc=doc)  # noqa: E731
+        return [
+            BufferSpec("queue", (self.chunk_length, self.action_dim), torch.float32,
+                       doc="actions of the current chunk"),
+            counter("queue_pos", "index of the next queued action to execute"),
+            counter("queue_len", "actions of the chunk to execute (n_exec; 0: ask for a new chunk)"),
+            counter("low_value_chunks", "consecutive chunks valued below the threshold"),
+            counter("chunks", "chunks asked for in the episode"),
+            counter("planner_subtask", "subtask index the planner last published (-1: none)"),
+            BufferSpec("value", (), torch.float32, doc="critic value of the current chunk (NaN: none)"),
+            BufferSpec("subtask", (NBYTES,), torch.uint8, doc="the hand-off channel's block at the boundary"),
+        ]
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        super().bind(buffers)
+        b = self.buffers
+        self.queue: np.ndarray = b["queue"].numpy()
+        self.pos, self.length = b["queue_pos"].numpy(), b["queue_len"].numpy()
+        self.low, self.chunks = b["low_value_chunks"].numpy(), b["chunks"].numpy()
+        self.published, self.value = b["planner_subtask"].numpy(), b["value"].numpy()
+
+    def clear(self) -> None:
+        """The state of a new episode: empty queue, counters at zero, no value."""
+        self.queue[:] = 0.0
+        for counter in (self.pos, self.length, self.low, self.chunks, self.published):
+            counter[...] = 0
+        self.value[...] = np.nan
+
+    def before_snapshot(self) -> None:
+        self._before()
+
+    def after_restore(self) -> None:
+        self._after()
+
+    def fingerprint(self) -> Mapping[str, str]:
+        return {"kind": "rollout_host", "layout": LAYOUT, "horizon": str(self.chunk_length),
+                "action_dim": str(self.action_dim), "subtask_bytes": str(NBYTES)}
