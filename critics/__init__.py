@@ -1,1 +1,1 @@
-"""Distributional value critic; imports only `capsules` and `policies.common` (shared encoders)."""
+"""Distributional value critic; imports only `capsules` and `models` (shared model code)."""

@@ -20,9 +20,9 @@ import torch
 from capsules import BufferComponent, BufferSpec, Role
 from capsules.fingerprint import module_sha256
 from critics.value_critic import ACTOR_POLICY, ValueCritic
-from policies.common.graph_runner import GraphRunner, trace_on_cpu
+from models.graph_runner import GraphRunner, trace_on_cpu
 from critics.rollout_critic import CriticSpec
-from policies.common.inputs import load_observation, observation_keys, write_language
+from models.inputs import load_observation, observation_keys, write_language
 
 
 class CriticRuntime(BufferComponent):

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from policies.common.encoders import LanguageEncoder, VisionEncoder
-from policies.common.tokenizer import Tokenizer
+from models.encoders import LanguageEncoder, VisionEncoder
+from models.tokenizer import Tokenizer
 
 ACTOR_DEMONSTRATOR, ACTOR_POLICY = 0, 1  # who acts from a state on (CriticConfig.actor_input)
 
@@ -207,6 +207,6 @@ KIND = "value_critic"
 
 def load_critic(directory: str, device: str = "cpu") -> ValueCritic:
     """A `ValueCritic` from a checkpoint directory (config and weights validated)."""
-    from policies.common.checkpoint import load_model
+    from models.checkpoint import load_model
 
     return load_model(directory, kind=KIND, config_cls=CriticConfig, model_cls=ValueCritic, device=device)

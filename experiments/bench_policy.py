@@ -22,7 +22,7 @@ from experiments.configs import BenchPolicyConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
-from policies.common.checkpoint import WEIGHTS_FILE
+from models.checkpoint import WEIGHTS_FILE
 from policies.execution_context import TwoLaneContext
 from policies.flow_policy import FlowPolicy, load_policy
 from policies.policy_runtime import PolicyRuntime

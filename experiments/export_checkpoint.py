@@ -8,7 +8,7 @@ from pathlib import Path
 from experiments.configs import ExportCheckpointConfig
 from experiments.console import make_console
 from experiments.result import ExperimentResult
-from policies.common.checkpoint import WEIGHTS_FILE, export_weights
+from models.checkpoint import WEIGHTS_FILE, export_weights
 
 
 def run(config: ExportCheckpointConfig) -> ExperimentResult:

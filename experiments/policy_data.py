@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
-from policies.common.tokenizer import Tokenizer
+from models.tokenizer import Tokenizer
 from rollout import episode_schema as S
 from rollout.zarr_reader import ZarrEpisodeReader
 

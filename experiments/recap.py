@@ -43,7 +43,7 @@ from experiments.console import make_console
 from experiments.policy_eval import evaluate_policy
 from experiments.result import ExperimentResult
 from experiments.stats import failure_auc_summary, mid_episode_value, paired_comparison
-from policies.common.checkpoint import update_info
+from models.checkpoint import update_info
 from policies.flow_policy import CONDITIONING_INFO, Conditioning
 from rollout.episode_schema import IMAGE_PREFIX
 from rollout.host_factory import HostSpec

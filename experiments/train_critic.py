@@ -16,9 +16,9 @@ from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.policy_data import load_training_arrays
 from experiments.result import ExperimentResult
-from policies.common.checkpoint import open_training_dir, save_checkpoint
-from policies.common.encoders import random_shift
-from policies.common.trainer import LoopConfig, make_optimizer, train
+from models.checkpoint import open_training_dir, save_checkpoint
+from models.encoders import random_shift
+from models.trainer import LoopConfig, make_optimizer, train
 from policies.flow_policy import load_policy
 
 

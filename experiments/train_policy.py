@@ -15,9 +15,9 @@ from experiments.policy_data import action_labels, load_training_arrays
 from experiments.policy_eval import evaluate_policy
 from experiments.result import ExperimentResult
 from policies.chunk_dataset import ChunkDataset, subgoal_targets
-from policies.common.checkpoint import Checkpoint, open_training_dir, save_checkpoint
-from policies.common.encoders import random_shift
-from policies.common.trainer import LoopConfig, make_optimizer, train
+from models.checkpoint import Checkpoint, open_training_dir, save_checkpoint
+from models.encoders import random_shift
+from models.trainer import LoopConfig, make_optimizer, train
 from policies.flow_policy import ADV_NONE, CONDITIONING_INFO, KIND, Conditioning, FlowPolicy, FlowPolicyConfig
 
 

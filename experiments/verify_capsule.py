@@ -19,7 +19,7 @@ from experiments.configs import VerifyCapsuleConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
-from policies.common.checkpoint import META_FILE
+from models.checkpoint import META_FILE
 from policies.flow_policy import FlowPolicy, load_policy
 from policies.policy_steppable import PolicySteppable
 from rollout.rollout_steppable import RolloutSteppable

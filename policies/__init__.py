@@ -1,1 +1,1 @@
-"""VLA flow/diffusion policy and its graph runner; imports only `capsules`."""
+"""VLA flow/diffusion policy and its runtime; imports only `capsules` and `models` (shared model code)."""

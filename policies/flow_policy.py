@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from policies.common.encoders import LanguageEncoder, VisionEncoder
-from policies.common.tokenizer import Tokenizer
+from models.encoders import LanguageEncoder, VisionEncoder
+from models.tokenizer import Tokenizer
 from policies.rollout_policy import ADV_NEGATIVE, ADV_NONE, ADV_POSITIVE  # noqa: F401 (re-exported)
 
 
@@ -208,7 +208,7 @@ KIND = "flow_policy"
 
 def load_policy(directory: str, device: str = "cpu") -> FlowPolicy:
     """A `FlowPolicy` from a checkpoint directory (config and weights validated)."""
-    from policies.common.checkpoint import load_model
+    from models.checkpoint import load_model
 
     return load_model(directory, kind=KIND, config_cls=FlowPolicyConfig, model_cls=FlowPolicy, device=device)
 
@@ -240,7 +240,7 @@ class Conditioning:
 
 def checkpoint_conditioning(directory: str) -> Conditioning:
     """The conditioning a checkpoint records (RECAP training and `recap`'s guidance choice); none else."""
-    from policies.common.checkpoint import Checkpoint
+    from models.checkpoint import Checkpoint
 
     info = Checkpoint(directory, kind=KIND).meta.get("info", {}).get(CONDITIONING_INFO) or {}
     return Conditioning(info.get("advantage", "none"), info.get("beta"))

@@ -21,10 +21,10 @@ import torch
 
 from capsules import BufferComponent, BufferSpec, Role
 from capsules.fingerprint import module_sha256
-from policies.common.counter_rng import normal_
+from models.counter_rng import normal_
 from policies.flow_policy import ADV_NONE, FlowPolicy
-from policies.common.graph_runner import GraphRunner, trace_on_cpu
-from policies.common.inputs import load_observation, observation_keys, write_language
+from models.graph_runner import GraphRunner, trace_on_cpu
+from models.inputs import load_observation, observation_keys, write_language
 from policies.rollout_policy import PolicySpec
 
 

@@ -114,7 +114,7 @@ def check_spec(spec: HostSpec) -> None:
     """Fail fast (before any process starts) on checkpoints that are missing or do not fit together."""
     from critics.value_critic import KIND as CRITIC_KIND
     from critics.value_critic import CriticConfig
-    from policies.common.checkpoint import Checkpoint
+    from models.checkpoint import Checkpoint
     from policies.flow_policy import KIND as POLICY_KIND
     from policies.flow_policy import FlowPolicyConfig
 

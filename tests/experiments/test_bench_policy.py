@@ -4,7 +4,7 @@ import torch
 
 import experiments.bench_policy as bench_policy
 from critics.critic_runtime import CriticRuntime
-from policies.common.graph_runner import GraphRunner
+from models.graph_runner import GraphRunner
 from policies.policy_runtime import PolicyRuntime
 from tests.fake_cuda import FakeCuda
 from tests.policies.tiny import tiny_critic, tiny_policy

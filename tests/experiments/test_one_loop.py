@@ -14,7 +14,7 @@ import pytest
 from envs.robot_bridge import SimRobotServer
 from experiments.policy_eval import play
 from experiments.run import main
-from policies.common.checkpoint import update_info
+from models.checkpoint import update_info
 from policies.flow_policy import CONDITIONING_INFO, Conditioning
 from rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints

@@ -84,7 +84,7 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
     import torch
 
     from critics.value_critic import KIND, load_critic
-    from policies.common.checkpoint import save_checkpoint
+    from models.checkpoint import save_checkpoint
 
     other = load_critic("experiments/checkpoints/critic")
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ import pytest
 
 from experiments.policy_data import episode_steps
 from experiments.run import main
-from policies.common.checkpoint import Checkpoint, CheckpointError
+from models.checkpoint import Checkpoint, CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_train_critic_starts_its_encoders_from_a_policy(demos, tmp_path):
     from critics.value_critic import load_critic
     from policies.flow_policy import KIND as POLICY_KIND
     from policies.flow_policy import FlowPolicy
-    from policies.common.checkpoint import save_checkpoint
+    from models.checkpoint import save_checkpoint
 
     torch.manual_seed(3)
     policy = FlowPolicy()
@@ -91,7 +91,7 @@ def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, c
 def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
     from critics.value_critic import ValueCritic
     from critics.value_critic import KIND as CRITIC_KIND
-    from policies.common.checkpoint import save_checkpoint
+    from models.checkpoint import save_checkpoint
 
     critic = tmp_path / "critic"
     save_checkpoint(critic, kind=CRITIC_KIND, model=ValueCritic(), step=0,

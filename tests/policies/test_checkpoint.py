@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from policies.common.checkpoint import META_FILE, WEIGHTS_FILE, Checkpoint, CheckpointError, save_checkpoint
-from policies.common.trainer import LoopConfig, make_optimizer, train
+from models.checkpoint import META_FILE, WEIGHTS_FILE, Checkpoint, CheckpointError, save_checkpoint
+from models.trainer import LoopConfig, make_optimizer, train
 from policies.flow_policy import KIND, load_policy
 from tests.policies.tiny import TINY_POLICY, tiny_policy
 
@@ -78,7 +78,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
 
 
 def test_export_drops_the_optimizer_and_keeps_the_weights(tmp_path):
-    from policies.common.checkpoint import export_weights
+    from models.checkpoint import export_weights
 
     model = tiny_policy()
     opt = make_optimizer(model, LoopConfig(steps=3))

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from capsules import Arena, restore, snapshot
-from policies.common.counter_rng import make_state, normal_
-from policies.common.tokenizer import Tokenizer
+from models.counter_rng import make_state, normal_
+from models.tokenizer import Tokenizer
 from policies.flow_policy import ADV_POSITIVE, FlowPolicy, FlowPolicyConfig
 from policies.policy_runtime import PolicyRuntime
 from tests.conftest import HAS_CUDA

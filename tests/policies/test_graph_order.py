@@ -16,7 +16,7 @@ import critics.critic_runtime as critic_runtime
 import policies.policy_runtime as policy_runtime
 from capsules import Arena
 from critics.critic_runtime import CriticRuntime
-from policies.common.graph_runner import GraphRunner
+from models.graph_runner import GraphRunner
 from policies.execution_context import TwoLaneContext
 from policies.policy_runtime import PolicyRuntime
 from tests.fake_cuda import FakeCuda

@@ -33,7 +33,7 @@ def save_tiny_checkpoints(directory, seed: int = 0) -> tuple[str, str]:
     from pathlib import Path
 
     from critics.value_critic import KIND as CRITIC_KIND
-    from policies.common.checkpoint import save_checkpoint
+    from models.checkpoint import save_checkpoint
     from policies.flow_policy import KIND as POLICY_KIND
 
     directory = Path(directory)

@@ -15,7 +15,7 @@ import torch
 
 from capsules import BufferComponent, BufferSpec, Role
 from envs.rollout_env import ObservationSpec
-from policies.common.counter_rng import normal_
+from models.counter_rng import normal_
 from policies.rollout_policy import PolicySpec
 
 DOF = 7
