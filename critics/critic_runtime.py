@@ -10,40 +10,27 @@ critic side (`critics.rollout_critic`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from capsules import BufferComponent, BufferSpec, Role
-from capsules.fingerprint import module_sha256
-from critics.value_critic import ACTOR_POLICY, ValueCritic
-from models.graph_runner import GraphRunner, trace_on_cpu
+from capsules import BufferSpec, Role
 from critics.rollout_critic import CriticSpec
-from models.inputs import load_observation, observation_keys, write_language
+from critics.value_critic import ACTOR_POLICY, ValueCritic
+from models.inputs import load_observation
+from models.runtime import ModelRuntime
 
 
-class CriticRuntime(BufferComponent):
+class CriticRuntime(ModelRuntime):
+    KIND = "value_critic"
+
     def __init__(self, model: ValueCritic, *, name: str = "critic", device: str = "cpu", batch: int = 1,
                  capture: bool | None = None, trace: bool | None = None) -> None:
         """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`)."""
-        super().__init__()
-        self.name = name
-        self.device = torch.device(device)
-        self.model = model.to(self.device).eval()  # evaluates under no_grad (GraphRunner)
-        self.config = model.config
-        self.batch, self._capture, self._trace = batch, capture, trace
+        super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace)
         self.core: torch.nn.Module = _CriticCore(self.model)
-        self._fingerprint = {
-            "kind": "value_critic",
-            "weights_sha256": module_sha256(self.model),
-            "config_sha256": hashlib.sha256(json.dumps(self.config.to_json(), sort_keys=True).encode()).hexdigest()[:16],
-            "batch": str(batch),
-        }
-        self.spec = CriticSpec(observation_keys=observation_keys(self.config.cameras))
-        self.runner: GraphRunner | None = None
+        self.spec = CriticSpec(observation_keys=self.observation_keys)
 
     def buffer_specs(self) -> list[BufferSpec]:
         c, b, dev = self.config, self.batch, str(self.device)
@@ -66,31 +53,24 @@ class CriticRuntime(BufferComponent):
         b = self.buffers
         example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["step"],
                    self._plan_args())
-        self.core = trace_on_cpu(self.core, example, self.device, self._trace)
-        self.runner = GraphRunner(self._evaluate, self.device, capture=self._capture)
-
-    def fingerprint(self) -> Mapping[str, str]:
-        return self._fingerprint
-
-    def set_language(self, text: str) -> None:
-        write_language(self.buffers["lang"], self.model, text)
+        self.core = self._compile(self.core, example, self._evaluate)
 
     def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor], step=None) -> None:
         """Validate an observation (`image_<camera>`, `state`; batch dim optional when batch=1) and copy
         it into the io slots.
 
         `step`: control steps since the episode started (an int, or `(B,)`); a critic
-        with a time input (`config.horizon`) needs it, one without ignores it.
+        with a time input (`config.episode_limit`) needs it, one without ignores it.
         """
-        if self.config.horizon:
+        if self.config.episode_limit:
             if step is None:
-                raise ValueError(f"critic {self.name} reads the episode step (horizon {self.config.horizon}); "
+                raise ValueError(f"critic {self.name} reads the episode step (limit {self.config.episode_limit}); "
                                  "pass step= with the observation")
             t = torch.as_tensor(step, dtype=torch.float32).reshape(-1)
             if t.shape[0] not in (1, self.batch) or not torch.isfinite(t).all() or bool((t < 0).any()):
                 raise ValueError(f"step must be a count >= 0 (an int or one per batch row), got {step!r}")
         load_observation(self.buffers, obs, cameras=self.config.cameras, who="critic")
-        if self.config.horizon:
+        if self.config.episode_limit:
             self.buffers["step"].copy_(t.expand(self.batch))
         if self.config.plan_steps:
             self.buffers["plan"].fill_(float("nan"))  # a new state: no plan until one is given
@@ -148,7 +128,7 @@ class _CriticCore(torch.nn.Module):
     def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor,
                 plan: tuple[torch.Tensor, ...]):
         config = self.model.config
-        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.horizon else None,
+        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.episode_limit else None,
                                    torch.full_like(step, ACTOR_POLICY) if config.actor_input else None,
                                    plan[0] if plan else None)
         return logits, self.model.value(logits)

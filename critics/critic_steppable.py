@@ -26,7 +26,7 @@ class CriticSteppable:
         out = {f"image_{cam}": torch.randint(0, 256, (c.image_size, c.image_size, 3), dtype=torch.uint8,
                                              generator=generator) for cam in c.cameras}
         out["state"] = torch.randn(c.state_dim, generator=generator)
-        out["step"] = torch.randint(0, max(c.horizon, 1), (), generator=generator)
+        out["step"] = torch.randint(0, max(c.episode_limit, 1), (), generator=generator)
         out["switch"] = torch.rand((), generator=generator)
         return out
 

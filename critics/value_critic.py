@@ -1,7 +1,7 @@
 """`ValueCritic`: a distributional value over 201 bins in [-1, 0].
 
 Inputs: camera images `(B, H, W, 3) uint8`, state `(B, S) float32`, a language
-embedding `(B, lang_dim)` (computed once per subtask) and, when `horizon` is set,
+embedding `(B, lang_dim)` (computed once per subtask) and, when `episode_limit` is set,
 the control step within the episode `(B,)`: episodes end in failure at the step
 limit, so the value of a state depends on how much time is left (Pardo et al.,
 "Time Limits in Reinforcement Learning", 2018), and a critic that cannot see the
@@ -19,21 +19,25 @@ two neighbouring bins).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.encoders import LanguageEncoder, VisionEncoder
+from models.json_config import JsonConfig
 from models.tokenizer import Tokenizer
 
 ACTOR_DEMONSTRATOR, ACTOR_POLICY = 0, 1  # who acts from a state on (CriticConfig.actor_input)
 
 
 @dataclass(frozen=True)
-class CriticConfig:
+class CriticConfig(JsonConfig):
+    WHAT: ClassVar[str] = "critic config"
+    RENAMED: ClassVar[dict[str, str]] = {"horizon": "episode_limit"}  # checkpoints written before the rename
+
     cameras: tuple[str, ...] = ("front",)
     image_size: int = 64
     state_dim: int = 8
@@ -46,9 +50,9 @@ class CriticConfig:
     bins: int = 201
     v_min: float = -1.0
     v_max: float = 0.0
-    horizon: int = 0
-    """Episode step limit the value is conditioned on (the input is step / horizon); 0: no time input,
-    as in checkpoints written before it existed."""
+    episode_limit: int = 0
+    """Episode step limit the value is conditioned on (the input is step / episode_limit); 0: no time
+    input, as in checkpoints written before it existed."""
     actor_input: bool = False
     """The critic also reads who acts from the state on (0: a demonstrator, 1: the policy, with any
     operator takeovers), so demonstrations and rollouts train one critic without mixing their returns;
@@ -64,22 +68,12 @@ class CriticConfig:
     def __post_init__(self) -> None:
         if self.bins < 2 or self.v_min >= self.v_max:
             raise ValueError("need bins >= 2 and v_min < v_max")
-        if self.horizon < 0:
-            raise ValueError(f"horizon must be >= 0 (0: no time input), got {self.horizon}")
+        if self.episode_limit < 0:
+            raise ValueError(f"episode_limit must be >= 0 (0: no time input), got {self.episode_limit}")
         if self.plan_steps < 0 or self.action_dim < 1:
             raise ValueError(f"plan_steps must be >= 0 (0: no plan input) and action_dim >= 1, "
                              f"got {self.plan_steps} and {self.action_dim}")
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> CriticConfig:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
-        if unknown:
-            raise ValueError(f"unknown critic config fields {unknown}; this code knows {sorted(fields)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 class ValueCritic(nn.Module):
@@ -92,7 +86,7 @@ class ValueCritic(nn.Module):
             cam: VisionEncoder(image_size=c.image_size, channels=c.channels, cond_dim=c.lang_dim, out_dim=c.vision_dim)
             for cam in c.cameras
         })
-        self.state_in = nn.Sequential(nn.Linear(c.state_dim + int(c.horizon > 0) + int(c.actor_input), 64), nn.SiLU())
+        self.state_in = nn.Sequential(nn.Linear(c.state_dim + int(c.episode_limit > 0) + int(c.actor_input), 64), nn.SiLU())
         width = len(c.cameras) * c.vision_dim + 64 + c.lang_dim
         if c.plan_steps:
             self.plan_in = nn.Sequential(nn.Linear(c.plan_steps * c.action_dim, 64), nn.SiLU())
@@ -142,17 +136,17 @@ class ValueCritic(nn.Module):
     def logits(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
                step: torch.Tensor | None = None, actor: torch.Tensor | None = None,
                plan: torch.Tensor | None = None) -> torch.Tensor:
-        """`step` `(B,)`: control steps since the episode started (needed when `horizon` is set);
+        """`step` `(B,)`: control steps since the episode started (needed when `episode_limit` is set);
         `actor` `(B,)`: who acts from the state on, ACTOR_DEMONSTRATOR or ACTOR_POLICY (needed when
         `actor_input` is set); `plan` `(B, plan_steps, action_dim)`: the actions about to be executed
         (read when `plan_steps` is set; None, or a row holding any NaN: the value of the state alone)."""
         feats = [self.vision[cam](images[cam], lang) for cam in self.config.cameras]
         s = (state - self.state_mean) / self.state_std
-        if self.config.horizon:
+        if self.config.episode_limit:
             if step is None:
-                raise ValueError(f"this critic reads the episode step (horizon {self.config.horizon}); "
+                raise ValueError(f"this critic reads the episode step (limit {self.config.episode_limit}); "
                                  "pass step= (control steps since the episode started)")
-            s = torch.cat([s, (step.to(s.dtype) / self.config.horizon)[:, None]], dim=-1)
+            s = torch.cat([s, (step.to(s.dtype) / self.config.episode_limit)[:, None]], dim=-1)
         if self.config.actor_input:
             if actor is None:
                 raise ValueError("this critic reads who acts (actor_input); pass actor= "

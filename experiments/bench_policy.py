@@ -175,7 +175,7 @@ def run(config: BenchPolicyConfig) -> ExperimentResult:
         "device": str(device),
         "machine": machine(),
         "sizes": sizes,
-        "horizon": policy.config.horizon,
+        "chunk_length": policy.config.chunk_length,
         "denoise_steps": policy.config.denoise_steps,
         "lanes": lanes,
         "graph": graph,

@@ -1,7 +1,9 @@
 """Frozen config dataclasses <-> command-line options.
 
 Each field's help is its attribute docstring (the string literal right after the
-field). Nested dataclass fields become dotted options (`--robot.host`).
+field). Nested dataclass fields become dotted options (`--robot.host`). A config class
+may keep old option names working for one release: `ALIASES = {"old": "new.dotted"}`
+(a ClassVar on the top-level config) adds `--old` as a second name of `--new.dotted`.
 """
 
 from __future__ import annotations
@@ -102,21 +104,35 @@ def _metavar(tp: Any) -> str:
     return getattr(tp, "__name__", "VALUE").upper()
 
 
+def aliases(config_cls: type) -> dict[str, list[str]]:
+    """Dotted field name -> its old option names (`ALIASES` of the config class), checked."""
+    out: dict[str, list[str]] = {}
+    for old, new in getattr(config_cls, "ALIASES", {}).items():
+        out.setdefault(new, []).append(old)
+    return out
+
+
 def add_config_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
     """Add one option per (leaf) field of the config `defaults`, help from its docstring."""
+    old_names = aliases(type(defaults))
     for name, tp, default, doc in flat_fields(defaults):
-        option = f"--{name}"
+        names = [name, *old_names.pop(name, [])]
+        options = [f"--{n}" for n in names]
+        option = options[0]
         base, optional = _unwrap_optional(tp)
         doc = doc.replace("%", "%%")  # argparse formats help with %
+        if len(names) > 1:
+            doc += f" (old name{'s' if len(names) > 2 else ''} {', '.join(options[1:])} still accepted)"
         help_text = f"{doc} (default: {default!r})"
         if base is bool and not optional:
-            parser.add_argument(option, dest=name, nargs="?", const=True, type=_scalar_parser(bool, option),
+            parser.add_argument(*options, dest=name, nargs="?", const=True, type=_scalar_parser(bool, option),
                                 default=default, metavar="BOOL", help=f"{doc} (default: {default})")
-            parser.add_argument(f"--no-{name}", dest=name, action="store_false", help=argparse.SUPPRESS)
+            parser.add_argument(*(f"--no-{n}" for n in names), dest=name, action="store_false",
+                                help=argparse.SUPPRESS)
         elif typing.get_origin(base) is tuple:
             elem = typing.get_args(base)[0]
             parser.add_argument(
-                option, dest=name, nargs="*", type=_scalar_parser(elem, option), default=default,
+                *options, dest=name, nargs="*", type=_scalar_parser(elem, option), default=default,
                 help=help_text, metavar=_metavar(elem),
             )
         else:
@@ -127,7 +143,10 @@ def add_config_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
                 def parse(text: str, inner=inner):  # noqa: E731 - "none" clears an optional field
                     return None if text.lower() == "none" else inner(text)
 
-            parser.add_argument(option, dest=name, type=parse, default=default, help=help_text, metavar=_metavar(base))
+            parser.add_argument(*options, dest=name, type=parse, default=default, help=help_text,
+                                metavar=_metavar(base))
+    if old_names:
+        raise TypeError(f"{type(defaults).__name__}.ALIASES names fields that do not exist: {sorted(old_names)}")
 
 
 def build_config(cls: type, values: dict[str, Any]) -> Any:

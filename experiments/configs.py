@@ -6,7 +6,7 @@ Every field carries a docstring, which `--help` shows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # envs.tasks.FAMILY_NAMES
 CAMERAS = ("front", "top")  # envs.tabletop_env.CAMERAS
@@ -132,6 +132,8 @@ class BenchEnvConfig:
 
 @dataclass(frozen=True)
 class TrainPolicyConfig:
+    ALIASES: ClassVar[dict[str, str]] = {"horizon": "chunk_length", "advantage": "advantage_labels"}  # old names
+
     data: str = "runs/demos/pick_place.zarr"
     """Zarr store of episodes to learn from (e.g. made by collect_demos)."""
     out: str = "runs/policy"
@@ -150,7 +152,7 @@ class TrainPolicyConfig:
     """Cameras the policy sees (the store must hold their images)."""
     labels: Literal["action", "intended"] = "action"
     """Action labels: the executed `action`, or `policy_action` where recorded (DART: the expert's intent)."""
-    horizon: int = 16
+    chunk_length: int = 16
     """Actions per chunk (T)."""
     denoise_steps: int = 10
     """Euler steps per chunk (K)."""
@@ -158,7 +160,7 @@ class TrainPolicyConfig:
     """Width of the flow head."""
     advantage_dropout: float = 0.3
     """Probability of dropping the advantage indicator (only matters with RECAP labels)."""
-    advantage: str = ""
+    advantage_labels: str = ""
     """RECAP labels: an advantage sidecar made by label_advantages for --data; empty: none."""
     init: str = ""
     """Start from this policy checkpoint's weights and normalisation (fine-tuning); empty: from scratch."""
@@ -192,8 +194,8 @@ class TrainPolicyConfig:
             raise ValueError(f"--advantage_dropout must be within 0..1 (got {self.advantage_dropout})")
         if self.subgoal_weight < 0:
             raise ValueError(f"--subgoal_weight must be >= 0 (got {self.subgoal_weight})")
-        if not 1 <= self.n_exec <= self.horizon:
-            raise ValueError(f"--n_exec must be within 1..--horizon ({self.horizon}), got {self.n_exec}")
+        if not 1 <= self.n_exec <= self.chunk_length:
+            raise ValueError(f"--n_exec must be within 1..--chunk_length ({self.chunk_length}), got {self.n_exec}")
         bad = [c for c in self.cameras if c not in CAMERAS]
         if bad or not self.cameras:
             raise ValueError(f"--cameras must name one or more of {list(CAMERAS)}, got {list(self.cameras)}")

@@ -196,7 +196,7 @@ def _loop(config: RecapConfig, console, out: Path, store: Path, seeds: list[int]
                                                             positive_fraction=config.positive_fraction))
         new_policy = out / f"policy_{k}"
         fit_policy(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir),
-                   advantage=labels.summary["sidecar"])
+                   advantage_labels=labels.summary["sidecar"])
         policy_dir = new_policy
         beta, guidance = choose_beta(policy_dir)
         # the checkpoint records how it acts: sim_rollout, eval_policy and real_recap run it so by default

@@ -51,7 +51,7 @@ def run(config: TrainCriticConfig) -> ExperimentResult:
     ckpt = open_training_dir(out, kind=KIND, resume=config.resume)
     torch.manual_seed(config.seed)
     model_config = (CriticConfig.from_json(ckpt.config["model"]) if ckpt else
-                    CriticConfig(cameras=config.cameras, horizon=config.max_steps if config.time_input else 0,
+                    CriticConfig(cameras=config.cameras, episode_limit=config.max_steps if config.time_input else 0,
                                  actor_input=config.actor_input, plan_steps=config.plan_steps))
     model = ValueCritic(model_config)
     # a fresh run may start its encoders from a policy's (read first: a bad path fails before the data loads)

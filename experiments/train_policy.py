@@ -22,7 +22,7 @@ from policies.flow_policy import ADV_NONE, CONDITIONING_INFO, KIND, Conditioning
 
 
 def _model_config(config: TrainPolicyConfig) -> FlowPolicyConfig:
-    return FlowPolicyConfig(cameras=config.cameras, horizon=config.horizon, denoise_steps=config.denoise_steps,
+    return FlowPolicyConfig(cameras=config.cameras, chunk_length=config.chunk_length, denoise_steps=config.denoise_steps,
                             hidden=config.hidden)
 
 
@@ -41,13 +41,13 @@ def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> Exper
         model_config = _model_config(config)
     model = FlowPolicy(model_config)
     data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
-    if advantage is None and config.advantage:
+    if advantage is None and config.advantage_labels:
         from experiments.label_advantages import load_sidecar
 
-        advantage = load_sidecar(config.advantage, [m.episode_id for m in data["metas"]])
+        advantage = load_sidecar(config.advantage_labels, [m.episode_id for m in data["metas"]])
     dataset = ChunkDataset(images=data["images"], states=data["states"], actions=action_labels(data, config.labels),
                            tokens=data["tokens"],
-                           episode_ends=data["episode_ends"], horizon=model_config.horizon, advantage=advantage,
+                           episode_ends=data["episode_ends"], chunk_length=model_config.chunk_length, advantage=advantage,
                            subgoals=subgoal_targets(data["states"], data["subtask_ids"], data["episode_ends"],
                                                     model_config.subgoal_dim) if model_config.subgoal_dim else None)
     loop = LoopConfig(steps=config.steps, lr=config.lr, eval_every=config.eval_every,

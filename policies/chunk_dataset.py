@@ -20,7 +20,7 @@ class ChunkDataset:
         actions: np.ndarray,  # (N, A) float32
         tokens: np.ndarray,  # (N, L) int64: the language of each step's subtask
         episode_ends: np.ndarray,  # (E,) cumulative step counts
-        horizon: int,
+        chunk_length: int,
         advantage: np.ndarray | None = None,  # (N,) int64 indicator, 0 = none
         subgoals: np.ndarray | None = None,  # (N, G) float32 auxiliary targets (see `subgoal_targets`)
     ) -> None:
@@ -42,8 +42,8 @@ class ChunkDataset:
         lengths = self.episode_ends - starts
         self.episode_of_step = np.repeat(np.arange(len(lengths)), lengths)
         self._last = torch.from_numpy(np.repeat(self.episode_ends - 1, lengths))
-        self._offsets = torch.arange(horizon)
-        self.horizon = horizon
+        self._offsets = torch.arange(chunk_length)
+        self.chunk_length = chunk_length
 
     def __len__(self) -> int:
         return len(self.states)

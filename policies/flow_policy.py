@@ -13,25 +13,29 @@ weights in the checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from models.encoders import LanguageEncoder, VisionEncoder
+from models.json_config import JsonConfig
 from models.tokenizer import Tokenizer
 from policies.rollout_policy import ADV_NEGATIVE, ADV_NONE, ADV_POSITIVE  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
-class FlowPolicyConfig:
+class FlowPolicyConfig(JsonConfig):
+    WHAT: ClassVar[str] = "policy config"
+    RENAMED: ClassVar[dict[str, str]] = {"horizon": "chunk_length"}  # checkpoints written before the rename
+
     cameras: tuple[str, ...] = ("front",)
     image_size: int = 64
     state_dim: int = 8
     action_dim: int = 4
-    horizon: int = 16  # T: actions per chunk
+    chunk_length: int = 16  # T: actions per chunk
     denoise_steps: int = 10  # K: Euler steps per chunk
     channels: tuple[int, ...] = (32, 64, 64)
     vision_dim: int = 128
@@ -47,19 +51,8 @@ class FlowPolicyConfig:
     def __post_init__(self) -> None:
         if not self.cameras:
             raise ValueError("the policy needs at least one camera")
-        if self.horizon < 1 or self.denoise_steps < 1:
-            raise ValueError("horizon and denoise_steps must be >= 1")
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> FlowPolicyConfig:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
-        if unknown:
-            raise ValueError(f"unknown policy config fields {unknown}; this code knows {sorted(fields)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        if self.chunk_length < 1 or self.denoise_steps < 1:
+            raise ValueError("chunk_length and denoise_steps must be >= 1")
 
 
 def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -103,7 +96,7 @@ class FlowPolicy(nn.Module):
         feat_dim = cond_in - 16
         self.subgoal = nn.Sequential(nn.Linear(feat_dim, c.cond_dim), nn.SiLU(), nn.Linear(c.cond_dim, c.subgoal_dim)) \
             if c.subgoal_dim else None
-        flat = c.horizon * c.action_dim
+        flat = c.chunk_length * c.action_dim
         self.head_in = nn.Linear(flat + c.time_dim, c.hidden)
         self.blocks = nn.ModuleList([_ResBlock(c.hidden, c.cond_dim) for _ in range(c.blocks)])
         self.head_out = nn.Sequential(nn.LayerNorm(c.hidden), nn.Linear(c.hidden, flat))
@@ -170,7 +163,7 @@ class FlowPolicy(nn.Module):
                 v_cond, v_none = both.chunk(2)
                 v = v_none + beta * (v_cond - v_none)
             x = x + v / k
-        return self.unnormalize_actions(x.view(b, self.config.horizon, self.config.action_dim))
+        return self.unnormalize_actions(x.view(b, self.config.chunk_length, self.config.action_dim))
 
     def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor, advantage: torch.Tensor,
              actions: torch.Tensor, *, samples_per_example: int = 4,

@@ -12,23 +12,22 @@ on the CPU). Snapshot -> act -> restore -> act gives the same chunk bit for bit;
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
-from capsules import BufferComponent, BufferSpec, Role
-from capsules.fingerprint import module_sha256
+from capsules import BufferSpec, Role
 from models.counter_rng import normal_
+from models.inputs import load_observation
+from models.runtime import ModelRuntime
 from policies.flow_policy import ADV_NONE, FlowPolicy
-from models.graph_runner import GraphRunner, trace_on_cpu
-from models.inputs import load_observation, observation_keys, write_language
 from policies.rollout_policy import PolicySpec
 
 
-class PolicyRuntime(BufferComponent):
+class PolicyRuntime(ModelRuntime):
+    KIND = "flow_policy"
+
     def __init__(
         self,
         model: FlowPolicy,
@@ -41,27 +40,16 @@ class PolicyRuntime(BufferComponent):
         capture: bool | None = None,
         trace: bool | None = None,
     ) -> None:
-        """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_guidance`).
+        """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_conditioning`).
         `trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`)."""
-        super().__init__()
-        self.name = name
-        self.device = torch.device(device)
-        self.model = model.to(self.device).eval()  # acts under no_grad (GraphRunner)
-        self.config = model.config
-        self.batch, self.seed, self.guidance, self._capture, self._trace = batch, seed, guidance, capture, trace
-        flat = self.config.horizon * self.config.action_dim
+        super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
+                         guidance=str(guidance))
+        self.seed, self.guidance = seed, guidance
+        flat = self.config.chunk_length * self.config.action_dim
         self._index = torch.arange(batch * flat, device=self.device)
         self.core: torch.nn.Module = _PolicyCore(self.model, guidance, self._index)
-        self._fingerprint = {
-            "kind": "flow_policy",
-            "weights_sha256": module_sha256(self.model),
-            "config_sha256": hashlib.sha256(json.dumps(self.config.to_json(), sort_keys=True).encode()).hexdigest()[:16],
-            "batch": str(batch),
-            "guidance": str(guidance),
-        }
-        self.spec = PolicySpec(chunk_length=self.config.horizon, action_dim=self.config.action_dim,
-                               observation_keys=observation_keys(self.config.cameras))
-        self.runner: GraphRunner | None = None
+        self.spec = PolicySpec(chunk_length=self.config.chunk_length, action_dim=self.config.action_dim,
+                               observation_keys=self.observation_keys)
 
     # -- component ------------------------------------------------------------------
     def buffer_specs(self) -> list[BufferSpec]:
@@ -73,8 +61,8 @@ class PolicyRuntime(BufferComponent):
             BufferSpec("advantage", (b,), torch.int64, dev, doc="indicator: 0 none, 1 positive, 2 negative"),
             BufferSpec("beta", (), torch.float32, dev, doc="classifier-free guidance weight"),
             BufferSpec("state", (b, c.state_dim), torch.float32, dev, Role.IO),
-            BufferSpec("chunk", (b, c.horizon, c.action_dim), torch.float32, dev, Role.IO),
-            BufferSpec("noise", (b, c.horizon * c.action_dim), torch.float32, dev, Role.SCRATCH),
+            BufferSpec("chunk", (b, c.chunk_length, c.action_dim), torch.float32, dev, Role.IO),
+            BufferSpec("noise", (b, c.chunk_length * c.action_dim), torch.float32, dev, Role.SCRATCH),
         ]
         specs += [BufferSpec(f"image_{cam}", (b, c.image_size, c.image_size, 3), torch.uint8, dev, Role.IO)
                   for cam in c.cameras]
@@ -88,22 +76,13 @@ class PolicyRuntime(BufferComponent):
         b = self.buffers
         example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["advantage"],
                    b["beta"], b["rng"], b["noise"])
-        saved = b["rng"].clone()  # tracing runs the function once: undo its counter bump
-        self.core = trace_on_cpu(self.core, example, self.device, self._trace)
-        b["rng"].copy_(saved)
-        self.runner = GraphRunner(self._act, self.device, capture=self._capture, preserve=[self.buffers["rng"]])
-
-    def fingerprint(self) -> Mapping[str, str]:
-        return self._fingerprint
+        # tracing and warm-up run the function: the noise counter they bump is put back
+        self.core = self._compile(self.core, example, self._act, preserve=[b["rng"]])
 
     # -- rollout protocol ---------------------------------------------------------
     def reset(self, episode_seed: int) -> None:
         """Start the noise stream of an episode (or branch): generator state (seed, 0)."""
         self.buffers["rng"].copy_(torch.tensor([int(episode_seed), 0]))
-
-    def set_language(self, text: str) -> None:
-        """Encode the subtask's language once and store it in the subtask buffer."""
-        write_language(self.buffers["lang"], self.model, text)
 
     def set_conditioning(self, advantage: int, beta: float | None = None) -> None:
         """RECAP conditioning: indicator 0 none, 1 positive, 2 negative; `beta`: the classifier-free

@@ -127,8 +127,8 @@ def check_spec(spec: HostSpec) -> None:
         if policy.image_size != critic.image_size:
             raise ValueError(f"policy images are {policy.image_size}px, critic images "
                              f"{critic.image_size}px: use checkpoints trained on the same images")
-    if spec.host.n_exec > policy.horizon:
-        raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({policy.horizon})")
+    if spec.host.n_exec > policy.chunk_length:
+        raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({policy.chunk_length})")
     if spec.host.value_threshold is not None and not spec.critic:
         raise ValueError("--value_threshold needs a critic (--critic)")
     if spec.takeover and not spec.critic:

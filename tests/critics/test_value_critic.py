@@ -98,9 +98,9 @@ def test_time_input_lets_the_critic_tell_equal_states_apart():
     step = torch.arange(32) * 2.5
     target = -(1 - step / 80)  # the later, the more of the episode is gone
     errors = {}
-    for horizon in (80, 0):
+    for limit in (80, 0):
         torch.manual_seed(0)
-        critic = ValueCritic(dataclasses.replace(TINY_CRITIC, horizon=horizon))
+        critic = ValueCritic(dataclasses.replace(TINY_CRITIC, episode_limit=limit))
         opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
         for _ in range(300):
             loss = critic.loss(images, state, critic.embed_language(tokens), target, step)
@@ -109,20 +109,22 @@ def test_time_input_lets_the_critic_tell_equal_states_apart():
             opt.step()
         with torch.no_grad():
             value = critic.value(critic.logits(images, state, critic.embed_language(tokens), step))
-        errors[horizon] = float((value - target).abs().mean())
+        errors[limit] = float((value - target).abs().mean())
     assert errors[80] < 0.05 and errors[0] > 0.2, errors
 
 
 def test_checkpoint_configs_from_before_the_time_input_load_without_it():
-    old = {k: v for k, v in TINY_CRITIC.to_json().items() if k != "horizon"}
+    old = {k: v for k, v in TINY_CRITIC.to_json().items() if k != "episode_limit"}
     config = CriticConfig.from_json(old)
-    assert config.horizon == 0
+    assert config.episode_limit == 0
     critic = ValueCritic(config)
     with torch.no_grad():  # and it needs no step
         critic.logits({"front": torch.zeros(1, 16, 16, 3, dtype=torch.uint8)}, torch.zeros(1, 8),
                       critic.embed_language(torch.zeros(1, config.max_tokens, dtype=torch.long)))
-    with pytest.raises(ValueError, match="horizon"):
-        CriticConfig(horizon=-1)
+    with pytest.raises(ValueError, match="episode_limit"):
+        CriticConfig(episode_limit=-1)
+    renamed = CriticConfig.from_json({**old, "horizon": 80})  # written before `horizon` was renamed
+    assert renamed.episode_limit == 80
 
 
 def test_actor_input_keeps_the_demonstrators_and_the_policys_returns_apart():

@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 import torch
 
@@ -7,7 +6,6 @@ from models.counter_rng import make_state, normal_
 from models.tokenizer import Tokenizer
 from policies.flow_policy import ADV_POSITIVE, FlowPolicy, FlowPolicyConfig
 from policies.policy_runtime import PolicyRuntime
-from tests.conftest import HAS_CUDA
 from tests.policies.tiny import TINY_POLICY, obs_of, tiny_policy
 
 
@@ -32,7 +30,7 @@ def test_shapes_and_dtypes_follow_the_spec():
     rt, arena = _runtime(model, batch=3)
     images, state = _obs(c, batch=3)
     chunk = rt.act(obs_of(images, state))
-    assert chunk.shape == (3, c.horizon, c.action_dim) and chunk.dtype == torch.float32
+    assert chunk.shape == (3, c.chunk_length, c.action_dim) and chunk.dtype == torch.float32
     assert torch.all(chunk >= model.action_low) and torch.all(chunk <= model.action_high)
     specs = {s.name: s for s in rt.buffer_specs()}
     assert specs["image_front"].dtype == torch.uint8 and specs["image_front"].shape == (3, 16, 16, 3)
@@ -52,11 +50,11 @@ class _Analytic(FlowPolicy):
 
 
 def test_sampler_transports_to_a_point_mass_exactly():
-    target = torch.linspace(-0.8, 0.8, TINY_POLICY.horizon * TINY_POLICY.action_dim)
+    target = torch.linspace(-0.8, 0.8, TINY_POLICY.chunk_length * TINY_POLICY.action_dim)
     model = _Analytic(lambda x, t, c: (target - x) / (1 - t[:, None]))  # optimal field for a point mass
     noise = torch.randn(5, target.numel(), generator=torch.Generator().manual_seed(0))
     out = model.sample(torch.zeros(5, 1), noise)
-    expected = model.unnormalize_actions(target.view(1, TINY_POLICY.horizon, -1)).expand(5, -1, -1)
+    expected = model.unnormalize_actions(target.view(1, TINY_POLICY.chunk_length, -1)).expand(5, -1, -1)
     assert torch.allclose(out, expected, atol=1e-6)
 
 
@@ -69,7 +67,7 @@ def test_sampler_transports_gaussian_noise_to_the_target_gaussian():
 
     model = _Analytic(field)
     model.config = FlowPolicyConfig(**{**TINY_POLICY.to_json(), "denoise_steps": k, "channels": (8, 8, 8)})
-    noise = torch.randn(20000, TINY_POLICY.horizon * TINY_POLICY.action_dim, generator=torch.Generator().manual_seed(1))
+    noise = torch.randn(20000, TINY_POLICY.chunk_length * TINY_POLICY.action_dim, generator=torch.Generator().manual_seed(1))
     out = model.sample(torch.zeros(20000, 1), noise)  # unnormalised with low=-1, high=1: identity
     assert abs(out.mean().item() - mu) < 0.01 and abs(out.std().item() - sigma) < 0.01
 
@@ -82,7 +80,7 @@ def test_guidance_combines_conditional_and_unconditional_fields():
         return (goal - x) / (1 - t[:, None])
 
     model = _Analytic(field)
-    noise = torch.randn(4, TINY_POLICY.horizon * TINY_POLICY.action_dim)
+    noise = torch.randn(4, TINY_POLICY.chunk_length * TINY_POLICY.action_dim)
     for beta in (0.0, 1.0, 2.0):
         out = model.sample(torch.ones(4, 1), noise, cond_none=torch.zeros(4, 1), beta=beta)
         assert torch.allclose(out, torch.full_like(out, b + beta * (a - b)).clamp(-1, 1), atol=1e-5)
@@ -96,7 +94,7 @@ def test_runtime_equals_a_direct_eager_call_bit_for_bit(guidance):
     images, state = _obs(model.config)
     chunk = rt.act(obs_of(images, state)).clone()
     with torch.no_grad():  # the same computation by hand, from the same generator state
-        rng, noise = make_state(5), torch.empty(1, model.config.horizon * model.config.action_dim)
+        rng, noise = make_state(5), torch.empty(1, model.config.chunk_length * model.config.action_dim)
         normal_(rng, noise, torch.arange(noise.numel()))
         lang = model.embed_language(torch.from_numpy(model.tokenizer.encode("pick up the red block"))[None])
         feats = model.features({k: v[None] for k, v in images.items()}, state[None], lang)

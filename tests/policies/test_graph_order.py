@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import critics.critic_runtime as critic_runtime
-import policies.policy_runtime as policy_runtime
+import models.runtime as model_runtime
 from capsules import Arena
 from critics.critic_runtime import CriticRuntime
 from models.graph_runner import GraphRunner
@@ -60,8 +59,7 @@ def fake(monkeypatch) -> FakeCuda:
         assert device.type == "cpu" and capture is None  # the runtimes below are built as on the CPU
         return GraphRunner(cuda.kernel(fn, DEVICE, fn.__qualname__), f"cuda:{DEVICE}", warmup=WARMUP, **kwargs)
 
-    monkeypatch.setattr(policy_runtime, "GraphRunner", runner)
-    monkeypatch.setattr(critic_runtime, "GraphRunner", runner)
+    monkeypatch.setattr(model_runtime, "GraphRunner", runner)  # the runtimes' shared base makes the runners
     return cuda
 
 

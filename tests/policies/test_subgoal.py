@@ -27,7 +27,7 @@ def test_subgoal_loss_trains_the_head_and_the_batch_carries_targets():
     n = 6
     data = ChunkDataset(images={"front": np.zeros((n, 16, 16, 3), np.uint8)}, states=np.zeros((n, 8), np.float32),
                         actions=np.zeros((n, 4), np.float32), tokens=np.ones((n, 24), np.int64),
-                        episode_ends=np.array([n]), horizon=TINY_POLICY.horizon,
+                        episode_ends=np.array([n]), chunk_length=TINY_POLICY.chunk_length,
                         subgoals=np.full((n, 3), 0.5, np.float32))
     batch = data.batch(torch.arange(3))
     assert batch["subgoal"].shape == (3, 3)

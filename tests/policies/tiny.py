@@ -4,9 +4,9 @@ from critics.value_critic import CriticConfig, ValueCritic
 from policies.flow_policy import FlowPolicy, FlowPolicyConfig
 
 TINY_POLICY = FlowPolicyConfig(image_size=16, channels=(8, 8, 8), vision_dim=16, lang_dim=16, cond_dim=32,
-                               hidden=32, blocks=1, horizon=4, denoise_steps=3, time_dim=8)
+                               hidden=32, blocks=1, chunk_length=4, denoise_steps=3, time_dim=8)
 TINY_CRITIC = CriticConfig(image_size=16, channels=(8, 8, 8), vision_dim=16, lang_dim=16, hidden=32, bins=21,
-                           horizon=80)
+                           episode_limit=80)
 
 
 def obs_of(images: dict, state) -> dict:
