@@ -1,6 +1,7 @@
 """gpu_check without a GPU: it refuses at once; its plan, step runner and report are checked here."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,9 +30,13 @@ def test_make_gpu_check_stops_before_installing_anything_without_a_gpu():
     make = shutil.which("make")
     if make is None:
         pytest.skip("make is not installed")
-    dry = subprocess.run([make, "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # run as its own make, not as a sub-make of `make test` (which would print "Entering directory")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    dry = subprocess.run([make, "--no-print-directory", "-n", "gpu-check"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
     assert dry.stdout.splitlines()[0].startswith("nvidia-smi -L")  # the GPU check comes before any install
-    proc = subprocess.run([make, "-s", "gpu-present"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([make, "--no-print-directory", "-s", "gpu-present"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no NVIDIA GPU here" in proc.stderr
 
 
