@@ -92,6 +92,16 @@ class Capsule:
             out.update(lay.views(slab))
         return out
 
+    def component_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        """Views of one component's buffers, keyed by buffer name (read-only by contract)."""
+        prefix = f"{name}/"
+        return {
+            slot.key[len(prefix) :]: slot.view(slab)
+            for lay, slab in self._slabs
+            for slot in lay.slots
+            if slot.key.startswith(prefix)
+        }
+
     def buffer(self, key: str) -> torch.Tensor:
         for lay, slab in self._slabs:
             for slot in lay.slots:
@@ -223,13 +233,22 @@ def mismatches(arena: Arena, capsule: Capsule) -> list[Mismatch]:
     return found
 
 
+def refusals(arena: Arena, capsule: Capsule) -> list[Mismatch]:
+    """`mismatches`, then (when there are none) each component's own `check_restore` objections."""
+    found = mismatches(arena, capsule)
+    if found:
+        return found
+    return arena.refusals(lambda name: capsule.component_tensors(name))
+
+
 def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) -> None:
     """Copy `capsule` back into the arena's live state buffers, in place.
 
-    Everything is checked before the first byte is copied: a refused capsule
-    leaves the arena untouched. `check_integrity=True` also re-digests the capsule.
+    Everything is checked before the first byte is copied (specs, fingerprint, each
+    component's `check_restore`, and with `check_integrity=True` the digests): a
+    refused capsule leaves the arena untouched.
     """
-    found = mismatches(arena, capsule)
+    found = refusals(arena, capsule)
     if found:
         raise CapsuleMismatchError(capsule.label or capsule.meta.capsule_id, found)
     if check_integrity:
@@ -253,7 +272,7 @@ def fork(capsule: Capsule, arenas: Sequence[Arena]) -> None:
     if len({id(a) for a in arenas}) != len(arenas):
         raise ValueError("fork needs distinct arenas; the same arena appears twice")
     for arena in arenas:
-        found = mismatches(arena, capsule)
+        found = refusals(arena, capsule)
         if found:
             raise CapsuleMismatchError(capsule.label or capsule.meta.capsule_id, found)
     for arena in arenas:
