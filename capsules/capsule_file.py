@@ -205,6 +205,12 @@ def parse_meta(meta: dict[str, Any], source: str = "<bytes>") -> tuple[CapsuleMe
         specs = {k: BufferSpec.from_json(v) for k, v in raw_specs.items()}
     except SpecError as exc:
         raise CapsuleFormatError(f"{source}: malformed capsule metadata ({exc})") from None
+    for key, spec in specs.items():  # keys are "<component>/<buffer name>", as an arena makes them
+        component, _, name = key.rpartition("/")
+        if not component or "/" in component or name != spec.name:
+            raise CapsuleFormatError(
+                f"{source}: malformed capsule metadata (spec {key[:80]!r} names buffer {spec.name[:80]!r})"
+            )
     capsule_meta = CapsuleMeta(
         capsule_id=_require(meta, "capsule_id", (str,), source),
         label=_require(meta, "label", (str,), source),

@@ -269,3 +269,9 @@ def test_damaged_identity_metadata_is_refused(capsule):
 def test_a_file_without_the_metadata_sha256_still_loads(capsule):
     legacy = _rewrite_meta(capsule_to_bytes(capsule), lambda h: h["__metadata__"].pop("meta_sha256"))
     assert capsule_from_bytes(legacy).meta == capsule.meta
+
+
+def test_a_spec_whose_name_is_not_its_key_is_refused(capsule):
+    damaged = _rewrite_meta(capsule_to_bytes(capsule), _set_in_meta(("specs", "comp/h", "name"), "other"))
+    with pytest.raises(CapsuleFormatError, match="spec 'comp/h' names buffer 'other'"):
+        capsule_from_bytes(damaged)
