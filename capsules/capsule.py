@@ -55,6 +55,7 @@ class Capsule:
         self._slabs = tuple(slabs)
         self._digests = dict(digests) if digests is not None else None
         self.signature = tuple(lay.signature for lay, _ in self._slabs)
+        self._component_views: dict[str, dict[str, torch.Tensor]] = {}
 
     # -- description --------------------------------------------------------------
     @property
@@ -93,14 +94,19 @@ class Capsule:
         return out
 
     def component_tensors(self, name: str) -> dict[str, torch.Tensor]:
-        """Views of one component's buffers, keyed by buffer name (read-only by contract)."""
-        prefix = f"{name}/"
-        return {
-            slot.key[len(prefix) :]: slot.view(slab)
-            for lay, slab in self._slabs
-            for slot in lay.slots
-            if slot.key.startswith(prefix)
-        }
+        """Views of one component's buffers, keyed by buffer name (read-only by contract).
+
+        Made once per capsule and component (a view costs microseconds; a stored capsule is restored often).
+        """
+        if name not in self._component_views:
+            prefix = f"{name}/"
+            self._component_views[name] = {
+                slot.key[len(prefix) :]: slot.view(slab)
+                for lay, slab in self._slabs
+                for slot in lay.slots
+                if slot.key.startswith(prefix)
+            }
+        return self._component_views[name]
 
     def buffer(self, key: str) -> torch.Tensor:
         for lay, slab in self._slabs:

@@ -540,22 +540,22 @@ class _FrameReader:
         self.frame_timeout_s, self.max_payload = frame_timeout_s, max_payload
 
     def read(self, idle_deadline: float) -> Message:
-        first = self._recv(1, idle_deadline, idle=True)
-        if not first:
+        prefix, deadline = self._recv(PREFIX_BYTES, idle_deadline, idle=True)
+        if not prefix:
             raise ConnectionClosed("peer closed the connection")
-        deadline = time.monotonic() + self.frame_timeout_s
-        prefix = first + self._recv(PREFIX_BYTES - 1, deadline)
         h_len, p_len = parse_prefix(prefix, max_payload=self.max_payload)
-        body = self._recv(h_len + p_len, deadline)
+        body, _ = self._recv(h_len + p_len, deadline)
         return decode_body(body[:h_len], body[h_len:])
 
-    def _recv(self, n: int, deadline: float, idle: bool = False) -> bytes:
+    def _recv(self, n: int, deadline: float, idle: bool = False) -> tuple[bytes, float]:
+        """`n` bytes and the frame's deadline. With `idle`, `deadline` is the idle one until the first byte
+        arrives; from then on the frame must be whole within `frame_timeout_s`."""
         buf = bytearray()
         while len(buf) < n:
             if self.stop.is_set():
                 raise ConnectionClosed("server stopping")
             if time.monotonic() > deadline:
-                if idle:
+                if idle and not buf:
                     raise _Idle()
                 raise ProtocolError("frame_timeout", f"the frame did not arrive within {self.frame_timeout_s:g} s "
                                     f"({len(buf)} of {n} bytes)", fatal=True)
@@ -565,10 +565,12 @@ class _FrameReader:
                 continue
             if not chunk:
                 if idle and not buf:
-                    return b""
+                    return b"", deadline
                 raise ProtocolError("truncated", f"connection ended {n - len(buf)} bytes before the frame's end")
+            if idle and not buf:  # the frame starts: its own deadline from now
+                deadline = time.monotonic() + self.frame_timeout_s
             buf += chunk
-        return bytes(buf)
+        return bytes(buf), deadline
 
 
 def _close_gracefully(conn: socket.socket) -> None:
