@@ -415,6 +415,8 @@ class RobotServer:
     def _call_quietly(self, fn: Callable[[], Any]) -> None:
         try:
             self._call(fn)
+        except ConnectionClosed:
+            pass  # the server is stopping: the robot thread holds the robot on its way out
         except Exception as exc:  # noqa: BLE001 - already reporting a fault
             self.events.append(f"while handling a fault: {type(exc).__name__}: {exc}")
 
