@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 import numpy as np
 import torch
 
 from capsules.buffer_spec import BufferSpec, Role
-from capsules.component import CapsuleComponent
-from capsules.errors import SpecError
+from capsules.component import BufferComponent, CapsuleComponent
+from capsules.errors import Mismatch, SpecError
 from capsules.layout import SlabLayout, plan_slabs
 
 FORMAT_FINGERPRINT_KEY = "capsules/format"
@@ -175,6 +175,23 @@ class Arena:
     def after_restore(self) -> None:
         for component in self._components.values():
             component.after_restore()
+
+    def refusals(self, capsule_tensors: Callable[[str], Mapping[str, torch.Tensor]]) -> list[Mismatch]:
+        """Each component's own objection to a capsule (`check_restore`), before anything is copied.
+
+        `capsule_tensors(name)` gives that component's buffers in the capsule; it is only
+        called for components that define a check (building views costs per buffer).
+        """
+        found = []
+        for name, component in self._components.items():
+            check = getattr(component, "check_restore", None)
+            if check is None or getattr(type(component), "check_restore", None) is BufferComponent.check_restore:
+                continue
+            try:
+                check(capsule_tensors(name))
+            except (ValueError, KeyError, IndexError) as exc:
+                found.append(Mismatch("component", name, str(exc), ""))
+        return found
 
     def fill_random_(self, generator: torch.Generator) -> None:
         """Overwrite every live buffer (all roles) with random bytes.

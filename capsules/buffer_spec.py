@@ -132,17 +132,25 @@ class BufferSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BufferSpec:
+        """The inverse of `to_json`; anything `to_json` would not have written is a `SpecError`."""
+        if not isinstance(data, dict):
+            raise SpecError(f"malformed buffer spec: expected an object, got {type(data).__name__}")
+        shape = data.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise SpecError(f"malformed buffer spec {str(data)[:200]}: shape must be a list of ints")
+        if not all(isinstance(data.get(k), str) for k in ("name", "dtype", "device", "role")):
+            raise SpecError(f"malformed buffer spec {str(data)[:200]}: name, dtype, device and role are strings")
         try:
             return cls(
                 name=data["name"],
-                shape=tuple(data["shape"]),
+                shape=tuple(shape),
                 dtype=dtype_from_name(data["dtype"]),
                 device=data["device"],
                 role=Role(data["role"]),
                 alignment=data.get("alignment"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SpecError(f"malformed buffer spec {data!r}: {exc}") from None
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise SpecError(f"malformed buffer spec {str(data)[:200]}: {str(exc)[:200]}") from None
 
     def describe(self) -> str:
         """Short human form used in mismatch messages."""

@@ -55,6 +55,7 @@ class Capsule:
         self._slabs = tuple(slabs)
         self._digests = dict(digests) if digests is not None else None
         self.signature = tuple(lay.signature for lay, _ in self._slabs)
+        self._component_views: dict[str, dict[str, torch.Tensor]] = {}
 
     # -- description --------------------------------------------------------------
     @property
@@ -91,6 +92,21 @@ class Capsule:
         for lay, slab in self._slabs:
             out.update(lay.views(slab))
         return out
+
+    def component_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        """Views of one component's buffers, keyed by buffer name (read-only by contract).
+
+        Made once per capsule and component (a view costs microseconds; a stored capsule is restored often).
+        """
+        if name not in self._component_views:
+            prefix = f"{name}/"
+            self._component_views[name] = {
+                slot.key[len(prefix) :]: slot.view(slab)
+                for lay, slab in self._slabs
+                for slot in lay.slots
+                if slot.key.startswith(prefix)
+            }
+        return self._component_views[name]
 
     def buffer(self, key: str) -> torch.Tensor:
         for lay, slab in self._slabs:
@@ -223,13 +239,22 @@ def mismatches(arena: Arena, capsule: Capsule) -> list[Mismatch]:
     return found
 
 
+def refusals(arena: Arena, capsule: Capsule) -> list[Mismatch]:
+    """`mismatches`, then (when there are none) each component's own `check_restore` objections."""
+    found = mismatches(arena, capsule)
+    if found:
+        return found
+    return arena.refusals(lambda name: capsule.component_tensors(name))
+
+
 def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) -> None:
     """Copy `capsule` back into the arena's live state buffers, in place.
 
-    Everything is checked before the first byte is copied: a refused capsule
-    leaves the arena untouched. `check_integrity=True` also re-digests the capsule.
+    Everything is checked before the first byte is copied (specs, fingerprint, each
+    component's `check_restore`, and with `check_integrity=True` the digests): a
+    refused capsule leaves the arena untouched.
     """
-    found = mismatches(arena, capsule)
+    found = refusals(arena, capsule)
     if found:
         raise CapsuleMismatchError(capsule.label or capsule.meta.capsule_id, found)
     if check_integrity:
@@ -253,7 +278,7 @@ def fork(capsule: Capsule, arenas: Sequence[Arena]) -> None:
     if len({id(a) for a in arenas}) != len(arenas):
         raise ValueError("fork needs distinct arenas; the same arena appears twice")
     for arena in arenas:
-        found = mismatches(arena, capsule)
+        found = refusals(arena, capsule)
         if found:
             raise CapsuleMismatchError(capsule.label or capsule.meta.capsule_id, found)
     for arena in arenas:

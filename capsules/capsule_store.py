@@ -6,6 +6,13 @@ memory, pinned when CUDA is present -> a safetensors file); past the last tier i
 is dropped. `get` rehydrates a capsule to the device tier. Pinned capsules stay
 in the device tier and are never demoted or dropped.
 
+A capsule loaded from the disk tier keeps its file (capsules never change), so it
+is then in two tiers and its file counts against the disk budget; demoted again,
+it reuses that file instead of writing it anew. Over the disk budget, the least
+recently used file goes: a capsule that was only on disk is dropped, one also held
+in memory just loses its disk copy. A file that cannot be read is set aside as
+`*.corrupt` (at open, or when it is loaded) and its key forgotten.
+
 On a CPU-only machine the device and host tiers are both host RAM: the budgets
 still apply, a demotion just does not move bytes.
 """
@@ -66,11 +73,12 @@ class StoreStats:
 @dataclass
 class _Entry:
     key: str
-    tier: Tier
-    nbytes: int  # bytes in the device/host tiers; file size in the disk tier
+    tier: Tier  # the fastest tier holding the capsule
+    nbytes: int  # bytes in that tier: slab bytes in the device/host tiers, the file's size in the disk tier
     pinned: bool = False
-    capsule: Capsule | None = None
-    path: Path | None = None
+    capsule: Capsule | None = None  # in memory (device or host tier)
+    path: Path | None = None  # a disk copy: the only copy (tier DISK) or one kept after loading it
+    file_bytes: int = 0  # size of the disk copy
 
 
 class CapsuleStore:
@@ -181,7 +189,7 @@ class CapsuleStore:
             if entry.capsule is not None:
                 nbytes = entry.capsule.nbytes
             else:
-                nbytes = nbytes_from_header(read_file_header(entry.path))
+                nbytes = self._read_file(entry, lambda path: nbytes_from_header(read_file_header(path), str(path)))
             self._check_pin_budget(nbytes, exclude=key)
             if entry.tier is not Tier.DEVICE:
                 self._promote(entry)
@@ -216,26 +224,48 @@ class CapsuleStore:
             )
 
     def _place(self, entry: _Entry, tier: Tier, nbytes: int) -> None:
-        """Move `entry` (already in _entries) to the most-recent end of `tier`."""
-        if entry.key in self._lru[entry.tier]:
-            self._lru[entry.tier].pop(entry.key)
-            self._bytes[entry.tier] -= entry.nbytes
+        """Move `entry` (already in _entries) to the most-recent end of memory tier `tier`, or to disk only."""
+        self._leave_memory(entry)
         entry.tier, entry.nbytes = tier, nbytes
-        self._lru[tier][entry.key] = None
-        self._bytes[tier] += nbytes
+        if tier is Tier.DISK:
+            self._lru[Tier.DISK].move_to_end(entry.key)
+        else:
+            self._lru[tier][entry.key] = None
+            self._bytes[tier] += nbytes
+
+    def _leave_memory(self, entry: _Entry) -> None:
+        if entry.tier is not Tier.DISK and self._lru[entry.tier].pop(entry.key, 0) is None:
+            self._bytes[entry.tier] -= entry.nbytes
+
+    def _add_file(self, entry: _Entry, path: Path) -> None:
+        entry.path, entry.file_bytes = path, path.stat().st_size
+        self._lru[Tier.DISK][entry.key] = None
+        self._bytes[Tier.DISK] += entry.file_bytes
+
+    def _drop_file(self, entry: _Entry, *, unlink: bool = True) -> None:
+        if entry.path is None:
+            return
+        if unlink:
+            entry.path.unlink(missing_ok=True)
+        if self._lru[Tier.DISK].pop(entry.key, 0) is None:
+            self._bytes[Tier.DISK] -= entry.file_bytes
+        entry.path, entry.file_bytes = None, 0
+
+    def _read_file(self, entry: _Entry, read):
+        """`read(path)` of the entry's file; an unusable file is set aside and the key forgotten."""
+        try:
+            return read(entry.path)
+        except (CapsuleError, OSError):
+            # Unusable file: keep it aside for inspection, forget the key; the caller rebuilds the capsule.
+            _set_aside(entry.path)
+            self._drop_file(entry, unlink=False)
+            self._forget(entry)
+            raise
 
     def _promote(self, entry: _Entry) -> Capsule:
         if entry.tier is Tier.DISK:
-            try:
-                capsule = load_capsule(entry.path)
-            except CapsuleError:
-                # Unusable file: keep it aside for inspection, forget the key; the
-                # caller rebuilds the capsule.
-                entry.path.replace(entry.path.with_name(entry.path.name + ".corrupt"))
-                self._forget(entry)
-                raise
-            entry.path.unlink(missing_ok=True)
-            entry.path = None
+            capsule = self._read_file(entry, load_capsule)
+            self._lru[Tier.DISK].move_to_end(entry.key)  # the file is kept: demoted again, it is reused
         else:
             capsule = entry.capsule
         entry.capsule = capsule.to_devices()
@@ -251,32 +281,41 @@ class CapsuleStore:
             entry.capsule = entry.capsule.to_host(pin_memory=self._pin_host)
             self._place(entry, Tier.HOST, entry.capsule.nbytes)
         elif target is Tier.DISK and self._disk_dir is not None:
-            entry.path = save_capsule(entry.capsule, self._path_for(entry.key), annotations={"store_key": entry.key})
+            if entry.path is None:
+                self._add_file(entry, save_capsule(entry.capsule, self._path_for(entry.key),
+                                                   annotations={"store_key": entry.key}))
             entry.capsule = None
-            self._place(entry, Tier.DISK, entry.path.stat().st_size)
+            self._place(entry, Tier.DISK, entry.file_bytes)
         else:
             self._stats.dropped += 1
             self._discard(entry)
 
     def _enforce(self) -> None:
-        for tier in Tier:
+        for tier in (Tier.DEVICE, Tier.HOST):
             budget = self._budget[tier]
-            if budget is None:
-                continue
-            while self._bytes[tier] > budget:
+            while budget is not None and self._bytes[tier] > budget:
                 victim = next((k for k in self._lru[tier] if not self._entries[k].pinned), None)
                 if victim is None:
                     break  # only pinned capsules left; their total was checked against the budget
                 self._demote(self._entries[victim])
+        budget = self._budget[Tier.DISK]
+        while budget is not None and self._bytes[Tier.DISK] > budget and self._lru[Tier.DISK]:
+            entry = self._entries[next(iter(self._lru[Tier.DISK]))]
+            self._stats.evictions[Tier.DISK.value] += 1
+            if entry.tier is Tier.DISK:  # its only copy
+                self._stats.dropped += 1
+                self._discard(entry)
+            else:  # still held in memory: only the disk copy goes
+                self._drop_file(entry)
 
     def _discard(self, entry: _Entry) -> None:
-        if entry.path is not None:
-            entry.path.unlink(missing_ok=True)
+        self._drop_file(entry)
         self._forget(entry)
 
     def _forget(self, entry: _Entry) -> None:
-        if self._lru[entry.tier].pop(entry.key, 0) is None:
-            self._bytes[entry.tier] -= entry.nbytes
+        self._leave_memory(entry)
+        if self._lru[Tier.DISK].pop(entry.key, 0) is None:
+            self._bytes[Tier.DISK] -= entry.file_bytes
         self._entries.pop(entry.key, None)
 
     def _path_for(self, key: str) -> Path:
@@ -284,17 +323,31 @@ class CapsuleStore:
         return self._disk_dir / f"{digest}{FILE_SUFFIX}"
 
     def _scan_disk(self) -> None:
-        """Index capsule files left by an earlier store on the same directory."""
+        """Index capsule files left by an earlier store on the same directory; set aside unreadable ones."""
         files = sorted(self._disk_dir.glob(f"*{FILE_SUFFIX}"), key=lambda p: p.stat().st_mtime)
         for path in files:
             try:
-                key = read_file_header(path)["annotations"]["store_key"]
-            except (CapsuleError, KeyError, TypeError) as exc:
+                annotations = read_file_header(path).get("annotations")
+            except (CapsuleError, OSError) as exc:
+                _set_aside(path)
                 self.skipped_files.append((path, str(exc)))
+                continue
+            key = annotations.get("store_key") if isinstance(annotations, dict) else None
+            if not isinstance(key, str) or not key:
+                self.skipped_files.append((path, "not written by a capsule store (no store_key annotation)"))
                 continue
             if key in self._entries:  # two files claim one key: keep the newer one
                 self._discard(self._entries[key])
-            entry = _Entry(key, Tier.DISK, 0, path=path)
+            entry = _Entry(key, Tier.DISK, 0)
             self._entries[key] = entry
-            self._place(entry, Tier.DISK, path.stat().st_size)
+            self._add_file(entry, path)
+            entry.nbytes = entry.file_bytes
         self._enforce()
+
+
+def _set_aside(path: Path) -> None:
+    """Rename an unusable capsule file to `*.corrupt` (kept for inspection, never indexed again)."""
+    try:
+        path.replace(path.with_name(path.name + ".corrupt"))
+    except OSError:
+        pass

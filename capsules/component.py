@@ -21,6 +21,13 @@ class CapsuleComponent(Protocol):
     `torch.Generator`) is mirrored through the two hooks: `before_snapshot()`
     writes it into the component's state buffers, `after_restore()` reads it back.
     Components whose state lives entirely in their buffers implement both as no-ops.
+
+    Optional hook, called by `restore` and `fork` before the first byte is copied:
+    `check_restore(view)`, where `view` maps each of the component's buffer names to
+    the capsule's (read-only by contract) tensor. It raises `ValueError` saying why
+    the component cannot take that state (e.g. a task of another family); the
+    restore is then refused with the arena untouched. Without it a component accepts
+    every capsule whose specs and fingerprint match (`BufferComponent` has the default).
     """
 
     name: str
@@ -70,4 +77,8 @@ class BufferComponent:
         return None
 
     def after_restore(self) -> None:
+        return None
+
+    def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
+        """Raise `ValueError` to refuse a capsule's state before it is copied (default: accept)."""
         return None

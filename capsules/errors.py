@@ -17,17 +17,19 @@ class SpecError(CapsuleError, ValueError):
 class Mismatch:
     """One difference between a capsule and the arena it is meant for."""
 
-    kind: str  # "fingerprint" or "spec"
+    kind: str  # "fingerprint", "spec" or "component" (a component's own `check_restore`)
     key: str
     capsule: str
     arena: str
 
     def __str__(self) -> str:
+        if self.kind == "component":
+            return f"component {self.key!r} refused the capsule: {self.capsule}"
         return f"{self.kind} {self.key!r}: capsule has {self.capsule}, arena has {self.arena}"
 
 
 class CapsuleMismatchError(CapsuleError):
-    """A capsule does not belong to this arena (specs or fingerprint differ)."""
+    """A capsule does not belong to this arena (specs or fingerprint differ, or a component refused it)."""
 
     def __init__(self, label: str, mismatches: list[Mismatch]):
         self.mismatches = list(mismatches)
@@ -55,8 +57,8 @@ class CapsuleIntegrityError(CapsuleError):
         self.bad_keys = list(bad_keys)
         super().__init__(
             f"capsule {source}: digest mismatch in {len(bad_keys)} buffer(s): "
-            f"{', '.join(bad_keys)}. The bytes were changed after the snapshot "
-            "(tampered or corrupted file); take a new snapshot instead."
+            f"{', '.join(bad_keys)}. Their bytes differ from the snapshot's (a damaged file, or memory "
+            "written after the snapshot); take a new snapshot instead."
         )
 
 

@@ -29,9 +29,10 @@ Message types (client = rollout side, server = robot side):
     heartbeat  {t}                           heartbeat_ack {t}
     bye        {}                            error       {code, message, fatal}
 
-A frame that cannot be decoded is answered with an `error` frame (its `code` one
-of `ERROR_CODES`); the server then drops the connection if the stream can no
-longer be trusted (`fatal`).
+The header is strict JSON: NaN and Infinity are refused like any other malformed
+header. A frame that cannot be decoded is answered with an `error` frame (its
+`code` one of `ERROR_CODES`); the server then drops the connection if the stream
+can no longer be trusted (`fatal`).
 """
 
 from __future__ import annotations
@@ -70,8 +71,11 @@ ERROR_CODES = (
     "unauthorized",  # missing or wrong token, or a message before hello
     "unsafe_action",  # a NaN/inf action: the robot holds (safe stop)
     "heartbeat_timeout",  # the client went quiet: the robot holds, the episode is aborted
-    "not_ready",  # e.g. an action before reset
+    "not_ready",  # e.g. an action before reset, or after another client's episode ended
     "robot_fault",  # the robot side failed to carry out a request
+    "busy",  # another client controls the robot: fatal, try again once it has left
+    "frame_timeout",  # a frame (or, before hello, the hello) did not arrive in full in time: fatal
+    "idle_timeout",  # no frame for the server's idle limit: the connection is closed
 )
 
 
@@ -142,11 +146,22 @@ def decode(frame: bytes, *, max_payload: int = MAX_PAYLOAD) -> Message:
     return decode_body(frame[PREFIX_BYTES:PREFIX_BYTES + h_len], frame[PREFIX_BYTES + h_len:])
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
 def decode_body(header_bytes: bytes, payload: bytes) -> Message:
-    try:
-        header = json.loads(header_bytes.decode("utf-8"))
+    try:  # strict JSON, as `encode` writes it: no NaN or Infinity (they could not be echoed back)
+        header = json.loads(header_bytes.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ProtocolError("bad_header", "header is not UTF-8 JSON") from None
+        raise ProtocolError("bad_header", "header is not UTF-8 JSON (NaN and Infinity are not JSON)") from None
     if not isinstance(header, dict):
         raise ProtocolError("bad_header", "header must be a JSON object")
     mtype, seq = header.get("type"), header.get("seq", 0)

@@ -313,9 +313,13 @@ class TabletopEnv(gym.Env, BufferComponent):
         self.steps, self.subtask_index, reset_called = (int(x) for x in b["counters"].numpy())
         self._reset_called = bool(reset_called)
         self.params = TaskParams.from_array(b["task"].numpy())
-        if self.params.family != self.family_id:
-            raise ValueError(f"capsule holds a {FAMILIES[self.params.family].name} task, this env runs {self.family.name}")
         self.subtasks = self.family.subtasks(self.params)
+
+    def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
+        family = int(view["task"][0])
+        if family != self.family_id:
+            held = FAMILIES[family].name if 0 <= family < len(FAMILIES) else f"family #{family}"
+            raise ValueError(f"capsule holds a {held} task, this env runs {self.family.name}")
 
 
 def _spread(rng: np.random.Generator, n: int, min_gap: float, avoid: list[np.ndarray], clearance: float = 0.0):

@@ -4,15 +4,18 @@ Layout (zarr format 2, diffusion_policy's replay-buffer layout): `data/<key>`
 time-major arrays of all steps, `meta/episode_ends` (int64, cumulative step counts)
 and flat per-episode arrays `meta/<field>` (see `rollout.episode_schema`).
 
-Commit protocol: an episode's data arrays are written first, then its metadata,
-and `meta/episode_ends` last; an episode exists only once its end is there. When
-the writer gathers episodes for up to `batch_window` seconds (or until `flush`)
-and appends them as one batch (one write per array; zarr's per-call cost is
-milliseconds), committing their ends together. Episodes handed over but not yet
-committed are not in the store; `flush()` is the durability point. Every
-key zarr writes goes to a temp file that is renamed into place, so a killed writer
-leaves at most an uncommitted tail, which reopening the store truncates. Readers
-only ever see complete episodes.
+Commit protocol: the writer gathers episodes for up to `batch_window` seconds (or
+until `flush`) and appends them as one batch (one write per array; zarr's per-call
+cost is milliseconds). It writes the batch's rows past the current end of every
+array (data, per-episode metadata, `episode_ends`), where no reader looks, and then
+grows every array's shape at once with one rename (`rollout.zarr_commit`): that
+rename is the commit. A process killed at any point leaves the store with the
+episodes before the batch or with all of them, for every reader (this project's,
+plain zarr 2 or 3, diffusion_policy's `ReplayBuffer`, which wants every data array
+exactly `episode_ends[-1]` long). Episodes handed over but not yet committed are
+not in the store; `flush()` is the durability point. Reopening removes what a kill
+left (temp files, rows past the shapes are overwritten by the next append) and
+truncates an uncommitted tail of a store written by an older version of this code.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import zarr
 
 from rollout import episode_schema as S
 from rollout.episode import Episode, EpisodeError, validate_episode
+from rollout.zarr_commit import ShapeCommit, write_rows
 
 ENDS = "episode_ends"
 IMAGE_CHUNK_BYTES = 1 << 20  # about 85 frames of 64x64x3 per chunk
@@ -62,12 +66,6 @@ def committed_episodes(ends: np.ndarray, data_lengths: list[int], meta_lengths: 
     return min([n, *meta_lengths])
 
 
-def _extend(array, start: int, values: np.ndarray) -> None:
-    """Grow `array` along time to `start + len(values)` and write `values` there."""
-    array.resize((start + len(values), *array.shape[1:]))
-    array[start : start + len(values)] = values
-
-
 def _compressor(dtype: np.dtype) -> numcodecs.abc.Codec:
     shuffle = numcodecs.Blosc.NOSHUFFLE if dtype.itemsize == 1 else numcodecs.Blosc.SHUFFLE
     return numcodecs.Blosc(cname="zstd", clevel=3, shuffle=shuffle)
@@ -89,6 +87,7 @@ class ZarrRecorder:
             self._meta.create_array(ENDS, shape=(0,), chunks=(LOWDIM_CHUNK_STEPS,), dtype=np.int64,
                                     compressors=None, fill_value=0)
         self._handles: dict = {}
+        self._shapes = ShapeCommit(self.path)
         self.repair_report = self._repair()
         self._data_keys = {k for k, _ in self._data.arrays()}
         self._meta_keys = {k for k, _ in self._meta.arrays()}
@@ -226,6 +225,7 @@ class ZarrRecorder:
                 fill = "" if dtype.kind == "U" else 0
                 self._meta.create_array(name, shape=(n,), chunks=(META_CHUNK,), dtype=dtype, fill_value=fill,
                                         compressors=_compressor(dtype))
+                self._shapes.adopt([f"meta/{name}"])
                 self._meta_keys.add(name)
         writes = [
             (self._array(self._data, key), start, np.concatenate([ep.steps[key] for ep in episodes]))
@@ -235,14 +235,21 @@ class ZarrRecorder:
             (self._array(self._meta, name), n, np.array([getattr(ep.meta, name) for ep in episodes], dtype=dtype))
             for name, dtype in S.EPISODE_FIELDS.items()
         ]
-        for future in [self._pool.submit(_extend, *w) for w in writes]:
+        for future in [self._pool.submit(write_rows, *w) for w in writes]:
             future.result()  # re-raises a failed write before anything is committed
         self._commit(n, start + np.cumsum([ep.length for ep in episodes]))
         self._n_episodes, self._n_steps = n + k, start + total
 
     def _commit(self, index: int, ends: np.ndarray) -> None:
-        """Write the ends of episodes `index...`: the moment they become part of the store."""
-        _extend(self._array(self._meta, ENDS), index, ends)
+        """Write the ends of episodes `index...`, then grow every array over the new rows in one rename:
+        the moment the episodes become part of the store."""
+        ends_array = self._array(self._meta, ENDS)
+        write_rows(ends_array, index, ends)
+        n, n_steps = index + len(ends), int(ends[-1])
+        shapes = {f"data/{key}": (n_steps, *self._array(self._data, key).shape[1:]) for key in self._data_keys}
+        shapes.update({f"meta/{name}": (n,) for name in S.EPISODE_FIELDS})
+        shapes[f"meta/{ENDS}"] = (n,)
+        self._shapes.commit(shapes)
 
     def _create_data_array(self, key: str, values: np.ndarray):
         row_bytes = values[0].nbytes if len(values) else 1
@@ -253,29 +260,31 @@ class ZarrRecorder:
         shape = (0, *values.shape[1:])
         self._data.create_array(key, shape=shape, chunks=(chunk, *values.shape[1:]), dtype=values.dtype,
                                 fill_value=0, compressors=_compressor(values.dtype))
+        self._shapes.adopt([f"data/{key}"])
         self._data_keys.add(key)
 
     def _repair(self) -> RepairReport:
-        """Truncate whatever the last committed `episode_ends` entry does not cover."""
+        """Adopt every array into the commit directory, then cut whatever the last committed
+        `episode_ends` entry does not cover (only a store written by older code has such a tail)."""
         self._handles.clear()  # shapes change below; drop cached handles
-        ends_array = self._meta[ENDS]
-        ends = ends_array[:]
         data = dict(self._data.arrays())
-        meta = {name: self._meta[name] for name in S.EPISODE_FIELDS if name in self._meta}
+        meta_all = dict(self._meta.arrays())
+        self._shapes.adopt([f"data/{k}" for k in data] + [f"meta/{k}" for k in meta_all])
+        ends = meta_all[ENDS][:]
+        meta = {name: meta_all[name] for name in S.EPISODE_FIELDS if name in meta_all}
         n = committed_episodes(ends, [a.shape[0] for a in data.values()] or [0], [a.shape[0] for a in meta.values()])
         if not data:
             n = 0
         n_steps = int(ends[n - 1]) if n else 0
         dropped_steps = max((a.shape[0] - n_steps for a in data.values()), default=0)
         dropped_meta = max((a.shape[0] - n for a in meta.values()), default=0)
-        for array in data.values():
-            if array.shape[0] != n_steps:
-                array.resize((n_steps, *array.shape[1:]))
-        for array in meta.values():
-            if array.shape[0] != n:
-                array.resize((n,))
-        if ends_array.shape[0] != n:
-            ends_array.resize((n,))
+        shapes = {f"data/{k}": (n_steps, *a.shape[1:]) for k, a in data.items() if a.shape[0] != n_steps}
+        shapes.update({f"meta/{k}": (n,) for k, a in meta.items() if a.shape[0] != n})
+        if meta_all[ENDS].shape[0] != n:
+            shapes[f"meta/{ENDS}"] = (n,)
+        if shapes:
+            self._shapes.commit(shapes)
+        self._shapes.clean()
         partial = list(self.path.rglob("*.partial"))
         for p in partial:
             p.unlink(missing_ok=True)

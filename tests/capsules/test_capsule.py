@@ -178,3 +178,32 @@ def test_multi_component_arena_restores_all_components():
     for k, v in expected.items():
         assert same_bytes(arena.buffer(k), v)
     assert c1.calls[-1] == c2.calls[-1] == "after_restore"
+
+
+class _Picky(SpecComponent):
+    """Refuses any capsule whose `count` buffer is negative (a component's own restore check)."""
+
+    def check_restore(self, view):
+        if int(view["count"]) < 0:
+            raise ValueError(f"count {int(view['count'])} is negative")
+
+
+def test_a_component_refusal_comes_before_any_byte_is_copied():
+    arena = Arena([_Picky("comp", basic_specs())]).allocate()
+    comp = arena.components["comp"]
+    arena.buffer("comp/count").fill_(-5)
+    refused = snapshot(arena)
+    fill_state(arena, 3)
+    arena.buffer("comp/count").fill_(7)
+    before = state_copy(arena)
+    other = Arena([_Picky("comp", basic_specs())]).allocate()
+    with pytest.raises(CapsuleMismatchError, match="component 'comp' refused the capsule: count -5 is negative"):
+        restore(arena, refused)
+    with pytest.raises(CapsuleMismatchError, match="refused"):
+        fork(refused, [other, arena])
+    for k, v in before.items():
+        assert same_bytes(arena.buffer(k), v), k
+    assert "after_restore" not in comp.calls
+    accepted = snapshot(arena)
+    restore(other, accepted)
+    assert int(other.buffer("comp/count")) == 7

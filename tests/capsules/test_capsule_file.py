@@ -1,3 +1,4 @@
+import hashlib
 import json
 import struct
 
@@ -26,11 +27,18 @@ def capsule():
     return snapshot(arena, label="disk", step=3, episode="e", extra={"seed": "9"})
 
 
-def _rewrite_meta(data: bytes, edit) -> bytes:
-    """Edit the safetensors header JSON, keeping tensor data and offsets valid."""
+def _rewrite_meta(data: bytes, edit, *, rehash: bool = True) -> bytes:
+    """Edit the safetensors header JSON, keeping tensor data and offsets valid.
+
+    `rehash`: recompute the metadata's sha256 after the edit (what a deliberate edit does),
+    so the checks behind it are reached.
+    """
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8 : 8 + n])
     edit(header)
+    block = header.get("__metadata__")
+    if rehash and isinstance(block, dict) and isinstance(block.get("meta"), str) and "meta_sha256" in block:
+        block["meta_sha256"] = hashlib.sha256(block["meta"].encode()).hexdigest()
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw + data[8 + n :]
@@ -111,7 +119,8 @@ def test_tampered_metadata_is_refused(capsule):
         meta["specs"]["comp/h"]["shape"] = [3, 2, 1]
         h["__metadata__"]["meta"] = json.dumps(meta)
 
-    with pytest.raises(CapsuleIntegrityError, match="comp/h"):
+    with pytest.raises(CapsuleFormatError, match="'comp/h' is stored as float32\\[2, 3\\] but its spec says "
+                       "float32\\[3, 2, 1\\]: the header's dtype or shape was relabelled"):
         capsule_from_bytes(_rewrite_meta(data, bad_shape))
 
     def drop_spec(h):
@@ -173,3 +182,96 @@ def test_annotations_travel_in_the_header(tmp_path, capsule):
     path = save_capsule(capsule, tmp_path / "a.capsule", annotations={"store_key": "seed-1"})
     assert read_file_header(path)["annotations"] == {"store_key": "seed-1"}
     assert torch.equal(load_capsule(path).buffer("comp/count"), capsule.buffer("comp/count"))
+
+
+def _edit_header_text(data: bytes, old: str, new: str) -> bytes:
+    """Replace text in the raw header (for values json.dumps would never write, e.g. Infinity)."""
+    (n,) = struct.unpack("<Q", data[:8])
+    text = data[8 : 8 + n].decode()
+    assert old in text, old
+    raw = text.replace(old, new, 1).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + n :]
+
+
+def _set_in_meta(path: tuple, value):
+    def edit(h):
+        meta = json.loads(h["__metadata__"]["meta"])
+        target = meta
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        h["__metadata__"]["meta"] = json.dumps(meta)  # allow_nan: writes Infinity / NaN
+
+    return edit
+
+
+@pytest.mark.parametrize("where", [("step",), ("created_at",), ("specs", "comp/h", "shape"), ("specs", "comp/count",
+                                                                                             "alignment")])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e300, 2.5, True])
+def test_non_finite_or_mistyped_metadata_values_are_format_errors(capsule, where, value):
+    if where[-1] == "shape":
+        value = [value, 3]
+    if where == ("created_at",) and value in (1e300, 2.5):
+        return  # a finite float is a valid creation time
+    damaged = _rewrite_meta(capsule_to_bytes(capsule), _set_in_meta(where, value))
+    with pytest.raises(CapsuleFormatError):
+        capsule_from_bytes(damaged)
+
+
+@pytest.mark.parametrize("number", ["Infinity", "-Infinity", "NaN", "1e400"])
+def test_infinity_in_the_tensor_table_is_a_format_error(capsule, number):
+    data = capsule_to_bytes(capsule)
+    (n,) = struct.unpack("<Q", data[:8])
+    offsets = json.loads(data[8 : 8 + n])["comp/h"]["data_offsets"]
+    damaged = _edit_header_text(data, f'"data_offsets":[{offsets[0]},{offsets[1]}]',
+                                f'"data_offsets":[{offsets[0]},{number}]')
+    with pytest.raises(CapsuleFormatError, match="not valid JSON|malformed tensor table"):
+        capsule_from_bytes(damaged)
+
+
+def test_a_relabelled_tensor_dtype_is_called_a_relabel_not_a_digest_mismatch(capsule):
+    def relabel(h):
+        h["comp/h"]["dtype"] = "I32"  # same item size: safetensors reads it, the spec says float32
+
+    with pytest.raises(CapsuleFormatError, match="'comp/h' is stored as int32\\[2, 3\\] but its spec says float32"):
+        capsule_from_bytes(_rewrite_meta(capsule_to_bytes(capsule), relabel))
+
+
+def test_a_header_over_the_size_limit_is_not_called_truncated(tmp_path, capsule):
+    from capsules.capsule_file import MAX_HEADER_BYTES
+
+    data = capsule_to_bytes(capsule)
+    big = struct.pack("<Q", MAX_HEADER_BYTES + 1) + data[8:]
+    for load in (capsule_from_bytes, lambda d: read_file_header(_write(tmp_path, d))):
+        with pytest.raises(CapsuleFormatError, match="over the .*-byte limit") as info:
+            load(big)
+        assert "truncated" not in str(info.value)
+
+
+def _write(tmp_path, data: bytes):
+    path = tmp_path / "x.capsule"
+    path.write_bytes(data)
+    return path
+
+
+def test_damaged_identity_metadata_is_refused(capsule):
+    data = capsule_to_bytes(capsule)
+    flipped = _edit_header_text(data, '\\"step\\": 3', '\\"step\\": 2')  # one bit: 0x33 -> 0x32
+    assert len(flipped) == len(data)
+    with pytest.raises(CapsuleFormatError, match="does not match its sha256"):
+        capsule_from_bytes(flipped)
+    unknown = _rewrite_meta(data, lambda h: h["__metadata__"].update(signature="x"))
+    with pytest.raises(CapsuleFormatError, match="unknown entries \\['signature'\\]"):
+        capsule_from_bytes(unknown)
+
+
+def test_a_file_without_the_metadata_sha256_still_loads(capsule):
+    legacy = _rewrite_meta(capsule_to_bytes(capsule), lambda h: h["__metadata__"].pop("meta_sha256"))
+    assert capsule_from_bytes(legacy).meta == capsule.meta
+
+
+def test_a_spec_whose_name_is_not_its_key_is_refused(capsule):
+    damaged = _rewrite_meta(capsule_to_bytes(capsule), _set_in_meta(("specs", "comp/h", "name"), "other"))
+    with pytest.raises(CapsuleFormatError, match="spec 'comp/h' names buffer 'other'"):
+        capsule_from_bytes(damaged)

@@ -1,6 +1,7 @@
 import pytest
 
 from capsules import (
+    CapsuleFormatError,
     CapsuleIntegrityError,
     CapsuleNotFoundError,
     CapsuleStore,
@@ -167,3 +168,115 @@ def test_bad_arguments():
         store.put("", None)
     with pytest.raises(TypeError, match="Capsule"):
         store.put("k", object())
+
+
+def _disk_state(store, tmp_path):
+    files = sorted(tmp_path.glob("*.capsule"))
+    return files, sum(p.stat().st_size for p in files)
+
+
+def test_loading_from_disk_keeps_the_file_and_a_second_demotion_reuses_it(arena, tmp_path, monkeypatch):
+    import capsules.capsule_store as store_module
+
+    caps = _capsules(arena, 2)
+    size = caps[0].nbytes
+    saves = []
+    original_save = store_module.save_capsule
+    monkeypatch.setattr(store_module, "save_capsule", lambda *a, **kw: saves.append(a[1]) or original_save(*a, **kw))
+    store = CapsuleStore(device_bytes=size, host_bytes=0, disk_dir=tmp_path)
+    store.put("k0", caps[0])
+    store.put("k1", caps[1])  # k0: device -> host (budget 0) -> disk
+    assert store.tier_of("k0") is Tier.DISK and len(saves) == 1
+    (k0_file,), _ = _disk_state(store, tmp_path)
+    got = store.get("k0")  # k0 back on the device, k1 down to disk
+    assert dict(got.digests) == dict(caps[0].digests) and store.tier_of("k0") is Tier.DEVICE
+    files, disk_bytes = _disk_state(store, tmp_path)
+    assert k0_file in files and len(files) == 2 and len(saves) == 2  # k0's file kept, k1's written
+    stats = store.stats()
+    assert stats.bytes == {"device": size, "host": 0, "disk": disk_bytes}
+    assert stats.entries == {"device": 1, "host": 0, "disk": 2}  # k0 is in two tiers
+    inode = k0_file.stat().st_ino
+    store.get("k1")  # k0 demoted again: its file is reused, not rewritten
+    assert store.tier_of("k0") is Tier.DISK and len(saves) == 2 and k0_file.stat().st_ino == inode
+    files, disk_bytes = _disk_state(store, tmp_path)
+    assert len(files) == 2 and store.stats().bytes == {"device": size, "host": 0, "disk": disk_bytes}
+    store.remove("k0")
+    files, disk_bytes = _disk_state(store, tmp_path)
+    assert k0_file not in files and store.stats().bytes["disk"] == disk_bytes
+
+
+def test_over_the_disk_budget_a_loaded_capsule_loses_only_its_disk_copy(arena, tmp_path):
+    caps = _capsules(arena, 2)
+    size = caps[0].nbytes
+    probe = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path / "probe")
+    probe.put("x", caps[0])
+    file_size = probe.stats().bytes["disk"]
+    store = CapsuleStore(device_bytes=size, host_bytes=0, disk_dir=tmp_path / "d", disk_bytes=file_size)
+    store.put("k0", caps[0])
+    store.put("k1", caps[1])  # k0 on disk
+    store.get("k0")  # k0 loaded (file kept), k1 written: two files over a one-file budget
+    files, disk_bytes = _disk_state(store, tmp_path / "d")
+    assert len(files) == 1 and disk_bytes == file_size == store.stats().bytes["disk"]
+    assert store.tier_of("k0") is Tier.DEVICE and store.tier_of("k1") is Tier.DISK  # k0's older file went
+    assert store.stats().dropped == 0
+    assert dict(store.get("k0").digests) == dict(caps[0].digests)
+
+
+def _infinity_step(path):
+    """`"step": Infinity` in the file's metadata, its sha256 recomputed (so the JSON check is what refuses it)."""
+    import hashlib
+    import json
+    import struct
+
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    block = header["__metadata__"]
+    assert '"step": 0' in block["meta"]
+    block["meta"] = block["meta"].replace('"step": 0', '"step": Infinity')
+    block["meta_sha256"] = hashlib.sha256(block["meta"].encode()).hexdigest()
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
+
+
+def _infinity_offset(path):
+    """A tensor's end offset written as Infinity in the safetensors header."""
+    import json
+    import struct
+
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    text = data[8 : 8 + n].decode()
+    key = next(k for k in json.loads(text) if k != "__metadata__")
+    start, end = json.loads(text)[key]["data_offsets"]
+    old = f'"data_offsets":[{start},{end}]'
+    assert old in text
+    raw = text.replace(old, f'"data_offsets":[{start},Infinity]').encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
+
+
+def test_a_file_with_infinity_in_its_header_is_set_aside_when_the_store_opens(arena, tmp_path):
+    caps = _capsules(arena, 2)
+    first = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path)
+    first.put("bad", caps[0])
+    first.put("good", caps[1])
+    bad_path = first._entries["bad"].path
+    _infinity_offset(bad_path)
+    again = CapsuleStore(disk_dir=tmp_path)  # opens despite the bad file
+    assert again.keys() == ["good"] and [p for p, _ in again.skipped_files] == [bad_path]
+    assert bad_path.with_name(bad_path.name + ".corrupt").exists() and not bad_path.exists()
+    assert dict(again.get("good").digests) == dict(caps[1].digests)
+
+
+def test_a_file_damaged_after_opening_is_set_aside_and_forgotten_by_get(arena, tmp_path):
+    (cap,) = _capsules(arena, 1)
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path)
+    store.put("k", cap)
+    path = store._entries["k"].path
+    _infinity_step(path)
+    with pytest.raises(CapsuleFormatError, match="not valid JSON"):
+        store.get("k")
+    assert "k" not in store and path.with_name(path.name + ".corrupt").exists()
+    assert store.stats().bytes == {"device": 0, "host": 0, "disk": 0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
@@ -113,7 +114,8 @@ class StoreModel(RuleBasedStateMachine):
             host_bytes=host_slots * self.size,
             disk_dir=self.tmp.name if self.tmp else None,
         )
-        self.tiers = {t: [] for t in Tier}  # least recently used first
+        self.tiers = {t: [] for t in Tier}  # least recently used first; DISK: capsules only on disk
+        self.files: list[str] = []  # keys with a disk file (kept after loading too), least recently used first
         self.pinned: set[str] = set()
         self.digests: dict[str, dict] = {}
         self.counter = 0
@@ -139,8 +141,17 @@ class StoreModel(RuleBasedStateMachine):
                     self.digests.pop(victim)
                 else:
                     self.tiers[nxt].append(victim)
+                    if nxt is Tier.DISK:  # a file kept from an earlier load is reused
+                        self._touch_file(victim)
+
+    def _touch_file(self, key):
+        if key in self.files:
+            self.files.remove(key)
+        self.files.append(key)
 
     def _to_device(self, key):
+        if self._where(key) is Tier.DISK:
+            self._touch_file(key)  # loaded: the file stays
         self.tiers[self._where(key)].remove(key)
         self.tiers[Tier.DEVICE].append(key)
 
@@ -157,6 +168,8 @@ class StoreModel(RuleBasedStateMachine):
         self.store.put(key, capsule, pin=pin)
         if self._where(key) is not None:
             self.tiers[self._where(key)].remove(key)
+        if key in self.files:  # the replaced capsule's file is deleted
+            self.files.remove(key)
         self.tiers[Tier.DEVICE].append(key)
         self.pinned.discard(key)
         if pin:
@@ -204,13 +217,18 @@ class StoreModel(RuleBasedStateMachine):
     def tiers_match_the_model(self):
         if not hasattr(self, "store"):
             return
-        for tier in (Tier.DEVICE, Tier.HOST, Tier.DISK):
+        for tier in (Tier.DEVICE, Tier.HOST):
             assert self.store.lru_order(tier) == self.tiers[tier], tier
+        assert self.store.lru_order(Tier.DISK) == self.files
+        assert [k for k in self.store.keys() if self.store.tier_of(k) is Tier.DISK] == [
+            k for k in self.store.keys() if k in self.tiers[Tier.DISK]]
         assert all(self.store.tier_of(k) is Tier.DEVICE for k in self.pinned)
         stats = self.store.stats()
         assert stats.bytes["device"] == len(self.tiers[Tier.DEVICE]) * self.size
         assert stats.bytes["host"] == len(self.tiers[Tier.HOST]) * self.size
         assert stats.pinned == len(self.pinned)
+        on_disk = sorted(Path(self.tmp.name).glob("*.capsule")) if self.tmp else []
+        assert len(on_disk) == len(self.files) and stats.bytes["disk"] == sum(p.stat().st_size for p in on_disk)
 
 
 StoreModel.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)

@@ -1,5 +1,6 @@
 """Robot bridge on loopback: the SimRobotServer over the real protocol, safety, tokens, broken frames."""
 
+import json
 import socket
 import time
 
@@ -9,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs.robot_bridge import RobotClient, RobotDisconnected, RobotError, RobotServer, SimBackend, SimRobotServer
-from envs.robot_protocol import PREFIX, VERSION, Message, ProtocolError, decode, encode, read_frame
+from envs.robot_protocol import PREFIX, VERSION, ConnectionClosed, Message, ProtocolError, decode, encode, read_frame
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +188,121 @@ def test_a_realtime_sim_robot_paces_actions_to_its_control_rate(monkeypatch):
     fast.apply(action)
     fast.apply(action)
     assert len(sleeps) == 3  # not realtime: never sleeps
+
+
+class _Raw:
+    """A hand-driven connection: send frames (or raw bytes), read reply frames."""
+
+    def __init__(self, address, timeout=5.0):
+        self.sock = socket.create_connection(address, timeout=timeout)
+
+    def send(self, msg_or_bytes):
+        self.sock.sendall(msg_or_bytes if isinstance(msg_or_bytes, bytes) else encode(msg_or_bytes))
+
+    def recv(self) -> Message | None:
+        def recv_exactly(n):
+            buf = b""
+            while len(buf) < n:
+                chunk = self.sock.recv(n - len(buf))
+                if not chunk:
+                    break
+                buf += chunk
+            return buf
+
+        try:
+            return read_frame(recv_exactly)
+        except (ConnectionClosed, ConnectionResetError):
+            return None
+
+    def ask(self, msg):
+        self.send(msg)
+        return self.recv()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_a_slow_dripping_controller_neither_disables_the_watchdog_nor_locks_others_out():
+    with SimRobotServer(image_size=16, heartbeat_timeout_s=0.5) as srv:  # frames must arrive within 2 s
+        dripper = _Raw(srv.address)
+        assert dripper.ask(Message("hello", {"token": ""})).type == "welcome"
+        assert dripper.ask(Message("reset", {"seed": 0})).type == "reset_done"
+        frame = encode(Message("observe"))
+        for i, byte in enumerate(frame[:12]):  # one byte per 0.1 s: every byte used to restart the stall timer
+            dripper.send(bytes([byte]))
+            time.sleep(0.1)
+            if i == 2:  # meanwhile another client is answered within its own (short) timeout: busy
+                with pytest.raises(RobotError, match="busy"):
+                    RobotClient(*srv.address, timeout_s=1.0)
+        assert srv.episode_state == "aborted" and srv.backend.held  # 1.2 s without a whole frame
+        assert "heartbeat lost" in " ".join(srv.events)
+        reply = dripper.recv()  # the frame's deadline passes: the connection is closed with a reason
+        assert reply.type == "error" and reply.fields["code"] == "frame_timeout" and dripper.recv() is None
+        dripper.close()
+        with RobotClient(*srv.address, timeout_s=2.0) as robot:  # the robot is free again
+            assert robot.observe()[1]["episode_state"] == "aborted"
+
+
+def test_a_silent_connection_does_not_keep_a_proper_client_waiting(server):
+    silent = _Raw(server.address)
+    try:
+        with RobotClient(*server.address, timeout_s=1.0) as robot:  # served while the silent one says nothing
+            robot.reset_to_initial(seed=0)
+        reply = silent.recv()  # and the silent one is dropped once its time to say hello is up
+        assert reply.type == "error" and reply.fields["code"] == "idle_timeout"
+    finally:
+        silent.close()
+
+
+def test_a_silent_controller_is_dropped_after_the_idle_limit():
+    with SimRobotServer(image_size=16, idle_timeout_s=0.6) as srv:
+        quiet = RobotClient(*srv.address, heartbeat_s=None)
+        with pytest.raises(RobotError, match="busy"):
+            RobotClient(*srv.address, timeout_s=1.0)
+        time.sleep(1.0)
+        with RobotClient(*srv.address, timeout_s=1.0) as robot:
+            robot.reset_to_initial(seed=0)
+        quiet.close()
+
+
+def test_a_nan_heartbeat_gets_an_error_frame_and_the_episode_keeps_running(server):
+    raw = _Raw(server.address)
+    try:
+        assert raw.ask(Message("hello", {"token": ""})).type == "welcome"
+        assert raw.ask(Message("reset", {"seed": 0})).type == "reset_done"
+        header = json.dumps({"type": "heartbeat", "seq": 5, "fields": {"t": float("nan")}, "arrays": []}).encode()
+        reply = raw.ask(PREFIX.pack(b"CRBP", VERSION, 0, len(header), 0) + header)
+        assert reply is not None and reply.type == "error" and reply.fields["code"] == "bad_header"
+        assert not reply.fields["fatal"]
+        assert raw.ask(Message("heartbeat", {"t": 1.5}, seq=6)).fields == {"t": 1.5}  # the connection lives on
+        assert server.episode_state == "running" and not server.backend.held
+    finally:
+        raw.close()
+
+
+def test_a_non_ascii_token_is_answered_unauthorized():
+    with SimRobotServer(image_size=16, token="t0ken") as srv:
+        with pytest.raises(RobotError, match="unauthorized"):
+            RobotClient(*srv.address, token="t\u00f6k\u00e9n", timeout_s=2.0)
+        with RobotClient(*srv.address, token="t0ken") as robot:
+            assert robot.reset_to_initial(seed=0)
+
+
+def test_the_default_rate_limit_bounds_motion_and_leaves_the_suction_switch(server):
+    with _client(server) as robot:
+        robot.reset_to_initial(seed=0)
+        robot.send_action(np.array([-1.0, 0.0, 0.0, -1.0]))
+        sent = robot.send_action(np.array([1.0, 0.0, 0.0, 1.0]))
+        assert np.array_equal(sent, np.array([0.0, 0.0, 0.0, 1.0], np.float32))
+
+
+def test_after_a_client_left_mid_episode_the_next_one_is_told_to_reset(server):
+    with _client(server) as first:
+        first.reset_to_initial(seed=0)
+        first.send_action(np.zeros(4))
+    assert server.episode_state == "aborted" and server.backend.held  # held when the client left (close waits)
+    with _client(server) as second:
+        with pytest.raises(RobotError, match="not_ready"):
+            second.send_action(np.zeros(4))
+        second.reset_to_initial(seed=0)
+        second.send_action(np.zeros(4))

@@ -16,7 +16,9 @@ from tests.policies.tiny import tiny_critic, tiny_policy
 
 @pytest.fixture
 def robot():
-    with SimRobotServer(image_size=16, heartbeat_timeout_s=0.3) as server:
+    # 0.5 s: the watchdog checks every 50 ms on its own timer (it used to run only at 0.15 s polls of an idle
+    # connection), and a loaded machine leaves up to ~0.4 s between a heartbeat-less client's requests
+    with SimRobotServer(image_size=16, heartbeat_timeout_s=0.5) as server:
         client = RobotClient(*server.address, heartbeat_s=None)
         yield server, client
         client.close()

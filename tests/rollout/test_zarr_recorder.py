@@ -120,13 +120,40 @@ def test_killed_inside_an_append_leaves_no_partial_episode(tmp_path):
     child = _child(path, "mid_append", "3")
     child.wait(timeout=60)
     assert child.returncode == 9, child.stderr.read()
-    raw = ZarrEpisodeReader(path)  # read-only: ignores the uncommitted tail
-    assert len(raw) == 3
-    with ZarrRecorder(path) as rec:  # reopening for writing truncates it
-        assert rec.repair_report.episodes == 3 and rec.repair_report.dropped_steps == 40 + 3 % 7
-        assert rec.repair_report.dropped_meta == 1
-    reader = _check_intact(path)
-    assert all(a.shape[0] == reader.n_steps for a in reader._data.values())
+    raw = ZarrEpisodeReader(path)
+    assert len(raw) == 3  # the killed append's rows are past every array's shape: no reader sees them
+    assert all(a.shape[0] == raw.n_steps for a in raw._data.values())
+    with ZarrRecorder(path) as rec:  # nothing to cut on reopening
+        assert rec.repair_report.episodes == 3 and rec.repair_report.dropped_steps == 0
+        assert rec.repair_report.dropped_meta == 0
+        rec.write(fake_episode(3, length=30, image_size=96))  # shorter, over the dead append's rows
+    reader = ZarrEpisodeReader(path)
+    assert len(reader) == 4 and all(a.shape[0] == reader.n_steps for a in reader._data.values())
+    last = reader.episode(3, keys=[S.STATE, S.DONE])
+    assert last.length == 30 and (last.steps[S.STATE][:, 0] == 3).all() and last.steps[S.DONE][-1]
+    assert (last.steps[S.STATE][:, 1] == np.arange(30)).all()
+
+
+def test_an_uncommitted_tail_from_older_code_is_cut_on_reopening(tmp_path):
+    import zarr
+
+    path = tmp_path / "store.zarr"
+    with ZarrRecorder(path) as rec:
+        for i in range(2):
+            rec.write(fake_episode(i, length=6))
+    group = zarr.open_group(str(path), mode="a", zarr_format=2)  # the old writer: resize, then write
+    for key, array in group["data"].arrays():
+        array.resize((15, *array.shape[1:]))
+    group["meta/episode_id"].resize((3,))
+    assert not (path / "data/state/.zarray").is_symlink()  # zarr's resize replaced the link by a file
+    assert len(ZarrEpisodeReader(path)) == 2
+    with ZarrRecorder(path) as rec:
+        assert (rec.repair_report.episodes, rec.repair_report.dropped_steps, rec.repair_report.dropped_meta) == (2, 3, 1)
+        rec.write(fake_episode(2, length=4))
+    assert (path / "data/state/.zarray").is_symlink()  # adopted again
+    reader = ZarrEpisodeReader(path)
+    assert reader.episode_ids == ["ep-00000", "ep-00001", "ep-00002"] and reader.n_steps == 16
+    assert all(a.shape[0] == 16 for a in reader._data.values())
 
 
 @pytest.mark.slow

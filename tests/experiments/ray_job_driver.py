@@ -1,0 +1,118 @@
+"""Starts a Ray head on 127.0.0.1 (every port chosen), submits `sim_rollout` with `ray job submit`, waits,
+records every TCP socket listening in this network namespace, stops the head; prints one JSON line.
+
+Run by `test_ray_job.py` inside a private network namespace whose only interface is loopback: Ray's
+gRPC servers listen on every interface and its agents on the machine's other address whatever
+`--node-ip-address` says, so only there does a test head bind nothing but loopback.
+
+argv: OUT_DIR POLICY CRITIC
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def listening_addresses() -> list[str]:
+    """Local addresses of every listening TCP socket in this network namespace (from /proc/net/tcp{,6})."""
+    found = []
+    for name, width in (("tcp", 8), ("tcp6", 32)):
+        try:
+            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            if state != "0A":  # LISTEN
+                continue
+            raw = bytes.fromhex(local.split(":")[0])
+            # /proc prints each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            family = socket.AF_INET if width == 8 else socket.AF_INET6
+            found.append(socket.inet_ntop(family, words))
+    return found
+
+
+def main(out: str, policy: str, critic: str) -> dict:
+    (gcs, dash, client, node_mgr, obj_mgr, agent_listen, agent_grpc, runtime_env, metrics) = free_ports(9)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    temp_dir = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must fit
+    head = subprocess.Popen(
+        [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--ray-client-server-port", str(client),
+         "--node-manager-port", str(node_mgr), "--object-manager-port", str(obj_mgr),
+         "--dashboard-agent-listen-port", str(agent_listen), "--dashboard-agent-grpc-port", str(agent_grpc),
+         "--runtime-env-agent-port", str(runtime_env), "--metrics-export-port", str(metrics),
+         "--min-worker-port", "0", "--max-worker-port", "0", "--num-cpus", "2", "--disable-usage-stats",
+         "--temp-dir", temp_dir],
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dash}"
+    result: dict = {"listening": []}
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the job server answers once the dashboard is up
+            probe = subprocess.run([RAY, "job", "list", "--address", address], env=env, capture_output=True, text=True)
+            if probe.returncode == 0:
+                break
+            if head.poll() is not None or time.monotonic() > deadline:
+                result["error"] = "head did not come up: " + (probe.stderr[-2000:] or "")
+                return result
+            time.sleep(1)
+        result["listening"] += listening_addresses()
+        # no cd: the job runs in a Ray session directory; the editable install finds the project
+        entry = [sys.executable, "-m", "experiments.run", "sim_rollout", "--episodes", "2",
+                 "--actors", "2", "--out", out, "--policy", policy, "--critic", critic, "--n_exec", "2",
+                 "--no-progress", "--json", f"{out}/summary.json"]
+        submit = subprocess.run([RAY, "job", "submit", "--address", address, "--no-wait", "--", *entry],
+                                env=env, capture_output=True, text=True, timeout=120)
+        result["submit"] = {"returncode": submit.returncode, "output": (submit.stdout + submit.stderr)[-2000:]}
+        if submit.returncode:
+            return result
+        job_id = next(w for w in submit.stdout.split() if w.strip("'").startswith("raysubmit_")).strip("'")
+        status = ""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            status = subprocess.run([RAY, "job", "status", "--address", address, job_id], env=env,
+                                    capture_output=True, text=True).stdout
+            if any(word in status.lower() for word in ("succeeded", "failed", "stopped")):
+                break
+            time.sleep(2)
+        result["listening"] += listening_addresses()  # the workers the job started too
+        logs = subprocess.run([RAY, "job", "logs", "--address", address, job_id], env=env,
+                              capture_output=True, text=True).stdout
+        result.update(status=status, logs=logs[-3000:])
+        return result
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)  # gcs_server and raylet ignore SIGTERM
+        head.wait(30)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(*sys.argv[1:4])))
