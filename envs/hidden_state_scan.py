@@ -144,7 +144,8 @@ def _field_of(arr: np.ndarray, data: mujoco.MjData) -> str:
 
 def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, seeds: tuple[int, int] = (0, 1),
              capture: CaptureSpec | None = None) -> ScanReport:
-    """Reset (two seeds, one twice) and step `make()`'s env, and report the state it keeps outside MjData."""
+    """Reset (two seeds, one twice) and step `make()`'s env, and report the state it keeps outside MjData.
+    With `capture`, its seed function seeds each reset and its declarations are marked in the report."""
     env = make()
     u = env.unwrapped
     model, data = u.model, u.data
@@ -158,7 +159,13 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
             report.wrappers.append(f"{kind} ({'known' if known else 'stateless' if not extra else 'UNKNOWN, state: ' + ', '.join(extra)})")
     before_model = _model_arrays(model)
     snaps = [_attributes(env)]
-    obs_a, _ = env.reset(seed=seeds[0])
+
+    def reset(seed: int):
+        if capture is not None and capture.seed is not None:
+            capture.seed(env, seed)
+        return env.reset(seed=seed)
+
+    obs_a, _ = reset(seeds[0])
     snaps.append(_attributes(env))
     rng = np.random.default_rng(0)
     for _ in range(steps):
@@ -167,9 +174,9 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
         if term or trunc:
             break
     snaps.append(_attributes(env))
-    obs_b, _ = env.reset(seed=seeds[1])
+    obs_b, _ = reset(seeds[1])
     snaps.append(_attributes(env))
-    obs_c, _ = env.reset(seed=seeds[0])
+    obs_c, _ = reset(seeds[0])
     snaps.append(_attributes(env))
     model_changes = [n for n, b in _model_arrays(model).items() if before_model.get(n) != b]
     report.seed_honoured = not np.array_equal(flatten(obs_a), flatten(obs_b))
