@@ -14,7 +14,7 @@ from envs.mujoco_capsule import Camera, CaptureSpec, MujocoCapsuleEnv
 from envs.rollout_env import RolloutEnv
 
 
-class SuiteUnavailableError(RuntimeError):
+class SuiteUnavailableError(ValueError):
     """A suite's package is missing or cannot run on this MuJoCo; the message says what to install."""
 
 
