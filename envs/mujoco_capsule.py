@@ -292,7 +292,9 @@ class MujocoCapsuleEnv(BufferComponent):
         # the static part of every restore: (destination, source, bytes) into MjData and MjModel
         self._plan = [(self._buffer_ptr, b["mjdata"].ctypes.data, self._buffer_bytes)]
         self._plan += [(arr.ctypes.data, b[f"model_{name}"].ctypes.data, arr.nbytes) for name, arr in self._model_fields]
-        self._rng_rows = [(owner, name, b["rng"][i], i) for i, (_, owner, name) in enumerate(self._generators)]
+        # (owner, attribute, row, row address, index): addresses precomputed, none looked up per restore
+        self._rng_rows = [(owner, name, b["rng"][i], b["rng"][i].ctypes.data, i)
+                          for i, (_, owner, name) in enumerate(self._generators)]
         self._rng_ptrs: dict[int, tuple[object, int, int]] = {}
         offset, self._attr_views = 0, []
         for i, (owner, name, attr) in enumerate(self._attrs):
@@ -303,6 +305,10 @@ class MujocoCapsuleEnv(BufferComponent):
             self._attr_views.append((owner, name, attr, view, i))
             offset += attr.slots
         self._images = {c: b[f"obs_{image_key(c)}"] for c in self.cameras}
+        self._rng_present, self._attrs_present = b["rng_present"], b["attrs_present"]
+        self._attr_loads = [(owner, name, _LOADERS[attr.kind] if attr.kind in _LOADERS else
+                             (lambda v, attr=attr: _load(attr, v)), view, i)
+                            for owner, name, attr, view, i in self._attr_views]
 
     def fingerprint(self) -> Mapping[str, str]:
         return self._fingerprint
@@ -317,13 +323,13 @@ class MujocoCapsuleEnv(BufferComponent):
         for name, arr in self._model_fields:
             b[f"model_{name}"][...] = arr
         present = b["rng_present"]
-        for owner, name, row, i in self._rng_rows:
+        for owner, name, _, row, i in self._rng_rows:
             gen = getattr(owner, name, None)
             present[i] = gen is not None
             if gen is not None:
                 pcg, aux = self._pointers(gen)
-                ctypes.memmove(row.ctypes.data, pcg, 32)
-                ctypes.memmove(row.ctypes.data + 32, aux, 8)
+                ctypes.memmove(row, pcg, 32)
+                ctypes.memmove(row + 32, aux, 8)
         flags = b["attrs_present"]
         for owner, name, attr, view, i in self._attr_views:
             value = getattr(owner, name)
@@ -336,21 +342,22 @@ class MujocoCapsuleEnv(BufferComponent):
         for dst, src, n in self._plan:
             memmove(dst, src, n)
         self.data.time = self._time[0]
-        present = self._np["rng_present"]
-        for owner, name, row, i in self._rng_rows:
+        present = self._rng_present
+        for owner, name, _, row, i in self._rng_rows:
             if present[i]:
                 gen = getattr(owner, name)
                 if gen is None:
                     gen = np.random.Generator(np.random.PCG64())
                     setattr(owner, name, gen)
-                pcg, aux = self._pointers(gen)
-                memmove(pcg, row.ctypes.data, 32)
-                memmove(aux, row.ctypes.data + 32, 8)
+                cached = self._rng_ptrs.get(id(gen))
+                pcg, aux = (cached[1], cached[2]) if cached is not None and cached[0] is gen else self._pointers(gen)
+                memmove(pcg, row, 32)
+                memmove(aux, row + 32, 8)
             elif getattr(owner, name) is not None:
                 setattr(owner, name, None)
-        flags = self._np["attrs_present"]
-        for owner, name, attr, view, i in self._attr_views:
-            setattr(owner, name, _load(attr, view) if flags[i] else None)
+        flags = self._attrs_present
+        for owner, name, load, view, i in self._attr_loads:
+            setattr(owner, name, load(view) if flags[i] else None)
 
     def _pointers(self, gen: np.random.Generator) -> tuple[int, int]:
         """Addresses of a PCG64 generator's 128-bit state + increment and of its (has_uint32, uinteger)."""
@@ -579,6 +586,9 @@ def _load(attr: Attr, view: np.ndarray) -> Any:
         return bool(view[0])
     items = [attr.universe[int(i)] for i in view if i >= 0]
     return items if attr.kind == "list" else set(items)
+
+
+_LOADERS = {"array": np.copy, "int": lambda v: int(v[0]), "float": lambda v: float(v[0]), "bool": lambda v: bool(v[0])}
 
 
 def _inside(arr: np.ndarray, start: int, size: int) -> bool:
