@@ -210,8 +210,9 @@ class MujocoCapsuleEnv(BufferComponent):
                 if extra:
                     raise MujocoCapsuleError(
                         f"wrapper {kind} keeps state the adapter does not know ({', '.join(extra)}): remove it "
-                        f"(e.g. record statistics with the rollout host instead), or declare its counters in the "
-                        f"suite's CaptureSpec.wrapper_state")
+                        f"(gymnasium.make(..., disable_env_checker=True) leaves out PassiveEnvChecker; record "
+                        f"statistics with the rollout host instead of RecordEpisodeStatistics), or declare its "
+                        f"counters in the suite's CaptureSpec.wrapper_state")
                 continue
             for name in names:
                 found.append((layer, name, Attr(f"{kind}.{name}", _WRAPPER_COUNTER_TYPES.get(name, "int"))))

@@ -57,7 +57,7 @@ def run(config: TrainStatePolicyConfig) -> ExperimentResult:
         loss.backward()
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if (step + 1) % max(1, config.steps // 10) == 0:
             console.print(f"step {step + 1}/{config.steps}: loss {np.mean(losses[-100:]):.5f}")
     spec = PolicySpec(config.horizon, int(y.shape[2]), ("state",))

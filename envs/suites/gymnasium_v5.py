@@ -1,8 +1,9 @@
 """gymnasium's MuJoCo v5 envs: nothing to declare beyond what the adapter finds.
 
 The hidden-state scan finds no Python state in these envs that changes across
-reset and step (their goals live in qpos; `Pusher` and `Reacher` read the
-fingertip position before `mj_step`, which the captured MjData reproduces), so
+reset and step (their goals live in qpos; Ant, Humanoid and the other runners
+compute their forward reward from body positions read before `mj_step`, which
+the captured MjData reproduces), so
 the declarations are the camera and the episode limit gymnasium registers.
 """
 
