@@ -31,6 +31,7 @@ def chunks(actions: np.ndarray, horizon: int) -> np.ndarray:
 
 def run(config: TrainStatePolicyConfig) -> ExperimentResult:
     console = make_console()
+    torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     reader = ZarrEpisodeReader(config.data)
     states, targets, used = [], [], 0
