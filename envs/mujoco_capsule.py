@@ -87,7 +87,8 @@ class Attr:
     """A Python attribute captured by value: `path` from the unwrapped env (dots reach nested objects).
 
     `kind`: "array" (a numpy array of `shape`, `dtype`), "int", "float", "bool" (scalars), or "list" /
-    "set" of items from `universe` (kept as indices). None is allowed for every kind.
+    "set" of items from `universe` (kept as indices; a list in its order, a set in the universe's order, as
+    its iteration order depends on the process's string hashes). None is allowed for every kind.
     """
 
     path: str
@@ -567,6 +568,8 @@ def _store(attr: Attr, value: Any, view: np.ndarray, env: MujocoCapsuleEnv) -> N
         index = {item: i for i, item in enumerate(attr.universe)}
         try:
             order = [index[item] for item in value]
+            if attr.kind == "set":  # a set's iteration order is not state: keep it canonical (universe order)
+                order.sort()
         except KeyError as exc:
             raise MujocoCapsuleError(f"{env.capture.task}: {attr.path!r} holds {exc.args[0]!r}, not in its "
                                      f"declared universe {attr.universe}") from None
