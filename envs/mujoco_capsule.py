@@ -281,7 +281,6 @@ class MujocoCapsuleEnv(BufferComponent):
     def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
         super().bind(buffers)
         self._bind_views(self.buffers, carry=True)
-        self.before_snapshot()
 
     def _bind_views(self, buffers: Mapping[str, torch.Tensor], carry: bool) -> None:
         b = {k: v.numpy() for k, v in buffers.items()}
@@ -370,9 +369,12 @@ class MujocoCapsuleEnv(BufferComponent):
         if type(bg).__name__ != "PCG64":
             raise MujocoCapsuleError(f"{self.capture.task}: a {type(bg).__name__} generator cannot be captured; "
                                      "only PCG64 (numpy's default_rng, gymnasium's np_random)")
-        address = bg.ctypes.state_address
+        # bitgen_t (numpy's C interface, behind the generator's "BitGenerator" capsule) starts with a pointer
+        # to the PCG64 state; far cheaper to reach than `bg.ctypes`, which builds ctypes callbacks per generator
+        address = ctypes.c_void_p.from_address(_capsule_pointer(bg.capsule, b"BitGenerator")).value
         pcg = ctypes.c_void_p.from_address(address).value
-        _check_layout(bg, pcg, address + 8)
+        if not _LAYOUT_CHECKED:  # a property of this numpy build: checked on the first generator only
+            _check_layout(bg, pcg, address + 8)
         self._rng_ptrs[id(gen)] = (gen, pcg, address + 8)
         return pcg, address + 8
 
@@ -519,13 +521,21 @@ def _find_generators(layers: list[gym.Env]) -> list[tuple[str, object, str]]:
     return found
 
 
+_LAYOUT_CHECKED = False
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
 def _check_layout(bg, pcg: int, aux: int) -> None:
+    global _LAYOUT_CHECKED
     words = np.frombuffer((ctypes.c_char * 32).from_address(pcg), np.uint64)
     flags = np.frombuffer((ctypes.c_char * 8).from_address(aux), np.uint32)
     st = bg.state
     ok = (int(words[0]) | int(words[1]) << 64) == st["state"]["state"] and \
          (int(words[2]) | int(words[3]) << 64) == st["state"]["inc"] and \
          int(flags[0]) == st["has_uint32"] and int(flags[1]) == st["uinteger"]
+    _LAYOUT_CHECKED = ok
     if not ok:
         raise MujocoCapsuleError("this numpy's PCG64 C state layout is not the one the adapter copies "
                                  f"(numpy {np.__version__}); generators cannot be captured here")

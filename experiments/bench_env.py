@@ -218,7 +218,8 @@ def suite_markdown(results: list[dict]) -> str:
     r0 = results[0]
     lines = [
         f"Suite envs through the capsule adapter (`MujocoCapsuleEnv`), mujoco {r0['mujoco']}, state only, "
-        f"{r0['reset_seed']['n']} paired rounds; other work shared the machine's 2 cores while this ran.",
+        f"{r0['reset_seed']['n']} paired rounds, one torch thread (as each rollout actor runs); other work "
+        "shared the machine's 2 cores while this ran.",
         "`restore` is `capsules.restore` of the env's arena (the library's checks, one slab copy, the adapter's "
         "hook); `hook` is the adapter's `after_restore` alone; `usual` restores the same state the usual way "
         "(`mj_setState` + `mj_forward`, generator state dicts, attribute copies).",
@@ -238,7 +239,11 @@ def suite_markdown(results: list[dict]) -> str:
 
 def run_suite_envs(config: BenchEnvConfig) -> ExperimentResult:
     import mujoco
+    import torch
 
+    # one torch thread, as each rollout actor runs (HostSpec.threads): the slab copy of a restore is a torch
+    # copy_, which on a busy machine waits for a second thread
+    torch.set_num_threads(1)
     console = make_console()
     results = []
     for env_id in config.env:
