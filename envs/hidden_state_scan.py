@@ -197,21 +197,20 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
             report.unsupported.append(f"{path}: {type(raw).__name__}")
             continue
         report.candidates.append(decl)
-        if path in declared or path.split(".", 1)[0] in KNOWN_WRAPPERS:
+        if path in declared or path.split(".", 1)[0] in KNOWN_WRAPPERS or path.endswith("_np_random_seed"):
             report.declared.append(decl)
     env.close()
     return report
 
 
 def _declaration(path: str, raw: Any, seen: list[Any]) -> str | None:
+    """The `Attr(...)` line a suite module would declare (checked by building it)."""
     if isinstance(raw, np.ndarray):
-        return repr(Attr(path, "array", tuple(raw.shape), raw.dtype.name))
-    if isinstance(raw, (bool, np.bool_)):
-        return repr(Attr(path, "bool"))
-    if isinstance(raw, (int, np.integer)):
-        return repr(Attr(path, "int"))
-    if isinstance(raw, (float, np.floating)):
-        return repr(Attr(path, "float"))
+        Attr(path, "array", tuple(raw.shape), raw.dtype.name)
+        return f"Attr({path!r}, 'array', {tuple(raw.shape)!r}, {raw.dtype.name!r})"
+    for kind, types in (("bool", (bool, np.bool_)), ("int", (int, np.integer)), ("float", (float, np.floating))):
+        if isinstance(raw, types):
+            return f"Attr({path!r}, {kind!r})"
     if raw is None:
         other = next((v for v in seen if v is not None), None)
         return _declaration(path, other, []) if other is not None else None
@@ -219,5 +218,5 @@ def _declaration(path: str, raw: Any, seen: list[Any]) -> str | None:
         universe = tuple(dict.fromkeys(item for value in seen if isinstance(value, (list, set, frozenset))
                                        for item in value))
         kind = "list" if isinstance(raw, list) else "set"
-        return repr(Attr(path, kind, universe=universe)) + "  # complete the universe"
+        return f"Attr({path!r}, {kind!r}, universe={universe!r})  # complete the universe"
     return None

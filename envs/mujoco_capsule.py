@@ -174,8 +174,12 @@ class MujocoCapsuleEnv(BufferComponent):
         self.action_space = env.action_space
         self.layers = _layers(env)
         self._wrapper_attrs = self._check_wrappers()
-        self._attrs = [(*_resolve(self.unwrapped, a.path), a) for a in capture.attributes] + self._wrapper_attrs
         self._generators = _find_generators(self.layers)
+        # gymnasium records the seed beside each env's generator (`np_random_seed`): captured with it
+        seeds = [(owner, "_np_random_seed", Attr(f"{path.rsplit('.', 1)[0]}._np_random_seed", "int"))
+                 for path, owner, name in self._generators
+                 if name == "_np_random" and isinstance(owner, gym.Env) and "_np_random_seed" in vars(owner)]
+        self._attrs = [(*_resolve(self.unwrapped, a.path), a) for a in capture.attributes] + self._wrapper_attrs + seeds
         self._buffer_ptr, self._buffer_bytes = _mjdata_buffer(self.data)
         self._model_fields = [(name, getattr(self.model, name)) for name in capture.model_fields]
         for name, arr in self._model_fields:

@@ -152,6 +152,6 @@ def test_scan_finds_state_and_live_views():
 
     report = scan_env(make, steps=5)
     text = "\n".join(report.lines())
-    assert "Attr(path='counter', kind='int'" in text
+    assert "Attr('counter', 'int')" in text
     assert any(v.startswith("tip (MjData.xpos") for v in report.live_views)
     assert "TimeLimit._elapsed_steps" in text and report.seed_honoured and report.reset_deterministic
