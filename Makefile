@@ -25,7 +25,13 @@ LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_SPEC ?= lerobot==0.4.4 torch==2.10.0 torchvision==0.25.0 torchcodec==0.10.0
 LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
 
-.PHONY: install test test-slow lerobot-venv demo bench gpu-check gpu-present clean
+# The third-party suites (Meta-World, gymnasium-robotics) in a venv of their own: they need mujoco 3.3.0,
+# the project's own venv stays on 4.0.0. `make test-slow` runs the suite tests there (about 2 minutes to
+# install: torch CPU, the project and both extras).
+SUITES_VENV ?= .venv-suites
+SUITES_STAMP := $(SUITES_VENV)/.installed
+
+.PHONY: install test test-slow lerobot-venv suites-venv demo bench gpu-check gpu-present clean
 
 install: $(STAMP)
 
@@ -39,8 +45,17 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: $(STAMP) $(LEROBOT_STAMP)
+test-slow: $(STAMP) $(LEROBOT_STAMP) $(SUITES_STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
+	$(SUITES_VENV)/bin/python -m pytest -m "slow" -p no:cacheprovider tests/envs/test_suite_extras.py $(PYTEST_ARGS)
+
+suites-venv: $(SUITES_STAMP)
+
+$(SUITES_STAMP): pyproject.toml
+	test -x $(SUITES_VENV)/bin/python || $(PYTHON) -m venv $(SUITES_VENV)
+	$(SUITES_VENV)/bin/python -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics]"
+	touch $@
 
 lerobot-venv: $(LEROBOT_STAMP)
 
@@ -91,4 +106,4 @@ gpu-check: gpu-present $(STAMP)
 	$(PY) -m experiments.run gpu_check --out $(GPU_CHECK_OUT) --json $(GPU_CHECK_OUT)/gpu_check.json $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LEROBOT_VENV) $(SUITES_VENV) runs .pytest_cache .hypothesis

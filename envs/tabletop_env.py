@@ -99,6 +99,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         self.data = mujoco.MjData(self.model)
         self._ids()
         self._renderers: dict[int, OffscreenRenderer] = {}
+        self._warmstart = np.zeros(self.model.nv)  # the restored warm-start, kept across mj_forward
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         spaces: dict[str, gym.spaces.Space] = {
             image_key(c): gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8) for c in cameras
@@ -308,7 +309,11 @@ class TabletopEnv(gym.Env, BufferComponent):
     def after_restore(self) -> None:
         b = self.buffers
         mujoco.mj_setState(self.model, self.data, b["physics"].numpy(), _STATE_SPEC)
+        # mujoco 3.x's mj_forward overwrites qacc_warmstart (4.0's does not): keep the restored one, else the
+        # state after the next steps differs from the live run's in the last bits
+        np.copyto(self._warmstart, self.data.qacc_warmstart)
         mujoco.mj_forward(self.model, self.data)
+        np.copyto(self.data.qacc_warmstart, self._warmstart)
         unpack_pcg64(self.np_random, b["rng"].numpy().view(np.uint64))
         self.steps, self.subtask_index, reset_called = (int(x) for x in b["counters"].numpy())
         self._reset_called = bool(reset_called)

@@ -27,7 +27,7 @@ from envs.tabletop_env import TabletopEnv
 from experiments.bench_support import machine, stats_us, timed, update_markdown_section
 from experiments.configs import BenchEnvConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from experiments.result import ExperimentResult, checking_inputs
 from rollout.demo_collector import record_episode
 from rollout.episode import EpisodeBuilder
 from rollout.npz_recorder import NpzRecorder
@@ -155,9 +155,126 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _suite_env(env_id: str, rounds: int, step_count: int) -> dict:
+    """One suite env, state only: `reset(seed)` against a capsule restore of the same initial state (paired
+    rounds), the adapter's restore hook alone, the usual way of restoring (below), and steps/s."""
+    import copy
+
+    import mujoco
+
+    from envs.suites import make_env
+
+    env = make_env(env_id, cameras=())
+    arena = Arena([env]).allocate()
+    env.reset(seed=123)
+    initial = snapshot(arena, label="initial")
+    usual = _usual_restore(env, copy)
+    samples: dict[str, list[float]] = {"reset_seed": [], "restore": [], "restore_hook": [], "usual_restore": []}
+    for _ in range(rounds):
+        samples["reset_seed"].append(timed(lambda: env.reset(seed=123), CPU))
+        samples["restore"].append(timed(lambda: restore(arena, initial), CPU))
+        samples["restore_hook"].append(timed(env.after_restore, CPU))
+        samples["usual_restore"].append(timed(usual, CPU))
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(env.action_space.low, env.action_space.high, (step_count, env.action_space.shape[0]))
+    restore(arena, initial)
+    t0 = time.perf_counter()
+    for a in actions:
+        _, _, term, trunc, _ = env.step(a.astype(env.action_space.dtype))
+        if term or trunc:
+            restore(arena, initial)
+    steps_s = step_count / (time.perf_counter() - t0)
+    env.close()
+    out: dict = {k: stats_us(v) for k, v in samples.items()}
+    out.update(env=env_id, mujoco=mujoco.__version__, capsule_bytes=initial.nbytes, steps_per_s=steps_s,
+               reset_over_restore=out["reset_seed"]["median"] / out["restore"]["median"])
+    return out
+
+
+def _usual_restore(env, copy):
+    """The usual way, for comparison: `mj_setState(mjSTATE_INTEGRATION)` + `mj_forward`, each generator's
+    `bit_generator.state` dict, attributes set from copies (not bit-exact where an env reads derived data)."""
+    import mujoco
+
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    state = np.empty(mujoco.mj_stateSize(env.model, spec))
+    mujoco.mj_getState(env.model, env.data, state, spec)
+    gens = [(owner, name, getattr(owner, name).bit_generator.state) for _, owner, name in env._generators
+            if getattr(owner, name, None) is not None]
+    attrs = [(owner, name, copy.copy(getattr(owner, name))) for owner, name, *_ in env._attr_views]
+
+    def usual() -> None:
+        mujoco.mj_setState(env.model, env.data, state, spec)
+        mujoco.mj_forward(env.model, env.data)
+        for owner, name, st in gens:
+            getattr(owner, name).bit_generator.state = st
+        for owner, name, value in attrs:
+            setattr(owner, name, copy.copy(value))
+
+    return usual
+
+
+def suite_markdown(results: list[dict]) -> str:
+    r0 = results[0]
+    lines = [
+        f"Suite envs through the capsule adapter (`MujocoCapsuleEnv`), mujoco {r0['mujoco']}, state only, "
+        f"{r0['reset_seed']['n']} paired rounds, one torch thread (as each rollout actor runs); other work "
+        "shared the machine's 2 cores while this ran.",
+        "`restore` is `capsules.restore` of the env's arena (the library's checks, one slab copy, the adapter's "
+        "hook); `hook` is the adapter's `after_restore` alone; `usual` restores the same state the usual way "
+        "(`mj_setState` + `mj_forward`, generator state dicts, attribute copies).",
+        "",
+        "| env | reset(seed) median / p99 us | restore median / p99 us | hook median us | usual median us "
+        "| reset / restore | reset / hook | capsule bytes | steps/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| `{r['env']}` | {r['reset_seed']['median']:.0f} / {r['reset_seed']['p99']:.0f} | "
+            f"{r['restore']['median']:.1f} / {r['restore']['p99']:.1f} | {r['restore_hook']['median']:.1f} | "
+            f"{r['usual_restore']['median']:.1f} | {r['reset_over_restore']:.1f}x | "
+            f"{r['reset_seed']['median'] / r['restore_hook']['median']:.1f}x | {r['capsule_bytes']} | "
+            f"{r['steps_per_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def run_suite_envs(config: BenchEnvConfig) -> ExperimentResult:
+    import mujoco
+    import torch
+
+    # one torch thread, as each rollout actor runs (HostSpec.threads): the slab copy of a restore is a torch
+    # copy_, which on a busy machine waits for a second thread
+    torch.set_num_threads(1)
+    console = make_console()
+    results = []
+    for env_id in config.env:
+        console.print(f"{env_id} ...")
+        results.append(_suite_env(env_id, 20 if config.quick else config.resets, 50 if config.quick else 300))
+    table = Table(title=f"bench_env: suite envs (mujoco {mujoco.__version__})")
+    for col in ("env", "reset(seed) us", "restore us", "hook us", "usual us", "reset/restore", "capsule bytes"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(r["env"], f"{r['reset_seed']['median']:.0f}", f"{r['restore']['median']:.1f}",
+                      f"{r['restore_hook']['median']:.1f}", f"{r['usual_restore']['median']:.1f}",
+                      f"{r['reset_over_restore']:.1f}x", str(r["capsule_bytes"]))
+    console.print(table)
+    if config.docs:
+        name = f"bench_suite_envs_mujoco{mujoco.__version__.replace('.', '')}"
+        update_markdown_section(config.docs, name, suite_markdown(results))
+        console.print(f"results written to {config.docs} ({name})")
+    return ExperimentResult({"machine": machine(), "suite_envs": results})
+
+
 def run(config: BenchEnvConfig) -> ExperimentResult:
     import os
 
+    if config.env:
+        with checking_inputs():
+            from envs.suites import make_env
+
+            for env_id in config.env:
+                make_env(env_id, cameras=()).close()
+        return run_suite_envs(config)
     console = make_console()
     quick = config.quick
     console.print("stepping ...")

@@ -10,28 +10,51 @@ from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import TabletopEnv
 from experiments.configs import CollectDemosConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from experiments.result import ExperimentResult, checking_inputs
 from rollout.demo_collector import demo_episode_id, record_episode
 from rollout.npz_recorder import NpzRecorder
 from rollout.zarr_recorder import ZarrRecorder
 
 
+def _env_and_expert(config: CollectDemosConfig):
+    """The env and a factory of its scripted policy for a seed: the tabletop's expert, or the suite's own."""
+    if not config.env:
+        env = TabletopEnv(config.family, cameras=("front",) if config.cameras is None else config.cameras, image_size=config.image_size)
+
+        def tabletop_expert(seed: int):
+            expert = ScriptedExpert(env, noise=config.noise, seed=seed)
+            return expert.act, (lambda: expert.intended)
+
+        return env, config.family, tabletop_expert
+    from envs.suites import expert_for, make_env
+
+    with checking_inputs():
+        env = make_env(config.env, cameras=config.cameras, image_size=config.image_size)
+        act = expert_for(env)
+        if act is None:
+            env.close()
+            raise ValueError(f"{config.env}: the suite ships no scripted policy to collect demonstrations with")
+        if config.noise:
+            env.close()
+            raise ValueError("--noise applies to the tabletop's expert only")
+    return env, env.task, lambda seed: (act, None)
+
+
 def run(config: CollectDemosConfig) -> ExperimentResult:
-    env = TabletopEnv(config.family, cameras=config.cameras, image_size=config.image_size)
+    env, task, make_expert = _env_and_expert(config)
     recorder = ZarrRecorder(config.out) if config.format == "zarr" else NpzRecorder(config.out)
     episodes = successes = steps = skipped = 0
     seeds = range(config.seed, config.seed + config.episodes)
-    bar = tqdm(seeds, desc=f"collect {config.family}", unit="ep", disable=not config.progress)
+    bar = tqdm(seeds, desc=f"collect {task}", unit="ep", disable=not config.progress)
     start = time.perf_counter()
     try:
         for seed in bar:
-            episode_id = demo_episode_id(config.family, seed)
+            episode_id = demo_episode_id(task, seed)
             if _recorded(recorder, episode_id):
                 skipped += 1
                 continue
-            expert = ScriptedExpert(env, noise=config.noise, seed=seed)
-            episode = record_episode(env, expert.act, seed=seed, episode_id=episode_id,
-                                     proposed=lambda expert=expert: expert.intended)
+            act, proposed = make_expert(seed)
+            episode = record_episode(env, act, seed=seed, episode_id=episode_id, proposed=proposed)
             recorder.write(episode)
             episodes += 1
             successes += episode.meta.success
@@ -54,6 +77,7 @@ def run(config: CollectDemosConfig) -> ExperimentResult:
         "steps_per_s": steps / elapsed if elapsed > 0 else None,
         "skipped_already_recorded": skipped,
         "family": config.family,
+        "env": config.env,
         "noise": config.noise,
         "store": str(config.out),
         "format": config.format,

@@ -27,6 +27,11 @@ class VerifyCapsuleConfig:
     """Policy checkpoint to verify (a fresh model when the directory is missing)."""
     critic: str = "experiments/checkpoints/critic"
     """Critic checkpoint to verify (likewise)."""
+    env: str = ""
+    """Verify only this env (`suite:task` or `package.module:factory`): observations, rewards, the whole MjData,
+    images; empty: every component of the project."""
+    cameras: tuple[str, ...] | None = None
+    """With --env: cameras rendered (None: the suite's default camera)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -82,13 +87,17 @@ class CollectDemosConfig:
     """zarr: one store, diffusion_policy layout; npz: one file per episode."""
     family: FAMILIES = "pick_place"
     """Task family."""
+    env: str = ""
+    """A registered env (`gymnasium:Pusher-v5`, `metaworld:pick-place-v3`, `robotics:FrankaKitchen-v1`) or an import
+    path `package.module:factory`; empty: the tabletop family. Suite envs act with the suite's scripted policy."""
     noise: float = 0.0
     """Expert degradation, 0 (perfect) .. 1 (poor): random motions and suction drop-outs.
     The executed action is recorded as `action`, the expert's unperturbed one as `policy_action`."""
     seed: int = 0
     """First episode seed."""
-    cameras: tuple[str, ...] = ("front",)
-    """Cameras recorded (front, top); none for state-only episodes."""
+    cameras: tuple[str, ...] | None = None
+    """Cameras recorded (tabletop: front, top; a suite env: its declared cameras); None: the default camera (the
+    tabletop's front); none given: state-only episodes."""
     image_size: int = 64
     """Square image size in pixels."""
     progress: bool = True
@@ -99,7 +108,7 @@ class CollectDemosConfig:
             raise ValueError(f"--episodes must be >= 1 (got {self.episodes})")
         if not 0.0 <= self.noise <= 2.0:
             raise ValueError(f"--noise must be within 0..2 (got {self.noise})")
-        bad = [c for c in self.cameras if c not in CAMERAS]
+        bad = [c for c in self.cameras or () if c not in CAMERAS] if not self.env else []
         if bad:
             raise ValueError(f"--cameras {bad} unknown; choose from {list(CAMERAS)}")
         if self.seed < 0:
@@ -110,6 +119,9 @@ class CollectDemosConfig:
 class BenchEnvConfig:
     family: FAMILIES = "pick_place"
     """Task family measured."""
+    env: tuple[str, ...] = ()
+    """Suite envs to measure instead (`reset(seed)` vs capsule restore, capsule bytes, steps/s), e.g.
+    gymnasium:Ant-v5 metaworld:pick-place-v3; `--docs` then writes the bench_suite_envs section."""
     image_size: int = 64
     """Square camera image size for the rendered measurements."""
     step_blocks: int = 30
@@ -357,6 +369,9 @@ class SimRolloutConfig:
     """Seeds in total (`seed` .. `seed + episodes - 1`), each played --repeats times."""
     family: FAMILIES = "pick_place"
     """Task family."""
+    env: str = ""
+    """A registered env (`metaworld:pick-place-v3`, `gymnasium:Pusher-v5`...) or an import path
+    `package.module:factory`, played instead of the tabletop family; episode ids are `<task>-s<seed>`."""
     seed: int = 1_000_000
     """First episode seed (held out from the demonstrations)."""
     out: str = "runs/sim_rollout"
@@ -800,3 +815,45 @@ class BenchLeRobotConfig:
         bad = [c for c in self.vcodecs if c not in ("h264", "libsvtav1", "hevc")]
         if bad:
             raise ValueError(f"--vcodecs {bad} unknown; choose from h264, libsvtav1, hevc")
+
+
+@dataclass(frozen=True)
+class ScanEnvConfig:
+    env: str = "gymnasium:Pusher-v5"
+    """The env scanned: `suite:task` (its declarations are marked in the report) or `package.module:factory`
+    returning a gymnasium MuJoCo env."""
+    steps: int = 30
+    """Random-action steps between the resets."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+
+
+@dataclass(frozen=True)
+class TrainStatePolicyConfig:
+    data: str = "runs/demos/metaworld.zarr"
+    """Zarr store of demonstrations (`state`, `action`)."""
+    out: str = "runs/state_policy"
+    """Checkpoint directory written (a TorchPolicy checkpoint)."""
+    ALIASES: ClassVar[dict[str, str]] = {"horizon": "chunk_length"}  # old name
+    chunk_length: int = 8
+    """Actions per predicted chunk."""
+    hidden: int = 256
+    """Hidden width of the MLP (3 layers)."""
+    steps: int = 20000
+    """Optimizer steps."""
+    batch: int = 256
+    """Examples per step."""
+    lr: float = 1e-3
+    """AdamW learning rate (cosine decay to 0)."""
+    successes_only: bool = True
+    """Train on successful episodes only."""
+    seed: int = 0
+    """Seed of the initialisation and batch sampling."""
+    threads: int = 1
+    """torch threads (a small network trains fastest on one, and far faster than on two busy cores)."""
+
+    def __post_init__(self) -> None:
+        if min(self.chunk_length, self.hidden, self.steps, self.batch) < 1 or not self.lr > 0:
+            raise ValueError("--chunk_length, --hidden, --steps, --batch must be >= 1 and --lr > 0")

@@ -24,11 +24,13 @@ from experiments.configs import (
     LabelAdvantagesConfig,
     RealRecapConfig,
     RecapConfig,
+    ScanEnvConfig,
     ReplayConfig,
     SimRobotServerConfig,
     SimRolloutConfig,
     TrainCriticConfig,
     TrainPolicyConfig,
+    TrainStatePolicyConfig,
     ValueCeilingConfig,
     VerifyCapsuleConfig,
 )
@@ -250,5 +252,22 @@ register(
         BenchLeRobotConfig(),
         "experiments.bench_lerobot:run",
         "LeRobot export and import speed (frames/s) with and without video, and the dataset's size.",
+    )
+)
+
+register(
+    Experiment(
+        "scan_env",
+        ScanEnvConfig(),
+        "experiments.scan_env:run",
+        "hidden-state scan of a gymnasium MuJoCo env: candidate capture declarations",
+    )
+)
+register(
+    Experiment(
+        "train_state_policy",
+        TrainStatePolicyConfig(),
+        "experiments.train_state_policy:run",
+        "behaviour-clone a small state -> action-chunk network into a TorchPolicy checkpoint",
     )
 )

@@ -35,7 +35,7 @@ def rollout_episode_id(family: str, seed: int) -> str:
 def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
     crash = (config.crash[0], int(config.crash[1]), *config.crash[2:]) if config.crash else ()
     return HostSpec(
-        family=config.family, policy=str(Path(resolve_input(config.policy)).resolve()),
+        family=config.family, env=config.env, policy=str(Path(resolve_input(config.policy)).resolve()),
         critic=str(Path(resolve_input(config.critic)).resolve()) if config.critic else "",
         advantage=config.advantage, beta=config.beta,
         host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
@@ -81,12 +81,13 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     store = out / "episodes.zarr"
     done = recorded_outcomes(store)
     recorder = ZarrRecorder(store)
-    items = [WorkItem(rollout_episode_id(config.family, s), s)
+    task = config.env or config.family
+    items = [WorkItem(rollout_episode_id(task, s), s)
              for s in range(config.seed, config.seed + config.episodes)]
     if done:
         console.print(f"{len(done)} episodes are already in {store}; running the rest")
     where = init_ray() if config.actors else "in-process"
-    bar = tqdm(total=len(items) * config.repeats, desc=f"sim_rollout {config.family}", unit="ep",
+    bar = tqdm(total=len(items) * config.repeats, desc=f"sim_rollout {task}", unit="ep",
                disable=not config.progress)
     steps_total = [0]
     t0 = time.perf_counter()

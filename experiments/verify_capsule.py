@@ -18,7 +18,7 @@ from envs.tasks import FAMILY_NAMES
 from experiments.configs import VerifyCapsuleConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from experiments.result import ExperimentResult, checking_inputs
 from models.checkpoint import META_FILE
 from policies.flow_policy import FlowPolicy, load_policy
 from policies.policy_steppable import PolicySteppable
@@ -37,7 +37,14 @@ def _devices(config: VerifyCapsuleConfig) -> list[str]:
 
 
 def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
-    """Factories of every component verified; each later package adds its own here."""
+    """Factories of every component verified; each later package adds its own here. With `--env`, that env's
+    adapter alone."""
+    if config.env:
+        from envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
+        from envs.suites import make_env
+
+        make_env(config.env, cameras=config.cameras).close()  # a bad id or a missing suite: a usage error now
+        return [lambda: MujocoCapsuleSteppable(config.env, cameras=config.cameras)]
     found: list[Callable[[], Steppable]] = []
     for device in _devices(config):
         found.append(lambda device=device: NoisyChunkSteppable(device))
@@ -72,7 +79,9 @@ def report_table(reports: list[VerifyReport]) -> Table:
 
 
 def run(config: VerifyCapsuleConfig) -> ExperimentResult:
-    reports = [verify_steppable(f, steps=config.steps, warmup=config.warmup, seed=config.seed) for f in targets(config)]
+    with checking_inputs():
+        factories = targets(config)
+    reports = [verify_steppable(f, steps=config.steps, warmup=config.warmup, seed=config.seed) for f in factories]
     make_console().print(report_table(reports))
     all_exact = all(r.bit_exact for r in reports)
     components = [

@@ -16,7 +16,7 @@ def demo_episode_id(family: str, seed: int) -> str:
 
 def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id: str,
                    intervention: bool = False, proposed: Callable[[], np.ndarray] | None = None) -> Episode:
-    """Reset `env` (a TabletopEnv) with `seed`, act until it ends, and return the episode.
+    """Reset `env` (any rollout-protocol env) with `seed`, act until it ends, and return the episode.
 
     Step t holds the observation before action t, the executed action, and its
     reward. `proposed()`, called after each `act()`, gives what the acting
@@ -25,7 +25,7 @@ def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id:
     """
     obs, info = env.reset(seed=seed)
     builder = EpisodeBuilder()
-    cameras = env.cameras
+    cameras = tuple(env.observation_spec.cameras)
     while True:
         action = act()
         next_obs, reward, terminated, truncated, next_info = env.step(action)
@@ -36,18 +36,18 @@ def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id:
             policy_action=None if proposed is None else proposed(),
             reward=reward,
             intervention=intervention,
-            subtask_id=info["subtask_id"],
+            subtask_id=info.get("subtask_id", env.subtask_index),
         )
         obs, info = next_obs, next_info
         if terminated or truncated:
             break
-    success = bool(info["success"])
+    success = bool(env.success(info))
     return builder.finish(
         episode_id=episode_id,
         seed=seed,
-        task=env.family.name,
+        task=env.task,
         instruction=env.instruction,
         success=success,
         stop_reason="success" if success else "timeout",
-        subtasks=[sub.text for sub in env.subtasks],
+        subtasks=list(env.subtask_texts),
     )

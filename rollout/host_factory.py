@@ -27,6 +27,7 @@ from envs.rollout_env import RolloutEnv
 from envs.tabletop_env import TabletopEnv
 from policies.flow_policy import Conditioning, load_policy, resolve_conditioning
 from policies.policy_runtime import PolicyRuntime
+from policies.torch_policy import is_torch_policy, load_torch_policy
 from rollout.observer import EpisodeObserver
 from rollout.rollout_host import HostConfig, RolloutHost, capsule_key
 
@@ -41,7 +42,12 @@ class HostSpec:
     """Everything a rollout process needs to build its host (sent to each actor)."""
 
     family: str = "pick_place"
+    """The tabletop task family (when `env` is empty)."""
+    env: str = ""
+    """A registered env id (`metaworld:pick-place-v3`) or import path (`package.module:factory`) played instead of
+    the tabletop family (`envs.suites.make_env`)."""
     policy: str = "experiments/checkpoints/policy"
+    """A flow-policy checkpoint, or a `TorchPolicy` one (`policies.torch_policy`: any torch module)."""
     critic: str = "experiments/checkpoints/critic"
     """Critic checkpoint; empty: no critic (values recorded as NaN, no low-value stop)."""
     host: HostConfig = field(default_factory=HostConfig)
@@ -93,6 +99,8 @@ class HostSpec:
                    **{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def conditioning(self) -> Conditioning:
+        if is_torch_policy(self.policy):  # a TorchPolicy has no RECAP conditioning (check_spec refuses any)
+            return Conditioning()
         return resolve_conditioning(self.policy, self.advantage, self.beta)
 
 
@@ -117,10 +125,26 @@ def check_spec(spec: HostSpec) -> None:
     from models.checkpoint import Checkpoint
     from policies.flow_policy import KIND as POLICY_KIND
     from policies.flow_policy import FlowPolicyConfig
+    from policies.torch_policy import KIND as TORCH_POLICY_KIND
+    from policies.torch_policy import is_torch_policy
 
     for what, path in (("policy", spec.policy), ("critic", spec.critic)):
         if path and not Path(path).is_dir():
             raise FileNotFoundError(f"{what} checkpoint {path!r} not found; train one (train_{what}) or pass its directory")
+    if spec.env:
+        from envs.suites import parse_env_id
+
+        suite, _ = parse_env_id(spec.env)
+        if suite is not None:
+            suite.load()  # a missing or incompatible suite fails here, before any process starts
+    if is_torch_policy(spec.policy):
+        chunk = Checkpoint(spec.policy, kind=TORCH_POLICY_KIND).config["chunk_length"]
+        if spec.host.n_exec > chunk:
+            raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({chunk})")
+        if spec.critic or spec.takeover or spec.advantage == "positive" or spec.beta is not None:
+            raise ValueError("a TorchPolicy runs without a critic, takeovers or RECAP conditioning: pass --critic '' "
+                             "and leave --advantage, --beta unset")
+        return
     policy = FlowPolicyConfig.from_json(Checkpoint(spec.policy, kind=POLICY_KIND).config["model"])
     if spec.critic:
         critic = CriticConfig.from_json(Checkpoint(spec.critic, kind=CRITIC_KIND).config["model"])
@@ -159,12 +183,14 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
     if spec.threads:
         torch.set_num_threads(spec.threads)
     check_spec(spec)
+    if is_torch_policy(spec.policy):
+        return _build_torch_policy_host(spec, recorder, observers, env, operator, teleop)
     conditioning = spec.conditioning()
     policy = load_policy(spec.policy, spec.device)
     critic = load_critic(spec.critic, spec.device) if spec.critic else None
     cameras = tuple(dict.fromkeys((*policy.config.cameras, *(critic.config.cameras if critic else ()))))
     if env is None:
-        env = TabletopEnv(spec.family, cameras=cameras, image_size=policy.config.image_size)
+        env = _make_env(spec, cameras, policy.config.image_size)
     runtime = PolicyRuntime(policy, device=spec.device, guidance=conditioning.beta is not None)
     host = RolloutHost(env=env, policy=runtime,
                        critic=CriticRuntime(critic, device=spec.device) if critic is not None else None,
@@ -179,6 +205,32 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
 
         host.teleop = ScriptedExpert(env).act
         host.operator = ValueTakeover(float(spec.takeover[0]), int(spec.takeover[1])).bind(host)
+    if spec.crash:
+        _arm_fault(host, *spec.crash)
+    return host
+
+
+def _make_env(spec: HostSpec, cameras: tuple[str, ...] | None, image_size: int) -> RolloutEnv:
+    """The spec's env: a suite env (`spec.env`; cameras None: its default one) or the tabletop family."""
+    if spec.env:
+        from envs.suites import make_env
+
+        return make_env(spec.env, cameras=cameras or None, image_size=image_size)
+    return TabletopEnv(spec.family, cameras=cameras or ("front",), image_size=image_size)
+
+
+def _build_torch_policy_host(spec: HostSpec, recorder, observers, env, operator, teleop) -> RolloutHost:
+    """A host for a `TorchPolicy` checkpoint (no critic): the env renders the cameras the policy reads (a
+    state-only policy: the env's default camera, for the recording)."""
+    policy = load_torch_policy(spec.policy, device=spec.device)
+    cameras = tuple(k.removeprefix("image_") for k in policy.spec.observation_keys if k.startswith("image_"))
+    sizes = {policy.shapes[f"image_{c}"][0][0] for c in cameras}
+    if env is None:
+        env = _make_env(spec, cameras, sizes.pop() if sizes else 64)
+    host = RolloutHost(env=env, policy=policy, critic=None, config=spec.host, recorder=recorder, operator=operator,
+                       teleop=teleop, store=CapsuleStore(device_bytes=None if spec.capsule_budget_mb is None
+                                                         else int(spec.capsule_budget_mb * 2**20), host_bytes=0),
+                       observers=make_observers(spec) if observers is None else observers)
     if spec.crash:
         _arm_fault(host, *spec.crash)
     return host

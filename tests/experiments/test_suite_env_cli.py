@@ -1,0 +1,45 @@
+"""Entry points over a registered third-party env: sim_rollout with a TorchPolicy, replay, verify, scan, bench."""
+
+from __future__ import annotations
+
+import json
+
+import envs  # noqa: F401
+import torch
+
+from experiments.run import main
+from policies.rollout_policy import PolicySpec
+from policies.state_mlp import StateMLP
+from policies.torch_policy import save_torch_policy
+
+ENV = "gymnasium:Reacher-v5"  # 50-step episodes, state (10,), action (2,)
+
+
+def test_sim_rollout_and_replay_with_a_torch_policy(tmp_path):
+    torch.manual_seed(0)
+    save_torch_policy(tmp_path / "policy", StateMLP(10, 2, 4, hidden=16), factory="policies.state_mlp:StateMLP",
+                      kwargs={"state_dim": 10, "action_dim": 2, "chunk_length": 4, "hidden": 16},
+                      spec=PolicySpec(4, 2, ("state",)), shapes={"state": ((10,), "float32")})
+    out = tmp_path / "run"
+    assert main(["sim_rollout", "--env", ENV, "--policy", str(tmp_path / "policy"), "--critic", "", "--actors", "0",
+                 "--episodes", "2", "--repeats", "2", "--n_exec", "4", "--out", str(out), "--no-progress",
+                 "--json", str(tmp_path / "s.json")]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{ENV}-s1000001-r1",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    replay = json.loads((tmp_path / "r.json").read_text())
+    assert replay["exact"] and replay["checks"]["image_free"]
+
+
+def test_verify_scan_bench_and_bad_ids(tmp_path, capsys):
+    assert main(["verify_capsule", "--env", ENV, "--steps", "4", "--json", str(tmp_path / "v.json")]) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["all_bit_exact"]
+    assert main(["scan_env", "--env", ENV, "--steps", "5", "--json", str(tmp_path / "scan.json")]) == 0
+    scan = json.loads((tmp_path / "scan.json").read_text())
+    assert scan["seed_honoured"] and any("TimeLimit._elapsed_steps" in c for c in scan["declared"])
+    assert main(["bench_env", "--env", ENV, "--quick", "--json", str(tmp_path / "b.json")]) == 0
+    bench = json.loads((tmp_path / "b.json").read_text())["suite_envs"][0]
+    assert bench["capsule_bytes"] > 0 and bench["restore"]["median"] > 0
+    assert main(["verify_capsule", "--env", "gymnasium:Reachr-v5"]) == 2
+    assert "did you mean Reacher-v5" in capsys.readouterr().err
