@@ -129,8 +129,10 @@ class SimBackend(RobotBackend):
         self._expert = None
         self.action_low = -np.ones(ACTION_DIM, np.float32)
         self.action_high = np.ones(ACTION_DIM, np.float32)
-        # motion (x, y, z) changes by at most half its range per step; suction is a switch (not limited)
-        self.max_rate = np.array([1.0, 1.0, 1.0, 2.0])
+        # the sim env itself limits no rate, so neither does its robot (a full swing per step): a policy
+        # then plays the same episode here as in sim. A real backend sets its own; `RobotServer(max_rate=)`
+        # overrides either.
+        self.max_rate = self.action_high - self.action_low
         self.control_hz = 10.0
         self.realtime = realtime
         self._next_tick = 0.0

@@ -288,12 +288,23 @@ def test_a_non_ascii_token_is_answered_unauthorized():
             assert robot.reset_to_initial(seed=0)
 
 
-def test_the_default_rate_limit_bounds_motion_and_leaves_the_suction_switch(server):
+def test_the_sim_robot_allows_a_full_swing_as_the_sim_env_does(server):
     with _client(server) as robot:
         robot.reset_to_initial(seed=0)
         robot.send_action(np.array([-1.0, 0.0, 0.0, -1.0]))
         sent = robot.send_action(np.array([1.0, 0.0, 0.0, 1.0]))
-        assert np.array_equal(sent, np.array([0.0, 0.0, 0.0, 1.0], np.float32))
+        assert np.array_equal(sent, np.array([1.0, 0.0, 0.0, 1.0], np.float32))
+
+
+def test_a_backend_without_a_rate_limit_gets_half_of_each_range():
+    backend = SimBackend(image_size=16)
+    backend.max_rate = None  # a backend that names no limit
+    with RobotServer(backend) as srv, RobotClient(*srv.address) as robot:
+        assert np.array_equal(srv.max_rate, np.ones(4))
+        robot.reset_to_initial(seed=0)
+        robot.send_action(np.array([-1.0, 0.0, 0.0, -1.0]))
+        sent = robot.send_action(np.array([1.0, 0.0, 0.0, 1.0]))
+        assert np.array_equal(sent, np.array([0.0, 0.0, 0.0, 0.0], np.float32))
 
 
 def test_after_a_client_left_mid_episode_the_next_one_is_told_to_reset(server):

@@ -58,6 +58,7 @@ class CheckedSimBackend(SimBackend):
 
 def checked_server(**kw) -> RobotServer:
     backend = CheckedSimBackend(cameras=("front",), image_size=16)
+    kw.setdefault("max_rate", np.array([1.0, 1.0, 1.0, 2.0]))  # motion limited to half its range per step
     server = RobotServer(backend, **kw)
     backend.server = server
     return server
