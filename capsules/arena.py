@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 import numpy as np
@@ -41,6 +41,7 @@ class Arena:
         self._slabs: list[torch.Tensor] = []
         self._views: dict[str, torch.Tensor] = {}
         self._state: list[tuple[SlabLayout, torch.Tensor]] = []
+        self._merged_fingerprint: tuple[tuple, dict[str, str]] | None = None
         self.state_signature: tuple = ()
         for component in components:
             self.add(component)
@@ -88,6 +89,7 @@ class Arena:
             if layout.role is Role.STATE:
                 self._state.append((layout, slab))
         self.state_signature = tuple(lay.signature for lay, _ in self._state)
+        self._host_ptrs = host_pointers(self._state)
         for name, component in self._components.items():
             prefix = f"{name}/"
             component.bind(
@@ -118,6 +120,11 @@ class Arena:
         if role is Role.STATE:
             return list(self._state)
         return [(lay, slab) for lay, slab in zip(self._layouts, self._slabs) if role is None or lay.role is role]
+
+    def host_pointers(self) -> tuple[tuple[int, int], ...] | None:
+        """(address, bytes) of each state slab when all live in host memory, else None (fixed at allocation)."""
+        self._require_allocated()
+        return self._host_ptrs
 
     @property
     def state_layouts(self) -> tuple[SlabLayout, ...]:
@@ -150,13 +157,27 @@ class Arena:
         return view.numpy()
 
     def fingerprint(self) -> dict[str, str]:
-        """Merged fingerprint: each component's keys prefixed by its name."""
+        """Merged fingerprint: each component's keys prefixed by its name.
+
+        Merged again only when a component returns a different mapping object than last time
+        (components return cached mappings, so a restore pays one identity check per component).
+        """
+        parts = tuple(component.fingerprint() for component in self._components.values())
+        cached = self._merged_fingerprint
+        if cached is not None and len(cached[0]) == len(parts) and all(a is b for a, b in zip(cached[0], parts)):
+            return dict(cached[1])
         merged = {FORMAT_FINGERPRINT_KEY: FORMAT_FINGERPRINT}
         merged.update(self._extra_fingerprint)
-        for name, component in self._components.items():
-            for k, v in component.fingerprint().items():
+        for name, part in zip(self._components, parts):
+            for k, v in part.items():
                 merged[f"{name}/{k}"] = str(v)
-        return merged
+        self._merged_fingerprint = (parts, merged)
+        return dict(merged)
+
+    def fingerprint_matches(self, other: Mapping[str, str]) -> bool:
+        """Whether `other` equals the merged fingerprint (without copying either)."""
+        self.fingerprint()
+        return self._merged_fingerprint[1] == other
 
     def alignment(self) -> int:
         """Least common multiple of every state buffer's boundary alignment (1 if none)."""
@@ -210,3 +231,10 @@ class Arena:
     def __repr__(self) -> str:
         state = f"{self.state_nbytes} state bytes" if self.allocated else "not allocated"
         return f"Arena(components={list(self._components)}, {state})"
+
+
+def host_pointers(slabs: Sequence[tuple[SlabLayout, torch.Tensor]]) -> tuple[tuple[int, int], ...] | None:
+    """(address, bytes) of each slab when every one is a contiguous host tensor, else None."""
+    if all(t.is_cpu and t.is_contiguous() for _, t in slabs):
+        return tuple((t.data_ptr(), t.nbytes) for _, t in slabs)
+    return None

@@ -300,6 +300,8 @@ class MujocoCapsuleEnv(BufferComponent):
         # (owner, attribute, row, row address, index): addresses precomputed, none looked up per restore
         self._rng_rows = [(owner, name, b["rng"][i], b["rng"][i].ctypes.data, i)
                           for i, (_, owner, name) in enumerate(self._generators)]
+        # per generator slot: (the generator last seen there, its state's address, its aux address); one
+        # entry per slot, so the generators that seeded resets replace each other instead of piling up
         self._rng_ptrs: dict[int, tuple[object, int, int]] = {}
         offset, self._attr_views = 0, []
         for i, (owner, name, attr) in enumerate(self._attrs):
@@ -332,7 +334,7 @@ class MujocoCapsuleEnv(BufferComponent):
             gen = getattr(owner, name, None)
             present[i] = gen is not None
             if gen is not None:
-                pcg, aux = self._pointers(gen)
+                pcg, aux = self._pointers(gen, i)
                 ctypes.memmove(row, pcg, 32)
                 ctypes.memmove(row + 32, aux, 8)
         flags = b["attrs_present"]
@@ -354,8 +356,8 @@ class MujocoCapsuleEnv(BufferComponent):
                 if gen is None:
                     gen = np.random.Generator(np.random.PCG64())
                     setattr(owner, name, gen)
-                cached = self._rng_ptrs.get(id(gen))
-                pcg, aux = (cached[1], cached[2]) if cached is not None and cached[0] is gen else self._pointers(gen)
+                cached = self._rng_ptrs.get(i)
+                pcg, aux = (cached[1], cached[2]) if cached is not None and cached[0] is gen else self._pointers(gen, i)
                 memmove(pcg, row, 32)
                 memmove(aux, row + 32, 8)
             elif getattr(owner, name) is not None:
@@ -364,9 +366,9 @@ class MujocoCapsuleEnv(BufferComponent):
         for owner, name, load, view, i in self._attr_loads:
             setattr(owner, name, load(view) if flags[i] else None)
 
-    def _pointers(self, gen: np.random.Generator) -> tuple[int, int]:
+    def _pointers(self, gen: np.random.Generator, slot: int) -> tuple[int, int]:
         """Addresses of a PCG64 generator's 128-bit state + increment and of its (has_uint32, uinteger)."""
-        cached = self._rng_ptrs.get(id(gen))
+        cached = self._rng_ptrs.get(slot)
         if cached is not None and cached[0] is gen:
             return cached[1], cached[2]
         bg = gen.bit_generator
@@ -379,7 +381,7 @@ class MujocoCapsuleEnv(BufferComponent):
         pcg = ctypes.c_void_p.from_address(address).value
         if not _LAYOUT_CHECKED:  # a property of this numpy build: checked on the first generator only
             _check_layout(bg, pcg, address + 8)
-        self._rng_ptrs[id(gen)] = (gen, pcg, address + 8)
+        self._rng_ptrs[slot] = (gen, pcg, address + 8)
         return pcg, address + 8
 
     # -- rollout protocol -------------------------------------------------------------
