@@ -159,7 +159,7 @@ def test_bench_bridge_smoke(tmp_path):
 
 
 def test_a_realtime_sim_robot_paces_actions_to_its_control_rate(monkeypatch):
-    import envs.robot_bridge as bridge
+    import envs.robot_backend as bridge
 
     clock, sleeps = [100.0], []
 
