@@ -20,3 +20,24 @@ def normalized_returns(rewards: np.ndarray, success: bool, max_steps: int, *,
     if not success:
         to_go = to_go + (-float(max_steps) if failure_penalty is None else failure_penalty)
     return np.clip(to_go / max_steps, -1.0, 0.0).astype(np.float32)
+
+
+def value_targets(rewards: np.ndarray, episode_ends: np.ndarray, successes, max_steps: int) -> np.ndarray:
+    """`normalized_returns` of every episode of a flat store (`episode_ends` cumulative, one success each)."""
+    ends = np.asarray(episode_ends, np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    out = np.zeros(len(rewards), np.float32)
+    for lo, hi, success in zip(starts, ends, successes):
+        out[lo:hi] = normalized_returns(rewards[lo:hi], bool(success), max_steps)
+    return out
+
+
+def executed_plans(actions: np.ndarray, ends: np.ndarray, plan_steps: int) -> np.ndarray:
+    """`(N, plan_steps, A)`: for every step, the actions executed from it on within its episode (the
+    last action repeated past the episode's end)."""
+    ends = np.asarray(ends, np.int64)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    offsets = np.arange(plan_steps)
+    index = np.arange(len(actions))[:, None] + offsets[None, :]
+    last = np.repeat(ends - 1, ends - starts)[:, None]
+    return actions[np.minimum(index, last)].astype(np.float32)

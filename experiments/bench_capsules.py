@@ -21,7 +21,15 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from capsules import Arena, BufferComponent, BufferSpec, load_capsule, restore, save_capsule, snapshot
+from capsules import (
+    Arena,
+    BufferComponent,
+    BufferSpec,
+    load_capsule,
+    restore,
+    save_capsule,
+    snapshot,
+)
 from experiments.bench_support import machine, stats_us, timed, update_markdown_section
 from experiments.configs import BenchCapsulesConfig
 from experiments.console import make_console

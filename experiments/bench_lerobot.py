@@ -30,7 +30,12 @@ from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from rollout.lerobot_reader import LeRobotDatasetReader
-from rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store, store_episodes
+from rollout.lerobot_writer import (
+    LeRobotWriterOptions,
+    export_lerobot,
+    open_store,
+    store_episodes,
+)
 from rollout.zarr_reader import ZarrEpisodeReader
 from rollout.zarr_recorder import ZarrRecorder
 

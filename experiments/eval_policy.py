@@ -7,8 +7,8 @@ import time
 from experiments.configs import EvalPolicyConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.policy_eval import evaluate_expert, evaluate_policy
 from experiments.result import ExperimentResult, checking_inputs
+from learning.evaluation import evaluate_expert, evaluate_policy
 from policies.flow_policy import resolve_conditioning
 from rollout.ray_rollout import init_ray, shutdown_ray
 

@@ -1,92 +1,27 @@
-"""label_advantages: RECAP advantage labels for a zarr store, written as a sidecar next to it.
-
-The critic is evaluated on every recorded step (batched, no augmentation); N-step
-advantages, per-task thresholds and indicators come from `critics.advantage`. The
-store itself is never written: the labels go to `<store>.advantage.npz` (or
-`--out`), with the episode ids they belong to, so training can check they match.
-"""
+"""label_advantages: RECAP advantage labels for a zarr store, written as a sidecar next to it
+(`learning.advantage_labels`; `<store>.advantage.npz` or `--out`)."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import numpy as np
-import torch
 
-from critics.advantage import INDICATOR_POSITIVE, label_episodes
+from critics.advantage import INDICATOR_POSITIVE
 from critics.value_critic import load_critic
 from experiments.configs import LabelAdvantagesConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.policy_data import load_training_arrays
 from experiments.result import ExperimentResult
-from capsules.fingerprint import module_sha256
-
-SIDECAR_VERSION = 1
-
-
-def sidecar_path(store: str | os.PathLike) -> Path:
-    store = Path(store)
-    return store.with_name(store.name.removesuffix(".zarr") + ".advantage.npz")
-
-
-def critic_values(critic, data: dict, batch: int = 256) -> np.ndarray:
-    """V(o_t) for every step of the arrays from `load_training_arrays`."""
-    cams = critic.config.cameras
-    out = []
-    with torch.no_grad():
-        for lo in range(0, len(data["states"]), batch):
-            sl = slice(lo, lo + batch)
-            lang = critic.embed_language(torch.from_numpy(data["tokens"][sl]))
-            images = {c: torch.from_numpy(np.ascontiguousarray(data["images"][c][sl])) for c in cams}
-            step = torch.from_numpy(data["episode_steps"][sl])
-            actor = torch.from_numpy(data["actors"][sl])  # each step valued for whoever acted in its episode
-            out.append(critic.value(critic.logits(images, torch.from_numpy(data["states"][sl]), lang, step,
-                                                  actor)).numpy())
-    return np.concatenate(out) if out else np.zeros(0, np.float32)
+from learning.advantage_labels import label_store
 
 
 def run(config: LabelAdvantagesConfig) -> ExperimentResult:
     console = make_console()
     critic = load_critic(resolve_input(config.critic))
-    data = load_training_arrays(config.data, critic.config.cameras, critic.tokenizer)
-    values = critic_values(critic, data)
-    ends = data["episode_ends"]
-    starts = np.concatenate([[0], ends[:-1]])
-    metas = data["metas"]
-    cut = lambda a: [a[lo:hi] for lo, hi in zip(starts, ends)]  # noqa: E731
-    labels = label_episodes(rewards=cut(data["rewards"]), values=cut(values), success=[m.success for m in metas],
-                            tasks=[m.task for m in metas], interventions=cut(data["intervention"]),
-                            n=config.n, max_steps=config.max_steps, positive_fraction=config.positive_fraction)
-    out = Path(config.out) if config.out else sidecar_path(config.data)
-    meta = {"version": SIDECAR_VERSION, "store": str(config.data), "critic": config.critic,
-            "critic_weights_sha256": module_sha256(critic), "n": config.n, "max_steps": config.max_steps,
-            "positive_fraction": config.positive_fraction, "thresholds": labels.thresholds,
-            "realised_positive_fraction": labels.positive_fraction}
-    tmp = out.with_name(f".{out.name}.tmp.npz")
-    np.savez(tmp, advantage=labels.advantage, indicator=labels.indicator, value=values.astype(np.float32),
-             episode_ids=np.array([m.episode_id for m in metas]), meta=np.array(json.dumps(meta)))
-    os.replace(tmp, out)
+    done = label_store(critic, config.data, n=config.n, max_steps=config.max_steps,
+                       positive_fraction=config.positive_fraction, out=config.out or None, critic_name=config.critic)
+    labels, steps = done.labels, int(len(done.values))
     pos = float(np.mean(labels.indicator == INDICATOR_POSITIVE))
-    console.print(f"{len(metas)} episodes, {len(values)} steps: {pos:.0%} positive; thresholds "
-                  + ", ".join(f"{t} {v:+.3f}" for t, v in labels.thresholds.items()) + f" -> {out}")
-    return ExperimentResult({"sidecar": str(out), "episodes": len(metas), "steps": int(len(values)),
+    console.print(f"{done.episodes} episodes, {steps} steps: {pos:.0%} positive; thresholds "
+                  + ", ".join(f"{t} {v:+.3f}" for t, v in labels.thresholds.items()) + f" -> {done.sidecar}")
+    return ExperimentResult({"sidecar": str(done.sidecar), "episodes": done.episodes, "steps": steps,
                              "positive_fraction": pos, "thresholds": labels.thresholds})
-
-
-def load_sidecar(path: str | os.PathLike, episode_ids: list[str]) -> np.ndarray:
-    """The indicators of a sidecar, checked against the store's episode ids (same episodes, same order)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"advantage sidecar {path} not found; make it with `label_advantages --data STORE`")
-    with np.load(path, allow_pickle=False) as f:
-        meta = json.loads(str(f["meta"]))
-        if meta.get("version") != SIDECAR_VERSION:
-            raise ValueError(f"{path}: sidecar version {meta.get('version')}, this code reads {SIDECAR_VERSION}")
-        ids = [str(i) for i in f["episode_ids"]]
-        if ids != list(episode_ids):
-            raise ValueError(f"{path} labels {len(ids)} episodes that are not the store's {len(episode_ids)} "
-                             "(the store changed since labelling?): run label_advantages again")
-        return f["indicator"].astype(np.int64)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.operator_input import Kind, KeyboardOperator, OperatorEvent, ScriptedOperator
+from envs.operator_input import KeyboardOperator, Kind, OperatorEvent, ScriptedOperator
 from envs.robot_bridge import RobotClient
 from envs.robot_env import RobotEnv
 from experiments.configs import RealRecapConfig

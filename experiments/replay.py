@@ -22,6 +22,7 @@ from rollout import episode_schema as S
 from rollout.host_factory import build_host, capsule_path, read_spec
 from rollout.rollout_host import capsule_key
 from rollout.zarr_reader import ZarrEpisodeReader
+
 COMPARED = (S.ACTION, S.POLICY_ACTION, S.VALUE, S.STATE, S.REWARD, S.SUBTASK_ID)
 
 

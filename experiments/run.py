@@ -6,7 +6,12 @@ import argparse
 import sys
 
 from experiments import registry
-from experiments.config_cli import ConfigError, add_config_options, build_config, check_unknown
+from experiments.config_cli import (
+    ConfigError,
+    add_config_options,
+    build_config,
+    check_unknown,
+)
 from experiments.result import ExperimentResult, UsageError, write_json
 
 

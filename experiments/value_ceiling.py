@@ -27,9 +27,9 @@ import numpy as np
 from experiments.configs import ValueCeilingConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.policy_eval import task_phase
 from experiments.result import ExperimentResult, checking_inputs
-from experiments.stats import failure_auc_summary, phase_breakdown
+from learning.evaluation import task_phase
+from learning.stats import failure_auc_summary, phase_breakdown
 from rollout.host_factory import HostSpec, build_host
 from rollout.observer import EpisodeObserver
 from rollout.rollout_host import HostConfig, RolloutHost

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("capsules", "models", "envs", "policies", "critics", "rollout", "experiments")
+PACKAGES = ("capsules", "models", "envs", "policies", "critics", "rollout", "learning", "experiments")
 # package -> project modules it may import (a dotted entry allows that module only)
 ALLOWED = {
     "capsules": set(),
@@ -18,7 +18,8 @@ ALLOWED = {
     "policies": {"capsules", "models"},
     "critics": {"capsules", "models"},
     "rollout": {"capsules", "models", "envs", "policies", "critics"},
-    "experiments": {"capsules", "models", "envs", "policies", "critics", "rollout"},
+    "learning": {"capsules", "models", "envs", "policies", "critics", "rollout"},
+    "experiments": {"capsules", "models", "envs", "policies", "critics", "rollout", "learning"},
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
 
@@ -101,3 +102,18 @@ def test_checker_flags_wrong_imports(package, source, fragment):
 )
 def test_checker_allows_right_imports(package, source):
     assert violations(package, source, f"{package}.sub") == []
+
+
+# what every command shares; commands import these, never each other (shared code lives in learning/)
+EXPERIMENTS_SHARED = {"configs", "console", "result", "paths", "config_cli", "bench_support", "registry"}
+
+
+def test_commands_never_import_each_other():
+    problems = []
+    for path in sorted((ROOT / "experiments").glob("*.py")):
+        for mod in imported_modules(path.read_text(), "experiments"):
+            parts = mod.split(".")
+            if parts[0] == "experiments" and len(parts) > 1 and parts[1] not in EXPERIMENTS_SHARED:
+                if (ROOT / "experiments" / f"{parts[1]}.py").exists() and parts[1] != path.stem:
+                    problems.append(f"{path.relative_to(ROOT)} imports {mod}")
+    assert not problems, "\n".join(problems)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from envs.robot_bridge import SimRobotServer
-from experiments.policy_eval import play
 from experiments.run import main
+from learning.evaluation import play
 from models.checkpoint import update_info
 from policies.flow_policy import CONDITIONING_INFO, Conditioning
 from rollout.zarr_reader import ZarrEpisodeReader

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
-from experiments.policy_data import episode_actor
 from experiments.run import main
+from learning.policy_data import episode_actor
 from rollout.zarr_reader import ZarrEpisodeReader
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-import envs  # noqa: F401
 import torch
 
+import envs  # noqa: F401
 from experiments.run import main
 from policies.rollout_policy import PolicySpec
 from policies.state_mlp import StateMLP

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from experiments.policy_data import episode_steps
 from experiments.run import main
+from learning.policy_data import episode_steps
 from models.checkpoint import Checkpoint, CheckpointError
 
 
@@ -59,9 +59,9 @@ def test_train_critic_starts_its_encoders_from_a_policy(demos, tmp_path):
     import torch
 
     from critics.value_critic import load_critic
+    from models.checkpoint import save_checkpoint
     from policies.flow_policy import KIND as POLICY_KIND
     from policies.flow_policy import FlowPolicy
-    from models.checkpoint import save_checkpoint
 
     torch.manual_seed(3)
     policy = FlowPolicy()
@@ -89,8 +89,8 @@ def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, c
 
 
 def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
-    from critics.value_critic import ValueCritic
     from critics.value_critic import KIND as CRITIC_KIND
+    from critics.value_critic import ValueCritic
     from models.checkpoint import save_checkpoint
 
     critic = tmp_path / "critic"
@@ -108,7 +108,7 @@ def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
     out = tmp_path / "policy"
     assert main(["train_policy", "--data", str(demos), "--out", str(out), "--advantage", sidecar, "--steps", "1",
                  "--batch_size", "4", "--noise_samples", "1", "--eval_episodes", "0", "--no-progress"]) == 0
-    from experiments.label_advantages import load_sidecar
+    from learning.advantage_labels import load_sidecar
 
     with pytest.raises(ValueError, match="not the store's"):
         load_sidecar(sidecar, ["other"])
@@ -120,7 +120,7 @@ def test_episode_steps_restart_at_every_episode():
 
 
 def test_executed_plans_stay_within_their_episode():
-    from experiments.train_critic import executed_plans
+    from critics.returns import executed_plans
 
     actions = np.arange(5, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)  # steps 0-4, two episodes
     plans = executed_plans(actions, np.array([3, 5]), 3)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments.stats import (
+from learning.stats import (
     auc_interval,
     failure_auc,
     failure_auc_summary,

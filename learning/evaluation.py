@@ -18,7 +18,12 @@ from critics.critic_runtime import CriticRuntime
 from critics.value_critic import ValueCritic, load_critic
 from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import CONTROL_HZ, TabletopEnv
-from experiments.stats import failure_auc_summary, mid_episode_step, phase_breakdown, wilson_interval
+from learning.stats import (
+    failure_auc_summary,
+    mid_episode_step,
+    phase_breakdown,
+    wilson_interval,
+)
 from policies.flow_policy import Conditioning, FlowPolicy
 from policies.policy_runtime import PolicyRuntime
 from rollout.host_factory import HostSpec
@@ -26,7 +31,7 @@ from rollout.observer import EpisodeObserver
 from rollout.ray_rollout import WorkItem, run_rollouts
 from rollout.rollout_host import HostConfig, RolloutHost
 
-OBSERVER = "experiments.policy_eval:EvalObserver"
+OBSERVER = "learning.evaluation:EvalObserver"
 
 
 def _summary(results: list[tuple[bool, int, str]]) -> dict:

@@ -1,0 +1,91 @@
+"""RECAP advantage labels over a store, and the sidecar file they live in beside it.
+
+The critic is evaluated on every recorded step (batched, no augmentation); N-step advantages, per-task
+thresholds and indicators come from `critics.advantage`. The store itself is never written: the labels go
+to `<store>.advantage.npz`, with the episode ids they belong to, so training can check they match.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from capsules.fingerprint import module_sha256
+from critics.advantage import AdvantageLabels, label_episodes
+from learning.policy_data import load_training_arrays
+
+SIDECAR_VERSION = 1
+
+
+def sidecar_path(store: str | os.PathLike) -> Path:
+    store = Path(store)
+    return store.with_name(store.name.removesuffix(".zarr") + ".advantage.npz")
+
+
+def critic_values(critic, data: dict, batch: int = 256) -> np.ndarray:
+    """V(o_t) for every step of the arrays from `load_training_arrays`."""
+    cams = critic.config.cameras
+    out = []
+    with torch.no_grad():
+        for lo in range(0, len(data["states"]), batch):
+            sl = slice(lo, lo + batch)
+            lang = critic.embed_language(torch.from_numpy(data["tokens"][sl]))
+            images = {c: torch.from_numpy(np.ascontiguousarray(data["images"][c][sl])) for c in cams}
+            step = torch.from_numpy(data["episode_steps"][sl])
+            actor = torch.from_numpy(data["actors"][sl])  # each step valued for whoever acted in its episode
+            out.append(critic.value(critic.logits(images, torch.from_numpy(data["states"][sl]), lang, step,
+                                                  actor)).numpy())
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+@dataclass(frozen=True)
+class LabelledStore:
+    sidecar: Path
+    labels: AdvantageLabels
+    values: np.ndarray  # V(o_t) for every step
+    episodes: int
+
+
+def label_store(critic, store: str, *, n: int, max_steps: int, positive_fraction: float,
+                out: str | os.PathLike | None = None, critic_name: str = "") -> LabelledStore:
+    """Label every step of `store` with `critic` and write the sidecar (atomically)."""
+    data = load_training_arrays(store, critic.config.cameras, critic.tokenizer)
+    values = critic_values(critic, data)
+    ends = data["episode_ends"]
+    starts = np.concatenate([[0], ends[:-1]])
+    metas = data["metas"]
+    cut = lambda a: [a[lo:hi] for lo, hi in zip(starts, ends)]  # noqa: E731
+    labels = label_episodes(rewards=cut(data["rewards"]), values=cut(values), success=[m.success for m in metas],
+                            tasks=[m.task for m in metas], interventions=cut(data["intervention"]),
+                            n=n, max_steps=max_steps, positive_fraction=positive_fraction)
+    path = Path(out) if out else sidecar_path(store)
+    meta = {"version": SIDECAR_VERSION, "store": str(store), "critic": critic_name,
+            "critic_weights_sha256": module_sha256(critic), "n": n, "max_steps": max_steps,
+            "positive_fraction": positive_fraction, "thresholds": labels.thresholds,
+            "realised_positive_fraction": labels.positive_fraction}
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(tmp, advantage=labels.advantage, indicator=labels.indicator, value=values.astype(np.float32),
+             episode_ids=np.array([m.episode_id for m in metas]), meta=np.array(json.dumps(meta)))
+    os.replace(tmp, path)
+    return LabelledStore(path, labels, values, len(metas))
+
+
+def load_sidecar(path: str | os.PathLike, episode_ids: list[str]) -> np.ndarray:
+    """The indicators of a sidecar, checked against the store's episode ids (same episodes, same order)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"advantage sidecar {path} not found; make it with `label_advantages --data STORE`")
+    with np.load(path, allow_pickle=False) as f:
+        meta = json.loads(str(f["meta"]))
+        if meta.get("version") != SIDECAR_VERSION:
+            raise ValueError(f"{path}: sidecar version {meta.get('version')}, this code reads {SIDECAR_VERSION}")
+        ids = [str(i) for i in f["episode_ids"]]
+        if ids != list(episode_ids):
+            raise ValueError(f"{path} labels {len(ids)} episodes that are not the store's {len(episode_ids)} "
+                             "(the store changed since labelling?): run label_advantages again")
+        return f["indicator"].astype(np.int64)

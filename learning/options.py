@@ -1,0 +1,315 @@
+"""Options of the learning layer's functions (standard library only: the command line imports them to
+build its `--help`, and stays fast). Every field carries a docstring, which `--help` shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # envs.tasks.FAMILY_NAMES
+CAMERAS = ("front", "top")  # envs.tabletop_env.CAMERAS
+
+
+@dataclass(frozen=True)
+class CollectDemosConfig:
+    episodes: int = 100
+    """Episodes to collect (seeds `seed` .. `seed + episodes - 1`)."""
+    out: str = "runs/demos/pick_place.zarr"
+    """Output: a zarr store (appended to; seeds already in it are skipped) or an .npz directory."""
+    format: Literal["zarr", "npz"] = "zarr"
+    """zarr: one store, diffusion_policy layout; npz: one file per episode."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    env: str = ""
+    """A registered env (`gymnasium:Pusher-v5`, `metaworld:pick-place-v3`, `robotics:FrankaKitchen-v1`) or an import
+    path `package.module:factory`; empty: the tabletop family. Suite envs act with the suite's scripted policy."""
+    noise: float = 0.0
+    """Expert degradation, 0 (perfect) .. 1 (poor): random motions and suction drop-outs.
+    The executed action is recorded as `action`, the expert's unperturbed one as `policy_action`."""
+    seed: int = 0
+    """First episode seed."""
+    cameras: tuple[str, ...] | None = None
+    """Cameras recorded (tabletop: front, top; a suite env: its declared cameras); None: the default camera (the
+    tabletop's front); none given: state-only episodes."""
+    image_size: int = 64
+    """Square image size in pixels."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1 (got {self.episodes})")
+        if not 0.0 <= self.noise <= 2.0:
+            raise ValueError(f"--noise must be within 0..2 (got {self.noise})")
+        bad = [c for c in self.cameras or () if c not in CAMERAS] if not self.env else []
+        if bad:
+            raise ValueError(f"--cameras {bad} unknown; choose from {list(CAMERAS)}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0 (got {self.seed})")
+
+
+@dataclass(frozen=True)
+class TrainPolicyConfig:
+    ALIASES: ClassVar[dict[str, str]] = {"horizon": "chunk_length", "advantage": "advantage_labels"}  # old names
+
+    data: str = "runs/demos/pick_place.zarr"
+    """Zarr store of episodes to learn from (e.g. made by collect_demos)."""
+    out: str = "runs/policy"
+    """Checkpoint directory; training resumes from it when it holds a resumable checkpoint."""
+    steps: int = 20000
+    """Optimizer steps in total (a resumed run continues up to this)."""
+    batch_size: int = 64
+    """Examples per step."""
+    noise_samples: int = 4
+    """Flow-matching (time, noise) draws per example and step."""
+    lr: float = 3e-4
+    """Peak learning rate (AdamW, warm-up then cosine decay)."""
+    shift: int = 4
+    """Random-shift image augmentation, in pixels (0: off)."""
+    cameras: tuple[str, ...] = ("front",)
+    """Cameras the policy sees (the store must hold their images)."""
+    labels: Literal["action", "intended"] = "action"
+    """Action labels: the executed `action`, or `policy_action` where recorded (DART: the expert's intent)."""
+    chunk_length: int = 16
+    """Actions per chunk (T)."""
+    denoise_steps: int = 10
+    """Euler steps per chunk (K)."""
+    hidden: int = 256
+    """Width of the flow head."""
+    advantage_dropout: float = 0.3
+    """Probability of dropping the advantage indicator (only matters with RECAP labels)."""
+    advantage_labels: str = ""
+    """RECAP labels: an advantage sidecar made by label_advantages for --data; empty: none."""
+    init: str = ""
+    """Start from this policy checkpoint's weights and normalisation (fine-tuning); empty: from scratch."""
+    subgoal_weight: float = 1.0
+    """Weight of the auxiliary loss: predict where the end effector is when the subtask ends (0: off)."""
+    eval_every: int = 2000
+    """Steps between evaluations (closed loop on held-out seeds)."""
+    eval_episodes: int = 10
+    """Closed-loop episodes per evaluation; 0 skips them."""
+    eval_family: FAMILIES = "pick_place"
+    """Task family of the closed-loop evaluation."""
+    eval_seed: int = 1_000_000
+    """First held-out evaluation seed (demonstrations use small seeds)."""
+    n_exec: int = 8
+    """Actions of each chunk executed before asking for the next (receding horizon)."""
+    checkpoint_every: int = 1000
+    """Steps between checkpoints."""
+    seed: int = 0
+    """Seed of initialisation, batches and augmentation."""
+    resume: bool = True
+    """Continue from the checkpoint in --out if there is one (False: refuse to touch it)."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.noise_samples < 1:
+            raise ValueError("--steps, --batch_size and --noise_samples must be >= 1")
+        if not 0.0 <= self.advantage_dropout <= 1.0:
+            raise ValueError(f"--advantage_dropout must be within 0..1 (got {self.advantage_dropout})")
+        if self.subgoal_weight < 0:
+            raise ValueError(f"--subgoal_weight must be >= 0 (got {self.subgoal_weight})")
+        if not 1 <= self.n_exec <= self.chunk_length:
+            raise ValueError(f"--n_exec must be within 1..--chunk_length ({self.chunk_length}), got {self.n_exec}")
+        bad = [c for c in self.cameras if c not in CAMERAS]
+        if bad or not self.cameras:
+            raise ValueError(f"--cameras must name one or more of {list(CAMERAS)}, got {list(self.cameras)}")
+
+
+@dataclass(frozen=True)
+class TrainCriticConfig:
+    data: str = "runs/demos/pick_place.zarr"
+    """Zarr store of episodes (successes and failures both help)."""
+    out: str = "runs/critic"
+    """Checkpoint directory; training resumes from it when it holds a resumable checkpoint."""
+    steps: int = 6000
+    """Optimizer steps in total."""
+    batch_size: int = 128
+    """Examples per step."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    shift: int = 4
+    """Random-shift image augmentation, in pixels."""
+    cameras: tuple[str, ...] = ("front",)
+    """Cameras the critic sees."""
+    max_steps: int = 80
+    """Return normalisation: the task family's episode length limit."""
+    time_input: bool = True
+    """The critic also reads the episode step (step / max_steps): episodes fail at the step limit, so a
+    state's value depends on the time left."""
+    actor_input: bool = False
+    """The critic also reads who acted in each episode (a demonstrator: `collect_demos`; the policy: a
+    RolloutHost's rollouts, takeovers included) and values states for the policy at run time, so the
+    demonstrator's higher returns do not leak into the policy's values."""
+    plan_steps: int = 0
+    """The critic also reads the next `plan_steps` actions executed from each state (a Q on the plan;
+    at run time, the first actions of the chunk the policy is about to execute); 0: no plan input."""
+    plan_dropout: float = 0.3
+    """With --plan_steps: share of training examples whose plan is hidden, so the same critic also gives
+    the value of the state alone (what advantage labels and the rollout host use)."""
+    init_policy: str = ""
+    """Start the critic's vision and language encoders from this policy checkpoint's (same encoder sizes);
+    empty: from scratch."""
+    val_fraction: float = 0.1
+    """Share of episodes held out for evaluation."""
+    eval_every: int = 1000
+    """Steps between evaluations (held-out loss and value error)."""
+    checkpoint_every: int = 1000
+    """Steps between checkpoints."""
+    seed: int = 0
+    """Seed of initialisation, split, batches and augmentation."""
+    resume: bool = True
+    """Continue from the checkpoint in --out if there is one."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.max_steps < 1:
+            raise ValueError("--steps, --batch_size and --max_steps must be >= 1")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"--val_fraction must be within (0, 1), got {self.val_fraction}")
+        if self.plan_steps < 0 or not 0.0 <= self.plan_dropout < 1.0:
+            raise ValueError(f"--plan_steps must be >= 0 and --plan_dropout within [0, 1), got "
+                             f"{self.plan_steps} and {self.plan_dropout}")
+
+
+@dataclass(frozen=True)
+class LabelAdvantagesConfig:
+    data: str = "runs/recap/episodes.zarr"
+    """Zarr store of episodes to label (never modified)."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint whose values the advantages use."""
+    n: int = 10
+    """N of the N-step advantage, in control steps."""
+    max_steps: int = 80
+    """Return normalisation: the task's episode length limit (as the critic was trained)."""
+    positive_fraction: float = 0.3
+    """Share of each task's autonomous steps labelled positive."""
+    out: str = ""
+    """Sidecar path; empty: <store>.advantage.npz next to the store."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_steps < 1:
+            raise ValueError("--n and --max_steps must be >= 1")
+        if not 0.0 < self.positive_fraction < 1.0:
+            raise ValueError(f"--positive_fraction must be within (0, 1), got {self.positive_fraction}")
+
+
+@dataclass(frozen=True)
+class RecapConfig:
+    iterations: int = 2
+    """RECAP iterations after the behaviour-cloning baseline (iteration 0)."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    out: str = "runs/recap"
+    """Output directory: episodes.zarr (demos, then every iteration's rollouts), policy_k/, critic_k/, control_k/."""
+    demo_episodes: int = 300
+    """Mixed-quality demonstrations for iteration 0 (the noisy expert)."""
+    demo_noise: float = 0.5
+    """Expert noise of those demonstrations (0.5: about 78% succeed)."""
+    bc_steps: int = 6000
+    """Optimizer steps of the iteration-0 behaviour cloning."""
+    policy_steps: int = 3000
+    """Optimizer steps per iteration (fine-tuning the previous policy with advantage labels)."""
+    critic_steps: int = 1500
+    """Optimizer steps of each critic (trained from scratch on everything collected)."""
+    critic_cameras: tuple[str, ...] = ("front",)
+    """Cameras the critic sees (the policy sees the front camera); every episode records them all."""
+    critic_actor_input: bool = False
+    """Critics read who acted (demonstrator or policy; see `train_critic --actor_input`) and value the
+    policy's states for the policy."""
+    critic_plan_steps: int = 0
+    """Critics also read the first this many actions of the chunk about to run (see `train_critic
+    --plan_steps`); the held-out failure AUC then values each state with the policy's chunk. Takeovers
+    and advantage labels use the value of the state alone. 0: no plan input."""
+    rollout_episodes: int = 50
+    """Rollouts collected per iteration (with simulated takeovers)."""
+    seed: int = 0
+    """Seed of the run: training seeds, the demonstrations' block of seeds (from `seed * 100000`) and the
+    rollouts' (below); the held-out evaluation seeds stay the same. Repeat a run with another seed."""
+    rollout_seed: int = 2_000_000
+    """First rollout seed of run seed 0 (iteration k of run seed s starts at `rollout_seed + s*1e6 + k*1e5`)."""
+    control: bool = True
+    """Also train a control arm each iteration: the same steps on the same data, without advantage labels."""
+    eval_episodes: int = 200
+    """Held-out evaluation episodes per iteration (the same seeds every iteration, every arm)."""
+    eval_seed: int = 1_000_000
+    """First held-out evaluation seed."""
+    n: int = 10
+    """N of the N-step advantage, in control steps."""
+    positive_fraction: float = 0.3
+    """Share of autonomous steps labelled positive."""
+    takeover_threshold: float = -0.8
+    """The simulated operator takes over when the chunk's value is below this."""
+    takeover_steps: int = 10
+    """Control steps of each takeover (the scripted expert acts)."""
+    beta: float | None = None
+    """Classifier-free guidance weight at evaluation (None: the positive-conditioned policy alone)."""
+    betas: tuple[float, ...] = ()
+    """Guidance weights to choose from each iteration: the positive indicator alone and each of these are
+    played on the selection seeds (never the held-out ones), and the best is evaluated on the held-out
+    seeds and used for the next rollouts. Empty: `--beta` as given."""
+    select_episodes: int = 200
+    """Episodes (one per seed) that choose among `--betas`."""
+    select_seed: int = 1_500_000
+    """First seed of the selection block (disjoint from the held-out, demonstration and rollout seeds)."""
+    n_exec: int = 8
+    """Actions per chunk executed."""
+    batch_size: int = 64
+    """Training batch size."""
+    actors: int = 2
+    """Ray actors that play the rollouts and the evaluations (0: in this process, without Ray); results
+    do not depend on it."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        if self.actors < 0:
+            raise ValueError(f"--actors must be >= 0 (got {self.actors})")
+        if self.iterations < 0 or min(self.demo_episodes, self.rollout_episodes, self.eval_episodes) < 1:
+            raise ValueError("--iterations must be >= 0 and the episode counts >= 1")
+        if min(self.bc_steps, self.policy_steps, self.critic_steps, self.n, self.takeover_steps) < 1:
+            raise ValueError("step counts must be >= 1")
+        if not 0 <= self.critic_plan_steps <= self.n_exec:
+            raise ValueError(f"--critic_plan_steps must be within 0..--n_exec ({self.n_exec}): the plan is the "
+                             f"start of the chunk about to run; got {self.critic_plan_steps}")
+        bad = [c for c in self.critic_cameras if c not in CAMERAS]
+        if bad or not self.critic_cameras:
+            raise ValueError(f"--critic_cameras must name one or more of {list(CAMERAS)}, "
+                             f"got {list(self.critic_cameras)}")
+        if self.seed < 0 or self.demo_episodes > 100_000 or self.rollout_episodes > 100_000:
+            raise ValueError("--seed must be >= 0, and --demo_episodes / --rollout_episodes at most 100000")
+        if self.betas and self.beta is not None:
+            raise ValueError("give --beta (a fixed guidance weight) or --betas (chosen each iteration), not both")
+        if any(not b > 0 for b in self.betas) or (self.beta is not None and not self.beta > 0):
+            raise ValueError(f"guidance weights must be > 0 (1: the positive-conditioned policy), "
+                             f"got --beta {self.beta} --betas {list(self.betas)}")
+        if not 1 <= self.select_episodes <= 100_000:
+            raise ValueError("--select_episodes must be in 1..100000")
+        evaluation = {"held-out evaluation": range(self.eval_seed, self.eval_seed + self.eval_episodes)}
+        if self.betas:
+            evaluation["guidance selection"] = range(self.select_seed, self.select_seed + self.select_episodes)
+        used = {"demonstration": range(self.demo_first_seed, self.demo_first_seed + self.demo_episodes),
+                "rollout": range(self.rollout_first_seed(0),
+                                 self.rollout_first_seed(self.iterations) + self.rollout_episodes),
+                **evaluation}
+        for name, block in evaluation.items():  # no evaluation block may share a seed with any other block
+            for what, seeds in used.items():
+                if what != name and seeds.start < block.stop and block.start < seeds.stop:
+                    raise ValueError(f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the {name} "
+                                     f"seeds {block.start}..{block.stop - 1}: change --seed, --rollout_seed, "
+                                     f"--select_seed or --eval_seed")
+
+    @property
+    def demo_first_seed(self) -> int:
+        return self.seed * 100_000
+
+    def rollout_first_seed(self, k: int) -> int:
+        """First rollout seed of iteration k (a block per run seed and iteration)."""
+        return self.rollout_seed + self.seed * 1_000_000 + k * 100_000

@@ -1,0 +1,264 @@
+"""recap: the RECAP loop in sim, measured on fixed held-out seeds every iteration.
+
+Iteration 0: behaviour cloning on mixed-quality demonstrations (the noisy expert).
+Iteration k >= 1:
+  1. collect rollouts with policy k-1 (acting with the positive indicator) and
+     critic k-1; a simulated operator takes over with the scripted expert when the
+     chunk's value drops (`ValueTakeover`), and those steps are flagged;
+  2. train critic k on everything collected so far;
+  3. label advantages (N-step, per-task threshold, interventions positive) as a
+     sidecar next to the store;
+  4. fine-tune policy k from policy k-1 on everything, conditioned on the labels
+     (indicator dropout keeps it unconditional too);
+  5. with `--betas`, choose the guidance weight (or none) on a separate block of
+     selection seeds; evaluate policy k with the positive indicator (and that
+     weight) on the held-out seeds, and
+     critic k's failure AUC from its values at the mid-episode step (half the
+     episode limit, the same step for every episode) on those evaluation episodes.
+Control arm (`--control`): the same number of fine-tuning steps on the same data,
+without labels, from the previous control policy; evaluated on the same seeds and
+compared seed by seed (exact McNemar test), so a gain can be told apart from what
+more training on more data gives by itself.
+JSON per iteration: success rate with a 95% interval, mean steps to success,
+successes per hour of simulated time, interventions per rollout episode, the
+critic's failure AUC, the guidance choice, the control arm.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from critics.advantage import INDICATOR_POSITIVE
+from critics.value_critic import load_critic
+from learning.advantage_labels import label_store
+from learning.demos import collect_demos
+from learning.evaluation import evaluate_policy
+from learning.fit_critic import fit_critic
+from learning.fit_policy import fit_policy
+from learning.options import (
+    CollectDemosConfig,
+    LabelAdvantagesConfig,
+    RecapConfig,
+    TrainCriticConfig,
+    TrainPolicyConfig,
+)
+from learning.stats import failure_auc_summary, mid_episode_value, paired_comparison
+from learning.training import Log
+from models.checkpoint import update_info
+from policies.flow_policy import CONDITIONING_INFO, Conditioning
+from rollout.episode_schema import IMAGE_PREFIX
+from rollout.host_factory import HostSpec
+from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
+from rollout.rollout_host import HostConfig
+from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.zarr_recorder import ZarrRecorder
+
+
+def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Path, k: int,
+              beta: float | None) -> dict:
+    """Iteration k's rollouts on the actor pool: policy k-1 acting with the positive indicator, critic k-1
+    triggering the simulated operator's takeovers; each episode recorded once (a resumed run skips what
+    the store holds)."""
+    spec = HostSpec(family=config.family, policy=str(policy_dir), critic=str(critic_dir),
+                    advantage="positive", beta=beta, host=HostConfig(n_exec=config.n_exec, noise_seed=k),
+                    takeover=(config.takeover_threshold, config.takeover_steps))
+    first = config.rollout_first_seed(k)
+    items = [WorkItem(f"recap{k}-{config.family}-s{seed:07d}", seed)
+             for seed in range(first, first + config.rollout_episodes)]
+    with ZarrRecorder(store) as recorder:
+        todo = [it for it in items if it.episode_id not in recorder]  # a resumed run: recorded before it stopped
+        run_rollouts(spec, todo, actors=config.actors, recorder=recorder)
+    return _rollout_summary(store, [it.episode_id for it in items], _episode_limit(config) // 2)
+
+
+def _episode_limit(config: RecapConfig) -> int:
+    from envs.tasks import FAMILIES, family_index
+
+    return FAMILIES[family_index(config.family)].max_steps
+
+
+def _cameras(*sets: tuple[str, ...]) -> tuple[str, ...]:
+    """Every camera any of the models sees, in first-seen order (what the episodes record)."""
+    return tuple(dict.fromkeys(c for cams in sets for c in cams))
+
+
+def _rollout_summary(store: Path, ids: list[str], at_step: int) -> dict:
+    """Success, takeovers and the online critic's failure AUC over the iteration's recorded rollouts
+    (read back from the store, so a resumed iteration reports the episodes recorded before it stopped)."""
+    reader = ZarrEpisodeReader(store)
+    wanted = set(ids)
+    episodes = successes = interventions = 0
+    mids: list[tuple[float, bool]] = []
+    for index, episode_id in enumerate(reader.episode_ids):
+        if episode_id not in wanted:
+            continue
+        episode = reader.episode(index, ["intervention", "value"])
+        episodes += 1
+        successes += int(episode.meta.success)
+        flags = np.asarray(episode.steps["intervention"], bool)
+        mid = mid_episode_value(np.asarray(episode.steps["value"]), at_step)
+        if mid is not None and not flags.any():  # a takeover changes the outcome the value predicted
+            mids.append((mid, bool(episode.meta.success)))
+        interventions += int(flags[:1].sum()) + int(np.sum(flags[1:] & ~flags[:-1]))  # takeovers started
+    return {"rollout_episodes": episodes, "rollout_success_rate": successes / episodes if episodes else 0.0,
+            "interventions_per_episode": interventions / episodes if episodes else 0.0,
+            # the critic that ran online (k-1) never saw these episodes: an out-of-sample figure,
+            # over the episodes nobody took over
+            "critic_failure_auc_rollouts": failure_auc_summary(mids)}
+
+
+def resumable_store(config: RecapConfig) -> tuple[Path, tuple[str, ...]]:
+    """The run's store (made), and the cameras it records; a resumed run's store must record every camera
+    this run's models see (ValueError otherwise)."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = out / "episodes.zarr"
+    cameras = _cameras(TrainPolicyConfig.cameras, config.critic_cameras)
+    if store.exists() and len(reader := ZarrEpisodeReader(store)):  # a resumed run: same cameras?
+        missing = [c for c in cameras if f"{IMAGE_PREFIX}{c}" not in reader.keys]
+        if missing:
+            raise ValueError(f"{store} records no images of camera(s) {missing}, which this run's models see "
+                             "(--critic_cameras): start a new --out, or keep the cameras that run had")
+    return store, cameras
+
+
+def recap_loop(config: RecapConfig, log: Log = print, report: Callable[[dict], None] | None = None) -> dict:
+    """The RECAP loop of `config` (see the module docstring); `report(iteration)` is called as each one ends.
+    Returns the summary (every iteration's figures)."""
+    store, cameras = resumable_store(config)
+    out = store.parent
+    seeds = list(range(config.eval_seed, config.eval_seed + config.eval_episodes))
+    select = list(range(config.select_seed, config.select_seed + config.select_episodes))
+    demos = collect_demos(CollectDemosConfig(episodes=config.demo_episodes, out=str(store), family=config.family,
+                                             noise=config.demo_noise, seed=config.demo_first_seed,
+                                             cameras=cameras, progress=config.progress))
+    log(f"{config.demo_episodes} demonstrations ({demos['skipped_already_recorded']} already recorded) "
+        f"-> {store}")
+    common = dict(data=str(store), batch_size=config.batch_size, n_exec=config.n_exec, eval_episodes=0,
+                  progress=config.progress, eval_family=config.family, shift=0, seed=config.seed)
+    timing = {"rollouts_s": 0.0, "training_s": 0.0, "evaluation_s": 0.0}
+    where = init_ray() if config.actors else ""
+    try:
+        return _loop(config, log, report or (lambda it: None), out, store, seeds, select, common, timing)
+    finally:
+        if where:
+            shutdown_ray(where)
+
+
+def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Path, store: Path, seeds: list[int],
+          select: list[int], common: dict, timing: dict) -> dict:
+
+    def critic_for(k: int) -> Path:
+        path = out / f"critic_{k}"
+        t0 = time.perf_counter()
+        fit_critic(TrainCriticConfig(data=str(store), out=str(path), steps=config.critic_steps,
+                                     cameras=config.critic_cameras, eval_every=config.critic_steps,
+                                     actor_input=config.critic_actor_input, plan_steps=config.critic_plan_steps,
+                                     seed=config.seed, progress=config.progress), log=log)
+        timing["training_s"] += time.perf_counter() - t0
+        return path
+
+    def fit(**kwargs) -> None:
+        t0 = time.perf_counter()
+        fit_policy(TrainPolicyConfig(**kwargs, **common), log=log)
+        timing["training_s"] += time.perf_counter() - t0
+
+    def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None,
+                 beta: float | None = None, on: list[int] = seeds) -> dict:
+        t0 = time.perf_counter()
+        result = evaluate_policy(str(policy_dir), family=config.family, seeds=on, n_exec=config.n_exec,
+                                 advantage="positive" if conditioned else "none", beta=beta if conditioned else None,
+                                 critics=[str(critic_dir)] if critic_dir else (), actors=config.actors)
+        timing["evaluation_s"] += time.perf_counter() - t0
+        return result
+
+    def choose_beta(policy_dir: Path) -> tuple[float | None, dict | None]:
+        """The guidance weight the conditioned policy acts with: `--beta`, or the best of the positive
+        indicator alone and each of `--betas` on the selection seeds (ties: the weaker guidance)."""
+        if not config.betas:
+            return config.beta, None
+        trials = []
+        for beta in (None, *sorted(config.betas)):
+            r = evaluate(policy_dir, True, beta=beta, on=select)
+            trials.append({"beta": beta, "successes": r["successes"], "success_rate": r["success_rate"]})
+            log(f"  guidance {'off (indicator alone)' if beta is None else f'beta {beta:g}'}: "
+                          f"{r['successes']}/{r['episodes']} on the selection seeds")
+        best = max(trials, key=lambda t: t["successes"])  # the first maximum: trials go from weak to strong
+        return best["beta"], {"beta": best["beta"], "select_seeds": [select[0], select[-1]], "trials": trials}
+
+    iterations = []
+    beta = None  # the BC policy never saw the indicator: it acts unguided
+    policy_dir = control_dir = out / "policy_0"
+    log(f"[bold]iteration 0[/bold]: behaviour cloning on {config.demo_episodes} noisy demos")
+    fit(out=str(policy_dir), steps=config.bc_steps)
+    critic_dir = critic_for(0)
+    result = evaluate(policy_dir, False, critic_dir)
+    iterations.append({"iteration": 0, **_metrics(result), "interventions_per_episode": 0.0,
+                       "policy": str(policy_dir), "critic": str(critic_dir)})
+    report(iterations[-1])
+    for k in range(1, config.iterations + 1):
+        log(f"[bold]iteration {k}[/bold]: rollouts, critic, advantage labels, conditioned policy")
+        started, before = time.perf_counter(), dict(timing)
+        t0 = time.perf_counter()
+        rollouts = _rollouts(config, policy_dir, critic_dir, store, k, beta)
+        timing["rollouts_s"] += time.perf_counter() - t0
+        critic_dir = critic_for(k)
+        labels = label_store(load_critic(critic_dir), str(store), n=config.n, max_steps=LabelAdvantagesConfig.max_steps,
+                             positive_fraction=config.positive_fraction, critic_name=str(critic_dir))
+        new_policy = out / f"policy_{k}"
+        fit(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir),
+                   advantage_labels=str(labels.sidecar))
+        policy_dir = new_policy
+        beta, guidance = choose_beta(policy_dir)
+        # the checkpoint records how it acts: sim_rollout, eval_policy and real_recap run it so by default
+        update_info(policy_dir, **{CONDITIONING_INFO: Conditioning("positive", beta).to_json()})
+        result = evaluate(policy_dir, True, critic_dir, beta=beta)
+        it = {"iteration": k, **_metrics(result), "beta": beta, **rollouts, "policy": str(policy_dir),
+              "critic": str(critic_dir), "positive_fraction": float(np.mean(labels.labels.indicator == INDICATOR_POSITIVE))}
+        if guidance is not None:
+            # the indicator alone on the held-out seeds too, whatever was chosen: how much guidance adds
+            alone = result if beta is None else evaluate(policy_dir, True)
+            it["guidance"] = {**guidance, "indicator_alone": _metrics(alone),
+                              "paired": paired_comparison(result["success_by_seed"], alone["success_by_seed"])}
+        if config.control:
+            # same data, same steps, no labels: what more training on more data gives by itself
+            new_control = out / f"control_{k}"
+            fit(out=str(new_control), steps=config.policy_steps, init=str(control_dir))
+            control_dir = new_control
+            control = evaluate(control_dir, False)
+            it["control"] = {**_metrics(control), "policy": str(control_dir),
+                             "paired": paired_comparison(result["success_by_seed"], control["success_by_seed"])}
+        it["wall_s"] = {"iteration": time.perf_counter() - started, "actors": config.actors,
+                        **{key: timing[key] - before[key] for key in timing}}
+        iterations.append(it)
+        report(iterations[-1])
+    summary = {"family": config.family, "seed": config.seed, "eval_seeds": [seeds[0], seeds[-1]],
+               "iterations": iterations, "actors": config.actors,
+               "gain_points": 100 * (iterations[-1]["success_rate"] - iterations[0]["success_rate"]),
+               # the issue's other yardstick: successes per hour of simulated time, last iteration / BC
+               "successes_per_sim_hour_ratio": (iterations[-1]["successes_per_sim_hour"] /
+                                                iterations[0]["successes_per_sim_hour"]
+                                                if iterations[0]["successes_per_sim_hour"] else None),
+               "store": str(store)}
+    if config.control and config.iterations:
+        last = iterations[-1]
+        summary["gain_over_control_points"] = 100 * (last["success_rate"] - last["control"]["success_rate"])
+    return summary
+
+
+def _metrics(result: dict) -> dict:
+    metrics = {"success_rate": result["success_rate"], "ci95": result["ci95"],
+               "mean_steps_to_success": result["mean_steps_to_success"], "eval_episodes": result["episodes"],
+               "successes_per_sim_hour": result["successes_per_sim_hour"],
+               "success_by_seed": result["success_by_seed"]}
+    if "critic_failure_auc" in result:  # the iteration's critic on these held-out episodes (it never saw them)
+        metrics["critic_failure_auc_eval"] = result["critic_failure_auc"]
+        metrics["phase_alone_failure_auc_eval"] = result["phase_alone_failure_auc"]  # what the phase alone gives
+        metrics["critic_phases_eval"] = result["critic_phases"]
+        if result.get("critic_failure_auc_state_only"):  # a plan critic: the AUC above is with the chunk
+            metrics["critic_failure_auc_state_only_eval"] = result["critic_failure_auc_state_only"][0]
+    return metrics
