@@ -31,7 +31,7 @@ LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
 SUITES_VENV ?= .venv-suites
 SUITES_STAMP := $(SUITES_VENV)/.installed
 
-.PHONY: install test test-slow lerobot-venv suites-venv demo bench gpu-check gpu-present clean
+.PHONY: install test test-slow lint lerobot-venv suites-venv demo bench gpu-check gpu-present clean
 
 install: $(STAMP)
 
@@ -44,6 +44,9 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 test-slow: $(STAMP) $(LEROBOT_STAMP) $(SUITES_STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)

@@ -224,7 +224,7 @@ class Arena:
         for slab in self._slabs:
             noise = torch.randint(0, 256, slab.shape, dtype=torch.uint8, generator=generator)
             slab.copy_(noise)
-        for key, view in self._views.items():
+        for view in self._views.values():
             if view.dtype is torch.bool:
                 view.view(torch.uint8).bitwise_and_(1)
 

@@ -9,7 +9,6 @@ A capsule is never written after it is made: restores and forks only read it.
 from __future__ import annotations
 
 import ctypes
-
 import time
 import uuid
 from collections.abc import Mapping, Sequence

@@ -6,9 +6,9 @@ so import it before `mujoco`, and registers the gymnasium ids (mujoco loads lazi
 `TabletopArrange-v0`, `TabletopSort-v0`.
 """
 
-from envs import gl_backend  # noqa: F401  (first: chooses MUJOCO_GL before any module loads mujoco)
-
 import gymnasium  # noqa: E402
+
+from envs import gl_backend  # noqa: F401  (first: chooses MUJOCO_GL before any module loads mujoco)
 
 ENV_IDS = {
     "TabletopPickPlace-v0": "pick_place",

@@ -156,7 +156,8 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
             kind = type(layer).__name__
             extra = sorted(set(vars(layer)) - _WRAPPER_PLUMBING)
             known = kind in KNOWN_WRAPPERS or (capture is not None and kind in capture.wrapper_state)
-            report.wrappers.append(f"{kind} ({'known' if known else 'stateless' if not extra else 'UNKNOWN, state: ' + ', '.join(extra)})")
+            verdict = "known" if known else "stateless" if not extra else "UNKNOWN, state: " + ", ".join(extra)
+            report.wrappers.append(f"{kind} ({verdict})")
     before_model = _model_arrays(model)
     snaps = [_attributes(env)]
 
@@ -215,8 +216,9 @@ def _declaration(path: str, raw: Any, seen: list[Any]) -> str | None:
         other = next((v for v in seen if v is not None), None)
         return _declaration(path, other, []) if other is not None else None
     if isinstance(raw, (list, set, frozenset)):
-        universe = tuple(dict.fromkeys(item for value in seen if isinstance(value, (list, set, frozenset))
-                                       for item in value))
+        universe = tuple(
+            dict.fromkeys(item for value in seen if isinstance(value, (list, set, frozenset)) for item in value)
+        )
         kind = "list" if isinstance(raw, list) else "set"
         return f"Attr({path!r}, {kind!r}, universe={universe!r})  # complete the universe"
     return None

@@ -18,7 +18,6 @@ import torch
 
 from capsules import Arena
 from envs.mujoco_capsule import MujocoCapsuleEnv
-from envs.rollout_env import image_key
 
 
 class MujocoCapsuleSteppable:
@@ -64,7 +63,7 @@ class MujocoCapsuleSteppable:
         for _, owner, name in env._generators:
             if getattr(owner, name, None) is not None:
                 setattr(owner, name, np.random.default_rng(int(rng.integers(1 << 31))))
-        for owner, name, attr, view, _ in env._attr_views:
+        for owner, name, _attr, _view, _ in env._attr_views:
             value = getattr(owner, name)
             if isinstance(value, np.ndarray) and value.dtype.kind == "f":
                 setattr(owner, name, value + rng.normal(0, 0.1, value.shape))

@@ -75,7 +75,7 @@ class RobotClient:
         while got < n:
             try:
                 chunk = self._sock.recv(n - got)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise RobotDisconnected(f"the robot at {self.address[0]}:{self.address[1]} stopped answering") from None
             if not chunk:
                 break

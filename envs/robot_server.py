@@ -178,7 +178,7 @@ class RobotServer:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -448,7 +448,7 @@ class _FrameReader:
                                     f"({len(buf)} of {n} bytes)", fatal=True)
             try:
                 chunk = self.conn.recv(min(n - len(buf), 1 << 20))
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             if not chunk:
                 if idle and not buf:

@@ -65,7 +65,7 @@ def _resets(config: BenchEnvConfig, rounds: int) -> dict:
     env.reset(seed=123)
     initial = snapshot(arena, label="initial")
     samples: dict[str, list[float]] = {"reset_seed": [], "restore": [], "restore_observe": []}
-    for i in range(rounds):
+    for _ in range(rounds):
         samples["reset_seed"].append(timed(lambda: env.reset(seed=123), CPU))
         samples["restore"].append(timed(lambda: restore(arena, initial), CPU))
         samples["restore_observe"].append(timed(lambda: (restore(arena, initial), env.observe()), CPU))
@@ -137,7 +137,8 @@ def markdown(summary: dict) -> str:
         "",
         "| reset | median us | p90 us |",
         "|---|---|---|",
-        f"| `env.reset(seed)` (renders the first observation) | {rs['reset_seed']['median']:.0f} | {rs['reset_seed']['p90']:.0f} |",
+        f"| `env.reset(seed)` (renders the first observation) | {rs['reset_seed']['median']:.0f} "
+        f"| {rs['reset_seed']['p90']:.0f} |",
         f"| capsule restore ({rs['capsule_bytes']} bytes) | {rs['restore']['median']:.1f} | {rs['restore']['p90']:.1f} |",
         f"| capsule restore + `observe()` | {rs['restore_observe']['median']:.0f} | {rs['restore_observe']['p90']:.0f} |",
         "",
@@ -148,8 +149,8 @@ def markdown(summary: dict) -> str:
         "",
         "| recorder | MB/s (raw bytes) | on disk MB | caller wait per step (us) |",
         "|---|---|---|---|",
-        f"| npz (caller writes) | {rc['npz']['mb_s']:.1f} | {rc['npz']['disk_mb']:.1f} | {rc['npz']['caller_us_per_step']:.0f} |",
-        f"| zarr (writer thread) | {rc['zarr']['mb_s']:.1f} | {rc['zarr']['disk_mb']:.1f} | {rc['zarr']['caller_us_per_step']:.0f} |",
+        *(f"| {label} | {rc[k]['mb_s']:.1f} | {rc[k]['disk_mb']:.1f} | {rc[k]['caller_us_per_step']:.0f} |"
+          for k, label in (("npz", "npz (caller writes)"), ("zarr", "zarr (writer thread)"))),
         f"| building the episode only (no recorder) | - | - | {rc['build_only_us_per_step']:.0f} |",
     ]
     return "\n".join(lines)
@@ -186,8 +187,13 @@ def _suite_env(env_id: str, rounds: int, step_count: int) -> dict:
     steps_s = step_count / (time.perf_counter() - t0)
     env.close()
     out: dict = {k: stats_us(v) for k, v in samples.items()}
-    out.update(env=env_id, mujoco=mujoco.__version__, capsule_bytes=initial.nbytes, steps_per_s=steps_s,
-               reset_over_restore=out["reset_seed"]["median"] / out["restore"]["median"])
+    out.update(
+        env=env_id,
+        mujoco=mujoco.__version__,
+        capsule_bytes=initial.nbytes,
+        steps_per_s=steps_s,
+        reset_over_restore=out["reset_seed"]["median"] / out["restore"]["median"],
+    )
     return out
 
 
@@ -199,8 +205,11 @@ def _usual_restore(env, copy):
     spec = mujoco.mjtState.mjSTATE_INTEGRATION
     state = np.empty(mujoco.mj_stateSize(env.model, spec))
     mujoco.mj_getState(env.model, env.data, state, spec)
-    gens = [(owner, name, getattr(owner, name).bit_generator.state) for _, owner, name in env._generators
-            if getattr(owner, name, None) is not None]
+    gens = [
+        (owner, name, getattr(owner, name).bit_generator.state)
+        for _, owner, name in env._generators
+        if getattr(owner, name, None) is not None
+    ]
     attrs = [(owner, name, copy.copy(getattr(owner, name))) for owner, name, *_ in env._attr_views]
 
     def usual() -> None:
@@ -234,7 +243,8 @@ def suite_markdown(results: list[dict]) -> str:
             f"{r['restore']['median']:.1f} / {r['restore']['p99']:.1f} | {r['restore_hook']['median']:.1f} | "
             f"{r['usual_restore']['median']:.1f} | {r['reset_over_restore']:.1f}x | "
             f"{r['reset_seed']['median'] / r['restore_hook']['median']:.1f}x | {r['capsule_bytes']} | "
-            f"{r['steps_per_s']:.0f} |")
+            f"{r['steps_per_s']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -254,9 +264,15 @@ def run_suite_envs(config: BenchEnvConfig) -> ExperimentResult:
     for col in ("env", "reset(seed) us", "restore us", "hook us", "usual us", "reset/restore", "capsule bytes"):
         table.add_column(col)
     for r in results:
-        table.add_row(r["env"], f"{r['reset_seed']['median']:.0f}", f"{r['restore']['median']:.1f}",
-                      f"{r['restore_hook']['median']:.1f}", f"{r['usual_restore']['median']:.1f}",
-                      f"{r['reset_over_restore']:.1f}x", str(r["capsule_bytes"]))
+        table.add_row(
+            r["env"],
+            f"{r['reset_seed']['median']:.0f}",
+            f"{r['restore']['median']:.1f}",
+            f"{r['restore_hook']['median']:.1f}",
+            f"{r['usual_restore']['median']:.1f}",
+            f"{r['reset_over_restore']:.1f}x",
+            str(r["capsule_bytes"]),
+        )
     console.print(table)
     if config.docs:
         name = f"bench_suite_envs_mujoco{mujoco.__version__.replace('.', '')}"

@@ -16,7 +16,7 @@ import inspect
 import textwrap
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 
@@ -24,7 +24,7 @@ class ConfigError(ValueError):
     """A command line does not describe a valid config; the message says how to fix it."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings of a dataclass, keyed by field name."""
     docs: dict[str, str] = {}

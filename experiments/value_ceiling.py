@@ -91,7 +91,8 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
                 row["critic_value"] = float(episode.steps["value"][step])  # the host's critic, at that chunk
 
             def branch(noise_seed: int | None) -> tuple[bool, int]:
-                result = host.branch(capsule, seed=seed, noise_seed=noise_seed)
+                # called within this iteration only
+                result = host.branch(capsule, seed=seed, noise_seed=noise_seed)  # noqa: B023
                 return bool(result.episode.meta.success), host.env.steps
 
             keeper.enabled = False

@@ -17,7 +17,9 @@ from rollout.zarr_recorder import ZarrRecorder
 def demo_source(config: CollectDemosConfig):
     """The env and a factory of its scripted policy for a seed: the tabletop's expert, or the suite's own."""
     if not config.env:
-        env = TabletopEnv(config.family, cameras=("front",) if config.cameras is None else config.cameras, image_size=config.image_size)
+        env = TabletopEnv(
+            config.family, cameras=("front",) if config.cameras is None else config.cameras, image_size=config.image_size
+        )
 
         def tabletop_expert(seed: int):
             expert = ScriptedExpert(env, noise=config.noise, seed=seed)

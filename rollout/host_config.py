@@ -17,6 +17,7 @@ import numpy as np
 
 from rollout.episode import Episode
 
+
 class Phase(str, enum.Enum):
     IDLE = "idle"
     RESET = "reset"

@@ -396,7 +396,7 @@ def _expire(in_flight, probes, pool, timed_out, stats, timeout_s, placed, starte
                            "Ask for less (--cpus_per_actor, --gpus_per_actor) or fewer --actors")
     if timeout_s is None:
         return
-    for ref, (index, item, t0) in list(in_flight.items()):
+    for ref, (index, _item, t0) in list(in_flight.items()):
         if now - t0 >= timeout_s and ref not in timed_out:
             timed_out.add(ref)
             stats.timeouts += 1

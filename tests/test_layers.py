@@ -1,4 +1,5 @@
-"""DESIGN.md section 2: imports go one way; only rollout/ imports ray; capsules/ imports only torch/numpy/triton/safetensors."""
+"""DESIGN.md section 2: imports go one way; only rollout/ imports ray; capsules/ imports only
+torch/numpy/triton/safetensors; commands in experiments/ never import each other."""
 
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def violations(package: str, source: str, package_path: str | None = None) -> li
         if top in PACKAGES and top != package:
             allowed = ALLOWED[package]
             if top not in allowed and not any(mod == a or mod.startswith(a + ".") for a in allowed):
-                found.append(f"{package} imports {mod}: {package}/ may import only {sorted(allowed) or 'nothing of the project'}")
+                found.append(
+                    f"{package} imports {mod}: {package}/ may import only {sorted(allowed) or 'nothing of the project'}"
+                )
         if package == "capsules" and top not in PACKAGES and top not in sys.stdlib_module_names:
             if top not in CAPSULES_THIRD_PARTY and top != "__future__":
                 found.append(f"capsules imports {mod}: capsules/ may use only {sorted(CAPSULES_THIRD_PARTY)}")

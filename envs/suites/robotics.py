@@ -84,7 +84,11 @@ def _kitchen_success(info) -> bool:
 
 
 def _instruction(task: str) -> str:
-    words = {"FetchReach-v4": "reach the target", "FetchPush-v4": "push the block to the target",
-             "FetchSlide-v4": "slide the puck to the target", "FetchPickAndPlace-v4": "pick up the block and place it at the target",
-             "FrankaKitchen-v1": "open the microwave, move the kettle, switch on the light and burners, open the cabinets"}
+    words = {
+        "FetchReach-v4": "reach the target",
+        "FetchPush-v4": "push the block to the target",
+        "FetchSlide-v4": "slide the puck to the target",
+        "FetchPickAndPlace-v4": "pick up the block and place it at the target",
+        "FrankaKitchen-v1": "open the microwave, move the kettle, switch on the light and burners, open the cabinets",
+    }
     return words[task]

@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from capsules import digest_slab, digest_tensors, snapshot
-from capsules import digest
+from capsules import digest, digest_slab, digest_tensors, snapshot
 from capsules.digest import choose_backend, pack, triton_available
 from tests.capsules.fakes import fill_state, make_arena
 from tests.conftest import HAS_CUDA

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import envs  # noqa: F401  (first: chooses MUJOCO_GL before mujoco loads)
+
+# isort: split
 import gymnasium as gym
 import mujoco
 import numpy as np
@@ -115,7 +117,10 @@ def test_unknown_stateful_wrapper_refused():
         MujocoCapsuleEnv(env, CaptureSpec(task="x"))
     with pytest.raises(MujocoCapsuleError, match="PassiveEnvChecker keeps state"):
         MujocoCapsuleEnv(gym.make("Reacher-v5"), CaptureSpec(task="x"))
-    ok = MujocoCapsuleEnv(_Counting(gym.make("Reacher-v5", disable_env_checker=True)), CaptureSpec(task="x", wrapper_state={"_Counting": ("calls",)}))
+    ok = MujocoCapsuleEnv(
+        _Counting(gym.make("Reacher-v5", disable_env_checker=True)),
+        CaptureSpec(task="x", wrapper_state={"_Counting": ("calls",)}),
+    )
     assert any(name == "calls" for _, name, _ in ok._wrapper_attrs)
 
 
@@ -123,7 +128,9 @@ def test_declared_attributes_and_live_views():
     env = gym.make("Reacher-v5", disable_env_checker=True)
     u = env.unwrapped
     u.goal_note, u.visited = np.zeros(2), ["a"]
-    capture = CaptureSpec(task="t", attributes=(Attr("goal_note", "array", (2,)), Attr("visited", "list", universe=("a", "b"))))
+    capture = CaptureSpec(
+        task="t", attributes=(Attr("goal_note", "array", (2,)), Attr("visited", "list", universe=("a", "b")))
+    )
     adapter = MujocoCapsuleEnv(env, capture)
     arena = Arena([adapter]).allocate()
     adapter.reset(seed=0)

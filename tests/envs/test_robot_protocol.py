@@ -145,7 +145,7 @@ def test_read_frame_from_a_stream():
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_non_finite_numbers_in_a_header_are_bad_headers(value):
-    header = ('{"type":"heartbeat","seq":1,"fields":{"t":%s},"arrays":[]}' % value).encode()
+    header = ('{"type":"heartbeat","seq":1,"fields":{"t":%s},"arrays":[]}' % value).encode()  # noqa: UP031 - JSON braces
     with pytest.raises(ProtocolError) as info:
         decode(PREFIX.pack(b"CRBP", VERSION, 0, len(header), 0) + header)
     assert info.value.code == "bad_header" and not info.value.fatal

@@ -7,6 +7,8 @@ suite is missing or cannot run on this MuJoCo they skip, saying why. `make test-
 from __future__ import annotations
 
 import envs  # noqa: F401  (first: chooses MUJOCO_GL before mujoco loads)
+
+# isort: split
 import numpy as np
 import pytest
 

@@ -142,7 +142,7 @@ def test_an_uncommitted_tail_from_older_code_is_cut_on_reopening(tmp_path):
         for i in range(2):
             rec.write(fake_episode(i, length=6))
     group = zarr.open_group(str(path), mode="a", zarr_format=2)  # the old writer: resize, then write
-    for key, array in group["data"].arrays():
+    for _key, array in group["data"].arrays():
         array.resize((15, *array.shape[1:]))
     group["meta/episode_id"].resize((3,))
     assert not (path / "data/state/.zarray").is_symlink()  # zarr's resize replaced the link by a file
