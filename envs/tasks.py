@@ -56,9 +56,8 @@ class Goal:
         if world.holding == block:
             return False
         if self.kind == "pad":
-            return bool(
-                np.linalg.norm(pos[:2] - world.pads[self.ref][:2]) < PAD_RADIUS - 0.01 and pos[2] < BLOCK_HALF + 0.01
-            )
+            on_pad = np.linalg.norm(pos[:2] - world.pads[self.ref][:2]) < PAD_RADIUS - 0.01
+            return bool(on_pad and pos[2] < BLOCK_HALF + 0.01)
         ref = world.blocks[self.ref]
         if self.kind == "stack":
             dz = pos[2] - ref[2]
@@ -134,10 +133,7 @@ class TaskFamily:
 
     def fields(self, params: TaskParams) -> dict[str, str]:
         return {
-            "a": BLOCKS[params.a],
-            "b": BLOCKS[params.b],
-            "p": PADS[params.p],
-            "q": PADS[params.q],
+            "a": BLOCKS[params.a], "b": BLOCKS[params.b], "p": PADS[params.p], "q": PADS[params.q],
             "rel": RELATIONS[params.variant % len(RELATIONS)],
         }
 
@@ -175,10 +171,8 @@ class PickPlace(TaskFamily):
 
     def subtasks(self, params: TaskParams) -> list[Subtask]:
         f = self.fields(params)
-        return [
-            Subtask(f"pick up the {f['a']} block", f["a"]),
-            Subtask(f"place it on the {f['p']} pad", f["a"], Goal("pad", f["p"])),
-        ]
+        return [Subtask(f"pick up the {f['a']} block", f["a"]),
+                Subtask(f"place it on the {f['p']} pad", f["a"], Goal("pad", f["p"]))]
 
 
 class Stack(TaskFamily):
@@ -188,10 +182,8 @@ class Stack(TaskFamily):
 
     def subtasks(self, params: TaskParams) -> list[Subtask]:
         f = self.fields(params)
-        return [
-            Subtask(f"pick up the {f['a']} block", f["a"]),
-            Subtask(f"put it on the {f['b']} block", f["a"], Goal("stack", f["b"])),
-        ]
+        return [Subtask(f"pick up the {f['a']} block", f["a"]),
+                Subtask(f"put it on the {f['b']} block", f["a"], Goal("stack", f["b"]))]
 
 
 class Arrange(TaskFamily):
@@ -205,10 +197,8 @@ class Arrange(TaskFamily):
 
     def subtasks(self, params: TaskParams) -> list[Subtask]:
         f = self.fields(params)
-        return [
-            Subtask(f"pick up the {f['a']} block", f["a"]),
-            Subtask(f"put it {f['rel']} the {f['b']} block", f["a"], Goal("relation", f["b"], f["rel"])),
-        ]
+        return [Subtask(f"pick up the {f['a']} block", f["a"]),
+                Subtask(f"put it {f['rel']} the {f['b']} block", f["a"], Goal("relation", f["b"], f["rel"]))]
 
 
 class Sort(TaskFamily):

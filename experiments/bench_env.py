@@ -187,13 +187,8 @@ def _suite_env(env_id: str, rounds: int, step_count: int) -> dict:
     steps_s = step_count / (time.perf_counter() - t0)
     env.close()
     out: dict = {k: stats_us(v) for k, v in samples.items()}
-    out.update(
-        env=env_id,
-        mujoco=mujoco.__version__,
-        capsule_bytes=initial.nbytes,
-        steps_per_s=steps_s,
-        reset_over_restore=out["reset_seed"]["median"] / out["restore"]["median"],
-    )
+    out.update(env=env_id, mujoco=mujoco.__version__, capsule_bytes=initial.nbytes, steps_per_s=steps_s,
+               reset_over_restore=out["reset_seed"]["median"] / out["restore"]["median"])
     return out
 
 
@@ -205,11 +200,8 @@ def _usual_restore(env, copy):
     spec = mujoco.mjtState.mjSTATE_INTEGRATION
     state = np.empty(mujoco.mj_stateSize(env.model, spec))
     mujoco.mj_getState(env.model, env.data, state, spec)
-    gens = [
-        (owner, name, getattr(owner, name).bit_generator.state)
-        for _, owner, name in env._generators
-        if getattr(owner, name, None) is not None
-    ]
+    gens = [(owner, name, getattr(owner, name).bit_generator.state) for _, owner, name in env._generators
+            if getattr(owner, name, None) is not None]
     attrs = [(owner, name, copy.copy(getattr(owner, name))) for owner, name, *_ in env._attr_views]
 
     def usual() -> None:
@@ -243,8 +235,7 @@ def suite_markdown(results: list[dict]) -> str:
             f"{r['restore']['median']:.1f} / {r['restore']['p99']:.1f} | {r['restore_hook']['median']:.1f} | "
             f"{r['usual_restore']['median']:.1f} | {r['reset_over_restore']:.1f}x | "
             f"{r['reset_seed']['median'] / r['restore_hook']['median']:.1f}x | {r['capsule_bytes']} | "
-            f"{r['steps_per_s']:.0f} |"
-        )
+            f"{r['steps_per_s']:.0f} |")
     return "\n".join(lines)
 
 
@@ -264,15 +255,9 @@ def run_suite_envs(config: BenchEnvConfig) -> ExperimentResult:
     for col in ("env", "reset(seed) us", "restore us", "hook us", "usual us", "reset/restore", "capsule bytes"):
         table.add_column(col)
     for r in results:
-        table.add_row(
-            r["env"],
-            f"{r['reset_seed']['median']:.0f}",
-            f"{r['restore']['median']:.1f}",
-            f"{r['restore_hook']['median']:.1f}",
-            f"{r['usual_restore']['median']:.1f}",
-            f"{r['reset_over_restore']:.1f}x",
-            str(r["capsule_bytes"]),
-        )
+        table.add_row(r["env"], f"{r['reset_seed']['median']:.0f}", f"{r['restore']['median']:.1f}",
+                      f"{r['restore_hook']['median']:.1f}", f"{r['usual_restore']['median']:.1f}",
+                      f"{r['reset_over_restore']:.1f}x", str(r["capsule_bytes"]))
     console.print(table)
     if config.docs:
         name = f"bench_suite_envs_mujoco{mujoco.__version__.replace('.', '')}"

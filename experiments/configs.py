@@ -269,9 +269,8 @@ class SimRolloutConfig:
             raise ValueError("--actors must be >= 0; --episodes, --n_exec and --value_patience >= 1")
         if self.repeats < 1 or self.attempts < 1:
             raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
-        if self.crash and (
-            len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in ("exit", "hang"))
-        ):
+        if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in
+                                                              ("exit", "hang"))):
             raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang]")
         if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
             raise ValueError(f"--episode_timeout_s must be > 0 (got {self.episode_timeout_s})")
@@ -337,17 +336,8 @@ class BenchRolloutConfig:
     """Markdown file whose bench_rollout section is replaced by the results; empty: none."""
 
     def __post_init__(self) -> None:
-        if (
-            min(
-                self.reset_rounds,
-                self.cold_rounds,
-                self.record_rounds,
-                self.scale_episodes,
-                self.loop_episodes,
-                self.loop_rounds,
-            )
-            < 1
-        ):
+        if min(self.reset_rounds, self.cold_rounds, self.record_rounds, self.scale_episodes, self.loop_episodes,
+               self.loop_rounds) < 1:
             raise ValueError("round and episode counts must be >= 1")
         if self.handoff_samples < 10:
             raise ValueError("--handoff_samples must be >= 10")

@@ -289,13 +289,8 @@ class LeRobotWriter:
             missing = sorted({S.STATE, S.ACTION, S.SUBTASK_ID} - set(shapes))
             if missing:
                 raise LeRobotExportError(f"episode {episode.meta.episode_id!r} lacks {missing}; nothing to export")
-            order = [
-                S.STATE,
-                S.ACTION,
-                *sorted(k for k in shapes if k.startswith(S.IMAGE_PREFIX)),
-                *[k for k in F.STEP_EXTRAS if k in shapes],
-                *([S.TIMESTAMP] if S.TIMESTAMP in shapes else []),
-            ]
+            order = [S.STATE, S.ACTION, *sorted(k for k in shapes if k.startswith(S.IMAGE_PREFIX)),
+                     *[k for k in F.STEP_EXTRAS if k in shapes], *([S.TIMESTAMP] if S.TIMESTAMP in shapes else [])]
             self._shapes = {k: shapes[k] for k in order}
             self.features = self._make_features(episode)
             return
@@ -303,8 +298,7 @@ class LeRobotWriter:
             got = {k: shapes.get(k) for k in self._shapes}
             raise LeRobotExportError(
                 f"episode {episode.meta.episode_id!r} has fields/shapes {got}, the first episode had {self._shapes}; "
-                "a LeRobot dataset has one set of features (export such episodes to separate datasets)"
-            )
+                "a LeRobot dataset has one set of features (export such episodes to separate datasets)")
 
     def _make_features(self, episode: Episode) -> dict[str, dict]:
         features: dict[str, dict] = {}
@@ -314,30 +308,18 @@ class LeRobotWriter:
                 h, w, _ = shape
                 if self.options.video and (h % 2 or w % 2):
                     raise LeRobotExportError(f"{key} is {h}x{w}; yuv420p video needs even sizes: use --no-video")
-                features[feature] = {
-                    "dtype": "video" if self.options.video else "image",
-                    "shape": list(shape),
-                    "names": list(F.IMAGE_NAMES),
-                }
+                features[feature] = {"dtype": "video" if self.options.video else "image", "shape": list(shape),
+                                     "names": list(F.IMAGE_NAMES)}
                 if self.options.video:
                     self._videos[feature] = _VideoSeries(self.root, feature, self.options)
                 continue
             names = self.options.names.get(feature)
             if names is not None and (len(shape) != 1 or len(names) != shape[0]):
                 raise LeRobotExportError(f"{len(names)} names given for {feature} of shape {shape}")
-            features[feature] = {
-                "dtype": _lerobot_dtype(episode.steps[key].dtype),
-                "shape": list(shape or (1,)),
-                "names": list(names) if names is not None else None,
-            }
-        for name, dtype in [
-            (F.TIMESTAMP, "float32"),
-            (F.FRAME_INDEX, "int64"),
-            (F.EPISODE_INDEX, "int64"),
-            (F.INDEX, "int64"),
-            (F.TASK_INDEX, "int64"),
-            (F.SUBTASK_INDEX, "int64"),
-        ]:
+            features[feature] = {"dtype": _lerobot_dtype(episode.steps[key].dtype), "shape": list(shape or (1,)),
+                                 "names": list(names) if names is not None else None}
+        for name, dtype in [(F.TIMESTAMP, "float32"), (F.FRAME_INDEX, "int64"), (F.EPISODE_INDEX, "int64"),
+                            (F.INDEX, "int64"), (F.TASK_INDEX, "int64"), (F.SUBTASK_INDEX, "int64")]:
             features[name] = {"dtype": dtype, "shape": [1], "names": None}
         return features
 
@@ -348,8 +330,7 @@ class LeRobotWriter:
             if self.features[name]["dtype"] == "image":
                 arrays[name] = pa.StructArray.from_arrays(
                     [pa.array([self._png(im) for im in value], pa.binary()), pa.nulls(len(value), pa.string())],
-                    names=["bytes", "path"],
-                )
+                    names=["bytes", "path"])
             elif value.ndim == 2:
                 arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(value.reshape(-1)), value.shape[1])
             else:
@@ -379,7 +360,7 @@ class LeRobotWriter:
         stats.update({k: h.stats() for k, h in self._hists.items()})
         _write_json(self.root / F.STATS_PATH, {k: lerobot_stats.to_lists(v) for k, v in stats.items() if v is not None})
         _write_json(self.root / F.INFO_PATH, self.info())
-        cameras = tuple(k[len(S.IMAGE_PREFIX) :] for k in self._shapes if k.startswith(S.IMAGE_PREFIX))
+        cameras = tuple(k[len(S.IMAGE_PREFIX):] for k in self._shapes if k.startswith(S.IMAGE_PREFIX))
         return ExportSummary(len(self.rows), self.frames, len(self.tasks), cameras, self.options.video, self.root)
 
     def abort(self) -> None:
@@ -393,19 +374,11 @@ class LeRobotWriter:
     def info(self) -> dict:
         opts, n = self.options, len(self.rows)
         return {
-            "codebase_version": F.CODEBASE_VERSION,
-            "robot_type": opts.robot_type,
-            "total_episodes": n,
-            "total_frames": self.frames,
-            "total_tasks": len(self.tasks),
-            "chunks_size": F.CHUNKS_SIZE,
-            "data_files_size_in_mb": opts.data_file_mb,
-            "video_files_size_in_mb": opts.video_file_mb,
-            "fps": opts.fps,
-            "splits": {"train": f"0:{n}"},
-            "data_path": F.DATA_PATH,
-            "video_path": F.VIDEO_PATH if self._videos else None,
-            "features": self.features,
+            "codebase_version": F.CODEBASE_VERSION, "robot_type": opts.robot_type, "total_episodes": n,
+            "total_frames": self.frames, "total_tasks": len(self.tasks), "chunks_size": F.CHUNKS_SIZE,
+            "data_files_size_in_mb": opts.data_file_mb, "video_files_size_in_mb": opts.video_file_mb,
+            "fps": opts.fps, "splits": {"train": f"0:{n}"}, "data_path": F.DATA_PATH,
+            "video_path": F.VIDEO_PATH if self._videos else None, "features": self.features,
         }
 
     def _write_episodes(self) -> None:
@@ -413,7 +386,7 @@ class LeRobotWriter:
         for first in range(0, len(self.rows), F.EPISODES_PER_META_FILE):
             where = F.chunk_file(first // F.EPISODES_PER_META_FILE)
             table_rows = []
-            for row in self.rows[first : first + F.EPISODES_PER_META_FILE]:
+            for row in self.rows[first:first + F.EPISODES_PER_META_FILE]:
                 out = {k: v for k, v in row.items() if k != "_stats"}
                 out[F.META_CHUNK], out[F.META_FILE] = where["chunk_index"], where["file_index"]
                 for feature, stat in stat_columns:
@@ -432,8 +405,7 @@ def open_store(path: str | os.PathLike) -> ZarrEpisodeReader:
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported the same way
         raise LeRobotExportError(
             f"cannot read {path} as an episode store ({type(exc).__name__}: {exc}); export reads the zarr "
-            "stores that collect_demos, sim_rollout and real_recap write"
-        ) from exc
+            "stores that collect_demos, sim_rollout and real_recap write") from exc
     missing = sorted({S.STATE, S.ACTION} - set(reader.keys))
     if not len(reader) or missing:
         why = "holds no complete episode" if not len(reader) else f"has no {missing} arrays"
@@ -466,14 +438,8 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=4, allow_nan=False) + "\n")
 
 
-def export_lerobot(
-    episodes: Iterable[Episode],
-    out: str | os.PathLike,
-    options: LeRobotWriterOptions,
-    *,
-    overwrite: bool = False,
-    on_episode: Callable[[Episode], None] | None = None,
-) -> ExportSummary:
+def export_lerobot(episodes: Iterable[Episode], out: str | os.PathLike, options: LeRobotWriterOptions, *,
+                   overwrite: bool = False, on_episode: Callable[[Episode], None] | None = None) -> ExportSummary:
     """Write `episodes` as a LeRobot v3.0 dataset at `out`, all or nothing.
 
     The dataset is built in `.<name>.partial` beside `out` (a leftover from a crashed run is removed

@@ -23,28 +23,9 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
     out, summary = tmp_path / "run", tmp_path / "s.json"
     marker = tmp_path / "crashed"
     victim = "pick_place-s1000002"
-    args = [
-        "sim_rollout",
-        "--actors",
-        "2",
-        "--episodes",
-        "5",
-        "--out",
-        str(out),
-        "--policy",
-        policy,
-        "--critic",
-        critic,
-        "--n_exec",
-        "2",
-        "--no-progress",
-        "--json",
-        str(summary),
-        "--crash",
-        victim,
-        "3",
-        str(marker),
-    ]
+    args = ["sim_rollout", "--actors", "2", "--episodes", "5", "--out", str(out), "--policy", policy,
+            "--critic", critic, "--n_exec", "2", "--no-progress", "--json", str(summary),
+            "--crash", victim, "3", str(marker)]
     assert main(args) == 0
     data = json.loads(summary.read_text())
     assert marker.exists()  # the actor really died mid-episode
@@ -75,29 +56,8 @@ def test_checkpoints_that_do_not_fit_are_refused_before_ray_starts(checkpoints, 
 def test_replay_detects_a_changed_recording_and_bad_arguments(checkpoints, tmp_path):
     policy, critic = checkpoints
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "sim_rollout",
-                "--actors",
-                "1",
-                "--episodes",
-                "1",
-                "--out",
-                str(out),
-                "--policy",
-                policy,
-                "--critic",
-                critic,
-                "--n_exec",
-                "2",
-                "--no-progress",
-                "--video",
-                "false",
-            ]
-        )
-        == 0
-    )
+    assert main(["sim_rollout", "--actors", "1", "--episodes", "1", "--out", str(out), "--policy", policy,
+                 "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false"]) == 0
     store = out / "episodes.zarr"
     import zarr
 
@@ -140,33 +100,9 @@ def test_attempts_retry_a_failed_episode_by_restoring_its_initial_capsule(checkp
 
     policy, critic = checkpoints  # random weights: every episode times out, so every attempt runs
     out, summary = tmp_path / "run", tmp_path / "s.json"
-    assert (
-        main(
-            [
-                "sim_rollout",
-                "--actors",
-                "1",
-                "--episodes",
-                "2",
-                "--attempts",
-                "3",
-                "--out",
-                str(out),
-                "--policy",
-                policy,
-                "--critic",
-                critic,
-                "--n_exec",
-                "2",
-                "--no-progress",
-                "--video",
-                "false",
-                "--json",
-                str(summary),
-            ]
-        )
-        == 0
-    )
+    assert main(["sim_rollout", "--actors", "1", "--episodes", "2", "--attempts", "3", "--out", str(out),
+                 "--policy", policy, "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false",
+                 "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     assert data["episodes"] == 6 and data["reset_kinds"] == {"cold": 2, "restore": 4}
     reader = ZarrEpisodeReader(data["store"])
@@ -175,9 +111,8 @@ def test_attempts_retry_a_failed_episode_by_restoring_its_initial_capsule(checkp
     first, retry = metas["pick_place-s1000001"], metas["pick_place-s1000001-a2"]
     assert (retry.attempt, retry.seed) == (2, first.seed) and retry.initial_capsule_id == first.initial_capsule_id
     episodes = {reader.meta(i).episode_id: reader.episode(i) for i in range(len(reader))}
-    assert not np.array_equal(
-        episodes["pick_place-s1000001"].steps["action"][:4], episodes["pick_place-s1000001-a2"].steps["action"][:4]
-    )  # noise of its own
+    assert not np.array_equal(episodes["pick_place-s1000001"].steps["action"][:4],
+                              episodes["pick_place-s1000001-a2"].steps["action"][:4])  # noise of its own
     # the restored attempt is bit-exact against a cold reset of the same seed and attempt on a fresh host
     host = build_host(HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2)))
     cold = host.run_episode(1000001, attempt=2)
@@ -192,47 +127,16 @@ def test_repeats_reset_by_restore_and_a_hung_actor_is_killed_and_its_episode_rer
     out, summary = tmp_path / "run", tmp_path / "s.json"
     marker = tmp_path / "hung"
     victim = "pick_place-s1000001-r1"
-    assert (
-        main(
-            [
-                "sim_rollout",
-                "--actors",
-                "2",
-                "--episodes",
-                "3",
-                "--repeats",
-                "2",
-                "--out",
-                str(out),
-                "--policy",
-                policy,
-                "--critic",
-                critic,
-                "--n_exec",
-                "2",
-                "--no-progress",
-                "--video",
-                "false",
-                "--episode_timeout_s",
-                "20",
-                "--crash",
-                victim,
-                "3",
-                str(marker),
-                "hang",
-                "--json",
-                str(summary),
-            ]
-        )
-        == 0
-    )
+    assert main(["sim_rollout", "--actors", "2", "--episodes", "3", "--repeats", "2", "--out", str(out),
+                 "--policy", policy, "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false",
+                 "--episode_timeout_s", "20", "--crash", victim, "3", str(marker), "hang",
+                 "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     assert marker.read_text() == "hang\n"  # the actor really hung mid-episode
     assert data["timeouts"] == 1 and data["resubmitted"] == 1 and data["actor_failures"] == 1
     reader = ZarrEpisodeReader(data["store"])
-    assert sorted(reader.episode_ids) == sorted(
-        f"pick_place-s{1000000 + s:07d}{r}" for s in range(3) for r in ("", "-r1")
-    )  # every episode exactly once
+    assert sorted(reader.episode_ids) == sorted(f"pick_place-s{1000000 + s:07d}{r}" for s in range(3)
+                                                for r in ("", "-r1"))  # every episode exactly once
     kinds = data["reset_kinds"]
     assert kinds.get("cold", 0) + kinds.get("restore", 0) == 6 and kinds.get("restore", 0) >= 3
     assert {reader.meta(i).repeat for i in range(len(reader))} == {0, 1}
@@ -245,13 +149,8 @@ def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoint
     from rollout.rollout_host import HostConfig, capsule_key
 
     policy, critic = checkpoints
-    spec = HostSpec(
-        policy=policy,
-        critic=critic,
-        host=HostConfig(n_exec=2, max_steps=3, pin_seeds=(5,)),
-        capsule_dir=str(tmp_path / "capsules"),
-        capsule_budget_mb=0.003,
-    )  # one 2.4 KB capsule
+    spec = HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=3, pin_seeds=(5,)),
+                    capsule_dir=str(tmp_path / "capsules"), capsule_budget_mb=0.003)  # one 2.4 KB capsule
     actor = RolloutActor(spec)
     try:
         kinds = [actor.run(WorkItem(f"e{s}-{r}", s, repeat=r)).reset_kind for r in (0, 1) for s in (5, 6, 7)]

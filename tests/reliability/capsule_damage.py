@@ -118,11 +118,8 @@ def non_finite(data: bytes) -> Iterator[Variant]:
     start, end = header[key]["data_offsets"]
     old = f'"data_offsets":[{start},{end}]'
     for value in ("Infinity", "NaN", "1e400", "-Infinity"):
-        yield (
-            "NaN/Infinity in header",
-            f"tensor offset {value}",
-            join(text.replace(old, f'"data_offsets":[{start},{value}]'), body),
-        )
+        damaged = text.replace(old, f'"data_offsets":[{start},{value}]')
+        yield "NaN/Infinity in header", f"tensor offset {value}", join(damaged, body)
     meta = json.loads(header["__metadata__"]["meta"])
     spec_key = next(iter(meta["specs"]))
 
@@ -135,17 +132,9 @@ def non_finite(data: bytes) -> Iterator[Variant]:
 
         return edit
 
-    cases = [
-        (("step",), float("inf")),
-        (("step",), float("nan")),
-        (("created_at",), float("inf")),
-        (("specs", spec_key, "shape"), [float("inf")]),
-        (("specs", spec_key, "alignment"), float("nan")),
-        (("step",), 1e300),
-        (("step",), -3),
-        (("forced",), "yes"),
-        (("fingerprint",), {"k": float("inf")}),
-    ]
+    cases = [(("step",), float("inf")), (("step",), float("nan")), (("created_at",), float("inf")),
+             (("specs", spec_key, "shape"), [float("inf")]), (("specs", spec_key, "alignment"), float("nan")),
+             (("step",), 1e300), (("step",), -3), (("forced",), "yes"), (("fingerprint",), {"k": float("inf")})]
     for path, value in cases:
         yield "NaN/Infinity in header", f"meta {'.'.join(path)} = {value!r}", edit_meta(data, setter(path, value))
 
@@ -170,11 +159,8 @@ def huge_strings(data: bytes) -> Iterator[Variant]:
 
     for name, edit in (("dtype name", long_dtype), ("buffer name", long_name), ("fingerprint value", long_fingerprint)):
         yield "huge string", f"1e5+ character {name}", edit_meta(data, edit)
-    yield (
-        "huge string",
-        "1e6 character label, not rehashed",
-        edit_meta(data, lambda m: m.update(label="l" * 1_000_000), rehash=False),
-    )
+    yield "huge string", "1e6 character label, not rehashed", edit_meta(data, lambda m: m.update(label="l" * 1_000_000),
+                                                                       rehash=False)
 
 
 def missing_tensors(data: bytes) -> Iterator[Variant]:
@@ -235,14 +221,8 @@ def edited_family(capsule: Capsule, key: str, family: int, annotations: dict[str
     yield "edited with digests recomputed", f"{key}[0] = {family}", capsule_to_bytes(edited, annotations=annotations)
 
 
-def variants(
-    capsule: Capsule,
-    family_key: str,
-    other_family: int,
-    rng: np.random.Generator,
-    flips: int,
-    annotations: dict[str, str] | None = None,
-) -> Iterator[Variant]:
+def variants(capsule: Capsule, family_key: str, other_family: int, rng: np.random.Generator, flips: int,
+             annotations: dict[str, str] | None = None) -> Iterator[Variant]:
     data = capsule_to_bytes(capsule, annotations=annotations)
     assert capsule_from_bytes(data).meta == capsule.meta  # the original is valid
     yield from truncations(data)

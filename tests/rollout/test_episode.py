@@ -64,12 +64,9 @@ def test_validate_lists_every_problem():
     with pytest.raises(EpisodeError) as err:
         validate_episode(Episode(steps, ep.meta))
     text = str(err.value)
-    for fragment in (
-        "missing step fields ['timestamp']",
-        "reward: non-finite",
-        "unknown step field 'velocity'",
-        "differ in length",
-    ):
+    fragments = ("missing step fields ['timestamp']", "reward: non-finite", "unknown step field 'velocity'",
+                 "differ in length")
+    for fragment in fragments:
         assert fragment in text
 
 
@@ -92,27 +89,20 @@ def test_subtask_ids_must_index_the_subtask_texts():
     b = EpisodeBuilder()
     _add(b)
     with pytest.raises(EpisodeError, match="newline"):
-        b.finish(episode_id="e", seed=0, task="t", instruction="i", success=False, stop_reason="timeout", subtasks=["a\nb"])
+        b.finish(episode_id="e", seed=0, task="t", instruction="i", success=False, stop_reason="timeout",
+                 subtasks=["a\nb"])
 
 
 def test_operator_events_are_recorded_one_per_line_and_cut_to_fit():
     b = EpisodeBuilder()
     _add(b)
-    ep = b.finish(
-        episode_id="e",
-        seed=0,
-        task="t",
-        instruction="i",
-        success=False,
-        stop_reason="operator_end",
-        operator_events=["0:coach:take the\nred block", "0:end_failure"],
-    )
+    ep = b.finish(episode_id="e", seed=0, task="t", instruction="i", success=False, stop_reason="operator_end",
+                  operator_events=["0:coach:take the\nred block", "0:end_failure"])
     assert ep.meta.operator_events == "0:coach:take the red block\n0:end_failure"
     _add(b)
     many = [f"{i}:takeover_on" for i in range(1000)]
-    ep = b.finish(
-        episode_id="e", seed=0, task="t", instruction="i", success=False, stop_reason="operator_end", operator_events=many
-    )
+    ep = b.finish(episode_id="e", seed=0, task="t", instruction="i", success=False, stop_reason="operator_end",
+                  operator_events=many)
     lines = ep.meta.operator_events.split("\n")
     room = S.EPISODE_FIELDS[S.OPERATOR_EVENTS].itemsize // 4
     assert len(ep.meta.operator_events) <= room and lines[0] == "0:takeover_on"
