@@ -19,15 +19,15 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
-from envs.mujoco_capsule import (
-    _WRAPPER_PLUMBING,
+from envs.mujoco_capture import (
     KNOWN_WRAPPERS,
+    WRAPPER_PLUMBING,
     Attr,
     CaptureSpec,
-    _find_generators,
-    _layers,
-    _mjdata_buffer,
+    find_generators,
     flatten,
+    layers_of,
+    mjdata_buffer,
 )
 
 _PRIMITIVE = (bool, int, float, str, np.bool_, np.integer, np.floating)
@@ -77,7 +77,7 @@ class ScanReport:
 def _objects(env: gym.Env) -> list[tuple[str, object]]:
     """(path prefix, object) of every wrapper layer, the unwrapped env and nested envs."""
     out: list[tuple[str, object]] = []
-    for layer in _layers(env):
+    for layer in layers_of(env):
         if isinstance(layer, gym.Wrapper):
             out.append((f"{type(layer).__name__}.", layer))
     stack = [("", env.unwrapped, 0)]
@@ -109,7 +109,7 @@ def _attributes(env: gym.Env) -> dict[str, tuple[Any, Any]]:
     for prefix, obj in _objects(env):
         wrapper = isinstance(obj, gym.Wrapper)
         for name, value in vars(obj).items():
-            if wrapper and name in _WRAPPER_PLUMBING:
+            if wrapper and name in WRAPPER_PLUMBING:
                 continue
             if isinstance(value, (mujoco.MjModel, mujoco.MjData, np.random.Generator, gym.spaces.Space, gym.Env)):
                 continue
@@ -149,12 +149,12 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
     env = make()
     u = env.unwrapped
     model, data = u.model, u.data
-    start, size = _mjdata_buffer(data)
+    start, size = mjdata_buffer(data)
     report = ScanReport(task=task or type(u).__name__)
-    for layer in _layers(env):
+    for layer in layers_of(env):
         if isinstance(layer, gym.Wrapper):
             kind = type(layer).__name__
-            extra = sorted(set(vars(layer)) - _WRAPPER_PLUMBING)
+            extra = sorted(set(vars(layer)) - WRAPPER_PLUMBING)
             known = kind in KNOWN_WRAPPERS or (capture is not None and kind in capture.wrapper_state)
             verdict = "known" if known else "stateless" if not extra else "UNKNOWN, state: " + ", ".join(extra)
             report.wrappers.append(f"{kind} ({verdict})")
@@ -183,7 +183,7 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
     report.seed_honoured = not np.array_equal(flatten(obs_a), flatten(obs_b))
     report.reset_deterministic = np.array_equal(flatten(obs_a), flatten(obs_c))
     report.model_fields = sorted(model_changes)
-    report.generators = [p for p, _, _ in _find_generators(_layers(env))]
+    report.generators = [p for p, _, _ in find_generators(layers_of(env))]
     declared = {a.path for a in capture.attributes} if capture is not None else set()
     for path in sorted(set().union(*snaps)):
         values = [s.get(path, (None, ("missing",)))[1] for s in snaps]
