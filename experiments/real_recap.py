@@ -56,11 +56,7 @@ def run(config: RealRecapConfig) -> ExperimentResult:
         check_spec(spec)
         conditioning = spec.conditioning()
     client = RobotClient(config.robot.host, config.robot.port, token=config.robot.token)
-    operator = None
-    if config.operator == "keyboard":
-        operator = KeyboardOperator(sys.stdin, echo=sys.stderr)
-    elif config.operator == "script":
-        operator = ScriptedOperator(parse_script(config.script))
+    operator = _operator(config)
     try:
         env = RobotEnv(client, max_steps=config.max_steps)
         host = build_host(spec, env=env, observers=[], operator=operator,
@@ -72,25 +68,8 @@ def run(config: RealRecapConfig) -> ExperimentResult:
     console.print(f"robot {client.robot} at {config.robot.host}:{config.robot.port}; cameras {list(client.cameras)}; "
                   f"policy acting with advantage {conditioning.advantage}"
                   + (f", guidance beta {conditioning.beta:g}" if conditioning.beta else ""))
-    results = []
     try:
-        for i in range(config.episodes):
-            seed = None if config.seed is None else config.seed + i
-            if isinstance(operator, ScriptedOperator):
-                operator.reset()
-            result = host.run_episode(seed if seed is not None else i,
-                                      episode_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{i:04d}")
-            if result.episode is None:
-                console.print(f"episode {i}: failed before its first step ({result.error})")
-                continue
-            npz.write(result.episode)
-            zarr.write(result.episode)
-            meta = result.episode.meta
-            n_int = int(result.episode.steps["intervention"].sum())
-            console.print(f"episode {meta.episode_id}: {meta.stop_reason}, success {meta.success}, "
-                          f"{meta.length} steps, {n_int} intervention steps" + (f" ({result.error})" if result.error
-                                                                                else ""))
-            results.append(result)
+        results = _play(host, config, operator, (npz, zarr), console)
     finally:
         zarr.close()
         if host.lanes is not None:
@@ -99,15 +78,46 @@ def run(config: RealRecapConfig) -> ExperimentResult:
         if operator is not None:
             operator.close()
     episodes = [r.episode for r in results]
-    summary = {
+    interventions = [e.steps["intervention"].sum() for e in episodes]
+    return ExperimentResult({
         "episodes": len(episodes),
         "successes": sum(e.meta.success for e in episodes),
         "stop_reasons": dict(Counter(e.meta.stop_reason for e in episodes)),
-        "interventions_per_episode": float(np.mean([e.steps["intervention"].sum() for e in episodes]))
-        if episodes else 0.0,
+        "interventions_per_episode": float(np.mean(interventions)) if episodes else 0.0,
         "store": str(out / "episodes.zarr"),
         "npz": str(out / "npz"),
         "advantage": conditioning.advantage,
         "beta": conditioning.beta,
-    }
-    return ExperimentResult(summary)
+    })
+
+
+def _play(host, config: RealRecapConfig, operator, recorders, console) -> list:
+    """`config.episodes` episodes on the robot, each written to every recorder; the results of those that ran."""
+    results = []
+    for i in range(config.episodes):
+        seed = None if config.seed is None else config.seed + i
+        if isinstance(operator, ScriptedOperator):
+            operator.reset()
+        result = host.run_episode(seed if seed is not None else i,
+                                  episode_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{i:04d}")
+        if result.episode is None:
+            console.print(f"episode {i}: failed before its first step ({result.error})")
+            continue
+        for recorder in recorders:
+            recorder.write(result.episode)
+        meta = result.episode.meta
+        n_int = int(result.episode.steps["intervention"].sum())
+        console.print(f"episode {meta.episode_id}: {meta.stop_reason}, success {meta.success}, "
+                      f"{meta.length} steps, {n_int} intervention steps"
+                      + (f" ({result.error})" if result.error else ""))
+        results.append(result)
+    return results
+
+
+def _operator(config: RealRecapConfig):
+    """The operator input `--operator` names: the keyboard, a script of events, or none."""
+    if config.operator == "keyboard":
+        return KeyboardOperator(sys.stdin, echo=sys.stderr)
+    if config.operator == "script":
+        return ScriptedOperator(parse_script(config.script))
+    return None

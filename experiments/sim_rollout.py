@@ -113,43 +113,43 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
             shutdown_ray(where)
     wall = time.perf_counter() - t0
     episodes = [r.episode for r in reports if r.episode is not None]
-    reasons = Counter(e.meta.stop_reason for e in episodes)
-    resets = [r.reset_ms for r in reports if r.episode is not None]
-    by_actor: dict[str, Counter] = {}
-    for r in reports:
-        by_actor.setdefault(str(r.actor_index if r.actor_index >= 0 else r.actor_pid), Counter())[r.reset_kind] += 1
-    first = [e for e in episodes if e.meta.attempt == 0]
-    summary = {
-        "episodes": len(episodes),
-        "successes": sum(e.meta.success for e in episodes),
-        "success_rate": (sum(e.meta.success for e in episodes) / len(episodes)) if episodes else 0.0,
-        "first_attempt_success_rate": (sum(e.meta.success for e in first) / len(first)) if first else 0.0,
-        "seeds_solved": len({e.meta.seed for e in episodes if e.meta.success}),
-        "advantage": conditioning.advantage,
-        "beta": conditioning.beta,
-        "stop_reasons": dict(reasons),
-        "failed_before_first_step": stats.failed_before_first_step,
-        "errors": [r.error for r in reports if r.error][:10],
-        "reset_ms_median": float(np.median(resets)) if resets else None,
-        "reset_kinds": dict(Counter(r.reset_kind for r in reports)),
-        "reset_kinds_by_actor": {k: dict(v) for k, v in sorted(by_actor.items())},
-        "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0,
-        "control_hz_per_actor_median": float(np.median([r.steps_per_s for r in reports])) if reports else None,
-        "actors": config.actors,
-        "actor_failures": stats.actor_failures,
-        "timeouts": stats.timeouts,
-        "resubmitted": stats.resubmitted,
-        "duplicates_skipped": stats.duplicates_skipped,
-        "wall_s": wall,
-        "store": str(store),
-        "ray": where,
-    }
+    summary = {**_summary(reports, stats, episodes), "advantage": conditioning.advantage, "beta": conditioning.beta,
+               "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors, "wall_s": wall,
+               "store": str(store), "ray": where}
     if episodes:
         summary["plot"] = str(_plot(episodes, out / "rollout.png"))
         if config.video:
             summary["video"] = str(_video(episodes, out / "episode.gif"))
     _table(console, summary)
     return ExperimentResult(summary)
+
+
+def _summary(reports, stats, episodes) -> dict:
+    """Outcomes, stop reasons, resets by kind and by actor, and the driver's tallies of a run's reports."""
+    reasons = Counter(e.meta.stop_reason for e in episodes)
+    resets = [r.reset_ms for r in reports if r.episode is not None]
+    by_actor: dict[str, Counter] = {}
+    for r in reports:
+        by_actor.setdefault(str(r.actor_index if r.actor_index >= 0 else r.actor_pid), Counter())[r.reset_kind] += 1
+    first = [e for e in episodes if e.meta.attempt == 0]
+    return {
+        "episodes": len(episodes),
+        "successes": sum(e.meta.success for e in episodes),
+        "success_rate": (sum(e.meta.success for e in episodes) / len(episodes)) if episodes else 0.0,
+        "first_attempt_success_rate": (sum(e.meta.success for e in first) / len(first)) if first else 0.0,
+        "seeds_solved": len({e.meta.seed for e in episodes if e.meta.success}),
+        "stop_reasons": dict(reasons),
+        "failed_before_first_step": stats.failed_before_first_step,
+        "errors": [r.error for r in reports if r.error][:10],
+        "reset_ms_median": float(np.median(resets)) if resets else None,
+        "reset_kinds": dict(Counter(r.reset_kind for r in reports)),
+        "reset_kinds_by_actor": {k: dict(v) for k, v in sorted(by_actor.items())},
+        "control_hz_per_actor_median": float(np.median([r.steps_per_s for r in reports])) if reports else None,
+        "actor_failures": stats.actor_failures,
+        "timeouts": stats.timeouts,
+        "resubmitted": stats.resubmitted,
+        "duplicates_skipped": stats.duplicates_skipped,
+    }
 
 
 def _table(console, s: dict) -> None:

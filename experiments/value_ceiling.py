@@ -81,28 +81,9 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     rows, t0 = [], time.perf_counter()
     try:
         for seed in range(config.seed, config.seed + config.episodes):
-            episode = host.run_episode(seed).episode
-            success, length = bool(episode.meta.success), episode.meta.length
-            if length <= at_step or keeper.last is None:
-                continue  # ended before the step: not judged there
-            step, capsule, phase = keeper.last
-            row = {"seed": seed, "success": success, "length": length, "step": step, "phase": phase}
-            if config.critic:
-                row["critic_value"] = float(episode.steps["value"][step])  # the host's critic, at that chunk
-
-            def branch(noise_seed: int | None) -> tuple[bool, int]:
-                # called within this iteration only
-                result = host.branch(capsule, seed=seed, noise_seed=noise_seed)  # noqa: B023
-                return bool(result.episode.meta.success), host.env.steps
-
-            keeper.enabled = False
-            if branch(None) != (success, length):
-                raise ReplayDivergedError(f"seed {seed}: replaying from the step-{step} capsule with the episode's "
-                                          f"own noise did not end as the episode did; run verify_capsule")
-            wins = sum(branch(branch_seed(seed, b))[0] for b in range(config.branches))
-            row["branch_success"] = wins / config.branches
-            keeper.enabled = True
-            rows.append(row)
+            row = _judge(host, keeper, seed, at_step, config)
+            if row is not None:
+                rows.append(row)
     finally:
         host.close()
     seconds = time.perf_counter() - t0
@@ -129,6 +110,32 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
                            (("branch_success", "ceiling"), ("critic_value", "critic")) if key in info)
         console.print(f"  {name}: {info['states']} states, {info['successes']} successes; AUC within: {within}")
     return ExperimentResult(summary=summary)
+
+
+def _judge(host, keeper: BoundaryKeeper, seed: int, at_step: int, config: ValueCeilingConfig) -> dict | None:
+    """Play `seed`; from its capsule at the last boundary before `at_step`, replay it (it must end as it did)
+    and play `config.branches` continuations with other noise. None: the episode ended before that step."""
+    episode = host.run_episode(seed).episode
+    success, length = bool(episode.meta.success), episode.meta.length
+    if length <= at_step or keeper.last is None:
+        return None  # ended before the step: not judged there
+    step, capsule, phase = keeper.last
+    row = {"seed": seed, "success": success, "length": length, "step": step, "phase": phase}
+    if config.critic:
+        row["critic_value"] = float(episode.steps["value"][step])  # the host's critic, at that chunk
+
+    def branch(noise_seed: int | None) -> tuple[bool, int]:
+        result = host.branch(capsule, seed=seed, noise_seed=noise_seed)
+        return bool(result.episode.meta.success), host.env.steps
+
+    keeper.enabled = False
+    if branch(None) != (success, length):
+        raise ReplayDivergedError(f"seed {seed}: replaying from the step-{step} capsule with the episode's "
+                                  f"own noise did not end as the episode did; run verify_capsule")
+    wins = sum(branch(branch_seed(seed, b))[0] for b in range(config.branches))
+    row["branch_success"] = wins / config.branches
+    keeper.enabled = True
+    return row
 
 
 def _auc(auc: dict) -> str:
