@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from experiments.registry import command
 from learning.options import FAMILIES
 
 
+@command("bench_capsules", "Snapshot/restore latency vs a contiguous copy of the same bytes; disk save/load MB/s.")
 @dataclass(frozen=True)
 class BenchCapsulesConfig:
     sizes_kib: tuple[int, ...] = (4, 1024, 65536)
@@ -49,6 +51,7 @@ class BenchCapsulesConfig:
             raise ValueError("--rounds must be >= 3 and --disk_rounds >= 1")
 
 
+@command("bench_env", "Env steps/s (state-only, rendered), reset(seed) vs capsule restore, recorder MB/s and caller wait.")
 @dataclass(frozen=True)
 class BenchEnvConfig:
     family: FAMILIES = "pick_place"
@@ -76,6 +79,7 @@ class BenchEnvConfig:
             raise ValueError("--step_blocks, --resets and --episodes must be >= 2")
 
 
+@command("bench_policy", "Policy and critic latency per chunk, serial vs two-lane, captured vs eager on a GPU.")
 @dataclass(frozen=True)
 class BenchPolicyConfig:
     policy: str = "experiments/checkpoints/policy"
@@ -100,6 +104,7 @@ class BenchPolicyConfig:
             raise ValueError("--threads needs one or more positive counts")
 
 
+@command("bench_rollout", "Reset by capsule restore vs cold, recording on vs off, 1 vs 2 actors, hand-off latency.")
 @dataclass(frozen=True)
 class BenchRolloutConfig:
     policy: str = "experiments/checkpoints/policy"
@@ -141,6 +146,10 @@ class BenchRolloutConfig:
             raise ValueError("--handoff_samples must be >= 10")
 
 
+@command(
+    'bench_bridge',
+    "Robot bridge round-trip latency on loopback (heartbeat, action, observe) against the SimRobotServer.",
+)
 @dataclass(frozen=True)
 class BenchBridgeConfig:
     rounds: int = 500
@@ -155,6 +164,7 @@ class BenchBridgeConfig:
             raise ValueError("--rounds must be >= 10")
 
 
+@command("bench_lerobot", "LeRobot export and import speed (frames/s) with and without video, and the dataset's size.")
 @dataclass(frozen=True)
 class BenchLeRobotConfig:
     store: str = "runs/bench/demos200.zarr"

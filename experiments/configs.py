@@ -16,6 +16,7 @@ from experiments.bench_configs import (  # noqa: F401 - the benchmarks' configs
     BenchPolicyConfig,
     BenchRolloutConfig,
 )
+from experiments.registry import command
 from learning.options import (  # noqa: F401 - the learning layer's options are commands' configs too
     CAMERAS,
     FAMILIES,
@@ -29,6 +30,7 @@ from learning.options import (  # noqa: F401 - the learning layer's options are 
 ADVANTAGE = Literal["checkpoint", "none", "positive"]  # rollout.host_factory.ADVANTAGE_CHOICES
 
 
+@command("verify_capsule", "Bit-exactness report for every capsule-bearing component (exits non-zero if any is not exact).")
 @dataclass(frozen=True)
 class VerifyCapsuleConfig:
     steps: int = 8
@@ -56,6 +58,7 @@ class VerifyCapsuleConfig:
             raise ValueError(f"--warmup must be >= 0 (got {self.warmup})")
 
 
+@command("eval_policy", "Success rate of a policy checkpoint on held-out seeds, next to the scripted expert's.")
 @dataclass(frozen=True)
 class EvalPolicyConfig:
     policy: str = "experiments/checkpoints/policy"
@@ -89,6 +92,10 @@ class EvalPolicyConfig:
             raise ValueError("--beta (> 0) guides towards the positive indicator: not with --advantage none")
 
 
+@command(
+    'value_ceiling',
+    "How predictable failure is mid-episode: policy branches from restored capsules vs a critic's failure AUC.",
+)
 @dataclass(frozen=True)
 class ValueCeilingConfig:
     policy: str = "experiments/checkpoints/policy"
@@ -121,6 +128,10 @@ class ValueCeilingConfig:
             raise ValueError(f"--beta {self.beta}: guidance needs an advantage-conditioned policy and a weight > 0")
 
 
+@command(
+    'sim_rollout',
+    "Policy + critic rollouts on Ray actors (capsule resets, hand-off), recorded to zarr; table, plot, video.",
+)
 @dataclass(frozen=True)
 class SimRolloutConfig:
     actors: int = 2
@@ -201,6 +212,10 @@ class SimRolloutConfig:
             raise ValueError("--beta needs an advantage-conditioned policy: --advantage positive or checkpoint")
 
 
+@command(
+    'replay',
+    "Re-run a recorded episode from its initial capsule; exits non-zero unless actions and values are bit-identical.",
+)
 @dataclass(frozen=True)
 class ReplayConfig:
     store: str = "runs/sim_rollout/episodes.zarr"
@@ -211,6 +226,7 @@ class ReplayConfig:
     """Directory of initial capsules; empty: `capsules/` next to the store."""
 
 
+@command("export_checkpoint", "Copy a policy or critic checkpoint without optimizer state (the form that is shipped).")
 @dataclass(frozen=True)
 class ExportCheckpointConfig:
     src: str = ""
@@ -231,6 +247,10 @@ class RobotAddress:
     """Shared token (required by servers bound beyond loopback)."""
 
 
+@command(
+    'real_recap',
+    "RECAP rollouts on a robot through the bridge: operator END labels, takeover, coaching, e-stop; npz + zarr.",
+)
 @dataclass(frozen=True)
 class RealRecapConfig:
     robot: RobotAddress = RobotAddress()  # --robot.host, --robot.port, --robot.token
@@ -273,6 +293,7 @@ class RealRecapConfig:
             raise ValueError("--operator script needs --script STEP:KIND[:TEXT] ...")
 
 
+@command("sim_robot_server", "Serve the tabletop sim as a robot over the bridge protocol (for real_recap without hardware).")
 @dataclass(frozen=True)
 class SimRobotServerConfig:
     port: int = 5555
@@ -291,6 +312,10 @@ class SimRobotServerConfig:
     """Step at the robot's control rate (10 Hz) like real hardware, so operator keys have time to act."""
 
 
+@command(
+    'gpu_check',
+    "Every check of the CUDA path in one run (GPU tests, verify, benchmarks, GPU actors, replay); one JSON report.",
+)
 @dataclass(frozen=True)
 class GpuCheckConfig:
     out: str = "runs/gpu_check"
@@ -311,6 +336,10 @@ class GpuCheckConfig:
             raise ValueError(f"--step_timeout_s must be positive, got {self.step_timeout_s}")
 
 
+@command(
+    'export_lerobot',
+    "Export a store as a LeRobot v3.0 dataset (parquet frames, mp4 per camera, tasks, stats) for LeRobot's loader.",
+)
 @dataclass(frozen=True)
 class ExportLeRobotConfig:
     store: str = "runs/demos/pick_place.zarr"
@@ -345,6 +374,7 @@ class ExportLeRobotConfig:
             raise ValueError(f"--crf must be within 0..63, got {self.crf}")
 
 
+@command("import_lerobot", "Read a local LeRobot v3.0 dataset into a zarr store (train_policy can train on it; resumable).")
 @dataclass(frozen=True)
 class ImportLeRobotConfig:
     src: str = "runs/lerobot/dataset"
@@ -363,6 +393,7 @@ class ImportLeRobotConfig:
             raise ValueError("--src (a LeRobot dataset directory) and --out (a zarr store) are required")
 
 
+@command("scan_env", "hidden-state scan of a gymnasium MuJoCo env: candidate capture declarations")
 @dataclass(frozen=True)
 class ScanEnvConfig:
     env: str = "gymnasium:Pusher-v5"
@@ -376,6 +407,7 @@ class ScanEnvConfig:
             raise ValueError(f"--steps must be >= 1, got {self.steps}")
 
 
+@command("train_state_policy", "behaviour-clone a small state -> action-chunk network into a TorchPolicy checkpoint")
 @dataclass(frozen=True)
 class TrainStatePolicyConfig:
     data: str = "runs/demos/metaworld.zarr"
@@ -403,3 +435,22 @@ class TrainStatePolicyConfig:
     def __post_init__(self) -> None:
         if min(self.chunk_length, self.hidden, self.steps, self.batch) < 1 or not self.lr > 0:
             raise ValueError("--chunk_length, --hidden, --steps, --batch must be >= 1 and --lr > 0")
+
+
+# the learning layer's options, registered as commands here (learning/ knows nothing of the command line)
+_LEARNING_COMMANDS = {
+    "collect_demos": (CollectDemosConfig,
+                      "Scripted-expert demonstrations to a zarr store or .npz files (resumable)."),
+    "train_policy": (TrainPolicyConfig,
+                     "Train the flow policy on recorded episodes (resumable; closed-loop evaluation on held-out "
+                     "seeds)."),
+    "train_critic": (TrainCriticConfig, "Train the distributional value critic on recorded episodes (resumable)."),
+    "label_advantages": (LabelAdvantagesConfig,
+                         "RECAP advantage labels (N-step, per-task thresholds, interventions positive) as a sidecar "
+                         "next to a store."),
+    "recap": (RecapConfig,
+              "The RECAP loop in sim: BC baseline, then rollouts with takeovers, critic, advantage labels, "
+              "conditioned policy."),
+}
+for _name, (_config, _summary) in _LEARNING_COMMANDS.items():
+    command(_name, _summary)(_config)
