@@ -1,7 +1,8 @@
 """Frozen config dataclasses <-> command-line options.
 
 Each field's help is its attribute docstring (the string literal right after the
-field). Nested dataclass fields become dotted options (`--robot.host`). A config class
+field). Nested dataclass fields (option groups) become dotted options (`--robot.host`); an
+error from a group's own checks names the group's options. A config class
 may keep old option names working for one release: `ALIASES = {"old": "new.dotted"}`
 (a ClassVar on the top-level config) adds `--old` as a second name of `--new.dotted`.
 """
@@ -115,7 +116,15 @@ def aliases(config_cls: type) -> dict[str, list[str]]:
 def add_config_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
     """Add one option per (leaf) field of the config `defaults`, help from its docstring."""
     old_names = aliases(type(defaults))
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for name, tp, default, doc in flat_fields(defaults):
+        where = parser
+        if "." in name:  # an option group: its options listed together under the group's docstring
+            head = name.split(".", 1)[0]
+            if head not in groups:
+                group_doc = inspect.getdoc(type(getattr(defaults, head))) or ""
+                groups[head] = parser.add_argument_group(f"--{head}.* options", group_doc)
+            where = groups[head]
         names = [name, *old_names.pop(name, [])]
         options = [f"--{n}" for n in names]
         option = options[0]
@@ -125,13 +134,13 @@ def add_config_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
             doc += f" (old name{'s' if len(names) > 2 else ''} {', '.join(options[1:])} still accepted)"
         help_text = f"{doc} (default: {default!r})"
         if base is bool and not optional:
-            parser.add_argument(*options, dest=name, nargs="?", const=True, type=_scalar_parser(bool, option),
+            where.add_argument(*options, dest=name, nargs="?", const=True, type=_scalar_parser(bool, option),
                                 default=default, metavar="BOOL", help=f"{doc} (default: {default})")
-            parser.add_argument(*(f"--no-{n}" for n in names), dest=name, action="store_false",
+            where.add_argument(*(f"--no-{n}" for n in names), dest=name, action="store_false",
                                 help=argparse.SUPPRESS)
         elif typing.get_origin(base) is tuple:
             elem = typing.get_args(base)[0]
-            parser.add_argument(
+            where.add_argument(
                 *options, dest=name, nargs="*", type=_scalar_parser(elem, option), default=default,
                 help=help_text, metavar=_metavar(elem),
             )
@@ -143,7 +152,7 @@ def add_config_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
                 def parse(text: str, inner=inner):  # noqa: E731 - "none" clears an optional field
                     return None if text.lower() == "none" else inner(text)
 
-            parser.add_argument(*options, dest=name, type=parse, default=default, help=help_text,
+            where.add_argument(*options, dest=name, type=parse, default=default, help=help_text,
                                 metavar=_metavar(base))
     if old_names:
         raise TypeError(f"{type(defaults).__name__}.ALIASES names fields that do not exist: {sorted(old_names)}")
@@ -157,7 +166,11 @@ def build_config(cls: type, values: dict[str, Any]) -> Any:
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             prefix = f"{f.name}."
-            kwargs[f.name] = build_config(tp, {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)})
+            try:
+                kwargs[f.name] = build_config(tp, {k[len(prefix):]: v for k, v in values.items()
+                                                   if k.startswith(prefix)})
+            except ConfigError as exc:  # a group's check names its fields: say which options they are
+                raise ConfigError(f"--{prefix}*: {exc}") from None
         elif f.name in values:
             value = values[f.name]
             kwargs[f.name] = tuple(value) if isinstance(value, list) else value

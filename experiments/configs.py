@@ -18,21 +18,31 @@ from experiments.bench_configs import (  # noqa: F401 - the benchmarks' configs
 )
 from experiments.registry import command
 from learning.options import (  # noqa: F401 - the learning layer's options are commands' configs too
+    ADVANTAGE,
     CAMERAS,
     FAMILIES,
+    SHIPPED_POLICY,
+    Acting,
     CollectDemosConfig,
     LabelAdvantagesConfig,
+    Models,
     RecapConfig,
+    Seeds,
     TrainCriticConfig,
     TrainPolicyConfig,
 )
 
-ADVANTAGE = Literal["checkpoint", "none", "positive"]  # rollout.host_factory.ADVANTAGE_CHOICES
+# the option groups' old flat names, kept for one release
+MODEL_ALIASES = {"policy": "model.policy", "critic": "model.critic"}
+ACT_ALIASES = {"advantage": "act.advantage", "beta": "act.beta", "n_exec": "act.n_exec"}
+SEED_ALIASES = {"seed": "seeds.first", "episodes": "seeds.count"}
 
 
 @command("verify_capsule", "Bit-exactness report for every capsule-bearing component (exits non-zero if any is not exact).")
 @dataclass(frozen=True)
 class VerifyCapsuleConfig:
+    ALIASES: ClassVar[dict[str, str]] = MODEL_ALIASES
+
     steps: int = 8
     """Steps replayed after each restore and compared bit for bit."""
     warmup: int = 3
@@ -41,10 +51,7 @@ class VerifyCapsuleConfig:
     """Seed of the step inputs and of the random bytes that dirty the live buffers."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Devices to verify torch components on: auto = CPU, plus CUDA when present."""
-    policy: str = "experiments/checkpoints/policy"
-    """Policy checkpoint to verify (a fresh model when the directory is missing)."""
-    critic: str = "experiments/checkpoints/critic"
-    """Critic checkpoint to verify (likewise)."""
+    model: Models = Models()  # the checkpoints verified (a fresh model where a directory is missing)
     env: str = ""
     """Verify only this env (`suite:task` or `package.module:factory`): observations, rewards, the whole MjData,
     images; empty: every component of the project."""
@@ -58,38 +65,35 @@ class VerifyCapsuleConfig:
             raise ValueError(f"--warmup must be >= 0 (got {self.warmup})")
 
 
-@command("eval_policy", "Success rate of a policy checkpoint on held-out seeds, next to the scripted expert's.")
 @dataclass(frozen=True)
-class EvalPolicyConfig:
-    policy: str = "experiments/checkpoints/policy"
+class ScoredModels:
+    """A policy checkpoint, and the critics scored on its episodes."""
+
+    policy: str = SHIPPED_POLICY
     """Policy checkpoint directory."""
-    family: FAMILIES = "pick_place"
-    """Task family."""
-    episodes: int = 50
-    """Held-out episodes (seeds `seed` ..)."""
-    seed: int = 1_000_000
-    """First seed."""
-    n_exec: int = 8
-    """Actions executed per chunk (receding horizon)."""
-    expert: bool = True
-    """Also run the scripted expert on the same seeds, for comparison."""
-    advantage: ADVANTAGE = "checkpoint"
-    """RECAP indicator to act with: checkpoint = what the checkpoint records (a RECAP policy: positive, with
-    the guidance weight recap chose; a BC policy: none), or none / positive."""
-    beta: float | None = None
-    """Classifier-free guidance weight over the positive indicator: overrides the checkpoint's; with
-    --advantage positive, None = the conditioned policy alone."""
     critic: tuple[str, ...] = ()
     """Also report these critics' failure AUC from their values at the mid-episode step (half the episode
     limit) on these episodes, each and (with more than one) their mean value's (none: no critic)."""
+
+
+@command("eval_policy", "Success rate of a policy checkpoint on held-out seeds, next to the scripted expert's.")
+@dataclass(frozen=True)
+class EvalPolicyConfig:
+    ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES, **SEED_ALIASES}
+
+    model: ScoredModels = ScoredModels()
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    seeds: Seeds = Seeds(count=50)  # held out
+    act: Acting = Acting()
+    expert: bool = True
+    """Also run the scripted expert on the same seeds, for comparison."""
     actors: int = 0
     """Ray actors to play the episodes on (0: in this process); results do not depend on it."""
 
     def __post_init__(self) -> None:
-        if self.episodes < 1 or self.n_exec < 1 or self.actors < 0:
-            raise ValueError("--episodes and --n_exec must be >= 1, --actors >= 0")
-        if self.beta is not None and (self.advantage == "none" or not self.beta > 0):
-            raise ValueError("--beta (> 0) guides towards the positive indicator: not with --advantage none")
+        if self.seeds.count < 1 or self.actors < 0:
+            raise ValueError("--seeds.count (--episodes) must be >= 1, --actors >= 0")
 
 
 @command(
@@ -98,34 +102,23 @@ class EvalPolicyConfig:
 )
 @dataclass(frozen=True)
 class ValueCeilingConfig:
-    policy: str = "experiments/checkpoints/policy"
-    """Policy checkpoint directory."""
-    critic: str = ""
-    """Also score this critic on the same mid-episode states (empty: none)."""
+    ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES, **SEED_ALIASES}
+
+    model: Models = Models(critic="")  # a critic is scored on the same mid-episode states
     family: FAMILIES = "pick_place"
     """Task family."""
-    episodes: int = 50
-    """Held-out episodes (seeds `seed` ..)."""
-    seed: int = 1_000_000
-    """First seed."""
-    n_exec: int = 8
-    """Actions executed per chunk (receding horizon)."""
-    advantage: ADVANTAGE = "checkpoint"
-    """RECAP indicator to act with, as `eval_policy --advantage` (checkpoint: what the checkpoint records)."""
-    beta: float | None = None
-    """Classifier-free guidance weight, as `eval_policy --beta`."""
+    seeds: Seeds = Seeds(count=50)  # held out
+    act: Acting = Acting()
     branches: int = 16
     """Continuations played from each mid-episode capsule, each with its own noise seed."""
     at_step: int | None = None
     """The control step judged (None: half the episode limit, as the critic's failure AUC elsewhere)."""
 
     def __post_init__(self) -> None:
-        if min(self.episodes, self.n_exec, self.branches) < 1:
-            raise ValueError("--episodes, --n_exec and --branches must be >= 1")
+        if min(self.seeds.count, self.branches) < 1:
+            raise ValueError("--seeds.count (--episodes) and --branches must be >= 1")
         if self.at_step is not None and self.at_step < 0:
             raise ValueError(f"--at_step must be >= 0 (got {self.at_step})")
-        if self.beta is not None and (self.advantage == "none" or not self.beta > 0):
-            raise ValueError(f"--beta {self.beta}: guidance needs an advantage-conditioned policy and a weight > 0")
 
 
 @command(
@@ -134,30 +127,20 @@ class ValueCeilingConfig:
 )
 @dataclass(frozen=True)
 class SimRolloutConfig:
+    ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES, **SEED_ALIASES}
+
     actors: int = 2
     """Ray actors (rollout hosts), one process each; 0: play in this process, without Ray."""
-    episodes: int = 8
-    """Seeds in total (`seed` .. `seed + episodes - 1`), each played --repeats times."""
+    seeds: Seeds = Seeds(count=8)  # held out from the demonstrations; each seed played --repeats times
     family: FAMILIES = "pick_place"
     """Task family."""
     env: str = ""
     """A registered env (`metaworld:pick-place-v3`, `gymnasium:Pusher-v5`...) or an import path
     `package.module:factory`, played instead of the tabletop family; episode ids are `<task>-s<seed>`."""
-    seed: int = 1_000_000
-    """First episode seed (held out from the demonstrations)."""
     out: str = "runs/sim_rollout"
     """Output directory: episodes.zarr, capsules/, rollout.json, rollout.png, episode.gif."""
-    policy: str = "experiments/checkpoints/policy"
-    """Policy checkpoint directory."""
-    critic: str = "experiments/checkpoints/critic"
-    """Critic checkpoint directory; empty: no critic (values NaN, no low-value stop)."""
-    advantage: ADVANTAGE = "checkpoint"
-    """RECAP indicator to act with: checkpoint = what the checkpoint records (a RECAP policy: positive, with
-    the guidance weight recap chose; a BC policy: none), or none / positive."""
-    beta: float | None = None
-    """Classifier-free guidance weight: overrides the checkpoint's; with --advantage positive, None = none."""
-    n_exec: int = 8
-    """Actions of each chunk executed before the next inference."""
+    model: Models = Models()
+    act: Acting = Acting()
     value_threshold: float | None = None
     """Stop an episode when the critic's value stays below this (None: never)."""
     value_patience: int = 3
@@ -195,8 +178,8 @@ class SimRolloutConfig:
     that step."""
 
     def __post_init__(self) -> None:
-        if self.actors < 0 or self.episodes < 1 or self.n_exec < 1 or self.value_patience < 1:
-            raise ValueError("--actors must be >= 0; --episodes, --n_exec and --value_patience >= 1")
+        if self.actors < 0 or self.seeds.count < 1 or self.value_patience < 1:
+            raise ValueError("--actors must be >= 0; --seeds.count (--episodes) and --value_patience >= 1")
         if self.repeats < 1 or self.attempts < 1:
             raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
         if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in
@@ -206,10 +189,6 @@ class SimRolloutConfig:
             raise ValueError(f"--episode_timeout_s must be > 0 (got {self.episode_timeout_s})")
         if self.capsule_budget_mb is not None and self.capsule_budget_mb < 0:
             raise ValueError(f"--capsule_budget_mb must be >= 0 (got {self.capsule_budget_mb})")
-        if self.beta is not None and not self.beta > 0:
-            raise ValueError(f"--beta must be > 0 (got {self.beta})")
-        if self.beta is not None and self.advantage == "none":
-            raise ValueError("--beta needs an advantage-conditioned policy: --advantage positive or checkpoint")
 
 
 @command(
@@ -239,6 +218,8 @@ class ExportCheckpointConfig:
 
 @dataclass(frozen=True)
 class RobotAddress:
+    """Where the robot server listens, and the token it asks for."""
+
     host: str = "127.0.0.1"
     """Robot server address."""
     port: int = 0
@@ -253,6 +234,8 @@ class RobotAddress:
 )
 @dataclass(frozen=True)
 class RealRecapConfig:
+    ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES}
+
     robot: RobotAddress = RobotAddress()  # --robot.host, --robot.port, --robot.token
     episodes: int = 1
     """Episodes to run."""
@@ -260,17 +243,8 @@ class RealRecapConfig:
     """First seed passed to the robot's reset (a sim robot uses it; a real one may ignore it)."""
     out: str = "runs/real_recap"
     """Output directory: episodes.zarr and npz/ (one .npz per episode)."""
-    policy: str = "experiments/checkpoints/policy"
-    """Policy checkpoint."""
-    critic: str = "experiments/checkpoints/critic"
-    """Critic checkpoint; empty: no critic (values recorded as NaN, no low-value stop)."""
-    advantage: ADVANTAGE = "checkpoint"
-    """RECAP indicator to act with: checkpoint = what the checkpoint records (a RECAP policy: positive, with
-    the guidance weight recap chose), or none / positive."""
-    beta: float | None = None
-    """Classifier-free guidance weight: overrides the checkpoint's; with --advantage positive, None = none."""
-    n_exec: int = 8
-    """Actions of each chunk executed before the next inference."""
+    model: Models = Models()
+    act: Acting = Acting()
     value_threshold: float | None = None
     """Stop when the critic's value stays below this for --value_patience chunks (None: never)."""
     value_patience: int = 3
@@ -287,8 +261,8 @@ class RealRecapConfig:
     def __post_init__(self) -> None:
         if self.robot.port < 0:
             raise ValueError(f"--robot.port must be a port number, got {self.robot.port}")
-        if self.episodes < 1 or self.n_exec < 1 or self.max_steps < 1:
-            raise ValueError("--episodes, --n_exec and --max_steps must be >= 1")
+        if self.episodes < 1 or self.max_steps < 1:
+            raise ValueError("--episodes and --max_steps must be >= 1")
         if self.operator == "script" and not self.script:
             raise ValueError("--operator script needs --script STEP:KIND[:TEXT] ...")
 

@@ -15,22 +15,22 @@ from rollout.ray_rollout import init_ray, shutdown_ray
 
 def run(config: EvalPolicyConfig) -> ExperimentResult:
     console = make_console()
-    policy_dir = resolve_input(config.policy)
+    policy_dir = resolve_input(config.model.policy)
     with checking_inputs():
-        conditioning = resolve_conditioning(policy_dir, config.advantage, config.beta)
-    seeds = list(range(config.seed, config.seed + config.episodes))
+        conditioning = resolve_conditioning(policy_dir, config.act.advantage, config.act.beta)
+    seeds = list(config.seeds.range)
     t0 = time.perf_counter()
     where = init_ray() if config.actors else ""
     try:
-        policy = evaluate_policy(policy_dir, family=config.family, seeds=seeds, n_exec=config.n_exec,
-                                 advantage=config.advantage, beta=config.beta,
-                                 critics=[resolve_input(c) for c in config.critic], actors=config.actors)
+        policy = evaluate_policy(policy_dir, family=config.family, seeds=seeds, n_exec=config.act.n_exec,
+                                 advantage=config.act.advantage, beta=config.act.beta,
+                                 critics=[resolve_input(c) for c in config.model.critic], actors=config.actors)
     finally:
         if where:
             shutdown_ray(where)
     policy["seconds"] = time.perf_counter() - t0
-    summary = {"policy_checkpoint": config.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
-               "n_exec": config.n_exec, "advantage": conditioning.advantage, "beta": conditioning.beta,
+    summary = {"policy_checkpoint": config.model.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
+               "n_exec": config.act.n_exec, "advantage": conditioning.advantage, "beta": conditioning.beta,
                "policy": policy}
     lo, hi = policy["ci95"]
     acting = "" if conditioning.advantage == "none" else (
@@ -40,7 +40,7 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
                   f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
     aucs = policy.get("critic_failure_aucs") or [policy.get("critic_failure_auc")]
     state_only = policy.get("critic_failure_auc_state_only") or [None] * len(aucs)
-    for name, auc, alone in zip(config.critic, aucs, state_only):
+    for name, auc, alone in zip(config.model.critic, aucs, state_only):
         _print_auc(console, f"critic {name}" + (" (with the policy's chunk)" if alone else ""), auc)
         if alone:
             _print_auc(console, f"critic {name} (the state alone)", alone)

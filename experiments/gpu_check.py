@@ -77,7 +77,7 @@ def plan(config: GpuCheckConfig, out: Path) -> list[Step]:
                                 str(js["bench_capsules"])), js["bench_capsules"]),
         Step("bench_policy", (*run, "bench_policy", "--device", "cuda", *rounds, "--json", str(js["bench_policy"])),
              js["bench_policy"]),
-        Step("sim_rollout", (*run, "sim_rollout", "--actors", "2", "--gpus_per_actor", "0.5", "--episodes",
+        Step("sim_rollout", (*run, "sim_rollout", "--actors", "2", "--gpus_per_actor", "0.5", "--seeds.count",
                              str(config.episodes), "--out", str(out / "sim_rollout"), "--video", "false",
                              "--progress", "false", "--json", str(js["sim_rollout"])), js["sim_rollout"]),
     ]

@@ -48,9 +48,10 @@ def run(config: RealRecapConfig) -> ExperimentResult:
     if config.robot.port <= 0:
         raise ValueError("--robot.port is required: the port the robot server listens on")
     out = Path(config.out)
-    spec = HostSpec(policy=resolve_input(config.policy), critic=resolve_input(config.critic) if config.critic else "",
-                    advantage=config.advantage, beta=config.beta, threads=0,
-                    host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
+    spec = HostSpec(policy=resolve_input(config.model.policy),
+                    critic=resolve_input(config.model.critic) if config.model.critic else "",
+                    advantage=config.act.advantage, beta=config.act.beta, threads=0,
+                    host=HostConfig(n_exec=config.act.n_exec, value_threshold=config.value_threshold,
                                     value_patience=config.value_patience, max_steps=config.max_steps))
     with checking_inputs():  # before connecting: a bad checkpoint or --beta never moves the robot
         check_spec(spec)

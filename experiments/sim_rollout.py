@@ -35,10 +35,10 @@ def rollout_episode_id(family: str, seed: int) -> str:
 def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
     crash = (config.crash[0], int(config.crash[1]), *config.crash[2:]) if config.crash else ()
     return HostSpec(
-        family=config.family, env=config.env, policy=str(Path(resolve_input(config.policy)).resolve()),
-        critic=str(Path(resolve_input(config.critic)).resolve()) if config.critic else "",
-        advantage=config.advantage, beta=config.beta,
-        host=HostConfig(n_exec=config.n_exec, value_threshold=config.value_threshold,
+        family=config.family, env=config.env, policy=str(Path(resolve_input(config.model.policy)).resolve()),
+        critic=str(Path(resolve_input(config.model.critic)).resolve()) if config.model.critic else "",
+        advantage=config.act.advantage, beta=config.act.beta,
+        host=HostConfig(n_exec=config.act.n_exec, value_threshold=config.value_threshold,
                         value_patience=config.value_patience, pin_seeds=config.pin_seeds, lanes=config.lanes),
         device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
         capsule_dir=str((out / "capsules").resolve()), capsule_budget_mb=config.capsule_budget_mb,
@@ -82,8 +82,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     done = recorded_outcomes(store)
     recorder = ZarrRecorder(store)
     task = config.env or config.family
-    items = [WorkItem(rollout_episode_id(task, s), s)
-             for s in range(config.seed, config.seed + config.episodes)]
+    items = [WorkItem(rollout_episode_id(task, s), s) for s in config.seeds.range]
     if done:
         console.print(f"{len(done)} episodes are already in {store}; running the rest")
     where = init_ray() if config.actors else "in-process"

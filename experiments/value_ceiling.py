@@ -67,10 +67,10 @@ class BoundaryKeeper(EpisodeObserver):
 def run(config: ValueCeilingConfig) -> ExperimentResult:
     console = make_console()
     keeper = BoundaryKeeper(0)
-    spec = HostSpec(family=config.family, policy=resolve_input(config.policy),
-                    critic=resolve_input(config.critic) if config.critic else "",
-                    host=HostConfig(n_exec=config.n_exec, record_images=False),
-                    advantage=config.advantage, beta=config.beta)
+    spec = HostSpec(family=config.family, policy=resolve_input(config.model.policy),
+                    critic=resolve_input(config.model.critic) if config.model.critic else "",
+                    host=HostConfig(n_exec=config.act.n_exec, record_images=False),
+                    advantage=config.act.advantage, beta=config.act.beta)
     with checking_inputs():
         host = build_host(spec, observers=[keeper])
     at_step = host.env.max_steps // 2 if config.at_step is None else config.at_step
@@ -80,7 +80,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     conditioning = spec.conditioning()
     rows, t0 = [], time.perf_counter()
     try:
-        for seed in range(config.seed, config.seed + config.episodes):
+        for seed in config.seeds.range:
             row = _judge(host, keeper, seed, at_step, config)
             if row is not None:
                 rows.append(row)
@@ -88,19 +88,19 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
         host.close()
     seconds = time.perf_counter() - t0
     oracle = failure_auc_summary([(r["branch_success"], r["success"]) for r in rows])
-    summary = {"policy_checkpoint": config.policy, "critic_checkpoint": config.critic or None,
-               "family": config.family, "seeds": [config.seed, config.seed + config.episodes - 1],
+    summary = {"policy_checkpoint": config.model.policy, "critic_checkpoint": config.model.critic or None,
+               "family": config.family, "seeds": [config.seeds.first, config.seeds.range[-1]],
                "at_step": at_step, "branches": config.branches, "advantage": conditioning.advantage,
                "beta": conditioning.beta, "judged_episodes": len(rows), "branch_failure_auc": oracle,
                "mean_branch_success": float(np.mean([r["branch_success"] for r in rows])) if rows else None,
                "seconds": seconds, "episodes": rows}
-    console.print(f"{len(rows)} of {config.episodes} episodes still running at step {at_step}; "
+    console.print(f"{len(rows)} of {config.seeds.count} episodes still running at step {at_step}; "
                   f"{config.branches} branches each from the capsule there ({seconds:.0f} s)")
     console.print(f"failure AUC of the branch success fraction (the ceiling): {_shown(oracle)}")
-    if config.critic:
+    if config.model.critic:
         summary["critic_failure_auc"] = failure_auc_summary([(r["critic_value"], r["success"]) for r in rows])
         console.print(f"failure AUC of the critic on the same states: {_shown(summary['critic_failure_auc'])}")
-    breakdown = phase_breakdown(rows, ["branch_success", *(["critic_value"] if config.critic else [])])
+    breakdown = phase_breakdown(rows, ["branch_success", *(["critic_value"] if config.model.critic else [])])
     summary["phase_alone_failure_auc"] = breakdown["phase_alone"]
     summary["phases"] = breakdown["phases"]
     console.print(f"failure AUC of the phase alone (each state scored by its phase's success rate): "
@@ -121,7 +121,7 @@ def _judge(host, keeper: BoundaryKeeper, seed: int, at_step: int, config: ValueC
         return None  # ended before the step: not judged there
     step, capsule, phase = keeper.last
     row = {"seed": seed, "success": success, "length": length, "step": step, "phase": phase}
-    if config.critic:
+    if config.model.critic:
         row["critic_value"] = float(episode.steps["value"][step])  # the host's critic, at that chunk
 
     def branch(noise_seed: int | None) -> tuple[bool, int]:

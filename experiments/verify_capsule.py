@@ -54,7 +54,7 @@ def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
     # the shipped policy and critic when present (weights do not change what is checked)
     # one model per kind, shared by every instance the harness builds (a fork needs equal weights)
     torch.manual_seed(config.seed)
-    policy_dir, critic_dir = resolve_input(config.policy), resolve_input(config.critic)
+    policy_dir, critic_dir = resolve_input(config.model.policy), resolve_input(config.model.critic)
     policy = load_policy(policy_dir) if (Path(policy_dir) / META_FILE).exists() else FlowPolicy()
     critic = load_critic(critic_dir) if (Path(critic_dir) / META_FILE).exists() else ValueCritic()
     for device in _devices(config):

@@ -39,7 +39,8 @@ def _held_out(ends: np.ndarray, fraction: float, seed: int) -> tuple[torch.Tenso
 def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: Log = print) -> dict:
     """Train (or resume) the critic of `config.out`; `init_policy`: a policy checkpoint whose encoders a fresh
     critic starts from (default `config.init_policy`). Returns a summary."""
-    ckpt = open_run(config.out, kind=KIND, resume=config.resume, seed=config.seed, threads=config.threads)
+    ckpt = open_run(config.out, kind=KIND, resume=config.loop.resume, seed=config.loop.seed,
+                    threads=config.loop.threads)
     model_config = _model_config(config, ckpt)
     model = ValueCritic(model_config)
     init_path = config.init_policy if init_policy is None else init_policy
@@ -51,7 +52,7 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
         # the critic never saw vary would be asked at run time for an actor it never saw
         log("every episode has the same actor: this critic is trained without the actor input")
         model_config = dataclasses.replace(model_config, actor_input=False)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.loop.seed)
         model = ValueCritic(model_config)
     successes = [m.success for m in data["metas"]]
     targets = torch.from_numpy(value_targets(data["rewards"], data["episode_ends"], successes, config.max_steps))
@@ -64,10 +65,10 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
                          f"takes {model_config.action_dim}-d ones")
     plans = torch.from_numpy(executed_plans(data["actions"], data["episode_ends"], plan_steps)) if plan_steps else None
     n_ep = len(data["episode_ends"])
-    train_idx, val_idx, n_val = _held_out(data["episode_ends"], config.val_fraction, config.seed)
+    train_idx, val_idx, n_val = _held_out(data["episode_ends"], config.val_fraction, config.loop.seed)
     if not len(train_idx):
         raise SystemExit("error: no training steps left after the validation split; record more episodes")
-    fit = start_fit(config.out, KIND, model, ckpt, loop_config(config), config.seed, log)
+    fit = start_fit(config.out, KIND, model, ckpt, loop_config(config.loop), config.loop.seed, log)
     if not ckpt:
         model.set_normalization(states[train_idx])
         if init is not None:
@@ -79,7 +80,7 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
     generator = fit.generator
 
     def loss_fn(step: int) -> torch.Tensor:
-        idx = train_idx[torch.randint(0, len(train_idx), (config.batch_size,), generator=generator)]
+        idx = train_idx[torch.randint(0, len(train_idx), (config.loop.batch_size,), generator=generator)]
         imgs = {k: random_shift(v[idx], config.shift, generator) if config.shift else v[idx] for k, v in images.items()}
         plan = None
         if plans is not None:  # hide some plans: the same critic learns the state's value too
@@ -108,5 +109,5 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
     seconds = fit.run(loss_fn, evaluate, lambda step: fit.save(step, config=run_config(model_config, model.tokenizer,
                                                                                        config), info=info),
                       desc="train_critic")
-    return {"checkpoint": str(config.out), "parameters": fit.parameters, "steps": config.steps,
+    return {"checkpoint": str(config.out), "parameters": fit.parameters, "steps": config.loop.steps,
             "resumed_from": fit.start, "train_seconds": seconds, "episodes": n_ep, "evals": fit.evals}

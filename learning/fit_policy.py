@@ -44,13 +44,14 @@ def _dataset(config: TrainPolicyConfig, model: FlowPolicy, advantage: np.ndarray
 def fit_policy(config: TrainPolicyConfig, advantage: np.ndarray | None = None, log: Log = print) -> dict:
     """Train (or resume) the policy of `config.out`; `advantage`: per-step indicators (RECAP labels) aligned
     with the store's steps, or None (then `config.advantage_labels`' sidecar, if named). Returns a summary."""
-    ckpt = open_run(config.out, kind=KIND, resume=config.resume, seed=config.seed, threads=config.threads)
+    ckpt = open_run(config.out, kind=KIND, resume=config.loop.resume, seed=config.loop.seed,
+                    threads=config.loop.threads)
     init = Checkpoint(config.init, kind=KIND) if config.init and not ckpt else None
     model_config = FlowPolicyConfig.from_json((ckpt or init).config["model"]) if ckpt or init else _model_config(config)
     model = FlowPolicy(model_config)
     dataset = _dataset(config, model, advantage)
     labelled = advantage is not None or bool(config.advantage_labels)
-    fit = start_fit(config.out, KIND, model, ckpt, loop_config(config), config.seed, log)
+    fit = start_fit(config.out, KIND, model, ckpt, loop_config(config.loop), config.loop.seed, log)
     if init and not ckpt:
         init.load_model(model)  # weights and normalisation buffers
         log(f"starting from {config.init}")
@@ -60,7 +61,7 @@ def fit_policy(config: TrainPolicyConfig, advantage: np.ndarray | None = None, l
     generator = fit.generator
 
     def loss_fn(step: int) -> torch.Tensor:
-        batch = dataset.batch(torch.randint(0, len(dataset), (config.batch_size,), generator=generator))
+        batch = dataset.batch(torch.randint(0, len(dataset), (config.loop.batch_size,), generator=generator))
         images = {k: random_shift(v, config.shift, generator) if config.shift else v for k, v in batch["images"].items()}
         adv = batch["advantage"]
         drop = torch.rand(adv.shape, generator=generator) < config.advantage_dropout
@@ -69,7 +70,7 @@ def fit_policy(config: TrainPolicyConfig, advantage: np.ndarray | None = None, l
                           samples_per_example=config.noise_samples, generator=generator,
                           subgoal=batch.get("subgoal"), subgoal_weight=config.subgoal_weight)
 
-    seeds = list(range(config.eval_seed, config.eval_seed + config.eval_episodes))
+    seeds = list(config.eval.range)
 
     def evaluate(step: int) -> dict:
         if not seeds:
@@ -84,6 +85,6 @@ def fit_policy(config: TrainPolicyConfig, advantage: np.ndarray | None = None, l
                                                                                        config), info=info),
                       desc="train_policy")
     evals = fit.evals
-    return {"checkpoint": str(config.out), "parameters": fit.parameters, "steps": config.steps,
+    return {"checkpoint": str(config.out), "parameters": fit.parameters, "steps": config.loop.steps,
             "resumed_from": fit.start, "train_seconds": seconds, "episodes": dataset.n_episodes, "evals": evals,
             "final_success_rate": evals[-1].get("success_rate") if evals else None}

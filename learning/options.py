@@ -9,6 +9,97 @@ from typing import ClassVar, Literal
 
 FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # envs.tasks.FAMILY_NAMES
 CAMERAS = ("front", "top")  # envs.tabletop_env.CAMERAS
+ADVANTAGE = Literal["checkpoint", "none", "positive"]  # rollout.host_factory.ADVANTAGE_CHOICES
+SHIPPED_POLICY = "experiments/checkpoints/policy"
+SHIPPED_CRITIC = "experiments/checkpoints/critic"
+
+# Option groups: fields that several commands share, one dataclass each. A config holds a group as a field
+# and the command line spells its options dotted (`--seeds.count`); `ALIASES` keep the old flat names.
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """A block of consecutive episode seeds, one episode each."""
+
+    first: int = 1_000_000
+    """First seed (the held-out block starts at 1000000; demonstrations use small seeds)."""
+    count: int = 50
+    """Seeds, one episode each: `first` .. `first + count - 1`."""
+
+    def __post_init__(self) -> None:
+        if self.first < 0 or self.count < 0:
+            raise ValueError(f"first and count must be >= 0 (got {self.first}, {self.count})")
+
+    @property
+    def range(self) -> range:
+        return range(self.first, self.first + self.count)
+
+
+@dataclass(frozen=True)
+class Models:
+    """The checkpoints a command loads."""
+
+    policy: str = SHIPPED_POLICY
+    """Policy checkpoint directory."""
+    critic: str = SHIPPED_CRITIC
+    """Critic checkpoint directory; empty: no critic (values NaN, no low-value stop)."""
+
+
+@dataclass(frozen=True)
+class Acting:
+    """How the policy acts: its RECAP conditioning and its receding horizon."""
+
+    advantage: ADVANTAGE = "checkpoint"
+    """RECAP indicator to act with: checkpoint = what the checkpoint records (a RECAP policy: positive, with
+    the guidance weight recap chose; a BC policy: none), or none / positive."""
+    beta: float | None = None
+    """Classifier-free guidance weight over the positive indicator: overrides the checkpoint's; with advantage
+    positive, None = the conditioned policy alone."""
+    n_exec: int = 8
+    """Actions of each chunk executed before the next inference (receding horizon)."""
+
+    def __post_init__(self) -> None:
+        if self.n_exec < 1:
+            raise ValueError(f"n_exec must be >= 1 (got {self.n_exec})")
+        if self.beta is not None and not self.beta > 0:
+            raise ValueError(f"beta must be > 0 (got {self.beta})")
+        if self.beta is not None and self.advantage == "none":
+            raise ValueError("beta (> 0) guides towards the positive indicator: not with --advantage none")
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The optimizer loop of a training run and its checkpoints."""
+
+    steps: int = 20000
+    """Optimizer steps in total (a resumed run continues up to this)."""
+    batch_size: int = 64
+    """Examples per step."""
+    lr: float = 3e-4
+    """Peak learning rate (AdamW, warm-up then cosine decay)."""
+    eval_every: int = 2000
+    """Steps between evaluations."""
+    checkpoint_every: int = 1000
+    """Steps between checkpoints."""
+    seed: int = 0
+    """Seed of initialisation, batches and augmentation."""
+    resume: bool = True
+    """Continue from the checkpoint in --out if there is one (False: refuse to touch it)."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if min(self.steps, self.batch_size, self.eval_every, self.checkpoint_every) < 1 or not self.lr >= 0:
+            raise ValueError(f"steps, batch_size, eval_every and checkpoint_every must be >= 1 and lr >= 0 (got "
+                             f"{self.steps}, {self.batch_size}, {self.eval_every}, {self.checkpoint_every}, {self.lr})")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (got {self.threads})")
+
+
+LOOP_ALIASES = {name: f"loop.{name}" for name in ("steps", "batch_size", "lr", "eval_every", "checkpoint_every",
+                                                  "seed", "resume", "threads", "progress")}
 
 
 @dataclass(frozen=True)
@@ -51,20 +142,16 @@ class CollectDemosConfig:
 
 @dataclass(frozen=True)
 class TrainPolicyConfig:
-    ALIASES: ClassVar[dict[str, str]] = {"horizon": "chunk_length", "advantage": "advantage_labels"}  # old names
+    ALIASES: ClassVar[dict[str, str]] = {"horizon": "chunk_length", "advantage": "advantage_labels",  # old names
+                                         "eval_seed": "eval.first", "eval_episodes": "eval.count", **LOOP_ALIASES}
 
     data: str = "runs/demos/pick_place.zarr"
     """Zarr store of episodes to learn from (e.g. made by collect_demos)."""
     out: str = "runs/policy"
     """Checkpoint directory; training resumes from it when it holds a resumable checkpoint."""
-    steps: int = 20000
-    """Optimizer steps in total (a resumed run continues up to this)."""
-    batch_size: int = 64
-    """Examples per step."""
+    loop: Loop = Loop(steps=20000, batch_size=64, lr=3e-4, eval_every=2000)
     noise_samples: int = 4
     """Flow-matching (time, noise) draws per example and step."""
-    lr: float = 3e-4
-    """Peak learning rate (AdamW, warm-up then cosine decay)."""
     shift: int = 4
     """Random-shift image augmentation, in pixels (0: off)."""
     cameras: tuple[str, ...] = ("front",)
@@ -85,30 +172,16 @@ class TrainPolicyConfig:
     """Start from this policy checkpoint's weights and normalisation (fine-tuning); empty: from scratch."""
     subgoal_weight: float = 1.0
     """Weight of the auxiliary loss: predict where the end effector is when the subtask ends (0: off)."""
-    eval_every: int = 2000
-    """Steps between evaluations (closed loop on held-out seeds)."""
-    eval_episodes: int = 10
-    """Closed-loop episodes per evaluation; 0 skips them."""
+    eval: Seeds = Seeds(count=10)
+    """Held-out seeds of the closed-loop evaluation every --loop.eval_every steps (count 0: none)."""
     eval_family: FAMILIES = "pick_place"
     """Task family of the closed-loop evaluation."""
-    eval_seed: int = 1_000_000
-    """First held-out evaluation seed (demonstrations use small seeds)."""
     n_exec: int = 8
     """Actions of each chunk executed before asking for the next (receding horizon)."""
-    checkpoint_every: int = 1000
-    """Steps between checkpoints."""
-    seed: int = 0
-    """Seed of initialisation, batches and augmentation."""
-    resume: bool = True
-    """Continue from the checkpoint in --out if there is one (False: refuse to touch it)."""
-    threads: int = 0
-    """torch CPU threads (0: torch's default)."""
-    progress: bool = True
-    """Show a progress bar."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.noise_samples < 1:
-            raise ValueError("--steps, --batch_size and --noise_samples must be >= 1")
+        if self.noise_samples < 1:
+            raise ValueError("--noise_samples must be >= 1")
         if not 0.0 <= self.advantage_dropout <= 1.0:
             raise ValueError(f"--advantage_dropout must be within 0..1 (got {self.advantage_dropout})")
         if self.subgoal_weight < 0:
@@ -122,16 +195,13 @@ class TrainPolicyConfig:
 
 @dataclass(frozen=True)
 class TrainCriticConfig:
+    ALIASES: ClassVar[dict[str, str]] = LOOP_ALIASES  # old names
+
     data: str = "runs/demos/pick_place.zarr"
     """Zarr store of episodes (successes and failures both help)."""
     out: str = "runs/critic"
     """Checkpoint directory; training resumes from it when it holds a resumable checkpoint."""
-    steps: int = 6000
-    """Optimizer steps in total."""
-    batch_size: int = 128
-    """Examples per step."""
-    lr: float = 3e-4
-    """Peak learning rate."""
+    loop: Loop = Loop(steps=6000, batch_size=128, lr=3e-4, eval_every=1000)
     shift: int = 4
     """Random-shift image augmentation, in pixels."""
     cameras: tuple[str, ...] = ("front",)
@@ -155,23 +225,12 @@ class TrainCriticConfig:
     """Start the critic's vision and language encoders from this policy checkpoint's (same encoder sizes);
     empty: from scratch."""
     val_fraction: float = 0.1
-    """Share of episodes held out for evaluation."""
-    eval_every: int = 1000
-    """Steps between evaluations (held-out loss and value error)."""
-    checkpoint_every: int = 1000
-    """Steps between checkpoints."""
-    seed: int = 0
-    """Seed of initialisation, split, batches and augmentation."""
-    resume: bool = True
-    """Continue from the checkpoint in --out if there is one."""
-    threads: int = 0
-    """torch CPU threads (0: torch's default)."""
-    progress: bool = True
-    """Show a progress bar."""
+    """Share of episodes held out for evaluation (held-out loss and value error every --loop.eval_every
+    steps); the split follows --loop.seed."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.max_steps < 1:
-            raise ValueError("--steps, --batch_size and --max_steps must be >= 1")
+        if self.max_steps < 1:
+            raise ValueError("--max_steps must be >= 1")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"--val_fraction must be within (0, 1), got {self.val_fraction}")
         if self.plan_steps < 0 or not 0.0 <= self.plan_dropout < 1.0:
@@ -203,6 +262,9 @@ class LabelAdvantagesConfig:
 
 @dataclass(frozen=True)
 class RecapConfig:
+    ALIASES: ClassVar[dict[str, str]] = {"eval_episodes": "eval.count", "eval_seed": "eval.first",  # old names
+                                         "select_episodes": "select.count", "select_seed": "select.first"}
+
     iterations: int = 2
     """RECAP iterations after the behaviour-cloning baseline (iteration 0)."""
     family: FAMILIES = "pick_place"
@@ -237,10 +299,8 @@ class RecapConfig:
     """First rollout seed of run seed 0 (iteration k of run seed s starts at `rollout_seed + s*1e6 + k*1e5`)."""
     control: bool = True
     """Also train a control arm each iteration: the same steps on the same data, without advantage labels."""
-    eval_episodes: int = 200
-    """Held-out evaluation episodes per iteration (the same seeds every iteration, every arm)."""
-    eval_seed: int = 1_000_000
-    """First held-out evaluation seed."""
+    eval: Seeds = Seeds(first=1_000_000, count=200)
+    """Held-out evaluation seeds, one episode each per iteration (the same seeds every iteration, every arm)."""
     n: int = 10
     """N of the N-step advantage, in control steps."""
     positive_fraction: float = 0.3
@@ -255,10 +315,8 @@ class RecapConfig:
     """Guidance weights to choose from each iteration: the positive indicator alone and each of these are
     played on the selection seeds (never the held-out ones), and the best is evaluated on the held-out
     seeds and used for the next rollouts. Empty: `--beta` as given."""
-    select_episodes: int = 200
-    """Episodes (one per seed) that choose among `--betas`."""
-    select_seed: int = 1_500_000
-    """First seed of the selection block (disjoint from the held-out, demonstration and rollout seeds)."""
+    select: Seeds = Seeds(first=1_500_000, count=200)
+    """Seeds that choose among `--betas` (disjoint from the held-out, demonstration and rollout seeds)."""
     n_exec: int = 8
     """Actions per chunk executed."""
     batch_size: int = 64
@@ -272,7 +330,7 @@ class RecapConfig:
     def __post_init__(self) -> None:
         if self.actors < 0:
             raise ValueError(f"--actors must be >= 0 (got {self.actors})")
-        if self.iterations < 0 or min(self.demo_episodes, self.rollout_episodes, self.eval_episodes) < 1:
+        if self.iterations < 0 or min(self.demo_episodes, self.rollout_episodes, self.eval.count) < 1:
             raise ValueError("--iterations must be >= 0 and the episode counts >= 1")
         if min(self.bc_steps, self.policy_steps, self.critic_steps, self.n, self.takeover_steps) < 1:
             raise ValueError("step counts must be >= 1")
@@ -290,11 +348,11 @@ class RecapConfig:
         if any(not b > 0 for b in self.betas) or (self.beta is not None and not self.beta > 0):
             raise ValueError(f"guidance weights must be > 0 (1: the positive-conditioned policy), "
                              f"got --beta {self.beta} --betas {list(self.betas)}")
-        if not 1 <= self.select_episodes <= 100_000:
-            raise ValueError("--select_episodes must be in 1..100000")
-        evaluation = {"held-out evaluation": range(self.eval_seed, self.eval_seed + self.eval_episodes)}
+        if not 1 <= self.select.count <= 100_000:
+            raise ValueError("--select.count (--select_episodes) must be in 1..100000")
+        evaluation = {"held-out evaluation": self.eval.range}
         if self.betas:
-            evaluation["guidance selection"] = range(self.select_seed, self.select_seed + self.select_episodes)
+            evaluation["guidance selection"] = self.select.range
         used = {"demonstration": range(self.demo_first_seed, self.demo_first_seed + self.demo_episodes),
                 "rollout": range(self.rollout_first_seed(0),
                                  self.rollout_first_seed(self.iterations) + self.rollout_episodes),
@@ -304,7 +362,7 @@ class RecapConfig:
                 if what != name and seeds.start < block.stop and block.start < seeds.stop:
                     raise ValueError(f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the {name} "
                                      f"seeds {block.start}..{block.stop - 1}: change --seed, --rollout_seed, "
-                                     f"--select_seed or --eval_seed")
+                                     f"--select.first (--select_seed) or --eval.first (--eval_seed)")
 
     @property
     def demo_first_seed(self) -> int:

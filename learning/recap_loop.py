@@ -42,7 +42,9 @@ from learning.fit_policy import fit_policy
 from learning.options import (
     CollectDemosConfig,
     LabelAdvantagesConfig,
+    Loop,
     RecapConfig,
+    Seeds,
     TrainCriticConfig,
     TrainPolicyConfig,
 )
@@ -131,15 +133,13 @@ def recap_loop(config: RecapConfig, log: Log = print, report: Callable[[dict], N
     Returns the summary (every iteration's figures)."""
     store, cameras = resumable_store(config)
     out = store.parent
-    seeds = list(range(config.eval_seed, config.eval_seed + config.eval_episodes))
-    select = list(range(config.select_seed, config.select_seed + config.select_episodes))
+    seeds, select = list(config.eval.range), list(config.select.range)
     demos = collect_demos(CollectDemosConfig(episodes=config.demo_episodes, out=str(store), family=config.family,
                                              noise=config.demo_noise, seed=config.demo_first_seed,
                                              cameras=cameras, progress=config.progress))
     log(f"{config.demo_episodes} demonstrations ({demos['skipped_already_recorded']} already recorded) "
         f"-> {store}")
-    common = dict(data=str(store), batch_size=config.batch_size, n_exec=config.n_exec, eval_episodes=0,
-                  progress=config.progress, eval_family=config.family, shift=0, seed=config.seed)
+    common = dict(data=str(store), n_exec=config.n_exec, eval=Seeds(count=0), eval_family=config.family, shift=0)
     timing = {"rollouts_s": 0.0, "training_s": 0.0, "evaluation_s": 0.0}
     where = init_ray() if config.actors else ""
     try:
@@ -155,16 +155,18 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
     def critic_for(k: int) -> Path:
         path = out / f"critic_{k}"
         t0 = time.perf_counter()
-        fit_critic(TrainCriticConfig(data=str(store), out=str(path), steps=config.critic_steps,
-                                     cameras=config.critic_cameras, eval_every=config.critic_steps,
-                                     actor_input=config.critic_actor_input, plan_steps=config.critic_plan_steps,
-                                     seed=config.seed, progress=config.progress), log=log)
+        loop = Loop(steps=config.critic_steps, batch_size=TrainCriticConfig.loop.batch_size,
+                    eval_every=config.critic_steps, seed=config.seed, progress=config.progress)
+        fit_critic(TrainCriticConfig(data=str(store), out=str(path), loop=loop, cameras=config.critic_cameras,
+                                     actor_input=config.critic_actor_input, plan_steps=config.critic_plan_steps),
+                   log=log)
         timing["training_s"] += time.perf_counter() - t0
         return path
 
-    def fit(**kwargs) -> None:
+    def fit(steps: int, **kwargs) -> None:
         t0 = time.perf_counter()
-        fit_policy(TrainPolicyConfig(**kwargs, **common), log=log)
+        loop = Loop(steps=steps, batch_size=config.batch_size, seed=config.seed, progress=config.progress)
+        fit_policy(TrainPolicyConfig(loop=loop, **kwargs, **common), log=log)
         timing["training_s"] += time.perf_counter() - t0
 
     def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None,

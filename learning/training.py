@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from learning.options import Loop
 from models.checkpoint import Checkpoint, open_training_dir, save_checkpoint
 from models.trainer import LoopConfig, make_optimizer, train
 
@@ -71,10 +72,10 @@ def start_fit(out: str | Path, kind: str, model: torch.nn.Module, ckpt: Checkpoi
     return fit
 
 
-def loop_config(config) -> LoopConfig:
-    """The trainer's loop from a run's options (steps, lr, eval_every, checkpoint_every, progress)."""
-    return LoopConfig(steps=config.steps, lr=config.lr, eval_every=config.eval_every,
-                      checkpoint_every=config.checkpoint_every, progress=config.progress)
+def loop_config(loop: Loop) -> LoopConfig:
+    """The trainer's loop from a run's loop options."""
+    return LoopConfig(steps=loop.steps, lr=loop.lr, eval_every=loop.eval_every,
+                      checkpoint_every=loop.checkpoint_every, progress=loop.progress)
 
 
 def run_config(model_config, tokenizer, config) -> dict:

@@ -50,7 +50,7 @@ def test_plan_runs_every_check_on_cuda_with_valid_options(tmp_path):
         _, config, json_path = parse(name, args)  # every option exists and is valid
         assert Path(json_path) == step.json and step.json.parent == tmp_path
         if name == "sim_rollout":
-            assert (config.actors, config.gpus_per_actor, config.episodes) == (2, 0.5, 3)
+            assert (config.actors, config.gpus_per_actor, config.seeds.count) == (2, 0.5, 3)
         else:
             assert config.device == "cuda"
         if name.startswith("bench_"):

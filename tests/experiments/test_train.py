@@ -31,8 +31,9 @@ def test_train_policy_resumes_and_eval_policy_reads_it(demos, tmp_path):
     with pytest.raises(SystemExit, match="already holds a checkpoint"):
         from experiments.configs import TrainPolicyConfig
         from experiments.train_policy import run
+        from learning.options import Loop
 
-        run(TrainPolicyConfig(data=str(demos), out=str(out), resume=False, progress=False))
+        run(TrainPolicyConfig(data=str(demos), out=str(out), loop=Loop(resume=False, progress=False)))
     evaluation = tmp_path / "e.json"
     assert main(["eval_policy", "--policy", str(out), "--episodes", "2", "--json", str(evaluation)]) == 0
     data = json.loads(evaluation.read_text())
@@ -82,10 +83,11 @@ def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, c
     with pytest.raises(ValueError, match="no images of camera"):
         from experiments.configs import TrainPolicyConfig
         from experiments.train_policy import run
+        from learning.options import Loop
 
-        run(TrainPolicyConfig(data=str(demos), out=str(tmp_path / "p"), cameras=("top",), progress=False))
+        run(TrainPolicyConfig(data=str(demos), out=str(tmp_path / "p"), cameras=("top",), loop=Loop(progress=False)))
     with pytest.raises(FileNotFoundError, match="not a zarr store"):
-        run(TrainPolicyConfig(data=str(tmp_path), out=str(tmp_path / "p"), progress=False))
+        run(TrainPolicyConfig(data=str(tmp_path), out=str(tmp_path / "p"), loop=Loop(progress=False)))
 
 
 def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):

@@ -7,6 +7,7 @@ import pytest
 from experiments import value_ceiling
 from experiments.configs import ValueCeilingConfig
 from experiments.run import main
+from learning.options import Seeds
 
 
 def test_branches_from_the_mid_episode_capsule_and_scores_the_critic_there(tmp_path):
@@ -41,7 +42,7 @@ def test_a_restore_that_is_not_exact_is_caught_before_any_branch_counts(monkeypa
 
     monkeypatch.setattr(rollout_host, "restore", lambda arena, capsule: None)  # branches go on from the end
     with pytest.raises(value_ceiling.ReplayDivergedError, match="did not end as the episode did"):
-        value_ceiling.run(ValueCeilingConfig(episodes=1, branches=1, at_step=8))
+        value_ceiling.run(ValueCeilingConfig(seeds=Seeds(count=1), branches=1, at_step=8))
 
 
 def test_bad_settings_are_refused_with_what_to_fix(capsys):
@@ -50,4 +51,4 @@ def test_bad_settings_are_refused_with_what_to_fix(capsys):
     assert main(["value_ceiling", "--beta", "2"]) == 2  # guidance over no indicator
     assert "--advantage positive" in capsys.readouterr().err
     with pytest.raises(ValueError, match="episode limit"):
-        value_ceiling.run(ValueCeilingConfig(episodes=1, at_step=80))
+        value_ceiling.run(ValueCeilingConfig(seeds=Seeds(count=1), at_step=80))
