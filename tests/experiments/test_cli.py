@@ -70,3 +70,26 @@ def test_json_summary_is_written(tmp_path):
     assert main(["verify_capsule", "--steps", "2", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["all_bit_exact"] is True
+
+
+def test_option_groups_are_dotted_and_the_old_names_still_work(capsys):
+    dotted = ["--model.policy", "p", "--model.critic", "", "--act.advantage", "positive", "--act.beta", "2",
+              "--act.n_exec", "4", "--seeds.first", "7", "--seeds.count", "3"]
+    flat = ["--policy", "p", "--critic", "", "--advantage", "positive", "--beta", "2", "--n_exec", "4",
+            "--seed", "7", "--episodes", "3"]
+    _, new, _ = parse("sim_rollout", dotted)
+    _, old, _ = parse("sim_rollout", flat)
+    assert new == old and new.model.policy == "p" and new.act.beta == 2.0 and list(new.seeds.range) == [7, 8, 9]
+    _, train, _ = parse("train_policy", ["--loop.steps", "5", "--batch_size", "3", "--no-progress", "--eval_episodes", "0"])
+    assert (train.loop.steps, train.loop.batch_size, train.loop.progress, train.eval.count) == (5, 3, False, 0)
+    assert train.loop.lr == 3e-4 and parse("train_critic", [])[1].loop.batch_size == 128  # each command's defaults
+    # a group's own check runs once for every command and names the group's options
+    assert main(["eval_policy", "--act.n_exec", "0"]) == 2
+    assert "--act.*: n_exec must be >= 1" in capsys.readouterr().err
+    assert main(["train_critic", "--loop.batch_size", "0"]) == 2
+    assert "--loop.*:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse("eval_policy", ["--help"])
+    help_text = capsys.readouterr().out
+    assert "--act.* options" in help_text and "How the policy acts" in help_text
+    assert "--model.policy STR, --policy STR" in help_text  # the old name beside the new one
