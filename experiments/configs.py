@@ -151,7 +151,10 @@ class SimRolloutConfig:
     seed: int = 1_000_000
     """First episode seed (held out from the demonstrations)."""
     out: str = "runs/sim_rollout"
-    """Output directory: episodes.zarr, capsules/, rollout.json, rollout.png, episode.gif."""
+    """Output directory (a path or file:///path): episodes.zarr, capsules/, rollout.json, rollout.png, episode.gif."""
+    shards: bool = False
+    """Record sharded: each actor writes its episodes to its own shard under episodes.zarr and the driver commits
+    a manifest entry per episode (readers see one store; `consolidate` makes a single zarr store of it)."""
     policy: str = "experiments/checkpoints/policy"
     """Policy checkpoint directory."""
     critic: str = "experiments/checkpoints/critic"
@@ -196,8 +199,9 @@ class SimRolloutConfig:
     progress: bool = True
     """Show a progress bar."""
     crash: tuple[str, ...] = ()
-    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE [exit|hang]: that actor exits (or hangs) once at
-    that step."""
+    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]: that actor exits (or
+    hangs) once at that step; exit_after_record: once the episode is recorded in its shard, before the driver
+    commits it."""
 
     def __post_init__(self) -> None:
         if self.actors < 0 or self.episodes < 1 or self.n_exec < 1 or self.value_patience < 1:
@@ -205,8 +209,8 @@ class SimRolloutConfig:
         if self.repeats < 1 or self.attempts < 1:
             raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
         if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in
-                                                              ("exit", "hang"))):
-            raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang]")
+                                                              ("exit", "hang", "exit_after_record"))):
+            raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]")
         if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
             raise ValueError(f"--episode_timeout_s must be > 0 (got {self.episode_timeout_s})")
         if self.capsule_budget_mb is not None and self.capsule_budget_mb < 0:
