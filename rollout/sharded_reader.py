@@ -47,10 +47,12 @@ class ShardedEpisodeReader(EpisodeReader):
         self.path = parse_store_root(location)
         self.entries: tuple[ManifestEntry, ...] = manifest_entries(self.path)
         self._shards: dict[str, ZarrEpisodeReader] = {}
+        self._shard_ids: dict[str, list[str]] = {}
         for number, entry in enumerate(self.entries):
             self._check(entry, number + 2)  # line 1 is the header
         self._names = sorted(self._shards)
-        self._shard_of = np.array([self._names.index(e.shard) for e in self.entries], np.int64)
+        number_of = {name: i for i, name in enumerate(self._names)}
+        self._shard_of = np.array([number_of[e.shard] for e in self.entries], np.int64)
         self._local = np.array([e.index for e in self.entries], np.int64)
         self._local_start = np.array([int(self._shards[e.shard].starts[e.index]) for e in self.entries], np.int64)
         self.ends = np.cumsum([e.length for e in self.entries], dtype=np.int64)
@@ -68,10 +70,12 @@ class ShardedEpisodeReader(EpisodeReader):
                 raise ManifestError(f"{where}, but {path} is missing: copy the shard back into {SHARDS_DIR}/ (the "
                                     "store was moved or copied without it?); nothing in the store was changed")
             shard = self._shards[entry.shard] = ZarrEpisodeReader(path)
+            self._shard_ids[entry.shard] = shard.episode_ids
         if entry.index >= len(shard):
             raise ManifestError(f"{where}, but that shard holds {len(shard)} complete episodes (was it replaced, "
                                 "or lost in a power failure?); nothing in the store was changed")
-        found, length = shard.episode_ids[entry.index], int(shard.ends[entry.index] - shard.starts[entry.index])
+        found = self._shard_ids[entry.shard][entry.index]
+        length = int(shard.ends[entry.index] - shard.starts[entry.index])
         if (found, length) != (entry.episode_id, entry.length):
             raise ManifestError(f"{where} ({entry.length} steps), but the shard holds {found!r} there ({length} "
                                 "steps): the shard does not belong to this manifest")

@@ -114,13 +114,20 @@ class ShardedStore:
             raise ValueError(f"{self.root} is a single-writer zarr store, not a sharded store root: record to it "
                              "without shards, or choose another location")
         if not manifest.exists():
-            if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
+            if self.root.exists() and (not self.root.is_dir() or any(self._foreign(p) for p in self.root.iterdir())):
                 raise ValueError(f"{self.root} exists and is not a sharded store (no {MANIFEST_FILE}): choose a new "
                                  "or empty directory")
-            (self.root / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
             create_manifest(manifest)
+        (self.root / SHARDS_DIR).mkdir(exist_ok=True)
         self._manifest = ManifestWriter(manifest)
         self.torn_bytes = self._manifest.torn_bytes  # an uncommitted manifest tail cut on opening
+
+    @staticmethod
+    def _foreign(path: Path) -> bool:
+        """Whether `path` in a root without a manifest is more than a creation killed before its manifest."""
+        leftover = path.name.startswith(f".{MANIFEST_FILE}.") and path.name.endswith(".partial")
+        return not (leftover or (path.name == SHARDS_DIR and path.is_dir() and not any(path.iterdir())))
 
     @property
     def shard_root(self) -> str:

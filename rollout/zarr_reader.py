@@ -47,7 +47,9 @@ class EpisodeReader:
         return len(self.ends)
 
     def __contains__(self, episode_id: object) -> bool:
-        return episode_id in set(self.episode_ids)
+        if getattr(self, "_id_set", None) is None:  # a reader is a read-only view: its ids never change
+            self._id_set = set(self.episode_ids)
+        return episode_id in self._id_set
 
     @property
     def n_steps(self) -> int:

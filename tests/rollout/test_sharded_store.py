@@ -218,6 +218,10 @@ def test_one_driver_per_store_and_kinds_are_not_mixed(tmp_path):
     assert isinstance(open_episode_reader(tmp_path / "single.zarr"), ZarrEpisodeReader)
     with pytest.raises(ValueError, match="the driver makes it"):
         ShardWriter(tmp_path / "nowhere")
+    (tmp_path / "cut").mkdir()  # a creation killed before its manifest was renamed into place
+    (tmp_path / "cut" / f".{MANIFEST_FILE}.123.partial").write_text("{")
+    with ShardedStore(tmp_path / "cut") as store:
+        assert len(store) == 0 and is_sharded_store(tmp_path / "cut")
 
 
 def test_every_shard_is_a_zarr_store_in_the_single_store_layout(tmp_path):
