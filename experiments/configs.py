@@ -14,6 +14,7 @@ from experiments.bench_configs import (  # noqa: F401 - the benchmarks' configs
     BenchEnvConfig,
     BenchLeRobotConfig,
     BenchPolicyConfig,
+    BenchRecordingConfig,
     BenchRolloutConfig,
 )
 from experiments.registry import command

@@ -303,6 +303,7 @@ def run_rollouts(
     done: Mapping[str, bool] | None = None,
     host: RolloutHost | None = None,
     on_report: Callable[[ActorReport, DriverStats], None] | None = None,
+    actor_cls: type[RolloutActor] = RolloutActor,
 ) -> tuple[list[ActorReport], DriverStats]:
     """Play every item on `actors` Ray actors (0: in this process); episodes go to `recorder` once.
 
@@ -312,7 +313,8 @@ def run_rollouts(
     `repeats`: rollouts per seed from its initial state; `attempts`: tries of a rollout that fails
     (each a restore of the initial capsule with noise of its own). `done`: episode id -> success of
     episodes already recorded (a resumed run walks past them). An item whose actor dies, or runs
-    past `episode_timeout_s`, is handed out again (up to `max_attempts` tries).
+    past `episode_timeout_s`, is handed out again (up to `max_attempts` tries). `actor_cls`: the actor class
+    (a `RolloutActor` subclass with the same constructor: a benchmark's synthetic actor).
     """
     if actors < 0:
         raise ValueError(f"actors must be >= 0, got {actors}")
@@ -327,15 +329,15 @@ def run_rollouts(
     plan = _Plan(items, repeats, attempts, done or {})
     shard_root = recorder.shard_root if isinstance(recorder, ShardedStore) else ""
     if actors == 0:
-        return _run_local(spec, plan, recorder, host, on_report, shard_root)
-    return _run_ray(spec, plan, actors=actors, recorder=recorder, shard_root=shard_root, cpus_per_actor=cpus_per_actor,
-                    gpus_per_actor=gpus_per_actor, max_restarts=max_restarts, max_attempts=max_attempts,
-                    episode_timeout_s=episode_timeout_s, placement_timeout_s=placement_timeout_s,
-                    on_report=on_report)
+        return _run_local(spec, plan, recorder, host, on_report, shard_root, actor_cls)
+    return _run_ray(spec, plan, actors=actors, recorder=recorder, shard_root=shard_root, actor_cls=actor_cls,
+                    cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, max_restarts=max_restarts,
+                    max_attempts=max_attempts, episode_timeout_s=episode_timeout_s,
+                    placement_timeout_s=placement_timeout_s, on_report=on_report)
 
 
-def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root):
-    actor = RolloutActor(spec, host=host, shard_root=shard_root)
+def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_cls):
+    actor = actor_cls(spec, host=host, shard_root=shard_root)
     stats, reports = DriverStats(actors_placed=1), []
     try:
         while plan:
@@ -353,9 +355,9 @@ def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root):
     return reports, stats
 
 
-def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, cpus_per_actor, gpus_per_actor, max_restarts,
-             max_attempts, episode_timeout_s, placement_timeout_s, on_report):
-    remote_cls = ray.remote(RolloutActor).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
+def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus_per_actor, gpus_per_actor,
+             max_restarts, max_attempts, episode_timeout_s, placement_timeout_s, on_report):
+    remote_cls = ray.remote(actor_cls).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
                                                    max_restarts=max_restarts, max_task_retries=0)
     pool = [remote_cls.remote(spec, i, shard_root=shard_root) for i in range(actors)]
     idle: deque[int] = deque()
