@@ -186,3 +186,30 @@ class BenchLeRobotConfig:
         bad = [c for c in self.vcodecs if c not in ("h264", "libsvtav1", "hevc")]
         if bad:
             raise ValueError(f"--vcodecs {bad} unknown; choose from h264, libsvtav1, hevc")
+
+
+@command("bench_recording", "Recording throughput with synthetic actors: single writer vs sharded, 1-8 actors.")
+@dataclass(frozen=True)
+class BenchRecordingConfig:
+    actors: tuple[int, ...] = (1, 2, 4, 8)
+    """Synthetic actor counts measured (each with the single-writer store and with a sharded one)."""
+    episodes: int = 200
+    """Episodes recorded per measurement."""
+    steps: int = 80
+    """Control steps per synthetic episode."""
+    image_size: int = 64
+    """Camera image side, in pixels."""
+    cameras: int = 1
+    """Cameras per step."""
+    cpus_per_actor: float = 0.25
+    """Ray CPU resources per synthetic actor (8 actors at 0.25 fit a 2-core machine)."""
+    out: str = ""
+    """Directory the measured stores are written to (each removed after its measurement); empty: a temp directory."""
+
+    def __post_init__(self) -> None:
+        if not self.actors or min(self.actors) < 1:
+            raise ValueError(f"--actors must be counts >= 1, got {list(self.actors)}")
+        if self.episodes < 2 or self.steps < 1 or self.image_size < 1 or self.cameras < 0:
+            raise ValueError("--episodes must be >= 2, --steps and --image_size >= 1, --cameras >= 0")
+        if not self.cpus_per_actor > 0:
+            raise ValueError(f"--cpus_per_actor must be > 0, got {self.cpus_per_actor}")

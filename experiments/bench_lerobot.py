@@ -30,13 +30,8 @@ from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from rollout.lerobot_reader import LeRobotDatasetReader
-from rollout.lerobot_writer import (
-    LeRobotWriterOptions,
-    export_lerobot,
-    open_store,
-    store_episodes,
-)
-from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
+from rollout.zarr_reader import ZarrEpisodeReader, store_episodes
 from rollout.zarr_recorder import ZarrRecorder
 
 FPS = 10

@@ -14,9 +14,15 @@ from experiments.bench_configs import (  # noqa: F401 - the benchmarks' configs
     BenchEnvConfig,
     BenchLeRobotConfig,
     BenchPolicyConfig,
+    BenchRecordingConfig,
     BenchRolloutConfig,
 )
 from experiments.registry import command
+from experiments.store_configs import (  # noqa: F401 - the store tools' configs
+    ConsolidateConfig,
+    ExportLeRobotConfig,
+    ImportLeRobotConfig,
+)
 from learning.options import (  # noqa: F401 - the learning layer's options are commands' configs too
     ADVANTAGE,
     CAMERAS,
@@ -138,7 +144,10 @@ class SimRolloutConfig:
     """A registered env (`metaworld:pick-place-v3`, `gymnasium:Pusher-v5`...) or an import path
     `package.module:factory`, played instead of the tabletop family; episode ids are `<task>-s<seed>`."""
     out: str = "runs/sim_rollout"
-    """Output directory: episodes.zarr, capsules/, rollout.json, rollout.png, episode.gif."""
+    """Output directory (a path or file:///path): episodes.zarr, capsules/, rollout.json, rollout.png, episode.gif."""
+    shards: bool = False
+    """Record sharded: each actor writes its episodes to its own shard under episodes.zarr and the driver commits
+    a manifest entry per episode (readers see one store; `consolidate` makes a single zarr store of it)."""
     model: Models = Models()
     act: Acting = Acting()
     value_threshold: float | None = None
@@ -174,8 +183,9 @@ class SimRolloutConfig:
     progress: bool = True
     """Show a progress bar."""
     crash: tuple[str, ...] = ()
-    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE [exit|hang]: that actor exits (or hangs) once at
-    that step."""
+    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]: that actor exits (or
+    hangs) once at that step; exit_after_record: once the episode is recorded in its shard, before the driver
+    commits it."""
 
     def __post_init__(self) -> None:
         if self.actors < 0 or self.seeds.count < 1 or self.value_patience < 1:
@@ -183,8 +193,8 @@ class SimRolloutConfig:
         if self.repeats < 1 or self.attempts < 1:
             raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
         if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in
-                                                              ("exit", "hang"))):
-            raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang]")
+                                                              ("exit", "hang", "exit_after_record"))):
+            raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]")
         if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
             raise ValueError(f"--episode_timeout_s must be > 0 (got {self.episode_timeout_s})")
         if self.capsule_budget_mb is not None and self.capsule_budget_mb < 0:
@@ -308,63 +318,6 @@ class GpuCheckConfig:
             raise ValueError("--episodes must be >= 1 and --rounds >= 3")
         if self.step_timeout_s <= 0:
             raise ValueError(f"--step_timeout_s must be positive, got {self.step_timeout_s}")
-
-
-@command(
-    'export_lerobot',
-    "Export a store as a LeRobot v3.0 dataset (parquet frames, mp4 per camera, tasks, stats) for LeRobot's loader.",
-)
-@dataclass(frozen=True)
-class ExportLeRobotConfig:
-    store: str = "runs/demos/pick_place.zarr"
-    """Zarr store of episodes to export (what collect_demos, sim_rollout or real_recap wrote)."""
-    out: str = "runs/lerobot/dataset"
-    """Output directory: a new LeRobot v3.0 dataset (an existing one is refused unless --overwrite)."""
-    video: bool = True
-    """Camera images as one mp4 per camera (LeRobot's default); --no-video: PNG images in the parquet files."""
-    episodes: tuple[str, ...] = ()
-    """Episodes to export, by id or index in the store; none: all."""
-    fps: int = 0
-    """Frames per second in meta/info.json; 0: the tabletop env's control rate (10 Hz)."""
-    names: Literal["tabletop", "none"] = "tabletop"
-    """Dimension names of observation.state and action: the tabletop env's, or none (other robots)."""
-    vcodec: Literal["h264", "libsvtav1", "hevc"] = "h264"
-    """Video encoder: h264, libsvtav1 (AV1, slower here: its fast presets drop motion in small images) or hevc."""
-    crf: int = 18
-    """Video quality (constant rate factor: lower is better and larger; 18 keeps every frame of 64x64 images)."""
-    robot_type: str = ""
-    """`robot_type` in meta/info.json; empty: null."""
-    overwrite: bool = False
-    """Replace an existing dataset at --out (only once the new one is complete)."""
-    progress: bool = True
-    """Show a progress bar."""
-
-    def __post_init__(self) -> None:
-        if not self.out:
-            raise ValueError("--out is required: the directory the LeRobot dataset is written to")
-        if self.fps < 0:
-            raise ValueError(f"--fps must be >= 0 (0: the env's control rate), got {self.fps}")
-        if not 0 <= self.crf <= 63:
-            raise ValueError(f"--crf must be within 0..63, got {self.crf}")
-
-
-@command("import_lerobot", "Read a local LeRobot v3.0 dataset into a zarr store (train_policy can train on it; resumable).")
-@dataclass(frozen=True)
-class ImportLeRobotConfig:
-    src: str = "runs/lerobot/dataset"
-    """A local LeRobot v3.0 dataset directory (e.g. made by export_lerobot or by LeRobot's tools)."""
-    out: str = "runs/lerobot/imported.zarr"
-    """Zarr store the episodes are appended to (created if missing; episodes already in it are skipped)."""
-    episodes: tuple[str, ...] = ()
-    """Episodes to import, by id or episode index; none: all."""
-    id_prefix: str = ""
-    """Episode ids for datasets that carry none are <prefix>-e<episode_index>; empty: the directory's name."""
-    progress: bool = True
-    """Show a progress bar."""
-
-    def __post_init__(self) -> None:
-        if not self.src or not self.out:
-            raise ValueError("--src (a LeRobot dataset directory) and --out (a zarr store) are required")
 
 
 @command("scan_env", "hidden-state scan of a gymnasium MuJoCo env: candidate capture declarations")

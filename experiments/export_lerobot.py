@@ -11,12 +11,8 @@ from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult
 from rollout import lerobot_format as F
-from rollout.lerobot_writer import (
-    LeRobotWriterOptions,
-    export_lerobot,
-    open_store,
-    store_episodes,
-)
+from rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
+from rollout.zarr_reader import store_episodes
 
 # envs.tabletop_env's observation and action, dimension by dimension (its module docstring)
 TABLETOP_NAMES = {

@@ -88,9 +88,9 @@ def replay_step(out: Path) -> Step | str:
     store = out / "sim_rollout" / "episodes.zarr"
     if not store.exists():
         return f"sim_rollout wrote no store at {store}"
-    from rollout.zarr_reader import ZarrEpisodeReader
+    from rollout.sharded_reader import open_episode_reader
 
-    ids = ZarrEpisodeReader(store).episode_ids
+    ids = open_episode_reader(store).episode_ids
     if not ids:
         return f"{store} holds no episode"
     path = out / "replay.json"

@@ -10,7 +10,6 @@ actions, values, states and images are compared with the recording.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +20,8 @@ from experiments.result import ExperimentResult
 from rollout import episode_schema as S
 from rollout.host_factory import build_host, capsule_path, read_spec
 from rollout.rollout_host import capsule_key
-from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.sharded_reader import open_episode_reader
+from rollout.sharded_store import parse_store_root
 
 COMPARED = (S.ACTION, S.POLICY_ACTION, S.VALUE, S.STATE, S.REWARD, S.SUBTASK_ID)
 
@@ -30,8 +30,8 @@ def run(config: ReplayConfig) -> ExperimentResult:
     console = make_console()
     if not config.episode:
         raise ValueError("--episode is required: an episode id in the store (e.g. pick_place-s1000000)")
-    store = Path(config.store)
-    reader = ZarrEpisodeReader(store)
+    store = parse_store_root(config.store)
+    reader = open_episode_reader(store)
     ids = reader.episode_ids
     if config.episode not in ids:
         raise ValueError(f"episode {config.episode!r} is not in {store}; it has {len(ids)} episodes, "

@@ -1,8 +1,10 @@
 """sim_rollout: the policy and critic on N Ray actors, every episode recorded once to zarr.
 
-Writes, under `--out`: `episodes.zarr` (the episodes), `capsules/` (each seed's
-initial capsule, for `replay`), `rollout.json` (the host spec), `rollout.png`
-(success rate and value curves) and `episode.gif` (one episode).
+Writes, under `--out` (a path or a file:// URL): `episodes.zarr` (the episodes: one zarr store
+written by the driver, or with `--shards true` a sharded store root, each actor writing its own
+shard and the driver a manifest entry per episode), `capsules/` (each seed's initial capsule, for
+`replay`), `rollout.json` (the host spec), `rollout.png` (success rate and value curves) and
+`episode.gif` (one episode).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from rollout import episode_schema as S
 from rollout.host_factory import HostSpec, check_spec, read_spec, write_spec
 from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
 from rollout.rollout_host import HostConfig
+from rollout.sharded_reader import open_episode_reader
+from rollout.sharded_store import ShardedStore, is_sharded_store, manifest_entries, parse_store_root
 from rollout.zarr_reader import ZarrEpisodeReader
 from rollout.zarr_recorder import ZarrRecorder
 
@@ -64,23 +68,41 @@ def recorded_outcomes(store: Path) -> dict[str, bool]:
     """Episode id -> success of what a store already holds (a resumed run walks past these)."""
     if not store.exists():
         return {}
+    if is_sharded_store(store):  # the manifest says it all: no shard is opened
+        return {e.episode_id: e.success for e in manifest_entries(store)}
     reader = ZarrEpisodeReader(store)
     return {reader.meta(i).episode_id: bool(reader.meta(i).success) for i in range(len(reader))}
 
 
-def run(config: SimRolloutConfig) -> ExperimentResult:
-    console = make_console()
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    spec = spec_from_config(config, out)
+def open_recorder(store: Path, shards: bool) -> ZarrRecorder | ShardedStore:
+    """The run's recorder: a single zarr store, or a sharded store root (`--shards true`); a resumed store
+    must be of the kind asked for."""
+    if shards:
+        return ShardedStore(store)  # refuses a single store
+    if is_sharded_store(store):
+        raise ValueError(f"{store} is a sharded store: resume it with --shards true (or use another --out)")
+    return ZarrRecorder(store)
+
+
+def _open_run(config: SimRolloutConfig):
+    """Check the inputs and open the run's output: (out, spec, store, conditioning, recorded outcomes, recorder)."""
     with checking_inputs():
+        out = parse_store_root(config.out)
+        out.mkdir(parents=True, exist_ok=True)
+        spec = spec_from_config(config, out)
         check_spec(spec)
         conditioning = spec.conditioning()
         _same_run(out, spec)
+        store = out / "episodes.zarr"
+        done = recorded_outcomes(store)
+        recorder = open_recorder(store, config.shards)
     write_spec(out, spec)
-    store = out / "episodes.zarr"
-    done = recorded_outcomes(store)
-    recorder = ZarrRecorder(store)
+    return out, spec, store, conditioning, done, recorder
+
+
+def run(config: SimRolloutConfig) -> ExperimentResult:
+    console = make_console()
+    out, spec, store, conditioning, done, recorder = _open_run(config)
     task = config.env or config.family
     items = [WorkItem(rollout_episode_id(task, s), s) for s in config.seeds.range]
     if done:
@@ -105,6 +127,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                                       max_restarts=config.max_restarts, repeats=config.repeats,
                                       attempts=config.attempts, episode_timeout_s=config.episode_timeout_s,
                                       done=done, on_report=on_report)
+        orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0  # ignored by readers
     finally:
         bar.close()
         recorder.close()
@@ -114,11 +137,11 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     episodes = [r.episode for r in reports if r.episode is not None]
     summary = {**_summary(reports, stats, episodes), "advantage": conditioning.advantage, "beta": conditioning.beta,
                "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors, "wall_s": wall,
-               "store": str(store), "ray": where}
+               "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where}
     if episodes:
         summary["plot"] = str(_plot(episodes, out / "rollout.png"))
         if config.video:
-            summary["video"] = str(_video(episodes, out / "episode.gif"))
+            summary["video"] = str(_video(episodes, out / "episode.gif", store))
     _table(console, summary)
     return ExperimentResult(summary)
 
@@ -198,10 +221,13 @@ def _plot(episodes, path: Path) -> Path:
     return path
 
 
-def _video(episodes, path: Path) -> Path:
+def _video(episodes, path: Path, store: Path) -> Path:
     import imageio.v2 as imageio
 
     chosen = next((e for e in episodes if e.meta.success), episodes[0])
+    if not chosen.image_keys:  # sharded: the actor kept the images in its shard
+        reader = open_episode_reader(store)
+        chosen = reader.episode(reader.episode_ids.index(chosen.meta.episode_id))
     key = next((k for k in chosen.image_keys), None)
     if key is None:
         return path

@@ -20,7 +20,7 @@ from policies.rollout_policy import PolicySpec
 from policies.state_mlp import StateMLP
 from policies.torch_policy import save_torch_policy
 from rollout import episode_schema as S
-from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.sharded_reader import open_episode_reader
 
 
 def chunks(actions: np.ndarray, chunk_length: int) -> np.ndarray:
@@ -33,7 +33,7 @@ def run(config: TrainStatePolicyConfig) -> ExperimentResult:
     console = make_console()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    reader = ZarrEpisodeReader(config.data)
+    reader = open_episode_reader(config.data)
     states, targets, used = [], [], 0
     for episode in reader.episodes(keys=[S.STATE, S.ACTION]):
         if config.successes_only and not episode.meta.success:

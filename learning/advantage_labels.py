@@ -18,12 +18,14 @@ import torch
 from capsules.fingerprint import module_sha256
 from critics.advantage import AdvantageLabels, label_episodes
 from learning.policy_data import load_training_arrays
+from rollout.sharded_store import parse_store_root
 
 SIDECAR_VERSION = 1
 
 
 def sidecar_path(store: str | os.PathLike) -> Path:
-    store = Path(store)
+    """`<store>.advantage.npz` beside the store (a zarr store or a sharded store root; a path or file:// URL)."""
+    store = parse_store_root(store)
     return store.with_name(store.name.removesuffix(".zarr") + ".advantage.npz")
 
 

@@ -1,4 +1,4 @@
-"""Training arrays from a zarr store of episodes: per-step language tokens and value targets."""
+"""Training arrays from a store of episodes (a zarr store or a sharded one): per-step language tokens and value targets."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import numpy as np
 from critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 from models.tokenizer import Tokenizer
 from rollout import episode_schema as S
-from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.sharded_reader import open_episode_reader
 
 
 def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokenizer) -> dict:
     """Images, states, actions, per-step subtask tokens and episode steps, episode ends and metadata of a store."""
-    reader = ZarrEpisodeReader(path)
+    reader = open_episode_reader(path)
     if not len(reader):
         raise ValueError(f"{path} holds no complete episode; collect some with `collect_demos` first")
     missing = [c for c in cameras if f"{S.IMAGE_PREFIX}{c}" not in reader.keys]

@@ -56,7 +56,7 @@ from rollout.episode_schema import IMAGE_PREFIX
 from rollout.host_factory import HostSpec
 from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
 from rollout.rollout_host import HostConfig
-from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.sharded_reader import open_episode_reader
 from rollout.zarr_recorder import ZarrRecorder
 
 
@@ -91,7 +91,7 @@ def _cameras(*sets: tuple[str, ...]) -> tuple[str, ...]:
 def _rollout_summary(store: Path, ids: list[str], at_step: int) -> dict:
     """Success, takeovers and the online critic's failure AUC over the iteration's recorded rollouts
     (read back from the store, so a resumed iteration reports the episodes recorded before it stopped)."""
-    reader = ZarrEpisodeReader(store)
+    reader = open_episode_reader(store)
     wanted = set(ids)
     episodes = successes = interventions = 0
     mids: list[tuple[float, bool]] = []
@@ -120,7 +120,7 @@ def resumable_store(config: RecapConfig) -> tuple[Path, tuple[str, ...]]:
     out.mkdir(parents=True, exist_ok=True)
     store = out / "episodes.zarr"
     cameras = _cameras(TrainPolicyConfig.cameras, config.critic_cameras)
-    if store.exists() and len(reader := ZarrEpisodeReader(store)):  # a resumed run: same cameras?
+    if store.exists() and len(reader := open_episode_reader(store)):  # a resumed run: same cameras?
         missing = [c for c in cameras if f"{IMAGE_PREFIX}{c}" not in reader.keys]
         if missing:
             raise ValueError(f"{store} records no images of camera(s) {missing}, which this run's models see "

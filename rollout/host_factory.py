@@ -34,7 +34,8 @@ from rollout.rollout_host import HostConfig, RolloutHost, capsule_key
 ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
 """Written next to a run's store: the spec its episodes were played with (read back by `replay`)."""
-FAULT_MODES = ("exit", "hang", "cuda_error")
+FAULT_AFTER_RECORD = "exit_after_record"  # handled by the actor (rollout.ray_rollout), not the host
+FAULT_MODES = ("exit", "hang", "cuda_error", FAULT_AFTER_RECORD)
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,10 @@ class HostSpec:
     observers: tuple[tuple[str, str], ...] = ()
     """(import path `module:factory`, JSON kwargs) of episode observers built in each process."""
     crash: tuple = ()
-    """Fault injection for tests: (episode_id, step, marker file[, "exit" | "hang" | "cuda_error"]): at that
-    step of that episode the process exits (hangs forever; raises what a dead CUDA context raises) once;
-    the marker records that it happened."""
+    """Fault injection for tests: (episode_id, step, marker file[, "exit" | "hang" | "cuda_error" |
+    "exit_after_record"]): at that step of that episode the process exits (hangs forever; raises what a dead
+    CUDA context raises) once; `exit_after_record` (step unused): the actor's process exits once the episode
+    is played and written to its shard, before the driver hears of it. The marker records that it happened."""
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_CHOICES:
@@ -254,6 +256,8 @@ def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int) -> Path |
 
 def _arm_fault(host: RolloutHost, episode_id: str, step: int, marker: str, mode: str = "exit") -> None:
     """Exit (hang, raise a CUDA error) at `step` of `episode_id`, once (see HostSpec.crash)."""
+    if mode == FAULT_AFTER_RECORD:
+        return  # after the episode, in the actor (rollout.ray_rollout.RolloutActor)
     inner = host.safety_check
     original = host.run_episode
     step = int(step)

@@ -12,7 +12,7 @@ import io
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -24,7 +24,8 @@ from rollout import episode_schema as S
 from rollout import lerobot_format as F
 from rollout import lerobot_stats
 from rollout.episode import Episode
-from rollout.zarr_reader import ZarrEpisodeReader
+from rollout.sharded_reader import open_episode_reader
+from rollout.zarr_reader import EpisodeReader
 
 VIDEO_CODECS = ("h264", "libsvtav1", "hevc")  # LeRobot's software encoders (its own default is libsvtav1)
 ROW_GROUP_BYTES = 32 << 20  # frames buffered before a parquet row group is written
@@ -398,39 +399,20 @@ class LeRobotWriter:
             self.pq.write_table(self.pa.Table.from_pylist(table_rows), path)
 
 
-def open_store(path: str | os.PathLike) -> ZarrEpisodeReader:
-    """The project's zarr store at `path` for export, or a `LeRobotExportError` saying why it cannot be read."""
+def open_store(path: str | os.PathLike) -> EpisodeReader:
+    """The project's episode store at `path` (a zarr store or a sharded store root) for export, or a
+    `LeRobotExportError` saying why it cannot be read."""
     try:
-        reader = ZarrEpisodeReader(path)
+        reader = open_episode_reader(path)
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported the same way
         raise LeRobotExportError(
             f"cannot read {path} as an episode store ({type(exc).__name__}: {exc}); export reads the zarr "
-            "stores that collect_demos, sim_rollout and real_recap write") from exc
+            "stores that collect_demos, sim_rollout and real_recap write (sharded ones too)") from exc
     missing = sorted({S.STATE, S.ACTION} - set(reader.keys))
     if not len(reader) or missing:
         why = "holds no complete episode" if not len(reader) else f"has no {missing} arrays"
         raise LeRobotExportError(f"{path} {why}; nothing to export")
     return reader
-
-
-def store_episodes(reader: ZarrEpisodeReader, indices: Sequence[int], *, block_mb: int = 256) -> Iterator[Episode]:
-    """Episodes `indices` of a zarr store, read in blocks of consecutive episodes of up to `block_mb`
-    (one zarr read per array per block: reading episode by episode costs about as much as writing them)."""
-    indices = [int(i) for i in indices]
-    if not indices:
-        return
-    step_bytes = max(1, sum(v.nbytes for v in reader.steps(0, 1).values()))
-    limit = max(1, (block_mb << 20) // step_bytes)
-    i = 0
-    while i < len(indices):
-        lo, j = int(reader.starts[indices[i]]), i + 1
-        while j < len(indices) and indices[j] == indices[j - 1] + 1 and reader.ends[indices[j]] - lo <= limit:
-            j += 1
-        block = reader.steps(lo, int(reader.ends[indices[j - 1]]))
-        for k in indices[i:j]:
-            a, b = int(reader.starts[k]) - lo, int(reader.ends[k]) - lo
-            yield Episode({key: value[a:b] for key, value in block.items()}, reader.meta(k))
-        i = j
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -12,6 +12,12 @@ on a fresh one. Follow-up rollouts of a seed (`repeats`, and `attempts` after a
 failure) go preferably to the actor that holds the seed's initial capsule, so
 their resets are restores; another actor restores it from `capsule_dir`.
 
+With a `ShardedStore` as the recorder, each actor (or, without Ray, this process) writes
+its episodes to its own shard and returns only the manifest entry, the metadata and the
+step arrays without images; the driver commits the entry (`rollout.sharded_store`: the
+manifest is the truth, so an actor killed between its shard write and the commit leaves
+an orphan no reader sees, and the episode is run again).
+
 `run_rollouts(..., actors=0)` plays the same items in this process (no Ray): the
 same actor code, for tests, evaluation in a training loop, and small runs.
 `init_ray()` joins the cluster named by `RAY_ADDRESS` (e.g. under `ray job submit`)
@@ -25,14 +31,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from capsules import CapsuleError, load_capsule
-from rollout.host_factory import HostSpec, build_host, capsule_path, save_initial_capsule
+from rollout import episode_schema as S
+from rollout.episode import Episode
+from rollout.host_factory import FAULT_AFTER_RECORD, HostSpec, build_host, capsule_path, save_initial_capsule
 from rollout.observer import EpisodeObserver
 from rollout.rollout_host import RolloutHost
+from rollout.shard_manifest import ManifestEntry
+from rollout.sharded_store import ShardedStore, ShardWriter
 
 CUDA_FATAL = ("CUDA error", "device-side assert", "illegal memory access", "CUBLAS_STATUS", "cudaError",
               "unspecified launch failure")
@@ -63,7 +74,8 @@ def follow_up_id(base: str, attempt: int, repeat: int) -> str:
 class ActorReport:
     """What an actor returns per episode (the episode itself plus host figures)."""
 
-    episode: object  # rollout.episode.Episode (None when it failed before its first step)
+    episode: object  # rollout.episode.Episode (None when it failed before its first step); without images when
+    # `shard` is set
     reset_kind: str
     reset_ms: float
     steps_per_s: float
@@ -72,6 +84,7 @@ class ActorReport:
     item: WorkItem | None = None
     extra: dict = field(default_factory=dict)  # the observers' per-episode results
     actor_index: int = -1
+    shard: ManifestEntry | None = None  # where the actor wrote the episode (sharded recording), for the driver to commit
 
 
 def init_ray(num_cpus: int | None = None) -> str:
@@ -102,9 +115,12 @@ class RolloutActor:
     """One rollout host in its own process (or in this one); `run(item)` plays one episode."""
 
     def __init__(self, spec: HostSpec, index: int = 0, *, host: RolloutHost | None = None,
-                 observers: list[EpisodeObserver] | None = None) -> None:
-        """`host`: a host built by the caller (in-process use); else one is built from `spec`."""
+                 observers: list[EpisodeObserver] | None = None, shard_root: str = "") -> None:
+        """`host`: a host built by the caller (in-process use); else one is built from `spec`. `shard_root`: a
+        sharded store's root; each episode is then written to this process's own shard there."""
         self.spec, self.index = spec, index
+        self.shard_root = shard_root
+        self._shard: ShardWriter | None = None
         if spec.pin_cores and hasattr(os, "sched_setaffinity"):
             cores = sorted(os.sched_getaffinity(0))
             os.sched_setaffinity(0, {cores[index % len(cores)]})
@@ -144,11 +160,36 @@ class RolloutActor:
         if _is_cuda_fatal(result.error):
             os._exit(3)
         save_initial_capsule(self.host, self.spec, item.seed)
-        return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
+        episode, entry = result.episode, None
+        if self.shard_root and episode is not None:
+            if self._shard is None:
+                self._shard = ShardWriter(self.shard_root, prefix=f"a{self.index:03d}")
+            entry = self._shard.write(episode)
+            episode = Episode({k: v for k, v in episode.steps.items() if not k.startswith(S.IMAGE_PREFIX)},
+                              episode.meta, episode.extra)
+        self._fault_after_record(item)
+        return ActorReport(episode=episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
-                           extra=result.extra, actor_index=self.index)
+                           extra=result.extra, actor_index=self.index, shard=entry)
+
+    def _fault_after_record(self, item: WorkItem) -> None:
+        """Fault injection (`HostSpec.crash` in mode `exit_after_record`): exit once the episode is played and
+        written to this actor's shard, before the driver hears of it."""
+        crash = self.spec.crash
+        if len(crash) == 4 and crash[3] == FAULT_AFTER_RECORD and crash[0] == item.episode_id:
+            marker = Path(crash[2])
+            if not marker.exists():
+                marker.write_text(f"{FAULT_AFTER_RECORD}\n")
+                os._exit(1)
+
+    def close_shard(self) -> None:
+        """Close this process's shard writer (every episode it returned is committed to the shard already)."""
+        if self._shard is not None:
+            self._shard.close()
+            self._shard = None
 
     def close(self) -> None:
+        self.close_shard()
         self.host.close()
 
 
@@ -225,12 +266,17 @@ class _Plan:
 
 
 def _record(report: ActorReport, recorder, stats: DriverStats) -> None:
+    """Write (single store) or commit (sharded store: the actor wrote it) a returned episode, once."""
     if report.episode is None:
         stats.failed_before_first_step += 1
     elif recorder is not None and report.episode.meta.episode_id in recorder:
-        stats.duplicates_skipped += 1
+        stats.duplicates_skipped += 1  # sharded: this copy stays an orphan in its shard, the manifest names the first
     else:
-        if recorder is not None:
+        if isinstance(recorder, ShardedStore):
+            if report.shard is None:
+                raise RuntimeError(f"episode {report.episode.meta.episode_id} came back without a shard entry")
+            recorder.commit(report.shard)
+        elif recorder is not None:
             recorder.write(report.episode)
         stats.episodes += 1
         stats.successes += int(report.episode.meta.success)
@@ -257,13 +303,18 @@ def run_rollouts(
     done: Mapping[str, bool] | None = None,
     host: RolloutHost | None = None,
     on_report: Callable[[ActorReport, DriverStats], None] | None = None,
+    actor_cls: type[RolloutActor] = RolloutActor,
 ) -> tuple[list[ActorReport], DriverStats]:
     """Play every item on `actors` Ray actors (0: in this process); episodes go to `recorder` once.
+
+    `recorder`: a `ZarrRecorder`-like writer (the driver writes each episode) or a `ShardedStore` (each actor
+    writes to its own shard, the driver commits the manifest entry).
 
     `repeats`: rollouts per seed from its initial state; `attempts`: tries of a rollout that fails
     (each a restore of the initial capsule with noise of its own). `done`: episode id -> success of
     episodes already recorded (a resumed run walks past them). An item whose actor dies, or runs
-    past `episode_timeout_s`, is handed out again (up to `max_attempts` tries).
+    past `episode_timeout_s`, is handed out again (up to `max_attempts` tries). `actor_cls`: the actor class
+    (a `RolloutActor` subclass with the same constructor: a benchmark's synthetic actor).
     """
     if actors < 0:
         raise ValueError(f"actors must be >= 0, got {actors}")
@@ -276,16 +327,17 @@ def run_rollouts(
     if len(set(ids)) != len(ids):
         raise ValueError("work items must have unique episode ids")
     plan = _Plan(items, repeats, attempts, done or {})
+    shard_root = recorder.shard_root if isinstance(recorder, ShardedStore) else ""
     if actors == 0:
-        return _run_local(spec, plan, recorder, host, on_report)
-    return _run_ray(spec, plan, actors=actors, recorder=recorder, cpus_per_actor=cpus_per_actor,
-                    gpus_per_actor=gpus_per_actor, max_restarts=max_restarts, max_attempts=max_attempts,
-                    episode_timeout_s=episode_timeout_s, placement_timeout_s=placement_timeout_s,
-                    on_report=on_report)
+        return _run_local(spec, plan, recorder, host, on_report, shard_root, actor_cls)
+    return _run_ray(spec, plan, actors=actors, recorder=recorder, shard_root=shard_root, actor_cls=actor_cls,
+                    cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, max_restarts=max_restarts,
+                    max_attempts=max_attempts, episode_timeout_s=episode_timeout_s,
+                    placement_timeout_s=placement_timeout_s, on_report=on_report)
 
 
-def _run_local(spec, plan: _Plan, recorder, host, on_report):
-    actor = RolloutActor(spec, host=host)
+def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_cls):
+    actor = actor_cls(spec, host=host, shard_root=shard_root)
     stats, reports = DriverStats(actors_placed=1), []
     try:
         while plan:
@@ -297,16 +349,17 @@ def _run_local(spec, plan: _Plan, recorder, host, on_report):
             if on_report is not None:
                 on_report(report, stats)
     finally:
+        actor.close_shard()
         if host is None:
             actor.close()
     return reports, stats
 
 
-def _run_ray(spec, plan: _Plan, *, actors, recorder, cpus_per_actor, gpus_per_actor, max_restarts, max_attempts,
-             episode_timeout_s, placement_timeout_s, on_report):
-    remote_cls = ray.remote(RolloutActor).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
+def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus_per_actor, gpus_per_actor,
+             max_restarts, max_attempts, episode_timeout_s, placement_timeout_s, on_report):
+    remote_cls = ray.remote(actor_cls).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
                                                    max_restarts=max_restarts, max_task_retries=0)
-    pool = [remote_cls.remote(spec, i) for i in range(actors)]
+    pool = [remote_cls.remote(spec, i, shard_root=shard_root) for i in range(actors)]
     idle: deque[int] = deque()
     in_flight: dict = {}  # object ref -> (actor index, item, started)
     probes: dict = {ray_actor.ready.remote(): i for i, ray_actor in enumerate(pool)}  # placed and built?

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from experiments.run import main
+from rollout.sharded_reader import open_episode_reader
 from rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
@@ -43,6 +44,35 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
     # running again skips what is recorded
     assert main(args[:-4] + ["--json", str(summary)]) == 0
     assert json.loads(summary.read_text())["episodes"] == 0 and len(ZarrEpisodeReader(data["store"])) == 5
+
+
+def test_sharded_rollout_keeps_each_episode_once_when_an_actor_dies_between_its_shard_and_the_manifest(
+        checkpoints, tmp_path):
+    policy, critic = checkpoints
+    out, summary, marker = tmp_path / "run", tmp_path / "s.json", tmp_path / "crashed"
+    victim = "pick_place-s1000002"
+    args = ["sim_rollout", "--actors", "2", "--episodes", "5", "--out", f"file://{out}", "--policy", policy,
+            "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false", "--shards", "true",
+            "--json", str(summary)]
+    assert main([*args, "--crash", victim, "0", str(marker), "exit_after_record"]) == 0
+    data = json.loads(summary.read_text())
+    assert marker.read_text() == "exit_after_record\n"  # the actor died with the episode in its shard
+    assert (data["actor_failures"], data["resubmitted"], data["orphans"], data["episodes"]) == (1, 1, 1, 5)
+    store = out / "episodes.zarr"
+    ids = [f"pick_place-s{1000000 + i:07d}" for i in range(5)]
+    assert sorted(open_episode_reader(store).episode_ids) == ids  # each exactly once
+    copies = [i for shard in (store / "shards").iterdir() for i in ZarrEpisodeReader(shard).episode_ids]
+    assert sorted(copies) == sorted([*ids, victim])  # the orphan stays in the dead actor's shard, unread
+    assert main(["replay", "--store", str(store), "--episode", victim]) == 0
+    assert main(args) == 0  # the driver again: the manifest holds every episode
+    assert json.loads(summary.read_text())["episodes"] == 0 and len(open_episode_reader(store)) == 5
+    single = tmp_path / "single.zarr"
+    assert main(["consolidate", "--store", f"file://{store}", "--out", str(single), "--no-progress"]) == 0
+    sharded, consolidated = open_episode_reader(store), ZarrEpisodeReader(single)
+    assert consolidated.episode_ids == sharded.episode_ids and np.array_equal(consolidated.ends, sharded.ends)
+    for i in range(5):
+        a, b = sharded.episode(i), consolidated.episode(i)
+        assert a.meta == b.meta and all(np.array_equal(a.steps[k], b.steps[k], equal_nan=True) for k in a.steps)
 
 
 def test_checkpoints_that_do_not_fit_are_refused_before_ray_starts(checkpoints, tmp_path, capsys):

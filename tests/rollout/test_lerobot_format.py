@@ -22,8 +22,8 @@ from rollout.lerobot_writer import (  # noqa: E402
     LeRobotWriterOptions,
     export_lerobot,
     open_store,
-    store_episodes,
 )
+from rollout.zarr_reader import store_episodes  # noqa: E402
 from rollout.zarr_recorder import ZarrRecorder  # noqa: E402
 from tests.rollout.fakes import assert_same_episode, fake_episode  # noqa: E402
 

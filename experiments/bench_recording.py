@@ -1,0 +1,140 @@
+"""bench_recording: what recording costs the driver, single writer vs sharded, with synthetic actors.
+
+Each actor is a `RolloutActor` whose host returns one pre-built episode (renamed per work
+item) at once, so nothing but recording limits the rate: the driver, its store and Ray's
+transfers. Each measurement runs `run_rollouts` (the driver `sim_rollout` uses) over
+`--episodes` items on N actors, with the single-writer store (every episode travels to the
+driver, which writes it) and with a sharded one (each actor writes its own shard; the driver
+commits a manifest entry). Figures are taken from the first returned episode to the store's
+close (actor start-up left out): recorded control steps/s, the driver process's CPU seconds
+per episode (`time.process_time`: every thread of the driver, Ray's included, and the
+single writer's thread), and the bytes of episode arrays that reach the driver. Images are
+random bytes (incompressible: the writer's worst case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+
+from experiments.bench_support import machine
+from experiments.configs import BenchRecordingConfig
+from experiments.console import make_console
+from experiments.result import ExperimentResult
+from rollout.episode import Episode, EpisodeBuilder
+from rollout.host_config import EpisodeResult
+from rollout.host_factory import HostSpec
+from rollout.ray_rollout import RolloutActor, WorkItem, init_ray, run_rollouts, shutdown_ray
+from rollout.sharded_reader import open_episode_reader
+from rollout.sharded_store import ShardedStore
+from rollout.zarr_recorder import ZarrRecorder
+
+MODES = ("single", "sharded")
+
+
+def synthetic_episode(steps: int, image_size: int, cameras: int, seed: int = 0) -> Episode:
+    """A valid episode of `steps` steps: random images and actions, state, rewards (success at the end)."""
+    rng = np.random.default_rng(seed)
+    builder = EpisodeBuilder()
+    for t in range(steps):
+        builder.add(images={f"cam{c}": rng.integers(0, 256, (image_size, image_size, 3), np.uint8)
+                            for c in range(cameras)},
+                    state=rng.normal(size=8).astype(np.float32), action=rng.uniform(-1, 1, 4).astype(np.float32),
+                    reward=0.0 if t == steps - 1 else -1.0, policy_action=rng.uniform(-1, 1, 4),
+                    value=float(-1 + t / steps), subtask_id=0, timestamp=1.7e9 + t * 0.1)
+    return builder.finish(episode_id="synthetic", seed=seed, task="synthetic", instruction="record me",
+                          success=True, stop_reason="success")
+
+
+class PrebuiltHost:
+    """A host whose every episode is one pre-built episode, renamed: no simulation, no inference."""
+
+    def __init__(self, episode: Episode) -> None:
+        self.episode, self.capsule_source = episode, None
+
+    def run_episode(self, seed: int, *, episode_id: str | None = None, attempt: int = 0,
+                    repeat: int = 0) -> EpisodeResult:
+        meta = dataclasses.replace(self.episode.meta, episode_id=episode_id or f"s{seed}", seed=seed,
+                                   attempt=attempt, repeat=repeat)
+        return EpisodeResult(Episode(self.episode.steps, meta), "prebuilt", 0.0, 0.0, 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def synthetic_actor(steps: int, image_size: int, cameras: int) -> type[RolloutActor]:
+    """A `RolloutActor` class whose host returns a pre-built episode of this size."""
+
+    class SyntheticActor(RolloutActor):
+        def __init__(self, spec: HostSpec, index: int = 0, *, host=None, observers=None, shard_root: str = ""):
+            episode = synthetic_episode(steps, image_size, cameras, seed=index)
+            super().__init__(spec, index, host=PrebuiltHost(episode), shard_root=shard_root)
+
+    return SyntheticActor
+
+
+def measure(config: BenchRecordingConfig, mode: str, actors: int, directory: Path) -> dict:
+    """One measurement: `config.episodes` synthetic episodes on `actors` actors into a `mode` store."""
+    root = directory / f"{mode}-{actors}.zarr"
+    recorder = ShardedStore(root) if mode == "sharded" else ZarrRecorder(root)
+    items = [WorkItem(f"bench-{i:06d}", i) for i in range(config.episodes)]
+    first: dict[str, float] = {}
+    after = {"steps": 0, "bytes": 0, "episodes": 0}
+
+    def on_report(report, stats) -> None:
+        if not first:  # the clock starts at the first episode back: actor start-up left out
+            first.update(wall=time.perf_counter(), cpu=time.process_time())
+            return
+        after["steps"] += report.episode.meta.length
+        after["bytes"] += sum(v.nbytes for v in report.episode.steps.values())
+        after["episodes"] += 1
+
+    try:
+        run_rollouts(HostSpec(), items, actors=actors, recorder=recorder, cpus_per_actor=config.cpus_per_actor,
+                     on_report=on_report, actor_cls=synthetic_actor(config.steps, config.image_size, config.cameras))
+    finally:
+        recorder.close()  # the single writer's last batch is committed inside the measurement
+    wall, cpu = time.perf_counter() - first["wall"], time.process_time() - first["cpu"]
+    recorded = len(open_episode_reader(root))
+    shutil.rmtree(root)
+    n = max(after["episodes"], 1)
+    return {"mode": mode, "actors": actors, "episodes": config.episodes, "recorded": recorded,
+            "steps_per_s": after["steps"] / wall if wall > 0 else 0.0, "driver_cpu_s_per_episode": cpu / n,
+            "driver_mb_per_episode": after["bytes"] / n / 1e6, "wall_s": wall}
+
+
+def run(config: BenchRecordingConfig) -> ExperimentResult:
+    directory = Path(config.out) if config.out else Path(tempfile.mkdtemp(prefix="bench_recording-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    where = init_ray()
+    try:
+        rows = [measure(config, mode, n, directory) for n in config.actors for mode in MODES]
+    finally:
+        shutdown_ray(where)
+        if not config.out:
+            shutil.rmtree(directory, ignore_errors=True)
+    by = {(r["mode"], r["actors"]): r for r in rows}
+    cpu_ratio = {n: by["single", n]["driver_cpu_s_per_episode"] / max(by["sharded", n]["driver_cpu_s_per_episode"], 1e-9)
+                 for n in config.actors}
+    _table(rows, cpu_ratio)
+    return ExperimentResult({"machine": machine(), "config": dataclasses.asdict(config), "rows": rows,
+                             "driver_cpu_ratio_single_over_sharded": cpu_ratio})
+
+
+def _table(rows: list[dict], cpu_ratio: dict[int, float]) -> None:
+    table = Table(title="bench_recording (synthetic actors, from the first episode back to the store's close)")
+    for name in ("actors", "store", "recorded", "steps/s", "driver CPU ms / episode", "MB / episode via driver"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(str(r["actors"]), r["mode"], f"{r['recorded']}/{r['episodes']}", f"{r['steps_per_s']:.0f}",
+                      f"{r['driver_cpu_s_per_episode'] * 1e3:.2f}", f"{r['driver_mb_per_episode']:.3f}")
+    console = make_console()
+    console.print(table)
+    console.print("driver CPU per episode, single / sharded: "
+                  + ", ".join(f"{n} actors {ratio:.1f}x" for n, ratio in cpu_ratio.items()))

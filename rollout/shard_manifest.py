@@ -1,0 +1,203 @@
+"""The manifest of a sharded episode store: which episodes are in the store, and where each one lies.
+
+A sharded store (`rollout.sharded_store`) keeps its episodes in several zarr shards, one per writer
+process; the manifest is the store's single source of truth: an episode is in the store exactly when
+a manifest line names it, and readers see the episodes in manifest order. An episode a shard holds
+that no line names (an orphan: its actor died after writing it, before the driver committed it) is
+not in the store.
+
+Format: `manifest.jsonl`, UTF-8 JSON lines. The first line is a header
+`{"format": "rollout.sharded_store", "version": 1}`; each further line is one entry
+`{"episode_id", "shard", "index", "length", "success"}` (the episode's shard, its index among the
+shard's committed episodes, its step count and outcome; the last two let a resumed run walk past
+recorded episodes without opening a shard).
+
+Why JSON lines, appended: one writer (the driver) appends one line per episode with a single
+`write` on an `O_APPEND` descriptor and `fsync`s it. A line is committed once its newline is on disk;
+a process killed mid-append leaves at most an unterminated tail, which readers ignore and the next
+writer cuts off. So a crash loses at most the entry being written, never one before it, and never
+leaves a half entry visible. It stays one small file that `cat`, `tail -f` and `wc -l` read (one file
+per entry, renamed into place, is as safe but makes thousands of files, slow to list on shared
+filesystems). A complete line that is not a valid entry is damage, not a crash: reading refuses the
+manifest with the file, line number and content, and nothing rewrites it. The writer holds an
+exclusive `flock` on the file, so a second driver on the same store is refused. Durability is that of
+the shards: the manifest's `fsync` keeps the manifest whole across a power loss, but a shard's zarr
+commit is made safe against a killed process (a rename), not flushed to disk.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MANIFEST_FILE = "manifest.jsonl"
+FORMAT = "rollout.sharded_store"
+VERSION = 1
+SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_FIELDS = {"episode_id": str, "shard": str, "index": int, "length": int, "success": bool}
+
+
+class ManifestError(ValueError):
+    """A manifest cannot be read or written as it is; the message says where and what to do."""
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One committed episode: `episode_id` is episode `index` of shard `shard` (`length` steps)."""
+
+    episode_id: str
+    shard: str
+    index: int
+    length: int
+    success: bool
+
+    def to_line(self) -> bytes:
+        return (json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+
+def _header_line() -> bytes:
+    return (json.dumps({"format": FORMAT, "version": VERSION}) + "\n").encode()
+
+
+def parse_entry(text: str) -> ManifestEntry:
+    """An entry from one manifest line, or ValueError saying what is wrong with it."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if set(data) != set(_FIELDS):
+        raise ValueError(f"fields {sorted(data)}, expected {sorted(_FIELDS)}")
+    for name, kind in _FIELDS.items():
+        value = data[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):  # JSON true is no index
+            raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}")
+    if not data["episode_id"]:
+        raise ValueError("empty episode_id")
+    if not SHARD_NAME.match(data["shard"]):
+        raise ValueError(f"shard {data['shard']!r} is not a shard name")
+    if data["index"] < 0 or data["length"] < 1:
+        raise ValueError(f"index {data['index']} must be >= 0 and length {data['length']} >= 1")
+    return ManifestEntry(**data)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A manifest as read: its committed entries in order, and the bytes of an unterminated tail."""
+
+    path: Path
+    entries: tuple[ManifestEntry, ...]
+    torn_bytes: int  # an append cut short by a crash: not committed, ignored
+    committed_bytes: int  # the file's length up to the last complete line
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest:
+    """Read and check a manifest; a damaged one raises ManifestError (the file is left as it is)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{path} not found: not a sharded episode store (or its manifest was removed)") from None
+    end = raw.rfind(b"\n") + 1
+    lines = raw[:end].split(b"\n")[:-1]
+    if not lines:
+        raise ManifestError(f"{path} has no header line: a sharded store's manifest starts with one; it is "
+                            "empty or was cut short while being created (remove the store root and record again)")
+    try:
+        header = json.loads(lines[0])
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ManifestError(f"{path} line 1 is not a {FORMAT} header: {lines[0][:120]!r}")
+    if header.get("version") != VERSION:
+        raise ManifestError(f"{path} is version {header.get('version')!r}; this code reads version {VERSION}")
+    entries, ids, places = [], set(), set()
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            entry = parse_entry(line.decode())
+            if entry.episode_id in ids:
+                raise ValueError(f"episode {entry.episode_id!r} is named twice")
+            if (entry.shard, entry.index) in places:
+                raise ValueError(f"episode {entry.index} of shard {entry.shard!r} is named twice")
+        except ValueError as exc:  # json's, decode's and parse_entry's errors alike
+            raise ManifestError(
+                f"{path} line {number} is not a valid manifest entry ({exc}): {line[:160]!r}. The {number - 2} "
+                "entries before it are intact and nothing was changed; repair or delete that line (an episode "
+                "it named stays in its shard, unnamed, and a resumed run records it again)") from None
+        ids.add(entry.episode_id)
+        places.add((entry.shard, entry.index))
+        entries.append(entry)
+    return Manifest(path, tuple(entries), len(raw) - end, end)
+
+
+def create_manifest(path: Path) -> None:
+    """Write a manifest holding only its header, atomically (temp file, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with open(tmp, "wb") as f:
+        f.write(_header_line())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class ManifestWriter:
+    """The one appender of a manifest: `commit(entry)` makes an episode part of the store.
+
+    Opening takes an exclusive lock (a second writer gets ManifestError), reads and checks every line,
+    and cuts an unterminated tail left by a crash.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise ManifestError(f"{self.path} is being written by another process (a driver still running on "
+                                "this store?); one driver records to a store at a time") from None
+        try:
+            manifest = read_manifest(self.path)
+            if manifest.torn_bytes:
+                os.ftruncate(self._fd, manifest.committed_bytes)
+                os.fsync(self._fd)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.torn_bytes = manifest.torn_bytes  # cut on opening
+        self.entries: dict[str, ManifestEntry] = {e.episode_id: e for e in manifest.entries}
+
+    def __contains__(self, episode_id: str) -> bool:
+        return episode_id in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def commit(self, entry: ManifestEntry) -> None:
+        """Append `entry` and fsync: when this returns, the episode is in the store."""
+        if self._fd < 0:
+            raise ManifestError(f"{self.path}: the manifest writer is closed")
+        if entry.episode_id in self.entries:
+            raise ManifestError(f"episode {entry.episode_id!r} is already in {self.path}; ids are unique")
+        parse_entry(entry.to_line().decode())  # the line must read back as this entry
+        line = memoryview(entry.to_line())
+        while line:
+            line = line[os.write(self._fd, line):]
+        os.fsync(self._fd)
+        self.entries[entry.episode_id] = entry
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # releases the lock
+            self._fd = -1
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

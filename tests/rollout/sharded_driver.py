@@ -1,0 +1,19 @@
+"""Child process for the sharded driver tests: `run_rollouts` in this process (no Ray) into a sharded store, with
+the actor's fault injection armed so that the process exits once VICTIM is in its shard, before the commit.
+
+argv: POLICY CRITIC ROOT EPISODES VICTIM MARKER
+"""
+
+import sys
+
+from rollout.host_factory import FAULT_AFTER_RECORD, HostSpec
+from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.rollout_host import HostConfig
+from rollout.sharded_store import ShardedStore
+
+policy, critic, root, episodes, victim, marker = sys.argv[1:7]
+spec = HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6),
+                crash=(victim, 0, marker, FAULT_AFTER_RECORD))
+items = [WorkItem(f"pick_place-s{s:07d}", s) for s in range(1_000_000, 1_000_000 + int(episodes))]
+with ShardedStore(root) as store:
+    run_rollouts(spec, items, actors=0, recorder=store, done=store.outcomes())
