@@ -35,7 +35,7 @@ def open_episode_reader(location: str | os.PathLike) -> EpisodeReader:
     if is_sharded_store(root):
         return ShardedEpisodeReader(root)
     if not (root / ".zgroup").exists():
-        raise FileNotFoundError(f"{root} is not an episode store: neither a zarr store (no .zgroup) nor a sharded "
+        raise FileNotFoundError(f"{root} is not an episode store: not a zarr store (no .zgroup) and not a sharded "
                                 f"store root (no {MANIFEST_FILE})")
     return ZarrEpisodeReader(root)
 

@@ -213,7 +213,7 @@ def test_one_driver_per_store_and_kinds_are_not_mixed(tmp_path):
     (tmp_path / "busy" / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match="not a sharded store"):
         ShardedStore(tmp_path / "busy")
-    with pytest.raises(FileNotFoundError, match="neither a zarr store"):
+    with pytest.raises(FileNotFoundError, match="not a zarr store"):
         open_episode_reader(tmp_path / "busy")
     assert isinstance(open_episode_reader(tmp_path / "single.zarr"), ZarrEpisodeReader)
     with pytest.raises(ValueError, match="the driver makes it"):
