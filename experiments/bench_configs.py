@@ -195,6 +195,9 @@ class BenchRecordingConfig:
     """Synthetic actor counts measured (each with the single-writer store and with a sharded one)."""
     episodes: int = 200
     """Episodes recorded per measurement."""
+    rounds: int = 3
+    """Rounds; each measures every (actors, store) pair once, the two stores back to back (which goes first
+    alternates by round). Figures are medians over rounds; the CPU ratio is the median of the rounds' ratios."""
     steps: int = 80
     """Control steps per synthetic episode."""
     image_size: int = 64
@@ -209,7 +212,7 @@ class BenchRecordingConfig:
     def __post_init__(self) -> None:
         if not self.actors or min(self.actors) < 1:
             raise ValueError(f"--actors must be counts >= 1, got {list(self.actors)}")
-        if self.episodes < 2 or self.steps < 1 or self.image_size < 1 or self.cameras < 0:
-            raise ValueError("--episodes must be >= 2, --steps and --image_size >= 1, --cameras >= 0")
+        if self.episodes < 2 or self.steps < 1 or self.image_size < 1 or self.cameras < 0 or self.rounds < 1:
+            raise ValueError("--episodes must be >= 2, --steps, --image_size and --rounds >= 1, --cameras >= 0")
         if not self.cpus_per_actor > 0:
             raise ValueError(f"--cpus_per_actor must be > 0, got {self.cpus_per_actor}")

@@ -114,21 +114,40 @@ def run(config: BenchRecordingConfig) -> ExperimentResult:
     directory.mkdir(parents=True, exist_ok=True)
     where = init_ray()
     try:
-        rows = [measure(config, mode, n, directory) for n in config.actors for mode in MODES]
+        measured = [measure(config, mode, n, directory)
+                    for k in range(config.rounds) for n in config.actors
+                    for mode in (MODES if k % 2 == 0 else MODES[::-1])]
     finally:
         shutdown_ray(where)
         if not config.out:
             shutil.rmtree(directory, ignore_errors=True)
-    by = {(r["mode"], r["actors"]): r for r in rows}
-    cpu_ratio = {n: by["single", n]["driver_cpu_s_per_episode"] / max(by["sharded", n]["driver_cpu_s_per_episode"], 1e-9)
-                 for n in config.actors}
-    _table(rows, cpu_ratio)
+    rows, cpu_ratio = summarize(measured, config.actors)
+    _table(rows, cpu_ratio, config.rounds)
     return ExperimentResult({"machine": machine(), "config": dataclasses.asdict(config), "rows": rows,
-                             "driver_cpu_ratio_single_over_sharded": cpu_ratio})
+                             "driver_cpu_ratio_single_over_sharded": cpu_ratio, "measurements": measured})
 
 
-def _table(rows: list[dict], cpu_ratio: dict[int, float]) -> None:
-    table = Table(title="bench_recording (synthetic actors, from the first episode back to the store's close)")
+def summarize(measured: list[dict], actors: tuple[int, ...]) -> tuple[list[dict], dict[int, float]]:
+    """Median rows per (store, actors) over rounds, and per actor count the median of the rounds'
+    single / sharded driver-CPU ratios (each round's pair measured back to back)."""
+    rows, cpu_ratio = [], {}
+    for n in actors:
+        per_mode = {mode: [m for m in measured if m["mode"] == mode and m["actors"] == n] for mode in MODES}
+        for mode in MODES:
+            ms = per_mode[mode]
+            rows.append({"mode": mode, "actors": n, "episodes": ms[0]["episodes"],
+                         "recorded": min(m["recorded"] for m in ms), "rounds": len(ms),
+                         **{key: float(np.median([m[key] for m in ms]))
+                            for key in ("steps_per_s", "driver_cpu_s_per_episode", "driver_mb_per_episode", "wall_s")}})
+        pairs = zip(per_mode["single"], per_mode["sharded"], strict=True)
+        cpu_ratio[n] = float(np.median([a["driver_cpu_s_per_episode"] / max(b["driver_cpu_s_per_episode"], 1e-9)
+                                        for a, b in pairs]))
+    return rows, cpu_ratio
+
+
+def _table(rows: list[dict], cpu_ratio: dict[int, float], rounds: int) -> None:
+    table = Table(title=f"bench_recording (synthetic actors, from the first episode back to the store's close; "
+                        f"medians of {rounds} rounds)")
     for name in ("actors", "store", "recorded", "steps/s", "driver CPU ms / episode", "MB / episode via driver"):
         table.add_column(name, justify="right")
     for r in rows:

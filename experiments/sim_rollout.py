@@ -166,6 +166,7 @@ def _summary(reports, stats, episodes) -> dict:
         "reset_ms_median": float(np.median(resets)) if resets else None,
         "reset_kinds": dict(Counter(r.reset_kind for r in reports)),
         "reset_kinds_by_actor": {k: dict(v) for k, v in sorted(by_actor.items())},
+        "episodes_by_node": dict(Counter(r.node for r in reports if r.episode is not None and r.node)),
         "control_hz_per_actor_median": float(np.median([r.steps_per_s for r in reports])) if reports else None,
         "actor_failures": stats.actor_failures,
         "timeouts": stats.timeouts,
@@ -189,6 +190,7 @@ def _table(console, s: dict) -> None:
         ("steps/s, all actors (wall, incl. start-up)", f"{s['steps_per_s']:.0f}"),
         ("control Hz per actor (median episode)", f"{s['control_hz_per_actor_median']:.0f}"
          if s["control_hz_per_actor_median"] is not None else "-"),
+        ("Ray nodes that played episodes", len(s["episodes_by_node"]) or "-"),
         ("actors / failures / timeouts / re-run",
          f"{s['actors']} / {s['actor_failures']} / {s['timeouts']} / {s['resubmitted']}"),
         ("store", s["store"]),

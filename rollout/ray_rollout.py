@@ -85,6 +85,7 @@ class ActorReport:
     extra: dict = field(default_factory=dict)  # the observers' per-episode results
     actor_index: int = -1
     shard: ManifestEntry | None = None  # where the actor wrote the episode (sharded recording), for the driver to commit
+    node: str = ""  # the Ray node the actor runs on (its node id; empty in-process)
 
 
 def init_ray(num_cpus: int | None = None) -> str:
@@ -120,6 +121,7 @@ class RolloutActor:
         sharded store's root; each episode is then written to this process's own shard there."""
         self.spec, self.index = spec, index
         self.shard_root = shard_root
+        self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         self._shard: ShardWriter | None = None
         if spec.pin_cores and hasattr(os, "sched_setaffinity"):
             cores = sorted(os.sched_getaffinity(0))
@@ -156,7 +158,7 @@ class RolloutActor:
             error = f"{type(exc).__name__}: {exc}"
             if _is_cuda_fatal(error):
                 os._exit(3)  # the CUDA context is dead: Ray restarts the process, the driver re-runs the item
-            return ActorReport(None, "failed", 0.0, 0.0, error, os.getpid(), item, {}, self.index)
+            return ActorReport(None, "failed", 0.0, 0.0, error, os.getpid(), item, {}, self.index, node=self.node)
         if _is_cuda_fatal(result.error):
             os._exit(3)
         save_initial_capsule(self.host, self.spec, item.seed)
@@ -170,7 +172,7 @@ class RolloutActor:
         self._fault_after_record(item)
         return ActorReport(episode=episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
-                           extra=result.extra, actor_index=self.index, shard=entry)
+                           extra=result.extra, actor_index=self.index, shard=entry, node=self.node)
 
     def _fault_after_record(self, item: WorkItem) -> None:
         """Fault injection (`HostSpec.crash` in mode `exit_after_record`): exit once the episode is played and
@@ -357,8 +359,11 @@ def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_c
 
 def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus_per_actor, gpus_per_actor,
              max_restarts, max_attempts, episode_timeout_s, placement_timeout_s, on_report):
+    # SPREAD: on a cluster the actors go to as many nodes as can take them (the default packs the driver's node
+    # first); on one node it changes nothing
     remote_cls = ray.remote(actor_cls).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
-                                                   max_restarts=max_restarts, max_task_retries=0)
+                                                   max_restarts=max_restarts, max_task_retries=0,
+                                                   scheduling_strategy="SPREAD")
     pool = [remote_cls.remote(spec, i, shard_root=shard_root) for i in range(actors)]
     idle: deque[int] = deque()
     in_flight: dict = {}  # object ref -> (actor index, item, started)

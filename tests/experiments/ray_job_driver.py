@@ -1,11 +1,15 @@
 """Starts a Ray head on 127.0.0.1 (every port chosen), submits `sim_rollout` with `ray job submit`, waits,
 records every TCP socket listening in this network namespace, stops the head; prints one JSON line.
 
+With NODES = 2, a second Ray node joins the head (its own raylet, object store and agents, on the same
+loopback address, every port chosen), each node offers one CPU, and the job records into a sharded store
+(`--shards true`, a file:// URL): its two actors run one on each node and write shards of one store.
+
 Run by `test_ray_job.py` inside a private network namespace whose only interface is loopback: Ray's
 gRPC servers listen on every interface and its agents on the machine's other address whatever
 `--node-ip-address` says, so only there does a test head bind nothing but loopback.
 
-argv: OUT_DIR POLICY CRITIC
+argv: OUT_DIR POLICY CRITIC [NODES]
 """
 
 from __future__ import annotations
@@ -57,21 +61,40 @@ def listening_addresses() -> list[str]:
     return found
 
 
-def main(out: str, policy: str, critic: str) -> dict:
-    (gcs, dash, client, node_mgr, obj_mgr, agent_listen, agent_grpc, runtime_env, metrics) = free_ports(9)
+def node_ports() -> list[str]:
+    """The per-node port flags of `ray start` (raylet, object manager, agents, metrics), each chosen."""
+    node_mgr, obj_mgr, agent_listen, agent_grpc, runtime_env, metrics = free_ports(6)
+    return ["--node-manager-port", str(node_mgr), "--object-manager-port", str(obj_mgr),
+            "--dashboard-agent-listen-port", str(agent_listen), "--dashboard-agent-grpc-port", str(agent_grpc),
+            "--runtime-env-agent-port", str(runtime_env), "--metrics-export-port", str(metrics),
+            "--min-worker-port", "0", "--max-worker-port", "0"]
+
+
+def alive_nodes(address: str, env: dict) -> int:
+    """Alive nodes of the cluster, from the state API (`ray list nodes`), or -1 while it does not answer."""
+    out = subprocess.run([RAY, "list", "nodes", "--address", address, "--format", "json", "--filter",
+                          "state=ALIVE"], env=env, capture_output=True, text=True)
+    if out.returncode:
+        return -1
+    try:
+        return len(json.loads(out.stdout))
+    except json.JSONDecodeError:
+        return -1
+
+
+def main(out: str, policy: str, critic: str, nodes: str = "1") -> dict:
+    n_nodes = int(nodes)
+    gcs, dash, client = free_ports(3)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     temp_dir = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must fit
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--ray-client-server-port", str(client),
-         "--node-manager-port", str(node_mgr), "--object-manager-port", str(obj_mgr),
-         "--dashboard-agent-listen-port", str(agent_listen), "--dashboard-agent-grpc-port", str(agent_grpc),
-         "--runtime-env-agent-port", str(runtime_env), "--metrics-export-port", str(metrics),
-         "--min-worker-port", "0", "--max-worker-port", "0", "--num-cpus", "2", "--disable-usage-stats",
-         "--temp-dir", temp_dir],
+         *node_ports(), "--num-cpus", "2" if n_nodes == 1 else "1", "--disable-usage-stats", "--temp-dir", temp_dir],
         env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
+    workers: list[subprocess.Popen] = []
     address = f"http://127.0.0.1:{dash}"
     result: dict = {"listening": []}
     try:
@@ -84,11 +107,27 @@ def main(out: str, policy: str, critic: str) -> dict:
                 result["error"] = "head did not come up: " + (probe.stderr[-2000:] or "")
                 return result
             time.sleep(1)
+        node_log = Path(temp_dir) / "joining-nodes.log"
+        for _ in range(n_nodes - 1):  # each joins the head's GCS and shares its session directory
+            with node_log.open("a") as log:
+                workers.append(subprocess.Popen(
+                    [RAY, "start", "--block", "--address", f"127.0.0.1:{gcs}", "--node-ip-address", "127.0.0.1",
+                     *node_ports(), "--num-cpus", "1", "--disable-usage-stats"],
+                    env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        while (alive := alive_nodes(address, env)) < n_nodes:
+            if any(w.poll() is not None for w in workers) or time.monotonic() > deadline:
+                result["error"] = f"{alive} of {n_nodes} nodes came up: " + node_log.read_text()[-2000:]
+                return result
+            time.sleep(1)
+        result["nodes"] = alive
         result["listening"] += listening_addresses()
         # no cd: the job runs in a Ray session directory; the editable install finds the project
-        entry = [sys.executable, "-m", "experiments.run", "sim_rollout", "--episodes", "2",
-                 "--actors", "2", "--out", out, "--policy", policy, "--critic", critic, "--n_exec", "2",
+        entry = [sys.executable, "-m", "experiments.run", "sim_rollout", "--episodes", "2" if n_nodes == 1 else "32",
+                 "--actors", "2", "--out", out if n_nodes == 1 else f"file://{out}",
+                 "--policy", policy, "--critic", critic, "--n_exec", "2",
                  "--no-progress", "--json", f"{out}/summary.json"]
+        if n_nodes > 1:  # one store, a shard per actor; the URL names the path every node mounts
+            entry += ["--shards", "true"]
         submit = subprocess.run([RAY, "job", "submit", "--address", address, "--no-wait", "--", *entry],
                                 env=env, capture_output=True, text=True, timeout=120)
         result["submit"] = {"returncode": submit.returncode, "output": (submit.stdout + submit.stderr)[-2000:]}
@@ -109,10 +148,11 @@ def main(out: str, policy: str, critic: str) -> dict:
         result.update(status=status, logs=logs[-3000:])
         return result
     finally:
-        os.killpg(head.pid, signal.SIGKILL)  # gcs_server and raylet ignore SIGTERM
-        head.wait(30)
+        for process in [*workers, head]:
+            os.killpg(process.pid, signal.SIGKILL)  # gcs_server and raylet ignore SIGTERM
+            process.wait(30)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:4])))
+    print(json.dumps(main(*sys.argv[1:5])))
