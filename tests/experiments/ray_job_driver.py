@@ -2,8 +2,10 @@
 records every TCP socket listening in this network namespace, stops the head; prints one JSON line.
 
 With NODES = 2, a second Ray node joins the head (its own raylet, object store and agents, on the same
-loopback address, every port chosen), each node offers one CPU, and the job records into a sharded store
-(`--shards true`, a file:// URL): its two actors run one on each node and write shards of one store.
+loopback address, every port chosen), each node offers one CPU and a custom resource naming it
+(`rollout_node_<k>`), and the job records into a sharded store (`--shards true`, a file:// URL): its two
+actors run one on each node and write shards of one store. The result's "nodes" maps each alive node's
+id to the custom resources it offers.
 
 Run by `test_ray_job.py` inside a private network namespace whose only interface is loopback: Ray's
 gRPC servers listen on every interface and its agents on the machine's other address whatever
@@ -70,16 +72,24 @@ def node_ports() -> list[str]:
             "--min-worker-port", "0", "--max-worker-port", "0"]
 
 
-def alive_nodes(address: str, env: dict) -> int:
-    """Alive nodes of the cluster, from the state API (`ray list nodes`), or -1 while it does not answer."""
-    out = subprocess.run([RAY, "list", "nodes", "--address", address, "--format", "json", "--filter",
-                          "state=ALIVE"], env=env, capture_output=True, text=True)
+def node_resource(k: int) -> str:
+    """The custom resource that names node k (the head is node 0)."""
+    return f"rollout_node_{k}"
+
+
+def alive_nodes(address: str, env: dict) -> dict[str, list[str]] | None:
+    """Node id -> the custom `rollout_node_*` resources it offers, for every alive node of the cluster, from
+    the state API (`ray list nodes`); None while it does not answer."""
+    out = subprocess.run([RAY, "list", "nodes", "--address", address, "--format", "json", "--detail",
+                          "--filter", "state=ALIVE"], env=env, capture_output=True, text=True)
     if out.returncode:
-        return -1
+        return None
     try:
-        return len(json.loads(out.stdout))
+        nodes = json.loads(out.stdout)
     except json.JSONDecodeError:
-        return -1
+        return None
+    return {n["node_id"]: sorted(r for r in n.get("resources_total", {}) if r.startswith("rollout_node_"))
+            for n in nodes}
 
 
 def main(out: str, policy: str, critic: str, nodes: str = "1") -> dict:
@@ -91,7 +101,8 @@ def main(out: str, policy: str, critic: str, nodes: str = "1") -> dict:
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--ray-client-server-port", str(client),
-         *node_ports(), "--num-cpus", "2" if n_nodes == 1 else "1", "--disable-usage-stats", "--temp-dir", temp_dir],
+         *node_ports(), "--num-cpus", "2" if n_nodes == 1 else "1", "--resources", json.dumps({node_resource(0): 1}),
+         "--disable-usage-stats", "--temp-dir", temp_dir],
         env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     workers: list[subprocess.Popen] = []
@@ -108,15 +119,16 @@ def main(out: str, policy: str, critic: str, nodes: str = "1") -> dict:
                 return result
             time.sleep(1)
         node_log = Path(temp_dir) / "joining-nodes.log"
-        for _ in range(n_nodes - 1):  # each joins the head's GCS and shares its session directory
+        for k in range(1, n_nodes):  # each joins the head's GCS and shares its session directory
             with node_log.open("a") as log:
                 workers.append(subprocess.Popen(
                     [RAY, "start", "--block", "--address", f"127.0.0.1:{gcs}", "--node-ip-address", "127.0.0.1",
-                     *node_ports(), "--num-cpus", "1", "--disable-usage-stats"],
+                     *node_ports(), "--num-cpus", "1", "--resources", json.dumps({node_resource(k): 1}),
+                     "--disable-usage-stats"],
                     env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        while (alive := alive_nodes(address, env)) < n_nodes:
+        while len(alive := alive_nodes(address, env) or {}) < n_nodes:
             if any(w.poll() is not None for w in workers) or time.monotonic() > deadline:
-                result["error"] = f"{alive} of {n_nodes} nodes came up: " + node_log.read_text()[-2000:]
+                result["error"] = f"{len(alive)} of {n_nodes} nodes came up: " + node_log.read_text()[-2000:]
                 return result
             time.sleep(1)
         result["nodes"] = alive

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.run import main
 from rollout.sharded_reader import open_episode_reader
 from rollout.sharded_store import manifest_entries
 from rollout.zarr_reader import ZarrEpisodeReader
@@ -61,16 +62,18 @@ def test_sim_rollout_as_a_ray_job_with_every_socket_on_loopback(tmp_path):
 
 def test_a_job_spread_over_two_ray_nodes_records_one_sharded_store(tmp_path):
     """A second node joins the head; each offers one CPU, so the job's two actors run one per node, each
-    writing its own shard of one store (a file:// URL); the driver commits every episode once."""
+    writing its own shard of one store (a file:// URL); the driver commits every episode once, and an
+    episode from each shard replays bit-identically."""
     result, out = _submit(tmp_path, nodes=2)
-    assert result["nodes"] == 2
+    nodes = result["nodes"]  # node id -> the custom resource naming it
+    assert sorted(nodes.values()) == [["rollout_node_0"], ["rollout_node_1"]], nodes
     assert "succeeded" in result["status"].lower(), result["status"] + result["logs"]
     listening = [ipaddress.ip_address(a) for a in result["listening"]]
     assert all((getattr(a, "ipv4_mapped", None) or a).is_loopback for a in listening)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["sharded"] and summary["episodes"] == 32 and summary["duplicates_skipped"] == 0
     by_node = summary["episodes_by_node"]
-    assert len(by_node) == 2 and sum(by_node.values()) == 32, by_node  # both nodes played and recorded
+    assert sorted(by_node) == sorted(nodes) and sum(by_node.values()) == 32, by_node  # both nodes played
     store = out / "episodes.zarr"
     entries = manifest_entries(store)
     assert len(entries) == 32 and len({e.episode_id for e in entries}) == 32  # each episode exactly once
@@ -78,3 +81,6 @@ def test_a_job_spread_over_two_ray_nodes_records_one_sharded_store(tmp_path):
     reader = open_episode_reader(store)  # readers see one store
     assert len(reader) == 32
     assert sorted(reader.meta(i).seed for i in range(len(reader))) == list(range(1_000_000, 1_000_032))
+    per_shard = {e.shard: e.episode_id for e in entries}  # an episode written on each node
+    for episode_id in per_shard.values():
+        assert main(["replay", "--store", f"file://{store}", "--episode", episode_id]) == 0, episode_id
