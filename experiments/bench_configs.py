@@ -206,6 +206,9 @@ class BenchRecordingConfig:
     """Cameras per step."""
     cpus_per_actor: float = 0.25
     """Ray CPU resources per synthetic actor (8 actors at 0.25 fit a 2-core machine)."""
+    episodes_per_call: tuple[int, ...] = (1, 8)
+    """Episodes per Ray call measured (`run_rollouts(episodes_per_call=...)`; sharded, an actor commits a call's
+    episodes to its shard at once), each with both stores."""
     out: str = ""
     """Directory the measured stores are written to (each removed after its measurement); empty: a temp directory."""
 
@@ -216,3 +219,5 @@ class BenchRecordingConfig:
             raise ValueError("--episodes must be >= 2, --steps, --image_size and --rounds >= 1, --cameras >= 0")
         if not self.cpus_per_actor > 0:
             raise ValueError(f"--cpus_per_actor must be > 0, got {self.cpus_per_actor}")
+        if not self.episodes_per_call or min(self.episodes_per_call) < 1:
+            raise ValueError(f"--episodes_per_call must be counts >= 1, got {list(self.episodes_per_call)}")

@@ -5,7 +5,8 @@ item) at once, so nothing but recording limits the rate: the driver, its store a
 transfers. Each measurement runs `run_rollouts` (the driver `sim_rollout` uses) over
 `--episodes` items on N actors, with the single-writer store (every episode travels to the
 driver, which writes it) and with a sharded one (each actor writes its own shard; the driver
-commits a manifest entry). Figures are taken from the first returned episode to the store's
+commits a manifest entry), each at every `--episodes_per_call` (one Ray call hands an actor that many
+items; sharded, the actor commits them to its shard at once). Figures are taken from the first returned episode to the store's
 close (actor start-up left out): recorded control steps/s, the driver process's CPU seconds
 per episode (`time.process_time`: every thread of the driver, Ray's included, and the
 single writer's thread), and the bytes of episode arrays that reach the driver. Images are
@@ -79,9 +80,10 @@ def synthetic_actor(steps: int, image_size: int, cameras: int) -> type[RolloutAc
     return SyntheticActor
 
 
-def measure(config: BenchRecordingConfig, mode: str, actors: int, directory: Path) -> dict:
-    """One measurement: `config.episodes` synthetic episodes on `actors` actors into a `mode` store."""
-    root = directory / f"{mode}-{actors}.zarr"
+def measure(config: BenchRecordingConfig, mode: str, actors: int, directory: Path, per_call: int = 1) -> dict:
+    """One measurement: `config.episodes` synthetic episodes on `actors` actors into a `mode` store, `per_call`
+    episodes per Ray call."""
+    root = directory / f"{mode}-{actors}-{per_call}.zarr"
     recorder = ShardedStore(root) if mode == "sharded" else ZarrRecorder(root)
     items = [WorkItem(f"bench-{i:06d}", i) for i in range(config.episodes)]
     first: dict[str, float] = {}
@@ -97,14 +99,15 @@ def measure(config: BenchRecordingConfig, mode: str, actors: int, directory: Pat
 
     try:
         run_rollouts(HostSpec(), items, actors=actors, recorder=recorder, cpus_per_actor=config.cpus_per_actor,
-                     on_report=on_report, actor_cls=synthetic_actor(config.steps, config.image_size, config.cameras))
+                     on_report=on_report, actor_cls=synthetic_actor(config.steps, config.image_size, config.cameras),
+                     episodes_per_call=per_call)
     finally:
         recorder.close()  # the single writer's last batch is committed inside the measurement
     wall, cpu = time.perf_counter() - first["wall"], time.process_time() - first["cpu"]
     recorded = len(open_episode_reader(root))
     shutil.rmtree(root)
     n = max(after["episodes"], 1)
-    return {"mode": mode, "actors": actors, "episodes": config.episodes, "recorded": recorded,
+    return {"mode": mode, "actors": actors, "per_call": per_call, "episodes": config.episodes, "recorded": recorded,
             "steps_per_s": after["steps"] / wall if wall > 0 else 0.0, "driver_cpu_s_per_episode": cpu / n,
             "driver_mb_per_episode": after["bytes"] / n / 1e6, "wall_s": wall}
 
@@ -114,46 +117,60 @@ def run(config: BenchRecordingConfig) -> ExperimentResult:
     directory.mkdir(parents=True, exist_ok=True)
     where = init_ray()
     try:
-        measured = [measure(config, mode, n, directory)
-                    for k in range(config.rounds) for n in config.actors
-                    for mode in (MODES if k % 2 == 0 else MODES[::-1])]
+        measured = [measure(config, mode, n, directory, k)
+                    for r in range(config.rounds) for n in config.actors for k in config.episodes_per_call
+                    for mode in (MODES if r % 2 == 0 else MODES[::-1])]
     finally:
         shutdown_ray(where)
         if not config.out:
             shutil.rmtree(directory, ignore_errors=True)
-    rows, cpu_ratio = summarize(measured, config.actors)
-    _table(rows, cpu_ratio, config.rounds)
+    rows, ratios = summarize(measured, config.actors, config.episodes_per_call)
+    _table(rows, ratios, config.rounds)
     return ExperimentResult({"machine": machine(), "config": dataclasses.asdict(config), "rows": rows,
-                             "driver_cpu_ratio_single_over_sharded": cpu_ratio, "measurements": measured})
+                             "driver_cpu_ratios": ratios, "measurements": measured})
 
 
-def summarize(measured: list[dict], actors: tuple[int, ...]) -> tuple[list[dict], dict[int, float]]:
-    """Median rows per (store, actors) over rounds, and per actor count the median of the rounds'
-    single / sharded driver-CPU ratios (each round's pair measured back to back)."""
-    rows, cpu_ratio = [], {}
+def summarize(measured: list[dict], actors: tuple[int, ...],
+              per_calls: tuple[int, ...] = (1,)) -> tuple[list[dict], list[dict]]:
+    """Median rows per (store, actors, episodes per call) over rounds, and per (actors, episodes per call) the
+    median of the rounds' single / sharded driver-CPU ratios (each round's pair measured back to back): at the
+    same episodes per call (`same_call`), and against the single writer at one episode per call, the default
+    (`vs_default_single`)."""
+    rows, ratios = [], []
+
+    def pick(mode, n, k):
+        return [m for m in measured if m["mode"] == mode and m["actors"] == n and m.get("per_call", 1) == k]
+
+    def paired(a_runs, b_runs):
+        return float(np.median([a["driver_cpu_s_per_episode"] / max(b["driver_cpu_s_per_episode"], 1e-9)
+                                for a, b in zip(a_runs, b_runs, strict=True)]))
+
     for n in actors:
-        per_mode = {mode: [m for m in measured if m["mode"] == mode and m["actors"] == n] for mode in MODES}
-        for mode in MODES:
-            ms = per_mode[mode]
-            rows.append({"mode": mode, "actors": n, "episodes": ms[0]["episodes"],
-                         "recorded": min(m["recorded"] for m in ms), "rounds": len(ms),
-                         **{key: float(np.median([m[key] for m in ms]))
-                            for key in ("steps_per_s", "driver_cpu_s_per_episode", "driver_mb_per_episode", "wall_s")}})
-        pairs = zip(per_mode["single"], per_mode["sharded"], strict=True)
-        cpu_ratio[n] = float(np.median([a["driver_cpu_s_per_episode"] / max(b["driver_cpu_s_per_episode"], 1e-9)
-                                        for a, b in pairs]))
-    return rows, cpu_ratio
+        for k in per_calls:
+            for mode in MODES:
+                ms = pick(mode, n, k)
+                rows.append({"mode": mode, "actors": n, "per_call": k, "episodes": ms[0]["episodes"],
+                             "recorded": min(m["recorded"] for m in ms), "rounds": len(ms),
+                             **{key: float(np.median([m[key] for m in ms])) for key in
+                                ("steps_per_s", "driver_cpu_s_per_episode", "driver_mb_per_episode", "wall_s")}})
+            ratios.append({"actors": n, "per_call": k, "same_call": paired(pick("single", n, k), pick("sharded", n, k)),
+                           "vs_default_single": paired(pick("single", n, per_calls[0]), pick("sharded", n, k))})
+    return rows, ratios
 
 
-def _table(rows: list[dict], cpu_ratio: dict[int, float], rounds: int) -> None:
+def _table(rows: list[dict], ratios: list[dict], rounds: int) -> None:
     table = Table(title=f"bench_recording (synthetic actors, from the first episode back to the store's close; "
                         f"medians of {rounds} rounds)")
-    for name in ("actors", "store", "recorded", "steps/s", "driver CPU ms / episode", "MB / episode via driver"):
+    for name in ("actors", "episodes / call", "store", "recorded", "steps/s", "driver CPU ms / episode",
+                 "MB / episode via driver"):
         table.add_column(name, justify="right")
     for r in rows:
-        table.add_row(str(r["actors"]), r["mode"], f"{r['recorded']}/{r['episodes']}", f"{r['steps_per_s']:.0f}",
-                      f"{r['driver_cpu_s_per_episode'] * 1e3:.2f}", f"{r['driver_mb_per_episode']:.3f}")
+        table.add_row(str(r["actors"]), str(r["per_call"]), r["mode"], f"{r['recorded']}/{r['episodes']}",
+                      f"{r['steps_per_s']:.0f}", f"{r['driver_cpu_s_per_episode'] * 1e3:.2f}",
+                      f"{r['driver_mb_per_episode']:.3f}")
     console = make_console()
     console.print(table)
-    console.print("driver CPU per episode, single / sharded: "
-                  + ", ".join(f"{n} actors {ratio:.1f}x" for n, ratio in cpu_ratio.items()))
+    console.print("driver CPU per episode, single / sharded (same episodes per call; against the single writer at "
+                  "the first episodes-per-call value): "
+                  + ", ".join(f"{r['actors']} actors x {r['per_call']}: {r['same_call']:.1f}x "
+                              f"({r['vs_default_single']:.1f}x)" for r in ratios))

@@ -176,6 +176,10 @@ class SimRolloutConfig:
     """Ray GPU fraction per actor (the policy and critic then run on CUDA)."""
     max_restarts: int = 3
     """Restarts Ray grants each actor that dies."""
+    episodes_per_call: int = 1
+    """Episodes handed to an actor in one Ray call (their reports come back together): more than 1 spreads
+    the driver's per-call cost over several episodes, for short episodes on many actors; an actor that dies
+    has every episode of its call re-run."""
     pin_cores: bool = False
     """Pin actor i to CPU core i (one core per host, both lanes included)."""
     video: bool = True
@@ -192,6 +196,8 @@ class SimRolloutConfig:
             raise ValueError("--actors must be >= 0; --seeds.count (--episodes) and --value_patience >= 1")
         if self.repeats < 1 or self.attempts < 1:
             raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
+        if self.episodes_per_call < 1:
+            raise ValueError(f"--episodes_per_call must be >= 1 (got {self.episodes_per_call})")
         if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in
                                                               ("exit", "hang", "exit_after_record"))):
             raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]")

@@ -126,7 +126,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                                       cpus_per_actor=config.cpus_per_actor, gpus_per_actor=config.gpus_per_actor,
                                       max_restarts=config.max_restarts, repeats=config.repeats,
                                       attempts=config.attempts, episode_timeout_s=config.episode_timeout_s,
-                                      done=done, on_report=on_report)
+                                      done=done, on_report=on_report, episodes_per_call=config.episodes_per_call)
         orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0  # ignored by readers
     finally:
         bar.close()

@@ -151,6 +151,28 @@ class RolloutActor:
             return None  # unreadable: the reset is cold (and writes no new file over it)
 
     def run(self, item: WorkItem) -> ActorReport:
+        """Play one episode (and, sharded, write it to this actor's shard)."""
+        return self.run_batch([item])[0]
+
+    def run_batch(self, items: list[WorkItem]) -> list[ActorReport]:
+        """Play `items` one after another; sharded, write their episodes to this actor's shard in one commit
+        (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`)."""
+        reports = [self._play(item) for item in items]
+        recorded = [r for r in reports if r.episode is not None]
+        if self.shard_root and recorded:
+            if self._shard is None:
+                self._shard = ShardWriter(self.shard_root, prefix=f"a{self.index:03d}")
+            entries = self._shard.write_many([r.episode for r in recorded])
+            for report, entry in zip(recorded, entries, strict=True):
+                episode = report.episode
+                report.shard = entry
+                report.episode = Episode({k: v for k, v in episode.steps.items()
+                                          if not k.startswith(S.IMAGE_PREFIX)}, episode.meta, episode.extra)
+        for item in items:
+            self._fault_after_record(item)
+        return reports
+
+    def _play(self, item: WorkItem) -> ActorReport:
         try:
             result = self.host.run_episode(item.seed, episode_id=item.episode_id, attempt=item.attempt,
                                            repeat=item.repeat)
@@ -162,17 +184,9 @@ class RolloutActor:
         if _is_cuda_fatal(result.error):
             os._exit(3)
         save_initial_capsule(self.host, self.spec, item.seed)
-        episode, entry = result.episode, None
-        if self.shard_root and episode is not None:
-            if self._shard is None:
-                self._shard = ShardWriter(self.shard_root, prefix=f"a{self.index:03d}")
-            entry = self._shard.write(episode)
-            episode = Episode({k: v for k, v in episode.steps.items() if not k.startswith(S.IMAGE_PREFIX)},
-                              episode.meta, episode.extra)
-        self._fault_after_record(item)
-        return ActorReport(episode=episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
+        return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
-                           extra=result.extra, actor_index=self.index, shard=entry, node=self.node)
+                           extra=result.extra, actor_index=self.index, node=self.node)
 
     def _fault_after_record(self, item: WorkItem) -> None:
         """Fault injection (`HostSpec.crash` in mode `exit_after_record`): exit once the episode is played and
@@ -306,6 +320,7 @@ def run_rollouts(
     host: RolloutHost | None = None,
     on_report: Callable[[ActorReport, DriverStats], None] | None = None,
     actor_cls: type[RolloutActor] = RolloutActor,
+    episodes_per_call: int = 1,
 ) -> tuple[list[ActorReport], DriverStats]:
     """Play every item on `actors` Ray actors (0: in this process); episodes go to `recorder` once.
 
@@ -317,11 +332,18 @@ def run_rollouts(
     episodes already recorded (a resumed run walks past them). An item whose actor dies, or runs
     past `episode_timeout_s`, is handed out again (up to `max_attempts` tries). `actor_cls`: the actor class
     (a `RolloutActor` subclass with the same constructor: a benchmark's synthetic actor).
+
+    `episodes_per_call`: items handed to an actor in one Ray call (its reports come back together; the
+    deadline of the call is `episode_timeout_s` per item, and if the actor dies every item of the call is
+    handed out again). More than 1 spreads Ray's per-call cost in the driver over several episodes: for
+    short episodes and many actors.
     """
     if actors < 0:
         raise ValueError(f"actors must be >= 0, got {actors}")
     if repeats < 1 or attempts < 1:
         raise ValueError(f"repeats and attempts must be >= 1, got {repeats}, {attempts}")
+    if episodes_per_call < 1:
+        raise ValueError(f"episodes_per_call must be >= 1, got {episodes_per_call}")
     if episode_timeout_s is not None and not episode_timeout_s > 0:
         raise ValueError(f"episode_timeout_s must be > 0 or None, got {episode_timeout_s}")
     items = list(items)
@@ -335,7 +357,8 @@ def run_rollouts(
     return _run_ray(spec, plan, actors=actors, recorder=recorder, shard_root=shard_root, actor_cls=actor_cls,
                     cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, max_restarts=max_restarts,
                     max_attempts=max_attempts, episode_timeout_s=episode_timeout_s,
-                    placement_timeout_s=placement_timeout_s, on_report=on_report)
+                    placement_timeout_s=placement_timeout_s, on_report=on_report,
+                    episodes_per_call=episodes_per_call)
 
 
 def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_cls):
@@ -358,7 +381,7 @@ def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_c
 
 
 def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus_per_actor, gpus_per_actor,
-             max_restarts, max_attempts, episode_timeout_s, placement_timeout_s, on_report):
+             max_restarts, max_attempts, episode_timeout_s, placement_timeout_s, on_report, episodes_per_call):
     # SPREAD: on a cluster the actors go to as many nodes as can take them (the default packs the driver's node
     # first); on one node it changes nothing
     remote_cls = ray.remote(actor_cls).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
@@ -366,7 +389,7 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                                                    scheduling_strategy="SPREAD")
     pool = [remote_cls.remote(spec, i, shard_root=shard_root) for i in range(actors)]
     idle: deque[int] = deque()
-    in_flight: dict = {}  # object ref -> (actor index, item, started)
+    in_flight: dict = {}  # object ref -> (actor index, items, deadline or None)
     probes: dict = {ray_actor.ready.remote(): i for i, ray_actor in enumerate(pool)}  # placed and built?
     alive = set(range(actors))
     placed: set[int] = set()
@@ -379,16 +402,19 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
         while plan or in_flight:
             while plan and idle:
                 index = idle.popleft()
-                item = plan.take(index)
-                tries[item.episode_id] = tries.get(item.episode_id, 0) + 1
-                in_flight[pool[index].run.remote(item)] = (index, item, time.monotonic())
+                batch = [plan.take(index) for _ in range(min(episodes_per_call, len(plan)))]
+                for item in batch:
+                    tries[item.episode_id] = tries.get(item.episode_id, 0) + 1
+                deadline = None if episode_timeout_s is None else time.monotonic() + episode_timeout_s * len(batch)
+                call = pool[index].run.remote(batch[0]) if len(batch) == 1 else pool[index].run_batch.remote(batch)
+                in_flight[call] = (index, batch, deadline)
             if not in_flight and not probes:
                 raise RuntimeError(f"every rollout actor is gone; {len(plan)} episodes were not run")
-            wait = _next_deadline(in_flight, episode_timeout_s, placed & alive, probes, started, placement_timeout_s)
+            wait = _next_deadline(in_flight, placed & alive, probes, started, placement_timeout_s)
             done, _ = ray.wait([*in_flight, *probes], num_returns=1, timeout=wait)
             if not done:
-                _expire(in_flight, probes, pool, timed_out, stats, episode_timeout_s, placed & alive, started,
-                        placement_timeout_s, spec, cpus_per_actor, gpus_per_actor)
+                _expire(in_flight, probes, pool, timed_out, stats, placed & alive, started, placement_timeout_s,
+                        cpus_per_actor, gpus_per_actor)
                 continue
             ref = done[0]
             if ref in probes:  # an actor placed (or restarted): to work; still restarting; or gone
@@ -408,54 +434,55 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                     if not alive:
                         raise RuntimeError(f"every rollout actor died; {len(plan)} episodes were not run") from None
                 continue
-            index, item, _ = in_flight.pop(ref)
+            index, batch, _ = in_flight.pop(ref)
             try:
-                report: ActorReport = ray.get(ref)
+                got = ray.get(ref)
             except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
                 if "creation task" in str(exc):  # the host could not be built: retrying will not help
                     raise RuntimeError(f"a rollout actor could not start: {exc}") from exc
                 stats.actor_failures += 1
                 why = f"ran past the {episode_timeout_s} s deadline" if ref in timed_out else f"{exc}"
-                if tries[item.episode_id] >= max_attempts:
-                    raise RuntimeError(f"episode {item.episode_id} failed {max_attempts} times; last: {why}") from exc
-                stats.resubmitted += 1
-                plan.retry(item)  # re-run it first, on the next actor that is ready
+                for item in reversed(batch):  # re-run them first, in order, on the next actors that are ready
+                    if tries[item.episode_id] >= max_attempts:
+                        raise RuntimeError(f"episode {item.episode_id} failed {max_attempts} times; "
+                                           f"last: {why}") from exc
+                    stats.resubmitted += 1
+                    plan.retry(item)
                 probes[pool[index].ready.remote()] = index  # Ray restarts this one meanwhile
                 continue
             idle.append(index)
-            _record(report, recorder, stats)
-            stats.follow_ups += plan.follow(item, _success(report), index)
-            reports.append(report)
-            if on_report is not None:
-                on_report(report, stats)
+            for item, report in zip(batch, got if isinstance(got, list) else [got], strict=True):
+                _record(report, recorder, stats)
+                stats.follow_ups += plan.follow(item, _success(report), index)
+                reports.append(report)
+                if on_report is not None:
+                    on_report(report, stats)
     finally:
         for ray_actor in pool:
             ray.kill(ray_actor, no_restart=True)
     return reports, stats
 
 
-def _next_deadline(in_flight, timeout_s, placed, probes, started, placement_timeout_s) -> float | None:
-    """Seconds until the next deadline (an episode's, or placement's while no actor is placed)."""
+def _next_deadline(in_flight, placed, probes, started, placement_timeout_s) -> float | None:
+    """Seconds until the next deadline (a call's, or placement's while no actor is placed)."""
     now = time.monotonic()
     waits = []
-    if timeout_s is not None and in_flight:
-        waits.append(min(t for _, _, t in in_flight.values()) + timeout_s - now)
+    deadlines = [d for _, _, d in in_flight.values() if d is not None]
+    if deadlines:
+        waits.append(min(deadlines) - now)
     if not placed and probes:
         waits.append(started + placement_timeout_s - now)
     return max(0.0, min(waits)) if waits else None
 
 
-def _expire(in_flight, probes, pool, timed_out, stats, timeout_s, placed, started, placement_timeout_s, spec,
-            cpus, gpus) -> None:
+def _expire(in_flight, probes, pool, timed_out, stats, placed, started, placement_timeout_s, cpus, gpus) -> None:
     now = time.monotonic()
     if not placed and probes and now >= started + placement_timeout_s:
         raise RuntimeError(f"no rollout actor was placed within {placement_timeout_s:.0f} s: each asks for "
                            f"{cpus} CPU and {gpus} GPU; the cluster has {ray.available_resources()} free. "
                            "Ask for less (--cpus_per_actor, --gpus_per_actor) or fewer --actors")
-    if timeout_s is None:
-        return
-    for ref, (index, _item, t0) in list(in_flight.items()):
-        if now - t0 >= timeout_s and ref not in timed_out:
+    for ref, (index, _batch, deadline) in list(in_flight.items()):
+        if deadline is not None and now >= deadline and ref not in timed_out:
             timed_out.add(ref)
             stats.timeouts += 1
             ray.kill(pool[index], no_restart=False)  # Ray restarts it; the pending call then fails

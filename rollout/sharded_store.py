@@ -195,19 +195,25 @@ class ShardWriter:
 
     def write(self, episode: Episode) -> ManifestEntry:
         """Append `episode` to the shard and wait for its commit; the entry for the driver to commit."""
-        episode_id = episode.meta.episode_id
-        if episode_id in self._written:
-            return self._written[episode_id]
-        if self._recorder is None:
-            self._recorder = ZarrRecorder(self.path, batch_window=0.0)
-        index = self._recorder.committed
-        self._recorder.write(episode)
-        self._recorder.flush()
-        if self._recorder.committed != index + 1:
-            raise RecorderError(f"{self.path}: episode {episode_id!r} was not committed as episode {index}")
-        entry = ManifestEntry(episode_id, self.name, index, int(episode.meta.length), bool(episode.meta.success))
-        self._written[episode_id] = entry
-        return entry
+        return self.write_many([episode])[0]
+
+    def write_many(self, episodes: list[Episode]) -> list[ManifestEntry]:
+        """Append `episodes` to the shard in one commit and wait for it; their entries, in order."""
+        new = [e for e in episodes if e.meta.episode_id not in self._written]
+        if new:
+            if self._recorder is None:
+                self._recorder = ZarrRecorder(self.path, batch_window=0.0)
+            index = self._recorder.committed
+            self._recorder.write_many(new)
+            self._recorder.flush()
+            if self._recorder.committed != index + len(new):
+                raise RecorderError(f"{self.path}: episodes {new[0].meta.episode_id!r}... were not committed as "
+                                    f"episodes {index}...")
+            for i, episode in enumerate(new):
+                meta = episode.meta
+                self._written[meta.episode_id] = ManifestEntry(meta.episode_id, self.name, index + i,
+                                                               int(meta.length), bool(meta.success))
+        return [self._written[e.meta.episode_id] for e in episodes]
 
     def close(self) -> None:
         if self._recorder is not None:

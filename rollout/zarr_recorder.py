@@ -40,7 +40,7 @@ ENDS = "episode_ends"
 IMAGE_CHUNK_BYTES = 1 << 20  # about 85 frames of 64x64x3 per chunk
 LOWDIM_CHUNK_STEPS = 4096
 META_CHUNK = 1024
-MAX_BATCH = 64  # most episodes appended together
+MAX_BATCH = 64  # most writes (`write_many` groups) appended together
 
 
 class RecorderError(RuntimeError):
@@ -110,16 +110,27 @@ class ZarrRecorder:
     # -- caller side --------------------------------------------------------------
     def write(self, episode: Episode) -> None:
         """Validate and enqueue; returns without waiting for the disk."""
+        self.write_many([episode])
+
+    def write_many(self, episodes: list[Episode]) -> None:
+        """Validate every episode, then enqueue them to be committed together (one commit, unless more than
+        the writer's batch limit); none is enqueued if one is invalid."""
         self._raise_if_failed()
         if self._closed:
             raise RecorderError("the recorder is closed")
-        episode = validate_episode(episode, expect_keys=self._keys)
-        if episode.meta.episode_id in self._ids:
-            raise EpisodeError(f"episode {episode.meta.episode_id!r} is already in {self.path}; ids are unique")
-        if self._keys is None:
-            self._keys = {k: tuple(v.shape[1:]) for k, v in episode.steps.items()}
-        self._ids.add(episode.meta.episode_id)
-        self._queue.put(episode)
+        keys, checked = self._keys, []
+        for episode in episodes:
+            episode = validate_episode(episode, expect_keys=keys)
+            episode_id = episode.meta.episode_id
+            if episode_id in self._ids or any(e.meta.episode_id == episode_id for e in checked):
+                raise EpisodeError(f"episode {episode_id!r} is already in {self.path}; ids are unique")
+            keys = keys or {k: tuple(v.shape[1:]) for k, v in episode.steps.items()}
+            checked.append(episode)
+        if not checked:
+            return
+        self._keys = keys
+        self._ids.update(e.meta.episode_id for e in checked)
+        self._queue.put(checked)
 
     def flush(self) -> None:
         """Wait until every enqueued episode is committed (or the writer failed)."""
@@ -170,7 +181,7 @@ class ZarrRecorder:
         while True:
             batch = self._next_batch()
             stop = batch[-1] is None
-            episodes = [ep for ep in batch if ep is not None]
+            episodes = [ep for group in batch if group is not None for ep in group]
             try:
                 if episodes and self._error is None:
                     self._append(episodes)
@@ -186,8 +197,9 @@ class ZarrRecorder:
             if stop:
                 return
 
-    def _next_batch(self) -> list[Episode | None]:
-        """The next episode plus whatever arrives within `batch_window` (sooner on flush/close)."""
+    def _next_batch(self) -> list[list[Episode] | None]:
+        """The next group of episodes (one `write_many`) plus whatever arrives within `batch_window` (sooner on
+        flush/close)."""
         batch = [self._queue.get()]
         deadline = time.monotonic() + self.batch_window
         while batch[-1] is not None and len(batch) < MAX_BATCH:

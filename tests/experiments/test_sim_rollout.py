@@ -46,18 +46,20 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
     assert json.loads(summary.read_text())["episodes"] == 0 and len(ZarrEpisodeReader(data["store"])) == 5
 
 
+@pytest.mark.parametrize("per_call", [1, 2])
 def test_sharded_rollout_keeps_each_episode_once_when_an_actor_dies_between_its_shard_and_the_manifest(
-        checkpoints, tmp_path):
+        checkpoints, tmp_path, per_call):
+    """per_call 2: the victim (the third seed) opens the second actor's call, so the fourth is re-run with it."""
     policy, critic = checkpoints
     out, summary, marker = tmp_path / "run", tmp_path / "s.json", tmp_path / "crashed"
     victim = "pick_place-s1000002"
     args = ["sim_rollout", "--actors", "2", "--episodes", "5", "--out", f"file://{out}", "--policy", policy,
             "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false", "--shards", "true",
-            "--json", str(summary)]
+            "--episodes_per_call", str(per_call), "--json", str(summary)]
     assert main([*args, "--crash", victim, "0", str(marker), "exit_after_record"]) == 0
     data = json.loads(summary.read_text())
     assert marker.read_text() == "exit_after_record\n"  # the actor died with the episode in its shard
-    assert (data["actor_failures"], data["resubmitted"], data["orphans"], data["episodes"]) == (1, 1, 1, 5)
+    assert (data["actor_failures"], data["resubmitted"], data["orphans"], data["episodes"]) == (1, per_call, 1, 5)
     store = out / "episodes.zarr"
     ids = [f"pick_place-s{1000000 + i:07d}" for i in range(5)]
     assert sorted(open_episode_reader(store).episode_ids) == ids  # each exactly once

@@ -124,6 +124,24 @@ def test_an_actor_killed_after_its_shard_write_leaves_an_orphan_and_the_rerun_la
         assert_same_episode(reader.episode(i), fake_episode(i, length=5 + i % 4))
 
 
+def test_a_writer_commits_a_group_of_episodes_to_its_shard_at_once(tmp_path):
+    root = tmp_path / "s.zarr"
+    with ShardedStore(root) as driver:
+        writer = ShardWriter(root, prefix="a000")
+        first = writer.write(fake_episode(0))
+        group = writer.write_many([fake_episode(i) for i in (1, 2, 3)])
+        assert [e.index for e in group] == [1, 2, 3] and {e.shard for e in group} == {first.shard}
+        assert writer.write_many([fake_episode(2), fake_episode(4)])[0] == group[1]  # asked again: not rewritten
+        for entry in [first, *group]:
+            driver.commit(entry)
+        writer.close()
+        assert [o[2] for o in driver.orphans()] == ["ep-00004"]  # written, never committed
+    reader = open_episode_reader(root)
+    assert reader.episode_ids == [f"ep-{i:05d}" for i in range(4)]
+    for i in range(4):
+        assert_same_episode(reader.episode(i), fake_episode(i))
+
+
 def test_a_restarted_driver_resumes_from_the_manifest(tmp_path):
     root = tmp_path / "s.zarr"
     child = _child("driver", root, 0, 5)  # commits 0..3, dies with 4 in its shard, uncommitted

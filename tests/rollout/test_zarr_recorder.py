@@ -45,6 +45,25 @@ def test_reopen_appends_and_ids_stay_unique(tmp_path):
     assert ZarrEpisodeReader(path).episode_ids == ["ep-00000", "ep-00001"]
 
 
+def test_write_many_commits_a_group_at_once_or_refuses_all_of_it(tmp_path):
+    path = tmp_path / "store.zarr"
+    with ZarrRecorder(path, batch_window=0.0) as rec:
+        rec.write(fake_episode(0))
+        rec.flush()
+        before = os.readlink(path / "meta/episode_ends/.commit/current")
+        rec.write_many([fake_episode(i) for i in (1, 2, 3)])
+        rec.flush()
+        after = os.readlink(path / "meta/episode_ends/.commit/current")
+        assert rec.committed == 4 and int(after.strip("v/")) == int(before.strip("v/")) + 1  # one commit
+        with pytest.raises(EpisodeError, match="'ep-00005' is already in"):  # twice in the group
+            rec.write_many([fake_episode(4), fake_episode(5), fake_episode(5)])
+        with pytest.raises(EpisodeError, match="differ from the store"):
+            rec.write_many([fake_episode(4), fake_episode(6, image_size=32)])
+        assert "ep-00004" not in rec  # nothing of a refused group was taken
+        rec.write_many([fake_episode(4)])
+    assert ZarrEpisodeReader(path).episode_ids == [f"ep-{i:05d}" for i in range(5)]
+
+
 def test_bad_episodes_raise_in_the_caller_and_the_store_stays_valid(tmp_path):
     path = tmp_path / "store.zarr"
     with ZarrRecorder(path) as rec:
