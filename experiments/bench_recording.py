@@ -5,9 +5,10 @@ item) at once, so nothing but recording limits the rate: the driver, its store a
 transfers. Each measurement runs `run_rollouts` (the driver `sim_rollout` uses) over
 `--episodes` items on N actors, with the single-writer store (every episode travels to the
 driver, which writes it) and with a sharded one (each actor writes its own shard; the driver
-commits a manifest entry), each at every `--episodes_per_call` (one Ray call hands an actor that many
-items; sharded, the actor commits them to its shard at once). Figures are taken from the first returned episode to the store's
-close (actor start-up left out): recorded control steps/s, the driver process's CPU seconds
+commits a manifest entry), each at every `--episodes_per_call` (one Ray call hands an actor that
+many items; sharded, the actor commits them to its shard at once and the driver their manifest
+entries in one append). Figures are taken from the first returned episode to the store's close
+(actor start-up left out): recorded control steps/s, the driver process's CPU seconds
 per episode (`time.process_time`: every thread of the driver, Ray's included, and the
 single writer's thread), and the bytes of episode arrays that reach the driver. Images are
 random bytes (incompressible: the writer's worst case).

@@ -281,21 +281,30 @@ class _Plan:
         return len(self.todo) + sum(len(q) for q in self.preferred.values())
 
 
-def _record(report: ActorReport, recorder, stats: DriverStats) -> None:
-    """Write (single store) or commit (sharded store: the actor wrote it) a returned episode, once."""
-    if report.episode is None:
-        stats.failed_before_first_step += 1
-    elif recorder is not None and report.episode.meta.episode_id in recorder:
-        stats.duplicates_skipped += 1  # sharded: this copy stays an orphan in its shard, the manifest names the first
-    else:
+def _record(reports: list[ActorReport], recorder, stats: DriverStats) -> None:
+    """Write (single store) or commit (sharded store: the actors wrote them; one group commit) returned
+    episodes, each once."""
+    entries: list[ManifestEntry] = []
+    ids: set[str] = set()
+    for report in reports:
+        if report.episode is None:
+            stats.failed_before_first_step += 1
+            continue
+        episode_id = report.episode.meta.episode_id
+        if recorder is not None and (episode_id in recorder or episode_id in ids):
+            stats.duplicates_skipped += 1  # sharded: this copy stays an orphan in its shard, the manifest names the first
+            continue
+        ids.add(episode_id)
         if isinstance(recorder, ShardedStore):
             if report.shard is None:
-                raise RuntimeError(f"episode {report.episode.meta.episode_id} came back without a shard entry")
-            recorder.commit(report.shard)
+                raise RuntimeError(f"episode {episode_id} came back without a shard entry")
+            entries.append(report.shard)
         elif recorder is not None:
             recorder.write(report.episode)
         stats.episodes += 1
         stats.successes += int(report.episode.meta.success)
+    if entries:
+        recorder.commit_many(entries)
 
 
 def _success(report: ActorReport) -> bool:
@@ -368,7 +377,7 @@ def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_c
         while plan:
             item = plan.take(0)
             report = actor.run(item)
-            _record(report, recorder, stats)
+            _record([report], recorder, stats)
             stats.follow_ups += plan.follow(item, _success(report), 0)
             reports.append(report)
             if on_report is not None:
@@ -451,8 +460,9 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                 probes[pool[index].ready.remote()] = index  # Ray restarts this one meanwhile
                 continue
             idle.append(index)
-            for item, report in zip(batch, got if isinstance(got, list) else [got], strict=True):
-                _record(report, recorder, stats)
+            got = got if isinstance(got, list) else [got]
+            _record(got, recorder, stats)
+            for item, report in zip(batch, got, strict=True):
                 stats.follow_ups += plan.follow(item, _success(report), index)
                 reports.append(report)
                 if on_report is not None:

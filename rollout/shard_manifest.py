@@ -178,16 +178,27 @@ class ManifestWriter:
 
     def commit(self, entry: ManifestEntry) -> None:
         """Append `entry` and fsync: when this returns, the episode is in the store."""
+        self.commit_many([entry])
+
+    def commit_many(self, entries: list[ManifestEntry]) -> None:
+        """Append `entries` in one write and one fsync (a group commit): when this returns, every one is in the
+        store. All are checked first; none is appended if one is refused."""
         if self._fd < 0:
             raise ManifestError(f"{self.path}: the manifest writer is closed")
-        if entry.episode_id in self.entries:
-            raise ManifestError(f"episode {entry.episode_id!r} is already in {self.path}; ids are unique")
-        parse_entry(entry.to_line().decode())  # the line must read back as this entry
-        line = memoryview(entry.to_line())
-        while line:
-            line = line[os.write(self._fd, line):]
+        group: set[str] = set()
+        for entry in entries:
+            if entry.episode_id in self.entries or entry.episode_id in group:
+                raise ManifestError(f"episode {entry.episode_id!r} is already in {self.path}; ids are unique")
+            group.add(entry.episode_id)
+            parse_entry(entry.to_line().decode())  # the line must read back as this entry
+        if not entries:
+            return
+        lines = memoryview(b"".join(entry.to_line() for entry in entries))
+        while lines:
+            lines = lines[os.write(self._fd, lines):]
         os.fsync(self._fd)
-        self.entries[entry.episode_id] = entry
+        for entry in entries:
+            self.entries[entry.episode_id] = entry
 
     def close(self) -> None:
         if self._fd >= 0:

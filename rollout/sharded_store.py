@@ -143,10 +143,16 @@ class ShardedStore:
 
     def commit(self, entry: ManifestEntry) -> None:
         """Make a written episode part of the store (its shard must exist; ids are unique)."""
-        if not shard_path(self.root, entry.shard).is_dir():
-            raise ManifestError(f"episode {entry.episode_id!r} names shard {entry.shard!r}, which is not in "
-                                f"{self.root / SHARDS_DIR}: the writer and the driver see different store roots?")
-        self._manifest.commit(entry)
+        self.commit_many([entry])
+
+    def commit_many(self, entries: list[ManifestEntry]) -> None:
+        """Make written episodes part of the store with one manifest append and fsync (all or none refused)."""
+        for shard in {entry.shard for entry in entries}:
+            if not shard_path(self.root, shard).is_dir():
+                named = next(e.episode_id for e in entries if e.shard == shard)
+                raise ManifestError(f"episode {named!r} names shard {shard!r}, which is not in "
+                                    f"{self.root / SHARDS_DIR}: the writer and the driver see different store roots?")
+        self._manifest.commit_many(entries)
 
     def outcomes(self) -> dict[str, bool]:
         """Episode id -> success of every committed episode (a resumed run walks past these)."""

@@ -49,7 +49,8 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
 @pytest.mark.parametrize("per_call", [1, 2])
 def test_sharded_rollout_keeps_each_episode_once_when_an_actor_dies_between_its_shard_and_the_manifest(
         checkpoints, tmp_path, per_call):
-    """per_call 2: the victim (the third seed) opens the second actor's call, so the fourth is re-run with it."""
+    """per_call 2: the victim (the third seed) shares the second actor's call with the fourth; the actor dies once
+    both are in its shard, before the driver hears of either, so both are orphans and both are re-run."""
     policy, critic = checkpoints
     out, summary, marker = tmp_path / "run", tmp_path / "s.json", tmp_path / "crashed"
     victim = "pick_place-s1000002"
@@ -59,12 +60,13 @@ def test_sharded_rollout_keeps_each_episode_once_when_an_actor_dies_between_its_
     assert main([*args, "--crash", victim, "0", str(marker), "exit_after_record"]) == 0
     data = json.loads(summary.read_text())
     assert marker.read_text() == "exit_after_record\n"  # the actor died with the episode in its shard
-    assert (data["actor_failures"], data["resubmitted"], data["orphans"], data["episodes"]) == (1, per_call, 1, 5)
+    assert (data["actor_failures"], data["resubmitted"], data["orphans"], data["episodes"]) == (1, per_call, per_call, 5)
     store = out / "episodes.zarr"
     ids = [f"pick_place-s{1000000 + i:07d}" for i in range(5)]
     assert sorted(open_episode_reader(store).episode_ids) == ids  # each exactly once
     copies = [i for shard in (store / "shards").iterdir() for i in ZarrEpisodeReader(shard).episode_ids]
-    assert sorted(copies) == sorted([*ids, victim])  # the orphan stays in the dead actor's shard, unread
+    orphaned = ids[2:2 + per_call]  # they stay in the dead actor's shard, unread
+    assert sorted(copies) == sorted([*ids, *orphaned])
     assert main(["replay", "--store", str(store), "--episode", victim]) == 0
     assert main(args) == 0  # the driver again: the manifest holds every episode
     assert json.loads(summary.read_text())["episodes"] == 0 and len(open_episode_reader(store)) == 5

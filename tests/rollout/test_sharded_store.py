@@ -132,8 +132,13 @@ def test_a_writer_commits_a_group_of_episodes_to_its_shard_at_once(tmp_path):
         group = writer.write_many([fake_episode(i) for i in (1, 2, 3)])
         assert [e.index for e in group] == [1, 2, 3] and {e.shard for e in group} == {first.shard}
         assert writer.write_many([fake_episode(2), fake_episode(4)])[0] == group[1]  # asked again: not rewritten
-        for entry in [first, *group]:
-            driver.commit(entry)
+        driver.commit(first)
+        with pytest.raises(ManifestError, match="'ep-00002' is already in"):  # twice in one group: none taken
+            driver.commit_many([group[0], group[1], group[1]])
+        assert len(driver) == 1
+        driver.commit_many(group)  # one append, one fsync
+        with pytest.raises(ManifestError, match="names shard 'nope'"):
+            driver.commit_many([ManifestEntry("ep-00009", "nope", 0, 7, True)])
         writer.close()
         assert [o[2] for o in driver.orphans()] == ["ep-00004"]  # written, never committed
     reader = open_episode_reader(root)
