@@ -30,18 +30,10 @@ from experiments.paths import resolve_input
 from experiments.result import ExperimentResult, checking_inputs
 from learning.evaluation import task_phase
 from learning.stats import failure_auc_summary, phase_breakdown
+from rollout.branching import branch_value
 from rollout.host_factory import HostSpec, build_host
 from rollout.observer import EpisodeObserver
 from rollout.rollout_host import HostConfig, RolloutHost
-
-
-class ReplayDivergedError(RuntimeError):
-    """Replaying an episode from its own capsule did not reproduce it: a restore is not exact."""
-
-
-def branch_seed(seed: int, branch: int) -> int:
-    """Noise seed of branch `branch` from episode `seed` (distinct from every episode's own)."""
-    return (1 + seed * 1009 + branch) | (1 << 61)
 
 
 class BoundaryKeeper(EpisodeObserver):
@@ -124,17 +116,12 @@ def _judge(host, keeper: BoundaryKeeper, seed: int, at_step: int, config: ValueC
     if config.model.critic:
         row["critic_value"] = float(episode.steps["value"][step])  # the host's critic, at that chunk
 
-    def branch(noise_seed: int | None) -> tuple[bool, int]:
-        result = host.branch(capsule, seed=seed, noise_seed=noise_seed)
-        return bool(result.episode.meta.success), host.env.steps
-
     keeper.enabled = False
-    if branch(None) != (success, length):
-        raise ReplayDivergedError(f"seed {seed}: replaying from the step-{step} capsule with the episode's "
-                                  f"own noise did not end as the episode did; run verify_capsule")
-    wins = sum(branch(branch_seed(seed, b))[0] for b in range(config.branches))
-    row["branch_success"] = wins / config.branches
-    keeper.enabled = True
+    try:
+        value = branch_value(host, capsule, seed=seed, step=step, branches=config.branches, expect=(success, length))
+    finally:
+        keeper.enabled = True
+    row["branch_success"] = value.success_fraction
     return row
 
 

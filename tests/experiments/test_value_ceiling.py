@@ -8,6 +8,7 @@ from experiments import value_ceiling
 from experiments.configs import ValueCeilingConfig
 from experiments.run import main
 from learning.options import Seeds
+from rollout.branching import ReplayDivergedError
 
 
 def test_branches_from_the_mid_episode_capsule_and_scores_the_critic_there(tmp_path):
@@ -41,7 +42,7 @@ def test_a_restore_that_is_not_exact_is_caught_before_any_branch_counts(monkeypa
     from rollout import rollout_host
 
     monkeypatch.setattr(rollout_host, "restore", lambda arena, capsule: None)  # branches go on from the end
-    with pytest.raises(value_ceiling.ReplayDivergedError, match="did not end as the episode did"):
+    with pytest.raises(ReplayDivergedError, match="did not end as the episode did"):
         value_ceiling.run(ValueCeilingConfig(seeds=Seeds(count=1), branches=1, at_step=8))
 
 
