@@ -47,3 +47,22 @@ def test_a_fatal_cuda_error_restarts_the_actor_and_reruns_the_episode(spec, tmp_
     assert by_id[victim].error == "" and by_id[victim].episode.meta.length == 6  # re-run on a fresh process
     assert len({r.actor_pid for r in reports}) == 2  # the process that saw the error is gone
     assert sorted(ZarrEpisodeReader(tmp_path / "e.zarr").episode_ids) == sorted(it.episode_id for it in _items(3))
+
+
+def test_a_hung_call_of_several_episodes_is_killed_at_its_deadline_and_all_of_them_rerun(spec, tmp_path):
+    """Two episodes per call: the call's deadline is two episode deadlines; the actor hangs in the first episode
+    of its call, is killed at that deadline, and both episodes of the call are handed out again."""
+    import dataclasses
+
+    victim = "pick_place-s1000000"
+    marker = tmp_path / "hung"
+    hanging = dataclasses.replace(spec, crash=(victim, 3, str(marker), "hang"))
+    with ZarrRecorder(tmp_path / "e.zarr") as recorder:
+        reports, stats = run_rollouts(hanging, _items(4), actors=1, recorder=recorder, episodes_per_call=2,
+                                      episode_timeout_s=10)
+    assert marker.read_text() == "hang\n" and stats.timeouts == 1 and stats.actor_failures == 1
+    assert stats.resubmitted == 2 and stats.episodes == 4  # the victim and the other episode of its call
+    assert sorted(r.item.episode_id for r in reports) == [it.episode_id for it in _items(4)]
+    assert sorted(ZarrEpisodeReader(tmp_path / "e.zarr").episode_ids) == [it.episode_id for it in _items(4)]
+    with pytest.raises(ValueError, match="episodes_per_call must be >= 1"):
+        run_rollouts(spec, _items(1), actors=1, episodes_per_call=0)
