@@ -7,7 +7,8 @@ bit-exact is refused, `ReplayDivergedError`), then plays `branches` continuation
 fresh noise seed (`branch_seed`), and returns how many succeeded and their mean return from the
 boundary on. The success fraction estimates the state's success probability under the policy.
 `value_ceiling` judges critics with it; branch value targets and advantage labels are to use the
-same routine.
+same routine. `branch_episode` plays an episode and branches from the chunk boundaries asked for
+(a recorded episode is played again from its seed: the same episode, bit for bit).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 
 from capsules import Capsule
 from rollout import episode_schema as S
+from rollout.host_config import EpisodeResult
+from rollout.observer import EpisodeObserver
 from rollout.rollout_host import RolloutHost
 
 
@@ -65,6 +68,45 @@ def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, b
     outcomes = [play(branch_seed(seed, b)) for b in range(branches)]
     return BranchValue(step=step, branches=branches, successes=sum(o[0] for o in outcomes),
                        mean_return=float(np.mean([o[2] for o in outcomes])))
+
+
+class BoundaryCapsules(EpisodeObserver):
+    """Capsules of the whole host at the chunk starts whose control step is in `steps` (None: every one)."""
+
+    name = "branch_boundaries"
+
+    def __init__(self, steps=None) -> None:
+        self.steps = None if steps is None else {int(s) for s in steps}
+        self.capsules: dict[int, Capsule] = {}
+        self.enabled = True  # off while branching: the branches' boundaries are not kept
+
+    def episode_start(self, host: RolloutHost, seed: int) -> None:
+        if self.enabled:
+            self.capsules = {}
+
+    def chunk_start(self, host: RolloutHost, obs: dict) -> None:
+        if self.enabled and (self.steps is None or host.env.steps in self.steps):
+            self.capsules[host.env.steps] = host.snapshot(label="branch boundary")
+
+
+def branch_episode(host: RolloutHost, seed: int, *, steps, branches: int, episode_id: str | None = None,
+                   attempt: int = 0, repeat: int = 0) -> tuple[EpisodeResult, list[BranchValue]]:
+    """Play episode `seed` (attempt, repeat: as recorded), keeping a capsule at each chunk start whose step
+    is in `steps`, then `branch_value` from each, in step order. Steps that were no chunk start of the
+    episode (past its end, between boundaries) get no value. The replay check runs at the first boundary
+    (one exact replay shows the restore is exact for this host and episode)."""
+    keeper = BoundaryCapsules(steps)
+    host.observers.append(keeper)
+    try:
+        result = host.run_episode(seed, episode_id=episode_id, attempt=attempt, repeat=repeat)
+        keeper.enabled = False
+        expect = (bool(result.episode.meta.success), result.episode.meta.length)
+        values = [branch_value(host, keeper.capsules[step], seed=seed, step=step, branches=branches,
+                               expect=expect if i == 0 else None)
+                  for i, step in enumerate(sorted(keeper.capsules))]
+    finally:
+        host.observers.remove(keeper)
+    return result, values
 
 
 def _ending(success: bool, length: int) -> str:

@@ -7,7 +7,7 @@ import torch
 
 from capsules import Arena, BufferComponent, BufferSpec
 from envs.rollout_env import ObservationSpec
-from rollout.branching import ReplayDivergedError, branch_seed, branch_value
+from rollout.branching import ReplayDivergedError, branch_episode, branch_seed, branch_value
 from rollout.observer import EpisodeObserver
 from rollout.rollout_host import HostConfig, RolloutHost
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy
@@ -129,3 +129,16 @@ def test_a_replay_that_does_not_end_as_the_episode_did_is_refused(host):
         branch_value(host, keeper.capsules[4], seed=3, step=4, branches=2, expect=wrong)
     with pytest.raises(ValueError, match="branches must be >= 1"):
         branch_value(host, keeper.capsules[4], seed=3, step=4, branches=0)
+
+
+def test_an_episode_played_again_from_its_seed_branches_from_the_boundaries_asked(host):
+    host, keeper = host
+    keeper.enabled = False
+    recorded = host.run_episode(7).episode
+    result, values = branch_episode(host, 7, steps=(2, 3, 4, 40), branches=64)  # 3: no boundary, 40: past the end
+    assert np.array_equal(result.episode.steps["action"], recorded.steps["action"])  # the same episode again
+    assert [v.step for v in values] == [2, 4]
+    assert values[0].successes == sum(_flip_wins(branch_seed(7, b)) for b in range(64))
+    assert values[1].success_fraction == float(recorded.meta.success)
+    assert host.observers == [keeper]  # its own observer is gone
+
