@@ -174,11 +174,27 @@ class Checkpoint:
         return extra
 
 
-def export_weights(source: str | os.PathLike, destination: str | os.PathLike, *, note: dict | None = None) -> Path:
+def portable_paths(value: Any, root: Path) -> Any:
+    """`value` (a checkpoint's JSON) with every absolute path made relative to `root` when it lies inside it,
+    and replaced by None when it does not: a shipped file names no directory of the machine it was made on."""
+    if isinstance(value, dict):
+        return {k: portable_paths(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable_paths(v, root) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        path = Path(os.path.normpath(value))
+        return str(path.relative_to(root)) if path.is_relative_to(root) else None
+    return value
+
+
+def export_weights(source: str | os.PathLike, destination: str | os.PathLike, *, note: dict | None = None,
+                   root: str | os.PathLike | None = None) -> Path:
     """Copy a checkpoint without its optimizer state (what gets shipped): weights + JSON.
 
     The weights are validated against the source's sha256 first; `note` is merged
-    into the JSON's `info` (e.g. how the checkpoint was made and evaluated).
+    into the JSON's `info` (e.g. how the checkpoint was made and evaluated). Paths in the
+    JSON are made relative to `root` (default: the working directory, the repository when
+    run as the README says) or dropped (`portable_paths`).
     """
     ckpt = Checkpoint(source)
     destination = Path(destination)
@@ -189,7 +205,8 @@ def export_weights(source: str | os.PathLike, destination: str | os.PathLike, *,
     _atomic_write(destination / WEIGHTS_FILE, weights_bytes)
     meta = {k: v for k, v in ckpt.meta.items() if k != "optimizer"}
     meta["files"] = {WEIGHTS_FILE: _sha(weights_bytes)}
-    meta["info"] = {**meta.get("info", {}), "exported_from": str(source), **(note or {})}
+    meta["info"] = {**meta.get("info", {}), "exported_from": str(Path(source).absolute()), **(note or {})}
+    meta = portable_paths(meta, Path(os.path.normpath(Path(root or Path.cwd()).absolute())))
     if (destination / OPTIMIZER_FILE).exists():
         (destination / OPTIMIZER_FILE).unlink()
     _atomic_write(destination / META_FILE, json.dumps(meta, indent=2).encode())

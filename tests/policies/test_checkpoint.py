@@ -91,3 +91,17 @@ def test_export_drops_the_optimizer_and_keeps_the_weights(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
     with pytest.raises(ValueError, match="different directory"):
         export_weights(tmp_path / "run", tmp_path / "run")
+
+
+def test_an_exported_checkpoint_names_no_directory_of_this_machine(tmp_path):
+    from models.checkpoint import export_weights
+
+    model = tiny_policy()
+    _save(model, tmp_path / "repo/runs/run", info={"data": str(tmp_path / "repo/runs/demos.zarr"),
+                                                   "elsewhere": ["/mnt/scratch/demos.zarr", "runs/kept"]})
+    out = export_weights(tmp_path / "repo/runs/run", tmp_path / "repo/ship", root=tmp_path / "repo",
+                         note={"evaluation": {"policy_checkpoint": "/tmp/other/run"}})
+    info = Checkpoint(out, kind=KIND).meta["info"]
+    assert info["data"] == "runs/demos.zarr" and info["exported_from"] == "runs/run"  # inside the repo: relative
+    assert info["elsewhere"] == [None, "runs/kept"] and info["evaluation"]["policy_checkpoint"] is None
+    assert "/" + tmp_path.parts[1] not in (out / "checkpoint.json").read_text()
