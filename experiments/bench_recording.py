@@ -140,7 +140,7 @@ def summarize(measured: list[dict], actors: tuple[int, ...],
     rows, ratios = [], []
 
     def pick(mode, n, k):
-        return [m for m in measured if m["mode"] == mode and m["actors"] == n and m.get("per_call", 1) == k]
+        return [m for m in measured if m["mode"] == mode and m["actors"] == n and m["per_call"] == k]
 
     def paired(a_runs, b_runs):
         return float(np.median([a["driver_cpu_s_per_episode"] / max(b["driver_cpu_s_per_episode"], 1e-9)

@@ -415,8 +415,7 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                 for item in batch:
                     tries[item.episode_id] = tries.get(item.episode_id, 0) + 1
                 deadline = None if episode_timeout_s is None else time.monotonic() + episode_timeout_s * len(batch)
-                call = pool[index].run.remote(batch[0]) if len(batch) == 1 else pool[index].run_batch.remote(batch)
-                in_flight[call] = (index, batch, deadline)
+                in_flight[pool[index].run_batch.remote(batch)] = (index, batch, deadline)
             if not in_flight and not probes:
                 raise RuntimeError(f"every rollout actor is gone; {len(plan)} episodes were not run")
             wait = _next_deadline(in_flight, placed & alive, probes, started, placement_timeout_s)
@@ -460,7 +459,6 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                 probes[pool[index].ready.remote()] = index  # Ray restarts this one meanwhile
                 continue
             idle.append(index)
-            got = got if isinstance(got, list) else [got]
             _record(got, recorder, stats)
             for item, report in zip(batch, got, strict=True):
                 stats.follow_ups += plan.follow(item, _success(report), index)

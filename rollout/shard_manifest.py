@@ -186,14 +186,16 @@ class ManifestWriter:
         if self._fd < 0:
             raise ManifestError(f"{self.path}: the manifest writer is closed")
         group: set[str] = set()
+        lines = []
         for entry in entries:
             if entry.episode_id in self.entries or entry.episode_id in group:
                 raise ManifestError(f"episode {entry.episode_id!r} is already in {self.path}; ids are unique")
             group.add(entry.episode_id)
-            parse_entry(entry.to_line().decode())  # the line must read back as this entry
+            lines.append(entry.to_line())
+            parse_entry(lines[-1].decode())  # the line must read back as this entry
         if not entries:
             return
-        lines = memoryview(b"".join(entry.to_line() for entry in entries))
+        lines = memoryview(b"".join(lines))
         while lines:
             lines = lines[os.write(self._fd, lines):]
         os.fsync(self._fd)

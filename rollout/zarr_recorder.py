@@ -118,18 +118,19 @@ class ZarrRecorder:
         self._raise_if_failed()
         if self._closed:
             raise RecorderError("the recorder is closed")
-        keys, checked = self._keys, []
+        keys, checked, ids = self._keys, [], set()
         for episode in episodes:
             episode = validate_episode(episode, expect_keys=keys)
             episode_id = episode.meta.episode_id
-            if episode_id in self._ids or any(e.meta.episode_id == episode_id for e in checked):
+            if episode_id in self._ids or episode_id in ids:
                 raise EpisodeError(f"episode {episode_id!r} is already in {self.path}; ids are unique")
             keys = keys or {k: tuple(v.shape[1:]) for k, v in episode.steps.items()}
             checked.append(episode)
+            ids.add(episode_id)
         if not checked:
             return
         self._keys = keys
-        self._ids.update(e.meta.episode_id for e in checked)
+        self._ids.update(ids)
         self._queue.put(checked)
 
     def flush(self) -> None:

@@ -7,8 +7,7 @@ import torch
 
 from capsules import Arena, BufferComponent, BufferSpec
 from envs.rollout_env import ObservationSpec
-from rollout.branching import ReplayDivergedError, branch_episode, branch_seed, branch_value
-from rollout.observer import EpisodeObserver
+from rollout.branching import BoundaryCapsules, ReplayDivergedError, branch_episode, branch_seed, branch_value
 from rollout.rollout_host import HostConfig, RolloutHost
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy
 
@@ -70,23 +69,6 @@ class CoinEnv(BufferComponent):
         self._steps, self.win = int(self.buffers["steps"]), int(self.buffers["win"])
 
 
-class Boundaries(EpisodeObserver):
-    """A capsule of the host at every chunk start of the episode being played."""
-
-    name = "boundaries"
-
-    def __init__(self) -> None:
-        self.capsules, self.enabled = {}, True
-
-    def episode_start(self, host, seed: int) -> None:
-        if self.enabled:
-            self.capsules = {}
-
-    def chunk_start(self, host, obs: dict) -> None:
-        if self.enabled:
-            self.capsules[host.env.steps] = host.snapshot(label="boundary")
-
-
 def _flip_wins(noise_seed: int) -> bool:
     """Whether the chunk drawn right after a reseed with `noise_seed` flips the coin to success: the chunk
     starts at step 2, so its second action is executed at FLIP_STEP."""
@@ -98,7 +80,7 @@ def _flip_wins(noise_seed: int) -> bool:
 
 @pytest.fixture
 def host():
-    keeper = Boundaries()
+    keeper = BoundaryCapsules()  # every chunk start
     host = RolloutHost(env=CoinEnv(), policy=GreedyPolicy(chunk_length=2, gain=0.0, noise=1.0), critic=None,
                        config=HostConfig(n_exec=2), observers=[keeper])
     yield host, keeper
