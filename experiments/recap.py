@@ -28,7 +28,15 @@ def _report(console, it: dict) -> None:
     if "wall_s" in it:
         w = it["wall_s"]
         console.print(f"  wall time {w['iteration']:.0f} s on {w['actors'] or 'no'} Ray actors: rollouts "
-                      f"{w['rollouts_s']:.0f} s, training {w['training_s']:.0f} s, evaluation {w['evaluation_s']:.0f} s")
+                      f"{w['rollouts_s']:.0f} s" + (f", branches {w['branches_s']:.0f} s" if w.get("branches_s") else "")
+                      + f", training {w['training_s']:.0f} s, evaluation {w['evaluation_s']:.0f} s")
+    if "simulated_steps" in it:
+        sim, b = it["simulated_steps"], it.get("branching")
+        total = sim["rollouts"] + sim["branches"]
+        console.print(f"  simulated {total} control steps: rollouts {sim['rollouts']}"
+                      + (f", branches {sim['branches']} ({sim['branches'] / total:.0%}; {b['boundaries']} boundaries "
+                         f"of {b['episodes_branched']} episodes, {b['branches']} continuations each)" if b else "")
+                      + f"; labels on {it['labelled_fraction']:.0%} of the steps ({it['advantage_source']})")
     if "guidance" in it:
         alone = it["guidance"]["indicator_alone"]
         console.print(f"  the positive indicator alone (no guidance): {alone['success_rate']:.0%}")

@@ -65,16 +65,28 @@ def label_store(critic, store: str, *, n: int, max_steps: int, positive_fraction
     labels = label_episodes(rewards=cut(data["rewards"]), values=cut(values), success=[m.success for m in metas],
                             tasks=[m.task for m in metas], interventions=cut(data["intervention"]),
                             n=n, max_steps=max_steps, positive_fraction=positive_fraction)
-    path = Path(out) if out else sidecar_path(store)
-    meta = {"version": SIDECAR_VERSION, "store": str(store), "critic": critic_name,
+    meta = {"source": "critic", "store": str(store), "critic": critic_name,
             "critic_weights_sha256": module_sha256(critic), "n": n, "max_steps": max_steps,
             "positive_fraction": positive_fraction, "thresholds": labels.thresholds,
             "realised_positive_fraction": labels.positive_fraction}
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    np.savez(tmp, advantage=labels.advantage, indicator=labels.indicator, value=values.astype(np.float32),
-             episode_ids=np.array([m.episode_id for m in metas]), meta=np.array(json.dumps(meta)))
-    os.replace(tmp, path)
+    path = write_sidecar(store, advantage=labels.advantage, indicator=labels.indicator, values=values,
+                         episode_ids=[m.episode_id for m in metas], meta=meta, out=out)
     return LabelledStore(path, labels, values, len(metas))
+
+
+def write_sidecar(store: str, *, advantage: np.ndarray, indicator: np.ndarray, values: np.ndarray,
+                  episode_ids: list[str], meta: dict, out: str | os.PathLike | None = None) -> Path:
+    """Write labels of every step of `store` (episodes in `episode_ids` order) as its sidecar, atomically.
+    `indicator` 0: a step without a label (trained unconditioned)."""
+    if not (len(advantage) == len(indicator) == len(values)):
+        raise ValueError("advantage, indicator and values need one entry per step")
+    path = Path(out) if out else sidecar_path(store)
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(tmp, advantage=np.asarray(advantage, np.float32), indicator=np.asarray(indicator, np.int64),
+             value=np.asarray(values, np.float32), episode_ids=np.array(episode_ids),
+             meta=np.array(json.dumps({"version": SIDECAR_VERSION, **meta})))
+    os.replace(tmp, path)
+    return path
 
 
 def load_sidecar(path: str | os.PathLike, episode_ids: list[str]) -> np.ndarray:

@@ -10,6 +10,7 @@ import torch
 
 from critics.returns import executed_plans, value_targets
 from critics.value_critic import ACTOR_POLICY, KIND, CriticConfig, ValueCritic
+from learning.branch_values import BranchTable, branch_targets
 from learning.options import TrainCriticConfig
 from learning.policy_data import load_training_arrays
 from learning.training import Log, loop_config, open_run, run_config, start_fit
@@ -36,6 +37,17 @@ def _held_out(ends: np.ndarray, fraction: float, seed: int) -> tuple[torch.Tenso
     return torch.from_numpy(np.flatnonzero(~is_val)), torch.from_numpy(np.flatnonzero(is_val)), len(val_eps)
 
 
+def _distil(targets: torch.Tensor, config: TrainCriticConfig, data: dict, log: Log) -> None:
+    """Targets at the states the branch sidecar values become their branch values (in place)."""
+    table = BranchTable.load(config.branch_values)
+    if int(table.meta["max_steps"]) != config.max_steps:
+        raise ValueError(f"{config.branch_values} normalises returns by {table.meta['max_steps']} steps, this "
+                         f"critic by --max_steps {config.max_steps}")
+    index, values = branch_targets(table, [m.episode_id for m in data["metas"]], data["episode_ends"])
+    targets[torch.from_numpy(index)] = torch.from_numpy(values)
+    log(f"{len(index)} states take their branch value as the target ({config.branch_values})")
+
+
 def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: Log = print) -> dict:
     """Train (or resume) the critic of `config.out`; `init_policy`: a policy checkpoint whose encoders a fresh
     critic starts from (default `config.init_policy`). Returns a summary."""
@@ -56,6 +68,8 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
         model = ValueCritic(model_config)
     successes = [m.success for m in data["metas"]]
     targets = torch.from_numpy(value_targets(data["rewards"], data["episode_ends"], successes, config.max_steps))
+    if config.branch_values:
+        _distil(targets, config, data, log)
     images = {k: torch.from_numpy(v) for k, v in data["images"].items()}
     states, tokens = torch.from_numpy(data["states"]), torch.from_numpy(data["tokens"])
     steps, actors = torch.from_numpy(data["episode_steps"]), torch.from_numpy(data["actors"])

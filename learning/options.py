@@ -227,6 +227,10 @@ class TrainCriticConfig:
     val_fraction: float = 0.1
     """Share of episodes held out for evaluation (held-out loss and value error every --loop.eval_every
     steps); the split follows --loop.seed."""
+    branch_values: str = ""
+    """A branch sidecar (`<store>.branches.npz`, from `recap --advantage_source branches|distilled`): at the
+    states it values, the critic's target is the branches' mean return instead of the episode's own
+    (a Monte-Carlo value of several continuations: the critic is distilled from them). Empty: none."""
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -317,12 +321,23 @@ class RecapConfig:
     seeds and used for the next rollouts. Empty: `--beta` as given."""
     select: Seeds = Seeds(first=1_500_000, count=200)
     """Seeds that choose among `--betas` (disjoint from the held-out, demonstration and rollout seeds)."""
+    advantage_source: Literal["critic", "branches", "distilled"] = "critic"
+    """Where the advantage labels come from: `critic`, the iteration's critic (trained on the episodes'
+    returns); `branches`, branch values from capsule forks at sampled chunks of the iteration's rollouts
+    (`learning.branch_values`: the chunk's value after minus before; steps of chunks nobody branched carry
+    no label); `distilled`, a critic trained with those branch values as its targets where they exist,
+    labelling every step. With `branches` and `distilled`, the branch values go to `<store>.branches.npz`."""
+    branches: int = 4
+    """Continuations per branched boundary (`--advantage_source branches|distilled`)."""
+    branch_rate: float = 0.25
+    """Share of each rollout's eligible chunks (those the policy ran before any takeover) whose value
+    before and after is branched."""
     n_exec: int = 8
     """Actions per chunk executed."""
     batch_size: int = 64
     """Training batch size."""
     actors: int = 2
-    """Ray actors that play the rollouts and the evaluations (0: in this process, without Ray); results
+    """Ray actors that play the rollouts, the branches and the evaluations (0: in this process, without Ray); results
     do not depend on it."""
     progress: bool = True
     """Show progress bars."""
@@ -343,6 +358,9 @@ class RecapConfig:
                              f"got {list(self.critic_cameras)}")
         if self.seed < 0 or self.demo_episodes > 100_000 or self.rollout_episodes > 100_000:
             raise ValueError("--seed must be >= 0, and --demo_episodes / --rollout_episodes at most 100000")
+        if self.branches < 1 or not 0.0 < self.branch_rate <= 1.0:
+            raise ValueError(f"--branches must be >= 1 and --branch_rate within (0, 1], got {self.branches} and "
+                             f"{self.branch_rate}")
         if self.betas and self.beta is not None:
             raise ValueError("give --beta (a fixed guidance weight) or --betas (chosen each iteration), not both")
         if any(not b > 0 for b in self.betas) or (self.beta is not None and not self.beta > 0):

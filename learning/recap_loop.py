@@ -5,12 +5,16 @@ Iteration k >= 1:
   1. collect rollouts with policy k-1 (acting with the positive indicator) and
      critic k-1; a simulated operator takes over with the scripted expert when the
      chunk's value drops (`ValueTakeover`), and those steps are flagged;
-  2. train critic k on everything collected so far;
-  3. label advantages (N-step, per-task threshold, interventions positive) as a
-     sidecar next to the store;
-  4. fine-tune policy k from policy k-1 on everything, conditioned on the labels
+  2. with `--advantage_source branches|distilled`, branch values at sampled chunks
+     of those rollouts (capsule forks on the actor pool, `learning.branch_values`);
+  3. train critic k on everything collected so far (`distilled`: with the branch
+     values as its targets where they exist);
+  4. label advantages as a sidecar next to the store: N-step from critic k
+     (`critic`, `distilled`) or, `branches`, the branched chunks' value after minus
+     before (other steps unlabelled); per-task threshold, interventions positive;
+  5. fine-tune policy k from policy k-1 on everything, conditioned on the labels
      (indicator dropout keeps it unconditional too);
-  5. with `--betas`, choose the guidance weight (or none) on a separate block of
+  6. with `--betas`, choose the guidance weight (or none) on a separate block of
      selection seeds; evaluate policy k with the positive indicator (and that
      weight) on the held-out seeds, and
      critic k's failure AUC from its values at the mid-episode step (half the
@@ -21,7 +25,8 @@ compared seed by seed (exact McNemar test), so a gain can be told apart from wha
 more training on more data gives by itself.
 JSON per iteration: success rate with a 95% interval, mean steps to success,
 successes per hour of simulated time, interventions per rollout episode, the
-critic's failure AUC, the guidance choice, the control arm.
+critic's failure AUC, the guidance choice, the control arm, and the control steps
+simulated to collect the iteration's data (rollouts, branches).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import numpy as np
 from critics.advantage import INDICATOR_POSITIVE
 from critics.value_critic import load_critic
 from learning.advantage_labels import label_store
+from learning.branch_values import BranchPlan, branches_path, collect_branches, label_store_from_branches
 from learning.demos import collect_demos
 from learning.evaluation import evaluate_policy
 from learning.fit_critic import fit_critic
@@ -61,10 +67,10 @@ from rollout.zarr_recorder import ZarrRecorder
 
 
 def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Path, k: int,
-              beta: float | None) -> dict:
+              beta: float | None) -> tuple[dict, HostSpec, list[str]]:
     """Iteration k's rollouts on the actor pool: policy k-1 acting with the positive indicator, critic k-1
     triggering the simulated operator's takeovers; each episode recorded once (a resumed run skips what
-    the store holds)."""
+    the store holds). Returns their summary, the spec that played them and their ids."""
     spec = HostSpec(family=config.family, policy=str(policy_dir), critic=str(critic_dir),
                     advantage="positive", beta=beta, host=HostConfig(n_exec=config.n_exec, noise_seed=k),
                     takeover=(config.takeover_threshold, config.takeover_steps))
@@ -74,7 +80,8 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
     with ZarrRecorder(store) as recorder:
         todo = [it for it in items if it.episode_id not in recorder]  # a resumed run: recorded before it stopped
         run_rollouts(spec, todo, actors=config.actors, recorder=recorder)
-    return _rollout_summary(store, [it.episode_id for it in items], _episode_limit(config) // 2)
+    ids = [it.episode_id for it in items]
+    return _rollout_summary(store, ids, _episode_limit(config) // 2), spec, ids
 
 
 def _episode_limit(config: RecapConfig) -> int:
@@ -93,20 +100,22 @@ def _rollout_summary(store: Path, ids: list[str], at_step: int) -> dict:
     (read back from the store, so a resumed iteration reports the episodes recorded before it stopped)."""
     reader = open_episode_reader(store)
     wanted = set(ids)
-    episodes = successes = interventions = 0
+    episodes = successes = interventions = steps = 0
     mids: list[tuple[float, bool]] = []
     for index, episode_id in enumerate(reader.episode_ids):
         if episode_id not in wanted:
             continue
         episode = reader.episode(index, ["intervention", "value"])
         episodes += 1
+        steps += episode.meta.length
         successes += int(episode.meta.success)
         flags = np.asarray(episode.steps["intervention"], bool)
         mid = mid_episode_value(np.asarray(episode.steps["value"]), at_step)
         if mid is not None and not flags.any():  # a takeover changes the outcome the value predicted
             mids.append((mid, bool(episode.meta.success)))
         interventions += int(flags[:1].sum()) + int(np.sum(flags[1:] & ~flags[:-1]))  # takeovers started
-    return {"rollout_episodes": episodes, "rollout_success_rate": successes / episodes if episodes else 0.0,
+    return {"rollout_episodes": episodes, "rollout_steps": steps,
+            "rollout_success_rate": successes / episodes if episodes else 0.0,
             "interventions_per_episode": interventions / episodes if episodes else 0.0,
             # the critic that ran online (k-1) never saw these episodes: an out-of-sample figure,
             # over the episodes nobody took over
@@ -140,7 +149,7 @@ def recap_loop(config: RecapConfig, log: Log = print, report: Callable[[dict], N
     log(f"{config.demo_episodes} demonstrations ({demos['skipped_already_recorded']} already recorded) "
         f"-> {store}")
     common = dict(data=str(store), n_exec=config.n_exec, eval=Seeds(count=0), eval_family=config.family, shift=0)
-    timing = {"rollouts_s": 0.0, "training_s": 0.0, "evaluation_s": 0.0}
+    timing = {"rollouts_s": 0.0, "branches_s": 0.0, "training_s": 0.0, "evaluation_s": 0.0}
     where = init_ray() if config.actors else ""
     try:
         return _loop(config, log, report or (lambda it: None), out, store, seeds, select, common, timing)
@@ -152,13 +161,14 @@ def recap_loop(config: RecapConfig, log: Log = print, report: Callable[[dict], N
 def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Path, store: Path, seeds: list[int],
           select: list[int], common: dict, timing: dict) -> dict:
 
-    def critic_for(k: int) -> Path:
+    def critic_for(k: int, branch_values: str = "") -> Path:
         path = out / f"critic_{k}"
         t0 = time.perf_counter()
         loop = Loop(steps=config.critic_steps, batch_size=TrainCriticConfig.loop.batch_size,
                     eval_every=config.critic_steps, seed=config.seed, progress=config.progress)
         fit_critic(TrainCriticConfig(data=str(store), out=str(path), loop=loop, cameras=config.critic_cameras,
-                                     actor_input=config.critic_actor_input, plan_steps=config.critic_plan_steps),
+                                     actor_input=config.critic_actor_input, plan_steps=config.critic_plan_steps,
+                                     max_steps=LabelAdvantagesConfig.max_steps, branch_values=branch_values),
                    log=log)
         timing["training_s"] += time.perf_counter() - t0
         return path
@@ -206,21 +216,34 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
         log(f"[bold]iteration {k}[/bold]: rollouts, critic, advantage labels, conditioned policy")
         started, before = time.perf_counter(), dict(timing)
         t0 = time.perf_counter()
-        rollouts = _rollouts(config, policy_dir, critic_dir, store, k, beta)
+        rollouts, spec, ids = _rollouts(config, policy_dir, critic_dir, store, k, beta)
         timing["rollouts_s"] += time.perf_counter() - t0
-        critic_dir = critic_for(k)
-        labels = label_store(load_critic(critic_dir), str(store), n=config.n, max_steps=LabelAdvantagesConfig.max_steps,
-                             positive_fraction=config.positive_fraction, critic_name=str(critic_dir))
+        branched = _branch(config, spec, store, ids, timing, log) if config.advantage_source != "critic" else None
+        distil = config.advantage_source == "distilled"
+        critic_dir = critic_for(k, branch_values=str(branches_path(store)) if distil else "")
+        if config.advantage_source == "branches":
+            sidecar, from_branches = label_store_from_branches(str(store), branched["table"],
+                                                              positive_fraction=config.positive_fraction)
+            indicator, labelled = from_branches.indicator, from_branches.labelled_fraction
+        else:
+            labels = label_store(load_critic(critic_dir), str(store), n=config.n,
+                                 max_steps=LabelAdvantagesConfig.max_steps,
+                                 positive_fraction=config.positive_fraction, critic_name=str(critic_dir))
+            sidecar, indicator, labelled = labels.sidecar, labels.labels.indicator, 1.0
         new_policy = out / f"policy_{k}"
-        fit(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir),
-                   advantage_labels=str(labels.sidecar))
+        fit(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir), advantage_labels=str(sidecar))
         policy_dir = new_policy
         beta, guidance = choose_beta(policy_dir)
         # the checkpoint records how it acts: sim_rollout, eval_policy and real_recap run it so by default
         update_info(policy_dir, **{CONDITIONING_INFO: Conditioning("positive", beta).to_json()})
         result = evaluate(policy_dir, True, critic_dir, beta=beta)
         it = {"iteration": k, **_metrics(result), "beta": beta, **rollouts, "policy": str(policy_dir),
-              "critic": str(critic_dir), "positive_fraction": float(np.mean(labels.labels.indicator == INDICATOR_POSITIVE))}
+              "critic": str(critic_dir), "advantage_source": config.advantage_source,
+              "positive_fraction": float(np.mean(indicator == INDICATOR_POSITIVE)), "labelled_fraction": labelled,
+              "simulated_steps": {"rollouts": rollouts["rollout_steps"],
+                                  "branches": branched["steps"] if branched else 0}}
+        if branched:
+            it["branching"] = {key: v for key, v in branched.items() if key != "table"}
         if guidance is not None:
             # the indicator alone on the held-out seeds too, whatever was chosen: how much guidance adds
             alone = result if beta is None else evaluate(policy_dir, True)
@@ -239,6 +262,7 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
         iterations.append(it)
         report(iterations[-1])
     summary = {"family": config.family, "seed": config.seed, "eval_seeds": [seeds[0], seeds[-1]],
+               "advantage_source": config.advantage_source,
                "iterations": iterations, "actors": config.actors,
                "gain_points": 100 * (iterations[-1]["success_rate"] - iterations[0]["success_rate"]),
                # the issue's other yardstick: successes per hour of simulated time, last iteration / BC
@@ -250,6 +274,21 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
         last = iterations[-1]
         summary["gain_over_control_points"] = 100 * (last["success_rate"] - last["control"]["success_rate"])
     return summary
+
+
+def _branch(config: RecapConfig, spec: HostSpec, store: Path, ids: list[str], timing: dict, log: Log) -> dict:
+    """Branch values at sampled chunks of the iteration's rollouts (`ids`), played by hosts built from the
+    `spec` that recorded them; what it cost in control steps (a resumed run counts what it played before)."""
+    t0 = time.perf_counter()
+    plan = BranchPlan(rate=config.branch_rate, branches=config.branches, seed=config.seed)
+    table = collect_branches(spec, store, ids, plan, max_steps=LabelAdvantagesConfig.max_steps,
+                             actors=config.actors, log=log)
+    timing["branches_s"] += time.perf_counter() - t0
+    wanted = set(ids)
+    return {"table": table, "steps": sum(n for e, n in table.done.items() if e in wanted),
+            "boundaries": sum(e in wanted for e in table.episode_ids),
+            "episodes_branched": sum(1 for e in ids if table.done.get(e)), "rate": plan.rate,
+            "branches": plan.branches}
 
 
 def _metrics(result: dict) -> dict:

@@ -6,21 +6,26 @@ with the episode's own noise, which must end exactly as the episode did (a resto
 bit-exact is refused, `ReplayDivergedError`), then plays `branches` continuations, each with a
 fresh noise seed (`branch_seed`), and returns how many succeeded and their mean return from the
 boundary on. The success fraction estimates the state's success probability under the policy.
-`value_ceiling` judges critics with it; branch value targets and advantage labels are to use the
-same routine. `branch_episode` plays an episode and branches from the chunk boundaries asked for
-(a recorded episode is played again from its seed: the same episode, bit for bit).
+`value_ceiling` judges critics with it; RECAP's branch value targets and advantage labels
+(`learning.branch_values`) use the same routine. `branch_episode` plays an episode and branches from
+the chunk boundaries asked for (a recorded episode is played again from its seed: the same episode,
+bit for bit). `BranchActor` does that on the Ray actor pool: `run_rollouts(spec, [BranchItem...],
+actor_cls=BranchActor)` with the spec the episodes were recorded with.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from capsules import Capsule
 from rollout import episode_schema as S
+from rollout.episode import Episode
 from rollout.host_config import EpisodeResult
 from rollout.observer import EpisodeObserver
+from rollout.ray_rollout import ActorReport, RolloutActor, WorkItem
 from rollout.rollout_host import RolloutHost
 
 
@@ -39,10 +44,25 @@ class BranchValue:
     branches: int
     successes: int
     mean_return: float  # the branches' mean sum of rewards from the boundary to their end
+    outcomes: tuple[tuple[bool, float, int], ...] = ()  # each branch's (success, return, steps played)
 
     @property
     def success_fraction(self) -> float:
         return self.successes / self.branches
+
+    @property
+    def steps_played(self) -> int:
+        return sum(o[2] for o in self.outcomes)
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "branches": self.branches, "successes": self.successes,
+                "mean_return": self.mean_return, "outcomes": [list(o) for o in self.outcomes]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> BranchValue:
+        return cls(step=int(data["step"]), branches=int(data["branches"]), successes=int(data["successes"]),
+                   mean_return=float(data["mean_return"]),
+                   outcomes=tuple((bool(s), float(r), int(n)) for s, r, n in data["outcomes"]))
 
 
 def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, branches: int,
@@ -55,19 +75,21 @@ def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, b
     if branches < 1:
         raise ValueError(f"branches must be >= 1, got {branches}")
 
-    def play(noise_seed: int | None) -> tuple[bool, int, float]:
+    def play(noise_seed: int | None) -> tuple[bool, int, float, int]:
         result = host.branch(capsule, seed=seed, noise_seed=noise_seed)
-        return bool(result.episode.meta.success), host.env.steps, float(np.sum(result.episode.steps[S.REWARD]))
+        rewards = result.episode.steps[S.REWARD]
+        return bool(result.episode.meta.success), host.env.steps, float(np.sum(rewards)), len(rewards)
 
     if expect is not None:
-        success, length, _ = play(None)
+        success, length, _, _ = play(None)
         if (success, length) != tuple(expect):
             raise ReplayDivergedError(
                 f"seed {seed}: replaying from the step-{step} capsule with the episode's own noise did not end as "
                 f"the episode did ({_ending(success, length)} against {_ending(*expect)}); run verify_capsule")
     outcomes = [play(branch_seed(seed, b)) for b in range(branches)]
     return BranchValue(step=step, branches=branches, successes=sum(o[0] for o in outcomes),
-                       mean_return=float(np.mean([o[2] for o in outcomes])))
+                       mean_return=float(np.mean([o[2] for o in outcomes])),
+                       outcomes=tuple((o[0], o[2], o[3]) for o in outcomes))
 
 
 class BoundaryCapsules(EpisodeObserver):
@@ -107,6 +129,41 @@ def branch_episode(host: RolloutHost, seed: int, *, steps, branches: int, episod
     finally:
         host.observers.remove(keeper)
     return result, values
+
+
+@dataclass(frozen=True)
+class BranchItem(WorkItem):
+    """A recorded episode to play again (seed, attempt, repeat as recorded) and branch from: `branches`
+    continuations from each chunk start in `steps`."""
+
+    steps: tuple[int, ...] = ()
+    branches: int = 1
+
+
+class BranchActor(RolloutActor):
+    """A rollout actor that plays `BranchItem`s: the episode again, then the branches (`branch_episode`).
+    Its report's episode is the replay without images or step arrays (nothing is recorded; its metadata
+    lets the driver check the replay is the recorded episode), `extra["branch_values"]` the values and
+    `extra["branch_steps"]` the control steps played for them, replay included."""
+
+    def _play(self, item: WorkItem) -> ActorReport:
+        if not isinstance(item, BranchItem):
+            raise TypeError(f"BranchActor plays BranchItems, got {type(item).__name__}")
+        try:
+            result, values = branch_episode(self.host, item.seed, steps=item.steps, branches=item.branches,
+                                            episode_id=item.episode_id, attempt=item.attempt, repeat=item.repeat)
+        except Exception as exc:  # a replay that diverged, a reset that raised: this item failed
+            return ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(), item, {},
+                               self.index, node=self.node)
+        episode = result.episode
+        length = episode.meta.length
+        # the episode, the check's replay from the first boundary, the branches
+        played = length + (length - values[0].step if values else 0) + sum(v.steps_played for v in values)
+        return ActorReport(episode=Episode({}, episode.meta, {}), reset_kind=result.reset_kind,
+                           reset_ms=result.reset_ms, steps_per_s=result.steps_per_s, error=result.error,
+                           actor_pid=os.getpid(), item=item,
+                           extra={"branch_values": [v.to_json() for v in values], "branch_steps": played},
+                           actor_index=self.index, node=self.node)
 
 
 def _ending(success: bool, length: int) -> str:

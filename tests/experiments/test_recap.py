@@ -7,6 +7,7 @@ import pytest
 
 from critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 from experiments.run import main
+from learning.branch_values import BranchTable
 from learning.policy_data import episode_actor
 from rollout.zarr_reader import ZarrEpisodeReader
 
@@ -105,3 +106,33 @@ def test_recap_refuses_a_store_without_the_critics_cameras(tmp_path):
 def test_recap_refuses_a_plan_longer_than_the_executed_chunk(capsys):
     assert main(["recap", "--critic_plan_steps", "9"]) == 2  # n_exec 8
     assert "--critic_plan_steps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source, actors", [("branches", "2"), ("distilled", "0")])
+def test_recap_with_branch_advantages_branches_on_the_actors_and_resumes(tmp_path, source, actors, capsys):
+    out, summary = tmp_path / "recap", tmp_path / "r.json"
+    args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "6", "--bc_steps", "2",
+            "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "3", "--eval_episodes", "2",
+            "--batch_size", "4", "--takeover_threshold", "-2", "--no-progress", "--advantage_source", source,
+            "--branches", "2", "--branch_rate", "0.3", "--actors", actors]
+    assert main([*args, "--json", str(summary)]) == 0
+    printed = capsys.readouterr().out
+    assert "branching 3 episodes" in printed
+    it = json.loads(summary.read_text())["iterations"][1]
+    branching, sim = it["branching"], it["simulated_steps"]
+    assert it["advantage_source"] == source and branching["episodes_branched"] >= 1 and branching["boundaries"] >= 2
+    assert sim["rollouts"] == 3 * 80  # untrained: every rollout runs to the limit
+    assert sim["branches"] == branching["steps"] > sim["rollouts"]  # the replays and 2 continuations per boundary
+    table = BranchTable.load(out / "episodes.branches.npz")
+    assert sorted(table.done) == [f"recap1-pick_place-s{s:07d}" for s in range(2_100_000, 2_100_003)]
+    assert len(table.steps) == branching["boundaries"]
+    labels = np.load(out / "episodes.advantage.npz")["indicator"]
+    if source == "branches":  # only the branched chunks (no takeovers here) carry a label
+        assert 0 < it["labelled_fraction"] == np.mean(labels != 0) < 0.5
+    else:  # the critic is distilled from the branch values, then labels every step
+        assert it["labelled_fraction"] == 1.0 and (labels != 0).all()
+        assert f"{branching['boundaries']} states take their branch value as the target" in printed
+    again = tmp_path / "again.json"
+    assert main([*args, "--json", str(again)]) == 0  # resumed: no branch is played again
+    assert "branching " not in capsys.readouterr().out
+    assert json.loads(again.read_text())["iterations"][1]["simulated_steps"] == sim

@@ -7,7 +7,18 @@ import torch
 
 from capsules import Arena, BufferComponent, BufferSpec
 from envs.rollout_env import ObservationSpec
-from rollout.branching import BoundaryCapsules, ReplayDivergedError, branch_episode, branch_seed, branch_value
+from rollout.branching import (
+    BoundaryCapsules,
+    BranchActor,
+    BranchItem,
+    BranchValue,
+    ReplayDivergedError,
+    branch_episode,
+    branch_seed,
+    branch_value,
+)
+from rollout.host_factory import HostSpec
+from rollout.ray_rollout import WorkItem, run_rollouts
 from rollout.rollout_host import HostConfig, RolloutHost
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy
 
@@ -124,3 +135,19 @@ def test_an_episode_played_again_from_its_seed_branches_from_the_boundaries_aske
     assert values[1].success_fraction == float(recorded.meta.success)
     assert host.observers == [keeper]  # its own observer is gone
 
+
+
+def test_the_branch_actor_plays_branch_items_as_branch_episode_does(host):
+    host, keeper = host
+    keeper.enabled = False
+    items = [BranchItem(f"coin-{seed}", seed, steps=(2, 4), branches=8) for seed in (5, 6)]
+    reports, stats = run_rollouts(HostSpec(), items, actors=0, host=host, actor_cls=BranchActor)
+    assert stats.episodes == 2 and [r.item for r in reports] == items
+    for report in reports:
+        _, values = branch_episode(host, report.item.seed, steps=(2, 4), branches=8)
+        assert [BranchValue.from_json(v) for v in report.extra["branch_values"]] == values
+        assert report.episode.steps == {} and report.episode.meta.length == 6  # no step arrays travel back
+        # the episode, the check's replay from step 2, 8 branches from each boundary
+        assert report.extra["branch_steps"] == 6 + 4 + 8 * 4 + 8 * 2
+    with pytest.raises(TypeError, match="BranchItems"):
+        run_rollouts(HostSpec(), [WorkItem("coin-9", 9)], actors=0, host=host, actor_cls=BranchActor)

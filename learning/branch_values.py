@@ -1,0 +1,285 @@
+"""Branch values for RECAP: Monte-Carlo values of recorded states from capsule forks, their sidecar,
+and the advantage labels and critic targets made from them.
+
+For each episode of an iteration's rollouts, chunks are sampled (`BranchPlan.rate` of the eligible
+ones, the same ones on every run: the choice is seeded by the episode id); each sampled chunk gets a
+branch value at its start and at the next chunk's start, `BranchPlan.branches` continuations each,
+played on the Ray actor pool (`rollout.branching.BranchActor`, the episode replayed from its seed
+by a host built from the spec that recorded it). A chunk is eligible when the policy ran it before
+the episode's first takeover: the simulated operator's state is not part of the capsule, and until
+it first acts it is the same at every boundary.
+
+Values are in the critic's units (`critics.returns.normalized_returns`): each branch's return from
+the boundary, with the failure penalty, over the episode limit, clipped to [-1, 0]; their mean is
+the state's value. They live in `<store>.branches.npz`, one row per branched boundary, with the
+episodes already branched (so a resumed run plays only the rest); the store is never written.
+
+Advantage of a sampled chunk from s to s' (the next chunk start):
+    A = sum(r_s..r_{s'-1}) / M + V_branch(s') - V_branch(s)
+and, for a chunk the episode ended in, A = G_s - V_branch(s) (its own return from s). Every step of the
+chunk carries it; steps of chunks nobody branched carry no label (indicator 0: trained unconditioned).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE
+from critics.returns import normalized_returns
+from learning.advantage_labels import write_sidecar
+from learning.training import Log
+from rollout import episode_schema as S
+from rollout.branching import BranchActor, BranchItem, BranchValue, ReplayDivergedError
+from rollout.host_factory import HostSpec
+from rollout.ray_rollout import run_rollouts
+from rollout.sharded_reader import open_episode_reader
+from rollout.sharded_store import parse_store_root
+
+BRANCHES_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BranchPlan:
+    rate: float = 0.25
+    """Share of the eligible chunks of each episode that are branched (before and after)."""
+    branches: int = 4
+    """Continuations per branched boundary."""
+    seed: int = 0
+    """Seed of the chunk sampling (with the episode id)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.rate <= 1.0:
+            raise ValueError(f"branch rate must be within (0, 1], got {self.rate}")
+        if self.branches < 1:
+            raise ValueError(f"branches must be >= 1, got {self.branches}")
+
+
+def branches_path(store: str | os.PathLike) -> Path:
+    """`<store>.branches.npz` beside the store (a zarr store or a sharded store root)."""
+    store = parse_store_root(store)
+    return store.with_name(store.name.removesuffix(".zarr") + ".branches.npz")
+
+
+def eligible_chunks(values: np.ndarray, interventions: np.ndarray) -> list[tuple[int, int | None]]:
+    """(start, next chunk's start) of each chunk the policy began before the episode's first takeover;
+    None: the episode ended within the chunk. Chunk starts are the steps whose value was recorded."""
+    values, flags = np.asarray(values, np.float64), np.asarray(interventions, bool)
+    first_takeover = int(np.argmax(flags)) if flags.any() else None
+    starts = [int(s) for s in np.flatnonzero(np.isfinite(values))]
+    chunks: list[tuple[int, int | None]] = []
+    for i, s in enumerate(starts):
+        nxt = starts[i + 1] if i + 1 < len(starts) else None
+        if first_takeover is not None and (s >= first_takeover or nxt is None or nxt > first_takeover):
+            break  # the chunk reached a takeover (or came after one)
+        chunks.append((s, nxt))
+    return chunks
+
+
+def sample_chunks(episode_id: str, chunks: list[tuple[int, int | None]], plan: BranchPlan) -> list[tuple[int, int | None]]:
+    """The chunks of `episode_id` that `plan` branches (the same on every call)."""
+    rng = np.random.default_rng([plan.seed, zlib.crc32(episode_id.encode())])
+    keep = rng.random(len(chunks)) < plan.rate
+    return [c for c, k in zip(chunks, keep) if k]
+
+
+def branch_state_value(value: BranchValue, max_steps: int) -> float:
+    """The mean over the branches of their normalised return from the boundary (the critic's units)."""
+    if not value.outcomes:
+        raise ValueError("a branch value without per-branch outcomes cannot be normalised")
+    return float(np.mean([normalized_returns(np.array([ret]), success, max_steps)[0]
+                          for success, ret, _ in value.outcomes]))
+
+
+@dataclass
+class BranchTable:
+    """The sidecar's content: one row per branched boundary, and every episode already branched."""
+
+    episode_ids: list[str]
+    steps: list[int]
+    values: list[float]  # normalised, the critic's units
+    success_fractions: list[float]
+    branches: list[int]
+    done: dict[str, int]  # episode id -> control steps played to branch it (replay included)
+    meta: dict
+
+    @classmethod
+    def empty(cls, meta: dict) -> BranchTable:
+        return cls([], [], [], [], [], {}, meta)
+
+    def add(self, episode_id: str, values: list[BranchValue], steps_played: int, max_steps: int) -> None:
+        for v in values:
+            self.episode_ids.append(episode_id)
+            self.steps.append(v.step)
+            self.values.append(branch_state_value(v, max_steps))
+            self.success_fractions.append(v.success_fraction)
+            self.branches.append(v.branches)
+        self.done[episode_id] = steps_played
+
+    def lookup(self) -> dict[tuple[str, int], float]:
+        return {(e, s): v for e, s, v in zip(self.episode_ids, self.steps, self.values)}
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp.npz")
+        np.savez(tmp, episode_id=np.array(self.episode_ids, dtype=str), step=np.array(self.steps, np.int64),
+                 value=np.array(self.values, np.float32), success_fraction=np.array(self.success_fractions, np.float32),
+                 branches=np.array(self.branches, np.int64), done_ids=np.array(list(self.done), dtype=str),
+                 done_steps=np.array(list(self.done.values()), np.int64),
+                 meta=np.array(json.dumps({**self.meta, "version": BRANCHES_VERSION})))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> BranchTable:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"branch sidecar {path} not found; `recap --advantage_source branches` makes it")
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            if meta.get("version") != BRANCHES_VERSION:
+                raise ValueError(f"{path}: branch sidecar version {meta.get('version')}, this code reads "
+                                 f"{BRANCHES_VERSION}")
+            return cls([str(e) for e in f["episode_id"]], [int(s) for s in f["step"]], [float(v) for v in f["value"]],
+                       [float(v) for v in f["success_fraction"]], [int(b) for b in f["branches"]],
+                       dict(zip((str(e) for e in f["done_ids"]), (int(n) for n in f["done_steps"]))), meta)
+
+
+def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list[str], plan: BranchPlan, *,
+                     max_steps: int, actors: int = 2, host=None, log: Log = print) -> BranchTable:
+    """Branch values for the sampled chunks of `episode_ids` (recorded in `store` by a host built from
+    `spec`), played on `actors` Ray actors (0: this process, or `host`); written to the sidecar after each
+    episode, so a resumed call plays only the episodes not yet there. Returns the whole table."""
+    path = branches_path(store)
+    meta = {"rate": plan.rate, "branches": plan.branches, "seed": plan.seed, "max_steps": max_steps}
+    table = BranchTable.load(path) if path.exists() else BranchTable.empty(meta)
+    known = {k: table.meta.get(k) for k in meta}
+    if known != meta:
+        raise ValueError(f"{path} was made with {known}, this run asks for {meta}: start a new store, or keep "
+                         "the branch options that run had")
+    reader = open_episode_reader(store)
+    index = {e: i for i, e in enumerate(reader.episode_ids)}
+    missing = [e for e in episode_ids if e not in index]
+    if missing:
+        raise ValueError(f"{len(missing)} episodes to branch are not in {store}, e.g. {missing[0]}")
+    items, expect = [], {}
+    for episode_id in episode_ids:
+        if episode_id in table.done:
+            continue
+        episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION])
+        values = np.asarray(episode.steps[S.VALUE])
+        if not np.isfinite(values).any():
+            raise ValueError(f"episode {episode_id} records no values: branching needs the chunk starts a host "
+                             "with a critic records")
+        chunks = sample_chunks(episode_id, eligible_chunks(values, episode.steps[S.INTERVENTION]), plan)
+        steps = tuple(sorted({s for c in chunks for s in c if s is not None}))
+        if not steps:
+            table.done[episode_id] = 0  # nothing sampled: nothing to play
+            continue
+        m = episode.meta
+        items.append(BranchItem(episode_id, int(m.seed), attempt=int(m.attempt), repeat=int(m.repeat), steps=steps,
+                                branches=plan.branches))
+        expect[episode_id] = (bool(m.success), int(m.length), steps)
+
+    def done(report, stats) -> None:
+        item = report.item
+        if report.episode is None:
+            raise RuntimeError(f"branching {item.episode_id} failed: {report.error}")
+        success, length, steps = expect[item.episode_id]
+        meta = report.episode.meta
+        if (bool(meta.success), int(meta.length)) != (success, length):
+            raise ReplayDivergedError(f"{item.episode_id} played again from seed {item.seed} ended "
+                                      f"{'well' if meta.success else 'badly'} at step {meta.length}, the recorded "
+                                      f"one {'well' if success else 'badly'} at step {length}: not the spec that "
+                                      "recorded it")
+        values = [BranchValue.from_json(v) for v in report.extra["branch_values"]]
+        if [v.step for v in values] != list(steps):
+            raise ReplayDivergedError(f"{item.episode_id}: chunk starts {list(steps)} asked, the replay had "
+                                      f"{[v.step for v in values]}")
+        table.add(item.episode_id, values, int(report.extra["branch_steps"]), max_steps)
+        table.save(path)
+
+    if items:
+        log(f"branching {len(items)} episodes ({sum(len(it.steps) for it in items)} boundaries, "
+            f"{plan.branches} continuations each) on {actors or 'no'} Ray actors")
+        run_rollouts(spec, items, actors=actors, actor_cls=BranchActor, host=host, on_report=done, max_attempts=2)
+    table.save(path)
+    return table
+
+
+@dataclass(frozen=True)
+class BranchLabels:
+    advantage: np.ndarray  # (N,) float32, NaN where no chunk was branched
+    indicator: np.ndarray  # (N,) int64: positive, negative, or 0 (no label)
+    thresholds: dict[str, float]
+    labelled_fraction: float  # share of the store's steps with a label (interventions included)
+
+
+def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_fraction: float) -> BranchLabels:
+    """Advantage labels of every step of `store` from the branch values of `table` (module docstring):
+    per task, the branched chunks' autonomous steps above the (1 - positive_fraction) quantile are positive;
+    interventions are positive; the rest carry no label."""
+    if not 0.0 < positive_fraction < 1.0:
+        raise ValueError(f"positive_fraction must be within (0, 1), got {positive_fraction}")
+    max_steps = int(table.meta["max_steps"])
+    reader = open_episode_reader(store)
+    value_at = table.lookup()
+    advs, forced, tasks = [], [], []
+    for i, episode_id in enumerate(reader.episode_ids):
+        episode = reader.episode(i, [S.REWARD, S.VALUE, S.INTERVENTION])
+        rewards = np.asarray(episode.steps[S.REWARD], np.float64)
+        flags = np.asarray(episode.steps[S.INTERVENTION], bool)
+        adv = np.full(len(rewards), np.nan, np.float64)
+        if episode_id in table.done:
+            returns = normalized_returns(rewards, bool(episode.meta.success), max_steps)
+            for s, nxt in eligible_chunks(episode.steps[S.VALUE], flags):
+                if (episode_id, s) not in value_at or (nxt is not None and (episode_id, nxt) not in value_at):
+                    continue
+                if nxt is None:
+                    adv[s:] = returns[s] - value_at[episode_id, s]
+                else:
+                    adv[s:nxt] = rewards[s:nxt].sum() / max_steps + value_at[episode_id, nxt] - value_at[episode_id, s]
+        advs.append(adv)
+        forced.append(flags)
+        tasks.append(np.full(len(rewards), episode.meta.task, dtype=object))
+    adv = np.concatenate(advs) if advs else np.zeros(0)
+    forced_all = np.concatenate(forced) if forced else np.zeros(0, bool)
+    task_all = np.concatenate(tasks) if tasks else np.zeros(0, object)
+    indicator = np.zeros(len(adv), np.int64)
+    thresholds = {}
+    for task in sorted(set(task_all)):
+        mask = (task_all == task) & np.isfinite(adv) & ~forced_all
+        if mask.any():
+            thresholds[task] = float(np.quantile(adv[mask], 1.0 - positive_fraction))
+            indicator[mask] = np.where(adv[mask] > thresholds[task], INDICATOR_POSITIVE, INDICATOR_NEGATIVE)
+    indicator[forced_all] = INDICATOR_POSITIVE
+    return BranchLabels(adv.astype(np.float32), indicator, thresholds,
+                        float(np.mean(indicator != 0)) if len(indicator) else 0.0)
+
+
+def label_store_from_branches(store: str, table: BranchTable, *, positive_fraction: float) -> tuple[Path, BranchLabels]:
+    """`branch_labels` written as the store's advantage sidecar (the one `fit_policy` reads)."""
+    labels = branch_labels(store, table, positive_fraction=positive_fraction)
+    reader = open_episode_reader(store)
+    meta = {"source": "branches", "store": str(store), **{k: table.meta[k] for k in ("rate", "branches", "max_steps")},
+            "positive_fraction": positive_fraction, "thresholds": labels.thresholds,
+            "labelled_fraction": labels.labelled_fraction}
+    path = write_sidecar(store, advantage=labels.advantage, indicator=labels.indicator,
+                         values=np.full(len(labels.advantage), np.nan, np.float32),
+                         episode_ids=list(reader.episode_ids), meta=meta)
+    return path, labels
+
+
+def branch_targets(table: BranchTable, episode_ids: list[str], episode_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(flat step indices, values) of the branched boundaries within a store's flat step arrays (episodes in
+    `episode_ids` order, cumulative `episode_ends`): targets a critic is distilled on."""
+    starts = np.concatenate([[0], np.asarray(episode_ends, np.int64)[:-1]])
+    offset = dict(zip(episode_ids, starts))
+    rows = [(int(offset[e]) + s, v) for e, s, v in zip(table.episode_ids, table.steps, table.values) if e in offset]
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    index, values = zip(*rows)
+    return np.asarray(index, np.int64), np.asarray(values, np.float32)

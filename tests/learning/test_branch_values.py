@@ -1,0 +1,170 @@
+"""Branch values for RECAP on the coin env, whose state values are known exactly: chunk sampling, the
+sidecar (resumable), the labels made from it and the targets a critic is distilled on."""
+
+import numpy as np
+import pytest
+import torch
+
+from capsules import BufferComponent, BufferSpec, Role
+from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE
+from critics.returns import normalized_returns
+from critics.rollout_critic import CriticSpec
+from learning.advantage_labels import load_sidecar
+from learning.branch_values import (
+    BranchPlan,
+    BranchTable,
+    branch_labels,
+    branch_targets,
+    branches_path,
+    collect_branches,
+    eligible_chunks,
+    label_store_from_branches,
+    sample_chunks,
+)
+from rollout.branching import ReplayDivergedError, branch_seed
+from rollout.host_factory import HostSpec
+from rollout.rollout_host import HostConfig, RolloutHost
+from rollout.sharded_reader import open_episode_reader
+from rollout.zarr_recorder import ZarrRecorder
+from tests.rollout.protocol_fakes import GreedyPolicy
+from tests.rollout.test_branching import CoinEnv, _flip_wins
+
+M = 6  # the coin env's episode limit: the normalisation of returns
+
+
+class ZeroCritic(BufferComponent):
+    """Values every chunk 0: the host records a value at each chunk start (how branching finds them)."""
+
+    name = "critic"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec = CriticSpec(observation_keys=())
+
+    def buffer_specs(self):
+        return [BufferSpec("value", (1,), torch.float32, role=Role.IO)]
+
+    def load_observation(self, obs, step: int) -> None:
+        pass
+
+    def evaluate(self) -> torch.Tensor:
+        return self.buffers["value"].zero_()
+
+
+def _host(noise_seed: int = 0) -> RolloutHost:
+    return RolloutHost(env=CoinEnv(), policy=GreedyPolicy(chunk_length=2, gain=0.0, noise=1.0), critic=ZeroCritic(),
+                       config=HostConfig(n_exec=2, noise_seed=noise_seed))
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    """A store of 4 coin episodes (chunk starts at steps 0, 2, 4) and the host that recorded them."""
+    store = tmp_path / "episodes.zarr"
+    host = _host()
+    with ZarrRecorder(store) as recorder:
+        for seed in range(4):
+            recorder.write(host.run_episode(seed, episode_id=f"coin-{seed}").episode)
+    yield store, host
+    host.close()
+
+
+def test_eligible_chunks_stop_at_the_first_takeover_and_sampling_is_repeatable():
+    nan = np.nan
+    values = np.array([0.1, nan, 0.2, nan, 0.3, nan, nan])
+    assert eligible_chunks(values, np.zeros(7, bool)) == [(0, 2), (2, 4), (4, None)]
+    takeover = np.array([0, 0, 0, 0, 0, 1, 1], bool)  # the operator took over at step 5, within chunk 4
+    assert eligible_chunks(values, takeover) == [(0, 2), (2, 4)]
+    assert eligible_chunks(values, np.array([0, 1, 1, 0, 0, 0, 0], bool)) == []  # within the first chunk
+    chunks = [(s, s + 2) for s in range(0, 40, 2)]
+    plan = BranchPlan(rate=0.5, branches=2, seed=3)
+    picked = sample_chunks("ep-a", chunks, plan)
+    assert picked == sample_chunks("ep-a", chunks, plan) and 0 < len(picked) < len(chunks)
+    assert picked != sample_chunks("ep-b", chunks, plan)
+    assert sample_chunks("ep-a", chunks, BranchPlan(rate=1.0)) == chunks
+    with pytest.raises(ValueError, match="branch rate"):
+        BranchPlan(rate=0.0)
+
+
+def test_branch_values_are_the_known_ones_and_a_resumed_call_plays_nothing_again(recorded):
+    store, host = recorded
+    plan = BranchPlan(rate=1.0, branches=32)
+    ids = [f"coin-{s}" for s in range(4)]
+    table = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
+    assert branches_path(store).exists() and sorted(table.done) == ids
+    values = table.lookup()
+    reader = open_episode_reader(store)
+    for i, episode_id in enumerate(reader.episode_ids):
+        success = reader.episode(i, ["reward"]).meta.success
+        seed = int(episode_id.split("-")[1])
+        wins = sum(_flip_wins(branch_seed(seed, b)) for b in range(32))
+        # before the flip: P(win) of ending at 0 after 3 steps of -1 (-3/6 -> -0.5 ... the last step 0)
+        win_value, loss_value = -3 / M, -1.0
+        assert values[episode_id, 2] == pytest.approx((wins * win_value + (32 - wins) * loss_value) / 32, abs=1e-6)
+        assert values[episode_id, 4] == pytest.approx(-1 / M if success else -1.0, abs=1e-6)  # decided
+        # played: the episode, the check's replay from step 0, 32 branches from each of 0, 2, 4
+        assert table.done[episode_id] == 6 + 6 + 32 * (6 + 4 + 2)
+    played = []
+    again = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=played.append)
+    assert played == [] and again.lookup() == values  # everything was in the sidecar
+    with pytest.raises(ValueError, match="this run asks for"):
+        collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0, host=host)
+
+
+def test_a_replay_by_another_spec_than_the_recording_one_is_refused(recorded):
+    store, _ = recorded
+    other = _host(noise_seed=99)  # other noise: the same seed plays another episode
+    try:
+        with pytest.raises(ReplayDivergedError):
+            collect_branches(HostSpec(), store, [f"coin-{s}" for s in range(4)], BranchPlan(rate=1.0, branches=2),
+                             max_steps=M, actors=0, host=other, log=lambda m: None)
+    finally:
+        other.close()
+
+
+def test_labels_from_branches_are_value_after_minus_before_and_unbranched_steps_carry_none(recorded):
+    store, host = recorded
+    ids = [f"coin-{s}" for s in range(4)]
+    table = collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=16), max_steps=M, actors=0,
+                             host=host, log=lambda m: None)
+    # drop coin-3 from the table: its steps get no label
+    keep = [i for i, e in enumerate(table.episode_ids) if e != "coin-3"]
+    table = BranchTable([table.episode_ids[i] for i in keep], [table.steps[i] for i in keep],
+                        [table.values[i] for i in keep], [table.success_fractions[i] for i in keep],
+                        [table.branches[i] for i in keep], {e: n for e, n in table.done.items() if e != "coin-3"},
+                        table.meta)
+    labels = branch_labels(store, table, positive_fraction=0.3)
+    reader = open_episode_reader(store)
+    value = table.lookup()
+    for i, episode_id in enumerate(reader.episode_ids):
+        episode = reader.episode(i, ["reward"])
+        adv = labels.advantage[6 * i: 6 * i + 6]
+        if episode_id == "coin-3":
+            assert np.isnan(adv).all() and not labels.indicator[18:24].any()
+            continue
+        r = episode.steps["reward"]
+        # the chunk (2, 4) holds the flip: its advantage is what the flip did to the value
+        assert adv[2] == adv[3] == pytest.approx(r[2:4].sum() / M + value[episode_id, 4] - value[episode_id, 2])
+        g = normalized_returns(r, bool(episode.meta.success), M)
+        assert adv[4] == adv[5] == pytest.approx(g[4] - value[episode_id, 4])  # the last chunk: its own return
+    assert labels.labelled_fraction == pytest.approx(18 / 24)
+    labelled = labels.indicator[:18]
+    assert set(labelled) <= {INDICATOR_POSITIVE, INDICATOR_NEGATIVE}
+    threshold = labels.thresholds["coin"]
+    assert np.array_equal(labelled == INDICATOR_POSITIVE, labels.advantage[:18] > threshold)
+    path, _ = label_store_from_branches(str(store), table, positive_fraction=0.3)
+    assert np.array_equal(load_sidecar(path, list(reader.episode_ids)), labels.indicator)  # what fit_policy reads
+
+
+def test_distillation_targets_land_on_the_branched_steps_of_the_flat_arrays(recorded):
+    store, host = recorded
+    ids = [f"coin-{s}" for s in range(4)]
+    table = collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=4), max_steps=M, actors=0,
+                             host=host, log=lambda m: None)
+    ends = np.array([6, 12, 18, 24])
+    index, values = branch_targets(table, ids, ends)
+    assert sorted(index.tolist()) == sorted(6 * i + s for i in range(4) for s in (0, 2, 4))
+    lookup = table.lookup()
+    for flat, v in zip(index, values):
+        assert v == pytest.approx(lookup[ids[flat // 6], flat % 6])
+    index, _ = branch_targets(table, ["coin-2"], np.array([6]))  # a store holding one of them
+    assert sorted(index.tolist()) == [0, 2, 4]
