@@ -81,25 +81,38 @@ def write_sidecar(store: str, *, advantage: np.ndarray, indicator: np.ndarray, v
     if not (len(advantage) == len(indicator) == len(values)):
         raise ValueError("advantage, indicator and values need one entry per step")
     path = Path(out) if out else sidecar_path(store)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    np.savez(tmp, advantage=np.asarray(advantage, np.float32), indicator=np.asarray(indicator, np.int64),
-             value=np.asarray(values, np.float32), episode_ids=np.array(episode_ids),
-             meta=np.array(json.dumps({"version": SIDECAR_VERSION, **meta})))
-    os.replace(tmp, path)
+    save_npz(path, {"advantage": np.asarray(advantage, np.float32), "indicator": np.asarray(indicator, np.int64),
+                    "value": np.asarray(values, np.float32), "episode_ids": np.array(episode_ids)},
+             {"version": SIDECAR_VERSION, **meta})
     return path
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    """Arrays and a JSON `meta` (with its "version") in one .npz, written to a temp file and renamed."""
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(tmp, **arrays, meta=np.array(json.dumps(meta)))
+    os.replace(tmp, path)
+
+
+def load_npz(path: str | os.PathLike, *, version: int, what: str, make: str) -> tuple[dict[str, np.ndarray], dict]:
+    """(arrays, meta) of a file `save_npz` wrote; a clear error when it is missing (saying how to `make` it)
+    or of another version than this code reads."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} not found; {make}")
+    with np.load(path, allow_pickle=False) as f:
+        meta = json.loads(str(f["meta"]))
+        if meta.get("version") != version:
+            raise ValueError(f"{path}: {what} version {meta.get('version')}, this code reads {version}")
+        return {k: f[k] for k in f.files if k != "meta"}, meta
 
 
 def load_sidecar(path: str | os.PathLike, episode_ids: list[str]) -> np.ndarray:
     """The indicators of a sidecar, checked against the store's episode ids (same episodes, same order)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"advantage sidecar {path} not found; make it with `label_advantages --data STORE`")
-    with np.load(path, allow_pickle=False) as f:
-        meta = json.loads(str(f["meta"]))
-        if meta.get("version") != SIDECAR_VERSION:
-            raise ValueError(f"{path}: sidecar version {meta.get('version')}, this code reads {SIDECAR_VERSION}")
-        ids = [str(i) for i in f["episode_ids"]]
-        if ids != list(episode_ids):
-            raise ValueError(f"{path} labels {len(ids)} episodes that are not the store's {len(episode_ids)} "
-                             "(the store changed since labelling?): run label_advantages again")
-        return f["indicator"].astype(np.int64)
+    arrays, _ = load_npz(path, version=SIDECAR_VERSION, what="advantage sidecar",
+                         make="make it with `label_advantages --data STORE`")
+    ids = [str(i) for i in arrays["episode_ids"]]
+    if ids != list(episode_ids):
+        raise ValueError(f"{path} labels {len(ids)} episodes that are not the store's {len(episode_ids)} "
+                         "(the store changed since labelling?): run label_advantages again")
+    return arrays["indicator"].astype(np.int64)

@@ -22,7 +22,6 @@ chunk carries it; steps of chunks nobody branched carry no label (indicator 0: t
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import numpy as np
 
 from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE
 from critics.returns import normalized_returns
-from learning.advantage_labels import write_sidecar
+from learning.advantage_labels import load_npz, save_npz, write_sidecar
 from learning.training import Log
 from rollout import episode_schema as S
 from rollout.branching import BranchActor, BranchItem, BranchValue, ReplayDivergedError
@@ -125,27 +124,20 @@ class BranchTable:
         return {(e, s): v for e, s, v in zip(self.episode_ids, self.steps, self.values)}
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp.npz")
-        np.savez(tmp, episode_id=np.array(self.episode_ids, dtype=str), step=np.array(self.steps, np.int64),
-                 value=np.array(self.values, np.float32), success_fraction=np.array(self.success_fractions, np.float32),
-                 branches=np.array(self.branches, np.int64), done_ids=np.array(list(self.done), dtype=str),
-                 done_steps=np.array(list(self.done.values()), np.int64),
-                 meta=np.array(json.dumps({**self.meta, "version": BRANCHES_VERSION})))
-        os.replace(tmp, path)
+        save_npz(path, {"episode_id": np.array(self.episode_ids, dtype=str), "step": np.array(self.steps, np.int64),
+                        "value": np.array(self.values, np.float32),
+                        "success_fraction": np.array(self.success_fractions, np.float32),
+                        "branches": np.array(self.branches, np.int64), "done_ids": np.array(list(self.done), dtype=str),
+                        "done_steps": np.array(list(self.done.values()), np.int64)},
+                 {**self.meta, "version": BRANCHES_VERSION})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> BranchTable:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"branch sidecar {path} not found; `recap --advantage_source branches` makes it")
-        with np.load(path, allow_pickle=False) as f:
-            meta = json.loads(str(f["meta"]))
-            if meta.get("version") != BRANCHES_VERSION:
-                raise ValueError(f"{path}: branch sidecar version {meta.get('version')}, this code reads "
-                                 f"{BRANCHES_VERSION}")
-            return cls([str(e) for e in f["episode_id"]], [int(s) for s in f["step"]], [float(v) for v in f["value"]],
-                       [float(v) for v in f["success_fraction"]], [int(b) for b in f["branches"]],
-                       dict(zip((str(e) for e in f["done_ids"]), (int(n) for n in f["done_steps"]))), meta)
+        f, meta = load_npz(path, version=BRANCHES_VERSION, what="branch sidecar",
+                           make="`recap --advantage_source branches` makes it")
+        return cls([str(e) for e in f["episode_id"]], [int(s) for s in f["step"]], [float(v) for v in f["value"]],
+                   [float(v) for v in f["success_fraction"]], [int(b) for b in f["branches"]],
+                   dict(zip((str(e) for e in f["done_ids"]), (int(n) for n in f["done_steps"]))), meta)
 
 
 def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list[str], plan: BranchPlan, *,

@@ -168,3 +168,17 @@ def test_distillation_targets_land_on_the_branched_steps_of_the_flat_arrays(reco
         assert v == pytest.approx(lookup[ids[flat // 6], flat % 6])
     index, _ = branch_targets(table, ["coin-2"], np.array([6]))  # a store holding one of them
     assert sorted(index.tolist()) == [0, 2, 4]
+
+
+def test_a_missing_or_foreign_branch_sidecar_is_refused_with_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="recap --advantage_source branches"):
+        BranchTable.load(tmp_path / "none.branches.npz")
+    table = BranchTable.empty({"rate": 1.0, "branches": 2, "seed": 0, "max_steps": M})
+    path = tmp_path / "s.branches.npz"
+    table.save(path)
+    assert BranchTable.load(path).meta["max_steps"] == M
+    arrays = dict(np.load(path))
+    arrays["meta"] = np.array('{"version": 99}')
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match="version 99, this code reads 1"):
+        BranchTable.load(path)
