@@ -32,6 +32,7 @@ import numpy as np
 from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE
 from critics.returns import normalized_returns
 from learning.advantage_labels import load_npz, save_npz, write_sidecar
+from learning.policy_data import training_order
 from learning.training import Log
 from rollout import episode_schema as S
 from rollout.branching import BranchActor, BranchItem, BranchValue, ReplayDivergedError
@@ -211,16 +212,17 @@ class BranchLabels:
 
 
 def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_fraction: float) -> BranchLabels:
-    """Advantage labels of every step of `store` from the branch values of `table` (module docstring):
-    per task, the branched chunks' autonomous steps above the (1 - positive_fraction) quantile are positive;
-    interventions are positive; the rest carry no label."""
+    """Advantage labels of every step of `store` (its episodes in `training_order`) from the branch values of
+    `table` (module docstring): per task, the branched chunks' autonomous steps above the (1 - positive_fraction)
+    quantile are positive; interventions are positive; the rest carry no label."""
     if not 0.0 < positive_fraction < 1.0:
         raise ValueError(f"positive_fraction must be within (0, 1), got {positive_fraction}")
     max_steps = int(table.meta["max_steps"])
     reader = open_episode_reader(store)
     value_at = table.lookup()
     advs, forced, tasks = [], [], []
-    for i, episode_id in enumerate(reader.episode_ids):
+    for i in training_order(reader.episode_ids):  # the order training reads them in
+        episode_id = reader.episode_ids[i]
         episode = reader.episode(i, [S.REWARD, S.VALUE, S.INTERVENTION])
         rewards = np.asarray(episode.steps[S.REWARD], np.float64)
         flags = np.asarray(episode.steps[S.INTERVENTION], bool)
@@ -255,13 +257,13 @@ def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_frac
 def label_store_from_branches(store: str, table: BranchTable, *, positive_fraction: float) -> tuple[Path, BranchLabels]:
     """`branch_labels` written as the store's advantage sidecar (the one `fit_policy` reads)."""
     labels = branch_labels(store, table, positive_fraction=positive_fraction)
-    reader = open_episode_reader(store)
+    ids = open_episode_reader(store).episode_ids
     meta = {"source": "branches", "store": str(store), **{k: table.meta[k] for k in ("rate", "branches", "max_steps")},
             "positive_fraction": positive_fraction, "thresholds": labels.thresholds,
             "labelled_fraction": labels.labelled_fraction}
     path = write_sidecar(store, advantage=labels.advantage, indicator=labels.indicator,
                          values=np.full(len(labels.advantage), np.nan, np.float32),
-                         episode_ids=list(reader.episode_ids), meta=meta)
+                         episode_ids=[ids[i] for i in training_order(ids)], meta=meta)
     return path, labels
 
 

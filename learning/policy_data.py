@@ -10,8 +10,16 @@ from rollout import episode_schema as S
 from rollout.sharded_reader import open_episode_reader
 
 
+def training_order(episode_ids: list[str]) -> list[int]:
+    """The order training reads a store's episodes in: by episode id. A store holds them in the order they
+    were recorded, which on Ray is the order the actors returned them (a matter of timing): training in that
+    order would make the same episodes train a different model from one run to the next."""
+    return sorted(range(len(episode_ids)), key=lambda i: episode_ids[i])
+
+
 def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokenizer) -> dict:
-    """Images, states, actions, per-step subtask tokens and episode steps, episode ends and metadata of a store."""
+    """Images, states, actions, per-step subtask tokens and episode steps, episode ends and metadata of a store,
+    its episodes in `training_order`."""
     reader = open_episode_reader(path)
     if not len(reader):
         raise ValueError(f"{path} holds no complete episode; collect some with `collect_demos` first")
@@ -22,9 +30,17 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokeniz
     keys += [f"{S.IMAGE_PREFIX}{c}" for c in cameras]
     arrays = reader.load(keys)
     metas = [reader.meta(i) for i in range(len(reader))]
+    order = training_order([m.episode_id for m in metas])
+    lengths = (reader.ends - reader.starts)[order]
+    if order != list(range(len(metas))):
+        rows = np.concatenate([np.arange(reader.starts[i], reader.ends[i]) for i in order])
+        arrays = {k: v[rows] for k, v in arrays.items()}
+        metas = [metas[i] for i in order]
+    ends = np.cumsum(lengths).astype(np.int64)
+    starts = ends - lengths
     tokens = np.zeros((reader.n_steps, tokenizer.max_tokens), np.int64)
     for i, meta in enumerate(metas):
-        lo, hi = int(reader.starts[i]), int(reader.ends[i])
+        lo, hi = int(starts[i]), int(ends[i])
         texts = meta.subtask_texts or [meta.instruction]
         table = tokenizer.encode_batch(texts)
         ids = np.clip(arrays[S.SUBTASK_ID][lo:hi], 0, len(texts) - 1)
@@ -38,10 +54,10 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokeniz
         "subtask_ids": arrays[S.SUBTASK_ID],
         "intervention": arrays[S.INTERVENTION],
         "tokens": tokens,
-        "episode_steps": episode_steps(reader.ends),
-        "episode_ends": reader.ends.copy(),
+        "episode_steps": episode_steps(ends),
+        "episode_ends": ends,
         "metas": metas,
-        "actors": np.repeat([episode_actor(m) for m in metas], reader.ends - reader.starts).astype(np.int64),
+        "actors": np.repeat([episode_actor(m) for m in metas], lengths).astype(np.int64),
     }
 
 

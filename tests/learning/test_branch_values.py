@@ -182,3 +182,26 @@ def test_a_missing_or_foreign_branch_sidecar_is_refused_with_what_to_do(tmp_path
     np.savez(path, **arrays)
     with pytest.raises(ValueError, match="version 99, this code reads 1"):
         BranchTable.load(path)
+
+
+def test_training_reads_episodes_in_id_order_whatever_order_they_were_recorded_in(tmp_path):
+    from learning.policy_data import load_training_arrays
+    from models.tokenizer import Tokenizer
+
+    host = _host()
+    try:
+        episodes = [host.run_episode(seed, episode_id=f"coin-{seed}").episode for seed in (3, 0, 2, 1)]
+    finally:
+        host.close()
+    stores = []
+    for name, order in (("recorded", episodes), ("sorted", sorted(episodes, key=lambda e: e.meta.episode_id))):
+        with ZarrRecorder(tmp_path / f"{name}.zarr") as recorder:
+            for episode in order:
+                recorder.write(episode)
+        stores.append(load_training_arrays(str(tmp_path / f"{name}.zarr"), (), Tokenizer()))
+    a, b = stores
+    assert [m.episode_id for m in a["metas"]] == [f"coin-{s}" for s in range(4)] == [m.episode_id for m in b["metas"]]
+    for key in ("states", "actions", "rewards", "tokens", "episode_steps", "episode_ends", "actors"):
+        assert np.array_equal(a[key], b[key]), key
+    first = next(e for e in episodes if e.meta.episode_id == "coin-0")
+    assert np.array_equal(a["actions"][:6], first.steps["action"])  # coin-0 first, its steps in their order
