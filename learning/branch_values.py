@@ -90,8 +90,6 @@ def sample_chunks(episode_id: str, chunks: list[tuple[int, int | None]], plan: B
 
 def branch_state_value(value: BranchValue, max_steps: int) -> float:
     """The mean over the branches of their normalised return from the boundary (the critic's units)."""
-    if not value.outcomes:
-        raise ValueError("a branch value without per-branch outcomes cannot be normalised")
     return float(np.mean([normalized_returns(np.array([ret]), success, max_steps)[0]
                           for success, ret, _ in value.outcomes]))
 
@@ -209,6 +207,7 @@ class BranchLabels:
     indicator: np.ndarray  # (N,) int64: positive, negative, or 0 (no label)
     thresholds: dict[str, float]
     labelled_fraction: float  # share of the store's steps with a label (interventions included)
+    episode_ids: list[str]  # the episodes the steps belong to, in their order (`training_order`)
 
 
 def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_fraction: float) -> BranchLabels:
@@ -221,7 +220,8 @@ def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_frac
     reader = open_episode_reader(store)
     value_at = table.lookup()
     advs, forced, tasks = [], [], []
-    for i in training_order(reader.episode_ids):  # the order training reads them in
+    order = training_order(reader.episode_ids)  # the order training reads them in
+    for i in order:
         episode_id = reader.episode_ids[i]
         episode = reader.episode(i, [S.REWARD, S.VALUE, S.INTERVENTION])
         rewards = np.asarray(episode.steps[S.REWARD], np.float64)
@@ -251,19 +251,19 @@ def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_frac
             indicator[mask] = np.where(adv[mask] > thresholds[task], INDICATOR_POSITIVE, INDICATOR_NEGATIVE)
     indicator[forced_all] = INDICATOR_POSITIVE
     return BranchLabels(adv.astype(np.float32), indicator, thresholds,
-                        float(np.mean(indicator != 0)) if len(indicator) else 0.0)
+                        float(np.mean(indicator != 0)) if len(indicator) else 0.0,
+                        [reader.episode_ids[i] for i in order])
 
 
 def label_store_from_branches(store: str, table: BranchTable, *, positive_fraction: float) -> tuple[Path, BranchLabels]:
     """`branch_labels` written as the store's advantage sidecar (the one `fit_policy` reads)."""
     labels = branch_labels(store, table, positive_fraction=positive_fraction)
-    ids = open_episode_reader(store).episode_ids
     meta = {"source": "branches", "store": str(store), **{k: table.meta[k] for k in ("rate", "branches", "max_steps")},
             "positive_fraction": positive_fraction, "thresholds": labels.thresholds,
             "labelled_fraction": labels.labelled_fraction}
     path = write_sidecar(store, advantage=labels.advantage, indicator=labels.indicator,
                          values=np.full(len(labels.advantage), np.nan, np.float32),
-                         episode_ids=[ids[i] for i in training_order(ids)], meta=meta)
+                         episode_ids=labels.episode_ids, meta=meta)
     return path, labels
 
 

@@ -41,28 +41,35 @@ def branch_seed(seed: int, branch: int) -> int:
 @dataclass(frozen=True)
 class BranchValue:
     step: int  # the control step of the boundary the branches start from
-    branches: int
-    successes: int
-    mean_return: float  # the branches' mean sum of rewards from the boundary to their end
-    outcomes: tuple[tuple[bool, float, int], ...] = ()  # each branch's (success, return, steps played)
+    outcomes: tuple[tuple[bool, float, int], ...]  # each branch's (success, return from the boundary, steps played)
+
+    @property
+    def branches(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def successes(self) -> int:
+        return sum(o[0] for o in self.outcomes)
 
     @property
     def success_fraction(self) -> float:
         return self.successes / self.branches
 
     @property
+    def mean_return(self) -> float:
+        """The branches' mean sum of rewards from the boundary to their end."""
+        return float(np.mean([o[1] for o in self.outcomes]))
+
+    @property
     def steps_played(self) -> int:
         return sum(o[2] for o in self.outcomes)
 
     def to_json(self) -> dict:
-        return {"step": self.step, "branches": self.branches, "successes": self.successes,
-                "mean_return": self.mean_return, "outcomes": [list(o) for o in self.outcomes]}
+        return {"step": self.step, "outcomes": [list(o) for o in self.outcomes]}
 
     @classmethod
     def from_json(cls, data: dict) -> BranchValue:
-        return cls(step=int(data["step"]), branches=int(data["branches"]), successes=int(data["successes"]),
-                   mean_return=float(data["mean_return"]),
-                   outcomes=tuple((bool(s), float(r), int(n)) for s, r, n in data["outcomes"]))
+        return cls(step=int(data["step"]), outcomes=tuple((bool(s), float(r), int(n)) for s, r, n in data["outcomes"]))
 
 
 def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, branches: int,
@@ -87,9 +94,7 @@ def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, b
                 f"seed {seed}: replaying from the step-{step} capsule with the episode's own noise did not end as "
                 f"the episode did ({_ending(success, length)} against {_ending(*expect)}); run verify_capsule")
     outcomes = [play(branch_seed(seed, b)) for b in range(branches)]
-    return BranchValue(step=step, branches=branches, successes=sum(o[0] for o in outcomes),
-                       mean_return=float(np.mean([o[2] for o in outcomes])),
-                       outcomes=tuple((o[0], o[2], o[3]) for o in outcomes))
+    return BranchValue(step=step, outcomes=tuple((o[0], o[2], o[3]) for o in outcomes))
 
 
 class BoundaryCapsules(EpisodeObserver):
