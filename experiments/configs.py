@@ -27,6 +27,8 @@ from learning.options import (  # noqa: F401 - the learning layer's options are 
     ADVANTAGE,
     CAMERAS,
     FAMILIES,
+    FAMILIES_OR_ALL,
+    PHRASING,
     SHIPPED_POLICY,
     Acting,
     CollectDemosConfig,
@@ -88,14 +90,21 @@ class EvalPolicyConfig:
     ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES, **SEED_ALIASES}
 
     model: ScoredModels = ScoredModels()
-    family: FAMILIES = "pick_place"
-    """Task family."""
+    family: FAMILIES_OR_ALL = "pick_place"
+    """Task family; all: every family, each on the same seeds, with success per family."""
     seeds: Seeds = Seeds(count=50)  # held out
     act: Acting = Acting()
     expert: bool = True
     """Also run the scripted expert on the same seeds, for comparison."""
     actors: int = 0
     """Ray actors to play the episodes on (0: in this process); results do not depend on it."""
+    phrasing: PHRASING = "canonical"
+    """How the planner words each subtask: the task's own text, or one of its paraphrases that training
+    may use (train) or never uses (heldout); see envs/phrasing.py."""
+    coach: bool = False
+    """Also the coaching evaluation (in this process) on the same seeds of each family with a place-on-a-pad
+    subtask: when the policy starts placing, an operator overwrites the subtask with "place it on the <other>
+    pad instead"; the share of episodes that end with the block on the coached pad."""
 
     def __post_init__(self) -> None:
         if self.seeds.count < 1 or self.actors < 0:
@@ -138,8 +147,9 @@ class SimRolloutConfig:
     actors: int = 2
     """Ray actors (rollout hosts), one process each; 0: play in this process, without Ray."""
     seeds: Seeds = Seeds(count=8)  # held out from the demonstrations; each seed played --repeats times
-    family: FAMILIES = "pick_place"
-    """Task family."""
+    family: FAMILIES_OR_ALL = "pick_place"
+    """Task family; all: a mix, every family on every seed (each actor keeps a host per family), with success
+    per family in the table and the plot."""
     env: str = ""
     """A registered env (`metaworld:pick-place-v3`, `gymnasium:Pusher-v5`...) or an import path
     `package.module:factory`, played instead of the tabletop family; episode ids are `<task>-s<seed>`."""

@@ -1,13 +1,16 @@
-"""eval_policy: a policy checkpoint's success on held-out seeds, next to the scripted expert's."""
+"""eval_policy: a policy checkpoint's success on held-out seeds, next to the scripted expert's; per family
+with `--family all`, with paraphrased subtasks (`--phrasing`) and mid-episode coaching (`--coach`)."""
 
 from __future__ import annotations
 
 import time
 
+from envs.tasks import FAMILY_NAMES
 from experiments.configs import EvalPolicyConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult, checking_inputs
+from learning.coaching import COACHABLE, evaluate_coaching
 from learning.evaluation import evaluate_expert, evaluate_policy
 from policies.flow_policy import resolve_conditioning
 from rollout.ray_rollout import init_ray, shutdown_ray
@@ -19,25 +22,63 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
     with checking_inputs():
         conditioning = resolve_conditioning(policy_dir, config.act.advantage, config.act.beta)
     seeds = list(config.seeds.range)
-    t0 = time.perf_counter()
+    families = FAMILY_NAMES if config.family == "all" else (config.family,)
+    critics = [resolve_input(c) for c in config.model.critic]
+    results: dict[str, dict] = {}
     where = init_ray() if config.actors else ""
     try:
-        policy = evaluate_policy(policy_dir, family=config.family, seeds=seeds, n_exec=config.act.n_exec,
-                                 advantage=config.act.advantage, beta=config.act.beta,
-                                 critics=[resolve_input(c) for c in config.model.critic], actors=config.actors)
+        for family in families:
+            t0 = time.perf_counter()
+            policy = evaluate_policy(policy_dir, family=family, seeds=seeds, n_exec=config.act.n_exec,
+                                     advantage=config.act.advantage, beta=config.act.beta, critics=critics,
+                                     actors=config.actors, phrasing=config.phrasing)
+            policy["seconds"] = time.perf_counter() - t0
+            results[family] = {"policy": policy}
     finally:
         if where:
             shutdown_ray(where)
-    policy["seconds"] = time.perf_counter() - t0
+    if config.expert:
+        for family in families:
+            results[family]["expert"] = evaluate_expert(family=family, seeds=seeds)
+    if config.coach:
+        for family in families:
+            if family in COACHABLE:
+                results[family]["coaching"] = evaluate_coaching(
+                    policy_dir, family=family, seeds=seeds, n_exec=config.act.n_exec,
+                    advantage=config.act.advantage, beta=config.act.beta)
     summary = {"policy_checkpoint": config.model.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
                "n_exec": config.act.n_exec, "advantage": conditioning.advantage, "beta": conditioning.beta,
-               "policy": policy}
-    lo, hi = policy["ci95"]
+               "phrasing": config.phrasing, "families": results}
+    if len(families) == 1:  # one family: its figures at the top level too, as before `--family all`
+        summary.update(results[families[0]])
     acting = "" if conditioning.advantage == "none" else (
         f" (advantage {conditioning.advantage}" + (f", guidance beta {conditioning.beta:g})" if conditioning.beta
                                                    else ")"))
-    console.print(f"policy{acting}: {policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
-                  f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
+    worded = "" if config.phrasing == "canonical" else f", subtasks worded the {config.phrasing} way"
+    for family, result in results.items():
+        policy = result["policy"]
+        lo, hi = policy["ci95"]
+        console.print(f"{family}: policy{acting}{worded}: {policy['successes']}/{policy['episodes']} = "
+                      f"{policy['success_rate']:.0%} (95% CI {lo:.0%}-{hi:.0%}), mean steps to success "
+                      f"{policy['mean_steps_to_success']}")
+        _print_critics(console, config, policy)
+        if "expert" in result:
+            expert = result["expert"]
+            console.print(f"{family}: scripted expert: {expert['successes']}/{expert['episodes']} = "
+                          f"{expert['success_rate']:.0%}, mean steps to success {expert['mean_steps_to_success']}")
+        if "coaching" in result:
+            c = result["coaching"]
+            rate = "n/a" if c["follow_rate"] is None else \
+                f"{c['follow_rate']:.0%} (95% CI {c['follow_ci95'][0]:.0%}-{c['follow_ci95'][1]:.0%})"
+            console.print(f"{family}: coached mid-episode ({c['example']!r}) in {c['coached']} of {c['episodes']} "
+                          f"episodes: followed {c['followed']} = {rate}, kept the original plan {c['kept_plan']}, "
+                          f"neither {c['neither']}")
+    if config.coach and not any(f in COACHABLE for f in families):
+        console.print(f"coaching: none of {list(families)} has a place-on-a-pad subtask ({', '.join(COACHABLE)} do)")
+    return ExperimentResult(summary)
+
+
+def _print_critics(console, config: EvalPolicyConfig, policy: dict) -> None:
     aucs = policy.get("critic_failure_aucs") or [policy.get("critic_failure_auc")]
     state_only = policy.get("critic_failure_auc_state_only") or [None] * len(aucs)
     for name, auc, alone in zip(config.model.critic, aucs, state_only):
@@ -48,12 +89,6 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
         _print_auc(console, "the critics' mean value", policy["critic_failure_auc_mean"])
     if "phase_alone_failure_auc" in policy:
         _print_auc(console, "the task phase alone (its success rate)", policy["phase_alone_failure_auc"])
-    if config.expert:
-        expert = evaluate_expert(family=config.family, seeds=seeds)
-        summary["expert"] = expert
-        console.print(f"scripted expert: {expert['successes']}/{expert['episodes']} = {expert['success_rate']:.0%}, "
-                      f"mean steps to success {expert['mean_steps_to_success']}")
-    return ExperimentResult(summary)
 
 
 def _print_auc(console, who: str, auc: dict) -> None:

@@ -18,7 +18,7 @@ from experiments.configs import ReplayConfig
 from experiments.console import make_console
 from experiments.result import ExperimentResult
 from rollout import episode_schema as S
-from rollout.host_factory import build_host, capsule_path, read_spec
+from rollout.host_factory import MIXED, build_host, capsule_path, read_spec
 from rollout.rollout_host import capsule_key
 from rollout.sharded_reader import open_episode_reader
 from rollout.sharded_store import parse_store_root
@@ -39,6 +39,8 @@ def run(config: ReplayConfig) -> ExperimentResult:
     recorded = reader.episode(ids.index(config.episode))
     spec = dataclasses.replace(read_spec(store.parent), crash=(), capsule_dir="")
     meta = recorded.meta
+    if spec.family == MIXED:  # a mixed-family run: the episode's own family
+        spec = dataclasses.replace(spec, family=meta.task)
     path = capsule_path(config.capsules or store.parent / "capsules", meta.task, meta.seed)
     if not path.exists():
         raise FileNotFoundError(f"initial capsule {path} not found (sim_rollout saves one per seed)")

@@ -18,12 +18,13 @@ import numpy as np
 from rich.table import Table
 from tqdm import tqdm
 
+from envs.tasks import FAMILY_NAMES
 from experiments.configs import SimRolloutConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult, checking_inputs
 from rollout import episode_schema as S
-from rollout.host_factory import HostSpec, check_spec, read_spec, write_spec
+from rollout.host_factory import MIXED, HostSpec, check_spec, read_spec, write_spec
 from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
 from rollout.rollout_host import HostConfig
 from rollout.sharded_reader import open_episode_reader
@@ -104,7 +105,10 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     console = make_console()
     out, spec, store, conditioning, done, recorder = _open_run(config)
     task = config.env or config.family
-    items = [WorkItem(rollout_episode_id(task, s), s) for s in config.seeds.range]
+    if task == MIXED:  # a mix: every family on each seed, interleaved
+        items = [WorkItem(rollout_episode_id(f, s), s, family=f) for s in config.seeds.range for f in FAMILY_NAMES]
+    else:
+        items = [WorkItem(rollout_episode_id(task, s), s) for s in config.seeds.range]
     if done:
         console.print(f"{len(done)} episodes are already in {store}; running the rest")
     where = init_ray() if config.actors else "in-process"
@@ -154,12 +158,17 @@ def _summary(reports, stats, episodes) -> dict:
     for r in reports:
         by_actor.setdefault(str(r.actor_index if r.actor_index >= 0 else r.actor_pid), Counter())[r.reset_kind] += 1
     first = [e for e in episodes if e.meta.attempt == 0]
+    by_task: dict[str, list[bool]] = {}
+    for e in episodes:
+        by_task.setdefault(e.meta.task, []).append(bool(e.meta.success))
     return {
         "episodes": len(episodes),
         "successes": sum(e.meta.success for e in episodes),
         "success_rate": (sum(e.meta.success for e in episodes) / len(episodes)) if episodes else 0.0,
         "first_attempt_success_rate": (sum(e.meta.success for e in first) / len(first)) if first else 0.0,
-        "seeds_solved": len({e.meta.seed for e in episodes if e.meta.success}),
+        "seeds_solved": len({(e.meta.task, e.meta.seed) for e in episodes if e.meta.success}),
+        "by_family": {task: {"episodes": len(wins), "successes": sum(wins), "success_rate": sum(wins) / len(wins)}
+                      for task, wins in sorted(by_task.items())},
         "stop_reasons": dict(reasons),
         "failed_before_first_step": stats.failed_before_first_step,
         "errors": [r.error for r in reports if r.error][:10],
@@ -182,6 +191,8 @@ def _table(console, s: dict) -> None:
     rows = [
         ("episodes", s["episodes"]),
         ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})"),
+        *((f"  {task}", f"{f['success_rate']:.0%} ({f['successes']}/{f['episodes']})")
+          for task, f in s["by_family"].items() if len(s["by_family"]) > 1),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(s["stop_reasons"].items()))),
         ("reset (median)", f"{s['reset_ms_median']:.2f} ms" if s["reset_ms_median"] is not None else "-"),
         ("resets by kind", ", ".join(f"{k} {v}" for k, v in sorted(s["reset_kinds"].items()))),
@@ -208,8 +219,14 @@ def _plot(episodes, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    wins = np.cumsum([e.meta.success for e in episodes])
-    ax1.plot(np.arange(1, len(episodes) + 1), wins / np.arange(1, len(episodes) + 1), marker="o")
+    tasks = sorted({e.meta.task for e in episodes})
+    for task in tasks:  # one curve per family in a mixed run
+        mine = [e for e in episodes if e.meta.task == task]
+        wins = np.cumsum([e.meta.success for e in mine])
+        ax1.plot(np.arange(1, len(mine) + 1), wins / np.arange(1, len(mine) + 1), marker="o",
+                 label=f"{task} ({int(wins[-1])}/{len(mine)})")
+    if len(tasks) > 1:
+        ax1.legend(fontsize=8)
     ax1.set(xlabel="episodes finished", ylabel="success rate so far", ylim=(-0.05, 1.05), title="success rate")
     for e in episodes:
         v = e.steps[S.VALUE]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from envs.phrasing import phrasings as phrase_all
+from envs.tasks import FAMILY_NAMES
 from learning.advantage_labels import load_sidecar
 from learning.evaluation import evaluate_policy
 from learning.options import TrainPolicyConfig
@@ -34,11 +36,18 @@ def _dataset(config: TrainPolicyConfig, model: FlowPolicy, advantage: np.ndarray
     data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
     if advantage is None and config.advantage_labels:
         advantage = load_sidecar(config.advantage_labels, [m.episode_id for m in data["metas"]])
+    phrasings = None
+    if config.paraphrase:
+        rows = [model.tokenizer.encode_batch(list(phrase_all(text, "train"))) for text in data["texts"]]
+        width = max(len(r) for r in rows)
+        table = np.stack([np.concatenate([r, r[np.arange(width - len(r)) % len(r)]]) for r in rows])
+        phrasings = (data["text_ids"], table)
     subgoals = (subgoal_targets(data["states"], data["subtask_ids"], data["episode_ends"], model_config.subgoal_dim)
                 if model_config.subgoal_dim else None)
     return ChunkDataset(images=data["images"], states=data["states"], actions=action_labels(data, config.labels),
                         tokens=data["tokens"], episode_ends=data["episode_ends"],
-                        chunk_length=model_config.chunk_length, advantage=advantage, subgoals=subgoals)
+                        chunk_length=model_config.chunk_length, advantage=advantage, subgoals=subgoals,
+                        phrasings=phrasings)
 
 
 def fit_policy(config: TrainPolicyConfig, advantage: np.ndarray | None = None, log: Log = print) -> dict:
@@ -61,7 +70,8 @@ def fit_policy(config: TrainPolicyConfig, advantage: np.ndarray | None = None, l
     generator = fit.generator
 
     def loss_fn(step: int) -> torch.Tensor:
-        batch = dataset.batch(torch.randint(0, len(dataset), (config.loop.batch_size,), generator=generator))
+        batch = dataset.batch(torch.randint(0, len(dataset), (config.loop.batch_size,), generator=generator),
+                              paraphrase=config.paraphrase, generator=generator)
         images = {k: random_shift(v, config.shift, generator) if config.shift else v for k, v in batch["images"].items()}
         adv = batch["advantage"]
         drop = torch.rand(adv.shape, generator=generator) < config.advantage_dropout
@@ -75,8 +85,13 @@ def fit_policy(config: TrainPolicyConfig, advantage: np.ndarray | None = None, l
     def evaluate(step: int) -> dict:
         if not seeds:
             return {}
-        result = evaluate_policy(model, family=config.eval_family, seeds=seeds, n_exec=config.n_exec)
-        return {"success_rate": result["success_rate"], "mean_steps_to_success": result["mean_steps_to_success"]}
+        if config.eval_family != "all":
+            result = evaluate_policy(model, family=config.eval_family, seeds=seeds, n_exec=config.n_exec)
+            return {"success_rate": result["success_rate"], "mean_steps_to_success": result["mean_steps_to_success"]}
+        rates = {family: evaluate_policy(model, family=family, seeds=seeds, n_exec=config.n_exec)["success_rate"]
+                 for family in FAMILY_NAMES}
+        return {"success_rate": float(np.mean(list(rates.values()))),
+                **{f"success_rate_{family}": rate for family, rate in rates.items()}}
 
     # trained with RECAP labels: deployed with the positive indicator (recap adds its guidance weight)
     conditioning = {CONDITIONING_INFO: Conditioning("positive").to_json()} if labelled else {}

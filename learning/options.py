@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # envs.tasks.FAMILY_NAMES
+FAMILIES_OR_ALL = Literal["pick_place", "stack", "arrange", "sort", "all"]  # "all": every family, each on the seeds
+PHRASING = Literal["canonical", "train", "heldout"]  # envs.phrasing.PHRASINGS
 CAMERAS = ("front", "top")  # envs.tabletop_env.CAMERAS
 ADVANTAGE = Literal["checkpoint", "none", "positive"]  # rollout.host_factory.ADVANTAGE_CHOICES
 SHIPPED_POLICY = "experiments/checkpoints/policy"
@@ -174,12 +176,17 @@ class TrainPolicyConfig:
     """Weight of the auxiliary loss: predict where the end effector is when the subtask ends (0: off)."""
     eval: Seeds = Seeds(count=10)
     """Held-out seeds of the closed-loop evaluation every --loop.eval_every steps (count 0: none)."""
-    eval_family: FAMILIES = "pick_place"
-    """Task family of the closed-loop evaluation."""
+    eval_family: FAMILIES_OR_ALL = "pick_place"
+    """Task family of the closed-loop evaluation (all: each family on the --eval seeds, success per family)."""
     n_exec: int = 8
     """Actions of each chunk executed before asking for the next (receding horizon)."""
+    paraphrase: float = 0.0
+    """Probability that a training example's subtask text is swapped for one of its training phrasings
+    (envs.phrasing.TRAIN, the recorded text among them); 0: the recorded texts only."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.paraphrase <= 1.0:
+            raise ValueError(f"--paraphrase must be within 0..1 (got {self.paraphrase})")
         if self.noise_samples < 1:
             raise ValueError("--noise_samples must be >= 1")
         if not 0.0 <= self.advantage_dropout <= 1.0:

@@ -39,12 +39,16 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokeniz
     ends = np.cumsum(lengths).astype(np.int64)
     starts = ends - lengths
     tokens = np.zeros((reader.n_steps, tokenizer.max_tokens), np.int64)
+    text_ids = np.zeros(reader.n_steps, np.int64)
+    texts_seen: dict[str, int] = {}
     for i, meta in enumerate(metas):
         lo, hi = int(starts[i]), int(ends[i])
         texts = meta.subtask_texts or [meta.instruction]
         table = tokenizer.encode_batch(texts)
         ids = np.clip(arrays[S.SUBTASK_ID][lo:hi], 0, len(texts) - 1)
         tokens[lo:hi] = table[ids]
+        index = np.array([texts_seen.setdefault(t, len(texts_seen)) for t in texts], np.int64)
+        text_ids[lo:hi] = index[ids]
     return {
         "images": {c: arrays[f"{S.IMAGE_PREFIX}{c}"] for c in cameras},
         "states": arrays[S.STATE],
@@ -54,6 +58,8 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokeniz
         "subtask_ids": arrays[S.SUBTASK_ID],
         "intervention": arrays[S.INTERVENTION],
         "tokens": tokens,
+        "texts": list(texts_seen),  # every distinct subtask text, in order of first appearance
+        "text_ids": text_ids,  # per step: its subtask text's index in "texts"
         "episode_steps": episode_steps(ends),
         "episode_ends": ends,
         "metas": metas,

@@ -23,6 +23,8 @@ class ChunkDataset:
         chunk_length: int,
         advantage: np.ndarray | None = None,  # (N,) int64 indicator, 0 = none
         subgoals: np.ndarray | None = None,  # (N, G) float32 auxiliary targets (see `subgoal_targets`)
+        phrasings: tuple[np.ndarray, np.ndarray] | None = None,  # (text_ids (N,), table (U, V, L)): per step,
+        # the index of its subtask text, and V token rows of other ways to say each of the U texts
     ) -> None:
         n = len(states)
         extra = [] if subgoals is None else [("subgoals", subgoals)]
@@ -37,6 +39,16 @@ class ChunkDataset:
         self.tokens = torch.from_numpy(np.asarray(tokens, np.int64))
         self.advantage = torch.from_numpy(np.zeros(n, np.int64) if advantage is None else np.asarray(advantage, np.int64))
         self.subgoals = None if subgoals is None else torch.from_numpy(np.asarray(subgoals, np.float32))
+        self.text_ids = self.phrasings = None
+        if phrasings is not None:
+            text_ids, table = phrasings
+            if len(text_ids) != n or table.ndim != 3 or table.shape[2] != self.tokens.shape[1]:
+                raise ValueError(f"phrasings: text ids ({len(text_ids)}) must cover the {n} steps and the table must "
+                                 f"be (texts, variants, {self.tokens.shape[1]}), got {table.shape}")
+            if len(text_ids) and not 0 <= int(np.min(text_ids)) <= int(np.max(text_ids)) < len(table):
+                raise ValueError(f"phrasings: text ids must index the table's {len(table)} texts")
+            self.text_ids = torch.from_numpy(np.asarray(text_ids, np.int64))
+            self.phrasings = torch.from_numpy(np.asarray(table, np.int64))
         self.episode_ends = np.asarray(episode_ends, np.int64)
         starts = np.concatenate([[0], self.episode_ends[:-1]])
         lengths = self.episode_ends - starts
@@ -58,13 +70,22 @@ class ChunkDataset:
         return np.concatenate([np.arange(starts[e], self.episode_ends[e]) for e in episodes]) if len(episodes) else \
             np.zeros(0, np.int64)
 
-    def batch(self, steps: torch.Tensor) -> dict:
-        """Tensors for the windows starting at `steps` (B,)."""
+    def batch(self, steps: torch.Tensor, *, paraphrase: float = 0.0, generator: torch.Generator | None = None) -> dict:
+        """Tensors for the windows starting at `steps` (B,); with `paraphrase` > 0 each window's subtask
+        text is, with that probability, one of its phrasings (drawn uniformly) instead of the recorded text."""
         window = torch.minimum(steps[:, None] + self._offsets[None, :], self._last[steps][:, None])
+        tokens = self.tokens[steps]
+        if paraphrase > 0:
+            if self.phrasings is None:
+                raise ValueError("paraphrase > 0 needs a dataset built with phrasings")
+            b, variants = len(steps), self.phrasings.shape[1]
+            swap = torch.rand(b, generator=generator) < paraphrase
+            pick = torch.randint(0, variants, (b,), generator=generator)
+            tokens = torch.where(swap[:, None], self.phrasings[self.text_ids[steps], pick], tokens)
         out = {
             "images": {k: v[steps] for k, v in self.images.items()},
             "state": self.states[steps],
-            "tokens": self.tokens[steps],
+            "tokens": tokens,
             "advantage": self.advantage[steps],
             "actions": self.actions[window],
         }

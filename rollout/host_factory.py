@@ -34,6 +34,7 @@ from rollout.rollout_host import HostConfig, RolloutHost, capsule_key
 ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
 """Written next to a run's store: the spec its episodes were played with (read back by `replay`)."""
+MIXED = "all"  # HostSpec.family of a mixed-family run: each work item names its family
 FAULT_AFTER_RECORD = "exit_after_record"  # handled by the actor (rollout.ray_rollout), not the host
 FAULT_MODES = ("exit", "hang", "cuda_error", FAULT_AFTER_RECORD)
 
@@ -43,7 +44,8 @@ class HostSpec:
     """Everything a rollout process needs to build its host (sent to each actor)."""
 
     family: str = "pick_place"
-    """The tabletop task family (when `env` is empty)."""
+    """The tabletop task family (when `env` is empty); "all": a mixed-family run, where each work item names its
+    family and an actor keeps one host per family."""
     env: str = ""
     """A registered env id (`metaworld:pick-place-v3`) or import path (`package.module:factory`) played instead of
     the tabletop family (`envs.suites.make_env`)."""
@@ -83,6 +85,8 @@ class HostSpec:
             raise ValueError(f"advantage must be one of {ADVANTAGE_CHOICES}, got {self.advantage!r}")
         if self.capsule_budget_mb is not None and not self.capsule_budget_mb >= 0:
             raise ValueError(f"capsule_budget_mb must be >= 0 or None, got {self.capsule_budget_mb}")
+        if self.family == MIXED and self.env:
+            raise ValueError(f"family {MIXED!r} mixes the tabletop families; it cannot go with env {self.env!r}")
         if self.takeover and (len(self.takeover) != 2 or int(self.takeover[1]) < 1):
             raise ValueError(f"takeover is (threshold, steps >= 1), got {self.takeover}")
         if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in FAULT_MODES)):
@@ -182,6 +186,9 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
     """The host a spec describes. `observers`: instead of the spec's (e.g. objects built in-process);
     `env`: instead of the spec's tabletop family (a `RobotEnv`, a third-party env); `operator`, `teleop`:
     see `RolloutHost`."""
+    if spec.family == MIXED and env is None and not spec.env:
+        raise ValueError("a mixed-family spec (family 'all') builds one host per family: "
+                         "pass dataclasses.replace(spec, family=<the family>)")
     if spec.threads:
         torch.set_num_threads(spec.threads)
     check_spec(spec)

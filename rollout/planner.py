@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Protocol
 
+from envs.phrasing import phrase
 from rollout.handoff import SubtaskChannel
 
 
@@ -20,10 +22,16 @@ class Planner(Protocol):
 class ScriptedPlanner:
     """Follows the env's own decomposition (`env.subtask_texts`, `env.subtask_index`): the env
     decides when a subtask is done, and the next subtask's text is published. An env without
-    subtasks has its instruction published once as the one subtask (nothing when it has none)."""
+    subtasks has its instruction published once as the one subtask (nothing when it has none).
 
-    def __init__(self, channel: SubtaskChannel) -> None:
+    `phrasing` (`envs.phrasing.PHRASINGS`): each subtask said the task's own way ("canonical"), or in one
+    of its "train" / "heldout" paraphrases, chosen by the text (crc32), so a subtask is worded the same
+    every time it is published, after a restore too."""
+
+    def __init__(self, channel: SubtaskChannel, phrasing: str = "canonical") -> None:
         self.channel = channel
+        self.phrasing = phrasing
+        phrase("", phrasing)  # refuses an unknown phrasing here, not at the first publish
         self.published: int | None = None  # subtask index last published
 
     def reset(self, env) -> None:
@@ -36,5 +44,6 @@ class ScriptedPlanner:
             return
         index = min(env.subtask_index, len(texts) - 1) if env.subtask_texts else 0
         if index != self.published:
-            self.channel.publish(texts[index], index)
+            text = texts[index]
+            self.channel.publish(phrase(text, self.phrasing, index=zlib.crc32(text.encode())), index)
             self.published = index

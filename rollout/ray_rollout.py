@@ -26,6 +26,7 @@ or starts an embedded local one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -39,7 +40,14 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from capsules import CapsuleError, load_capsule
 from rollout import episode_schema as S
 from rollout.episode import Episode
-from rollout.host_factory import FAULT_AFTER_RECORD, HostSpec, build_host, capsule_path, save_initial_capsule
+from rollout.host_factory import (
+    FAULT_AFTER_RECORD,
+    MIXED,
+    HostSpec,
+    build_host,
+    capsule_path,
+    save_initial_capsule,
+)
 from rollout.observer import EpisodeObserver
 from rollout.rollout_host import RolloutHost
 from rollout.shard_manifest import ManifestEntry
@@ -59,6 +67,9 @@ class WorkItem:
     """Which rollout from the seed's initial state (noise of its own)."""
     base: str = ""
     """The episode id of the seed's first rollout (follow-ups are named after it); empty: `episode_id`."""
+    family: str = ""
+    """The tabletop family this episode plays: needed in a mixed-family run (`HostSpec.family` "all"), where each
+    actor keeps a host per family; empty: the spec's family."""
 
     @property
     def base_id(self) -> str:
@@ -130,9 +141,31 @@ class RolloutActor:
             gpu_ids = ray.get_gpu_ids()  # MuJoCo's EGL ignores CUDA_VISIBLE_DEVICES: render on our GPU
             if gpu_ids:
                 os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", str(int(float(gpu_ids[0]))))
-        self.host = host if host is not None else build_host(spec, observers=observers)
-        if spec.capsule_dir and self.host.capsule_source is None:
-            self.host.capsule_source = self._saved_capsule
+        self._observers = observers
+        self.hosts: dict[str, RolloutHost] = {}  # family -> its host (several in a mixed-family run)
+        if host is not None:
+            self._adopt(host.task if spec.family == MIXED else spec.family, host)
+        elif spec.family != MIXED or spec.env:
+            self._adopt(spec.family, build_host(spec, observers=observers))
+        else:
+            self.host = None  # each family's host is built when its first item comes
+
+    def _adopt(self, family: str, host: RolloutHost) -> RolloutHost:
+        if self.spec.capsule_dir and host.capsule_source is None:
+            host.capsule_source = self._saved_capsule
+        self.hosts[family] = self.host = host
+        return host
+
+    def _host_for(self, item: WorkItem) -> RolloutHost:
+        """The host that plays `item`: its family's (built on first use in a mixed-family run)."""
+        if self.spec.env or not (item.family or self.spec.family == MIXED):
+            return self.host  # one env: every item plays on it
+        family = item.family or self.spec.family
+        if family == MIXED:
+            raise ValueError(f"{item.episode_id}: a mixed-family run needs each work item's family")
+        if family in self.hosts:
+            return self.hosts[family]
+        return self._adopt(family, build_host(dataclasses.replace(self.spec, family=family), observers=self._observers))
 
     def ready(self) -> int:
         """Answers once the actor is placed and its host built (the driver waits for it)."""
@@ -157,7 +190,15 @@ class RolloutActor:
     def run_batch(self, items: list[WorkItem]) -> list[ActorReport]:
         """Play `items` one after another; sharded, write their episodes to this actor's shard in one commit
         (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`)."""
-        reports = [self._play(item) for item in items]
+        reports = []
+        for item in items:
+            try:
+                self.host = self._host_for(item)
+            except Exception as exc:  # a host that cannot be built: this episode failed, the actor goes on
+                reports.append(ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(),
+                                           item, {}, self.index, node=self.node))
+                continue
+            reports.append(self._play(item))
         recorded = [r for r in reports if r.episode is not None]
         if self.shard_root and recorded:
             if self._shard is None:
@@ -206,7 +247,8 @@ class RolloutActor:
 
     def close(self) -> None:
         self.close_shard()
-        self.host.close()
+        for host in self.hosts.values():
+            host.close()
 
 
 @dataclass
@@ -247,9 +289,10 @@ class _Plan:
         base, out = item.base_id, []
         if not success and item.attempt + 1 < self.attempts:
             out.append(WorkItem(follow_up_id(base, item.attempt + 1, item.repeat), item.seed, item.attempt + 1,
-                                item.repeat, base))
+                                item.repeat, base, item.family))
         if item.attempt == 0 and item.repeat + 1 < self.repeats:
-            out.append(WorkItem(follow_up_id(base, 0, item.repeat + 1), item.seed, 0, item.repeat + 1, base))
+            out.append(WorkItem(follow_up_id(base, 0, item.repeat + 1), item.seed, 0, item.repeat + 1, base,
+                                item.family))
         return out
 
     def follow(self, item: WorkItem, success: bool, actor: int) -> int:

@@ -1,0 +1,110 @@
+"""Coaching evaluation: an operator overwrites the subtask mid-episode; does the policy follow it?
+
+At the first step of the episode's first place-on-a-pad subtask (when the planner has just published
+"place it on the yellow pad"), a simulated operator coaches through the hand-off: "place it on the
+purple pad instead", naming a pad that no goal of the task uses, the one farthest from every other
+block. The planner does not publish again until the env's subtask changes, and the env still waits
+for the original goal, so the coaching text stays the policy's subtask to the end of the episode.
+An episode *follows* the coaching when it ends with the block resting on the coached pad (not held);
+it *kept the plan* when the block ended on the original pad (the env's success).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from envs.operator_input import Kind, OperatorEvent
+from envs.phrasing import coaching_text
+from envs.scene import PADS
+from envs.tasks import FAMILIES, Goal, family_index
+from learning.evaluation import eval_spec
+from learning.stats import wilson_interval
+from rollout.host_factory import build_host, make_observers
+from rollout.observer import EpisodeObserver
+from rollout.ray_rollout import WorkItem, run_rollouts
+
+COACHABLE = tuple(f.name for f in FAMILIES if any(s.goal is not None and s.goal.kind == "pad"
+                                                  for s in f.subtasks(f.sample(np.random.default_rng(0), 0))))
+
+
+class PadCoach(EpisodeObserver):
+    """The simulated operator (an `OperatorSource`: `poll`) and the judge (an observer: `episode_end`)."""
+
+    name = "coaching"
+
+    def __init__(self) -> None:
+        self.env = None  # the host's env, set once the host is built
+        self.coached: tuple[str, str, str, int] | None = None  # block, original pad, coached pad, step
+
+    def poll(self, step: int) -> list[OperatorEvent]:
+        if step == 0:
+            self.coached = None
+        if self.coached is not None or self.env is None or self.env.subtask_index >= len(self.env.subtasks):
+            return []
+        sub = self.env.subtasks[self.env.subtask_index]
+        if sub.goal is None or sub.goal.kind != "pad":
+            return []
+        world = self.env.world()
+        used = {s.goal.ref for s in self.env.subtasks if s.goal is not None and s.goal.kind == "pad"}
+        others = [b for b in world.blocks if b != sub.block]
+
+        def clearance(pad: str) -> float:
+            return min((float(np.linalg.norm(world.blocks[b][:2] - world.pads[pad][:2])) for b in others),
+                       default=np.inf)
+
+        free = [p for p in PADS if p not in used]
+        if not free:
+            return []
+        pad = max(free, key=clearance)
+        self.coached = (sub.block, sub.goal.ref, pad, step)
+        return [OperatorEvent(Kind.COACH, coaching_text(pad))]
+
+    def close(self) -> None:
+        pass
+
+    def episode_end(self, host, result) -> None:
+        if self.coached is None:
+            result.extra[self.name] = {"coached": False}
+            return
+        block, original, pad, step = self.coached
+        world = host.env.world()
+        result.extra[self.name] = {
+            "coached": True, "step": step, "block": block, "original_pad": original, "coached_pad": pad,
+            "followed": Goal("pad", pad).satisfied(block, world),
+            "kept_plan": Goal("pad", original).satisfied(block, world),
+        }
+
+
+def evaluate_coaching(policy: str, *, family: str, seeds: list[int], n_exec: int = 8, noise_seed: int = 0,
+                      advantage: str = "checkpoint", beta: float | None = None) -> dict:
+    """Coach every episode of `family` (one with a place-on-a-pad subtask) on `seeds`, in this process;
+    returns how many episodes were coached, followed the coaching, or kept to the original plan."""
+    family_index(family)  # a clear error for an unknown name
+    if family not in COACHABLE:
+        raise ValueError(f"coaching sends a held block to another pad: family {family!r} has no place-on-a-pad "
+                         f"subtask (coachable: {', '.join(COACHABLE)})")
+    spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage, beta=beta)
+    coach = PadCoach()
+    host = build_host(spec, observers=[*make_observers(spec), coach], operator=coach)
+    coach.env = host.env
+    try:
+        reports, _ = run_rollouts(spec, [WorkItem(f"{family}-s{seed:07d}", seed) for seed in seeds], actors=0,
+                                  host=host)
+    finally:
+        host.close()
+    failed = [r for r in reports if r.episode is None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} coaching episodes failed before their first step: {failed[0].error}")
+    outcomes = [r.extra["coaching"] for r in sorted(reports, key=lambda r: r.item.seed)]
+    coached = [o for o in outcomes if o["coached"]]
+    followed = sum(o["followed"] for o in coached)
+    kept = sum(o["kept_plan"] for o in coached)
+    n = len(coached)
+    return {
+        "family": family, "episodes": len(outcomes), "coached": n,
+        "followed": followed, "follow_rate": followed / n if n else None,
+        "follow_ci95": list(wilson_interval(followed, n)) if n else None,
+        "kept_plan": kept, "kept_plan_rate": kept / n if n else None,
+        "neither": n - followed - kept,
+        "example": coaching_text("<other>"),
+    }

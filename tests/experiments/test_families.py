@@ -1,0 +1,101 @@
+"""One policy across task families: training on a mixed store (paraphrases swapped in, evaluated per
+family), eval_policy per family with held-out phrasings and coaching, sim_rollout on a mix of families
+with replay, and the coaching judge on an actor that obeys and one that does not."""
+
+import json
+import types
+
+import pytest
+
+from envs.scripted_expert import ScriptedExpert
+from envs.tabletop_env import TabletopEnv
+from envs.tasks import FAMILY_NAMES, Goal, Subtask
+from experiments.run import main
+from learning.coaching import COACHABLE, PadCoach, evaluate_coaching
+from rollout.zarr_reader import ZarrEpisodeReader
+from tests.policies.tiny import save_tiny_checkpoints
+
+
+@pytest.fixture(scope="module")
+def mixed_demos(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mixed") / "d.zarr"
+    for family in FAMILY_NAMES:
+        assert main(["collect_demos", "--family", family, "--episodes", "2", "--out", str(path), "--no-progress"]) == 0
+    return path
+
+
+def test_training_on_every_family_with_paraphrases_and_evaluating_each(mixed_demos, tmp_path):
+    out, summary = tmp_path / "policy", tmp_path / "p.json"
+    assert main(["train_policy", "--data", str(mixed_demos), "--out", str(out), "--loop.batch_size", "4",
+                 "--noise_samples", "1", "--loop.steps", "2", "--loop.eval_every", "2", "--eval.count", "1",
+                 "--eval_family", "all", "--paraphrase", "0.5", "--no-progress", "--json", str(summary)]) == 0
+    evals = json.loads(summary.read_text())["evals"]
+    assert {f"success_rate_{f}" for f in FAMILY_NAMES} <= set(evals[-1])
+    assert json.loads(summary.read_text())["episodes"] == 2 * len(FAMILY_NAMES)
+    evaluation = tmp_path / "e.json"
+    assert main(["eval_policy", "--model.policy", str(out), "--family", "all", "--seeds.count", "1",
+                 "--phrasing", "heldout", "--coach", "--json", str(evaluation)]) == 0
+    data = json.loads(evaluation.read_text())
+    assert data["phrasing"] == "heldout" and set(data["families"]) == set(FAMILY_NAMES)
+    for family, result in data["families"].items():
+        assert result["policy"]["episodes"] == 1 and result["expert"]["success_rate"] == 1.0
+        assert ("coaching" in result) == (family in COACHABLE)
+    coached = data["families"]["pick_place"]["coaching"]
+    # an untrained policy may never pick the block up: then the place subtask, and the coaching, never come
+    assert coached["episodes"] == 1 and coached["coached"] <= 1
+    assert coached["followed"] + coached["kept_plan"] + coached["neither"] == coached["coached"]
+    assert main(["train_policy", "--data", str(mixed_demos), "--out", str(tmp_path / "x"),
+                 "--paraphrase", "1.5"]) == 2  # a usage error, nothing trained
+
+
+def test_coaching_is_refused_for_a_family_without_a_pad_goal(tmp_path):
+    policy, _ = save_tiny_checkpoints(tmp_path)
+    with pytest.raises(ValueError, match="no place-on-a-pad subtask"):
+        evaluate_coaching(policy, family="stack", seeds=[1_000_000])
+    assert set(COACHABLE) == {"pick_place", "sort"}
+
+
+@pytest.mark.parametrize("obeys", [True, False])
+def test_the_judge_sees_whether_the_block_went_to_the_coached_pad(obeys):
+    env = TabletopEnv("pick_place", cameras=())
+    try:
+        env.reset(seed=1_000_000)
+        coach, expert = PadCoach(), ScriptedExpert(env, seed=0)
+        coach.env = env
+        events = []
+        for step in range(env.max_steps):
+            said = coach.poll(step)
+            events += said
+            if said and obeys:  # the actor takes the coaching as its subtask
+                block, _, pad, _ = coach.coached
+                env.subtasks[env.subtask_index] = Subtask(said[0].text, block, Goal("pad", pad))
+            _, _, terminated, truncated, _ = env.step(expert.act())
+            if terminated or truncated:
+                break
+        assert len(events) == 1 and events[0].text.endswith("pad instead")
+        block, original, pad, step = coach.coached
+        assert pad != original and step > 0  # coached once the place subtask began
+        result = types.SimpleNamespace(extra={})
+        coach.episode_end(types.SimpleNamespace(env=env), result)
+        judged = result.extra["coaching"]
+        assert (judged["followed"], judged["kept_plan"]) == ((True, False) if obeys else (False, True))
+    finally:
+        env.close()
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_sim_rollout_plays_a_mix_of_families_and_replays_each(tmp_path):
+    policy, critic = save_tiny_checkpoints(tmp_path / "ckpt")
+    out, summary = tmp_path / "run", tmp_path / "s.json"
+    assert main(["sim_rollout", "--actors", "2", "--family", "all", "--seeds.count", "1", "--repeats", "2",
+                 "--model.policy", policy, "--model.critic", critic, "--act.n_exec", "2", "--out", str(out), "--no-progress",
+                 "--no-video", "--json", str(summary)]) == 0
+    data = json.loads(summary.read_text())
+    assert data["episodes"] == 2 * len(FAMILY_NAMES)
+    assert {f: v["episodes"] for f, v in data["by_family"].items()} == {f: 2 for f in FAMILY_NAMES}
+    assert data["reset_kinds"] == {"cold": len(FAMILY_NAMES), "restore": len(FAMILY_NAMES)}
+    reader = ZarrEpisodeReader(out / "episodes.zarr")
+    assert sorted(reader.meta(i).task for i in range(len(reader))) == sorted(FAMILY_NAMES * 2)
+    for family in ("stack", "sort"):
+        assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{family}-s1000000-r1"]) == 0
