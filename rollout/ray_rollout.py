@@ -168,7 +168,8 @@ class RolloutActor:
         return self._adopt(family, build_host(dataclasses.replace(self.spec, family=family), observers=self._observers))
 
     def ready(self) -> int:
-        """Answers once the actor is placed and its host built (the driver waits for it)."""
+        """Answers once the actor is placed and its host built (the driver waits for it); a mixed-family
+        actor builds each family's host with that family's first item."""
         return os.getpid()
 
     pid = ready
@@ -429,6 +430,10 @@ def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_c
         actor.close_shard()
         if host is None:
             actor.close()
+        else:  # the caller's host stays open; hosts the actor built for other families do not
+            for built in actor.hosts.values():
+                if built is not host:
+                    built.close()
     return reports, stats
 
 

@@ -84,11 +84,13 @@ def test_the_judge_sees_whether_the_block_went_to_the_coached_pad(obeys):
 
 
 @pytest.mark.ray
-@pytest.mark.usefixtures("ray_session")
-def test_sim_rollout_plays_a_mix_of_families_and_replays_each(tmp_path):
+@pytest.mark.parametrize("actors", [0, 2])
+def test_sim_rollout_plays_a_mix_of_families_and_replays_each(actors, tmp_path, request):
+    if actors:
+        request.getfixturevalue("ray_session")
     policy, critic = save_tiny_checkpoints(tmp_path / "ckpt")
     out, summary = tmp_path / "run", tmp_path / "s.json"
-    assert main(["sim_rollout", "--actors", "2", "--family", "all", "--seeds.count", "1", "--repeats", "2",
+    assert main(["sim_rollout", "--actors", str(actors), "--family", "all", "--seeds.count", "1", "--repeats", "2",
                  "--model.policy", policy, "--model.critic", critic, "--act.n_exec", "2", "--out", str(out), "--no-progress",
                  "--no-video", "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
