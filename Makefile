@@ -70,12 +70,12 @@ $(LEROBOT_STAMP):
 		echo "note: no FFmpeg libraries for torchcodec; the LeRobot loader test decodes video with PyAV only"
 	touch $@
 
-# The demo: the shipped policy and critic on 2 Ray actors (local cluster), episodes
-# recorded to zarr with a plot and a gif; then one episode replayed bit for bit from
+# The demo: the shipped policy and critic on 2 Ray actors (local cluster), a mix of the four
+# task families, episodes recorded to zarr with a plot and a gif; then one episode replayed bit for bit from
 # its initial capsule, and the capsule bit-exactness report. Outputs in $(DEMO_OUT).
 demo: $(STAMP)
 	rm -rf $(DEMO_OUT)/sim_rollout
-	$(PY) -m experiments.run sim_rollout --actors 2 --seeds.count 10 --repeats 2 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
+	$(PY) -m experiments.run sim_rollout --actors 2 --family all --seeds.count 3 --repeats 2 --act.n_exec 4 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
 	$(PY) -m experiments.run replay --store $(DEMO_OUT)/sim_rollout/episodes.zarr --episode pick_place-s1000000 --json $(DEMO_OUT)/replay.json
 	$(PY) -m experiments.run verify_capsule --json $(DEMO_OUT)/verify_capsule.json
 
