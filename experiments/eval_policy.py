@@ -72,7 +72,8 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
                 f"{c['follow_rate']:.0%} (95% CI {c['follow_ci95'][0]:.0%}-{c['follow_ci95'][1]:.0%})"
             console.print(f"{family}: coached mid-episode ({c['example']!r}) in {c['coached']} of {c['episodes']} "
                           f"episodes: followed {c['followed']} = {rate}, kept the original plan {c['kept_plan']}, "
-                          f"neither {c['neither']}")
+                          f"neither {c['neither']}; released nearest the coached pad {c['released_nearest_coached']}, "
+                          f"still held at the end {c['held_at_end']}")
     if config.coach and not any(f in COACHABLE for f in families):
         console.print(f"coaching: none of {list(families)} has a place-on-a-pad subtask ({', '.join(COACHABLE)} do)")
     return ExperimentResult(summary)

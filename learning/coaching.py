@@ -6,7 +6,8 @@ purple pad instead", naming a pad that no goal of the task uses, the one farthes
 block. The planner does not publish again until the env's subtask changes, and the env still waits
 for the original goal, so the coaching text stays the policy's subtask to the end of the episode.
 An episode *follows* the coaching when it ends with the block resting on the coached pad (not held);
-it *kept the plan* when the block ended on the original pad (the env's success).
+it *kept the plan* when the block ended on the original pad (the env's success). Beside them: how many
+released the block nearer the coached pad than any other (the direction followed, precisely or not).
 """
 
 from __future__ import annotations
@@ -68,10 +69,14 @@ class PadCoach(EpisodeObserver):
             return
         block, original, pad, step = self.coached
         world = host.env.world()
+        distance = {p: float(np.linalg.norm(world.blocks[block][:2] - world.pads[p][:2])) for p in world.pads}
+        nearest = min(distance, key=distance.get)
         result.extra[self.name] = {
             "coached": True, "step": step, "block": block, "original_pad": original, "coached_pad": pad,
             "followed": Goal("pad", pad).satisfied(block, world),
             "kept_plan": Goal("pad", original).satisfied(block, world),
+            "held_at_end": world.holding == block,
+            "nearest_pad": nearest, "distance_to_coached_pad_m": distance[pad],
         }
 
 
@@ -100,11 +105,15 @@ def evaluate_coaching(policy: str, *, family: str, seeds: list[int], n_exec: int
     followed = sum(o["followed"] for o in coached)
     kept = sum(o["kept_plan"] for o in coached)
     n = len(coached)
+    toward = sum(o["nearest_pad"] == o["coached_pad"] and not o["held_at_end"] for o in coached)
     return {
         "family": family, "episodes": len(outcomes), "coached": n,
         "followed": followed, "follow_rate": followed / n if n else None,
         "follow_ci95": list(wilson_interval(followed, n)) if n else None,
         "kept_plan": kept, "kept_plan_rate": kept / n if n else None,
         "neither": n - followed - kept,
+        # released nearer the coached pad than any other (on it or off it): the direction followed
+        "released_nearest_coached": toward, "released_nearest_coached_rate": toward / n if n else None,
+        "held_at_end": sum(o["held_at_end"] for o in coached),
         "example": coaching_text("<other>"),
     }

@@ -79,6 +79,7 @@ def test_the_judge_sees_whether_the_block_went_to_the_coached_pad(obeys):
         coach.episode_end(types.SimpleNamespace(env=env), result)
         judged = result.extra["coaching"]
         assert (judged["followed"], judged["kept_plan"]) == ((True, False) if obeys else (False, True))
+        assert judged["nearest_pad"] == (pad if obeys else original) and not judged["held_at_end"]
     finally:
         env.close()
 
