@@ -17,15 +17,15 @@ import numpy as np
 from envs.operator_input import Kind, OperatorEvent
 from envs.phrasing import coaching_text
 from envs.scene import PADS
-from envs.tasks import FAMILIES, Goal, family_index
-from learning.evaluation import eval_spec
+from envs.tasks import FAMILIES, Goal, TaskParams, family_index
+from learning.evaluation import eval_spec, run_items
 from learning.stats import wilson_interval
 from rollout.host_factory import build_host, make_observers
 from rollout.observer import EpisodeObserver
-from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.ray_rollout import WorkItem
 
 COACHABLE = tuple(f.name for f in FAMILIES if any(s.goal is not None and s.goal.kind == "pad"
-                                                  for s in f.subtasks(f.sample(np.random.default_rng(0), 0))))
+                                                  for s in f.subtasks(TaskParams(0))))  # goal kinds only
 
 
 class PadCoach(EpisodeObserver):
@@ -34,12 +34,13 @@ class PadCoach(EpisodeObserver):
     name = "coaching"
 
     def __init__(self) -> None:
-        self.env = None  # the host's env, set once the host is built
+        self.env = None  # the env of the episode under way
         self.coached: tuple[str, str, str, int] | None = None  # block, original pad, coached pad, step
 
+    def episode_start(self, host, seed: int) -> None:
+        self.env, self.coached = host.env, None
+
     def poll(self, step: int) -> list[OperatorEvent]:
-        if step == 0:
-            self.coached = None
         if self.coached is not None or self.env is None or self.env.subtask_index >= len(self.env.subtasks):
             return []
         sub = self.env.subtasks[self.env.subtask_index]
@@ -91,16 +92,8 @@ def evaluate_coaching(policy: str, *, family: str, seeds: list[int], n_exec: int
     spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage, beta=beta)
     coach = PadCoach()
     host = build_host(spec, observers=[*make_observers(spec), coach], operator=coach)
-    coach.env = host.env
-    try:
-        reports, _ = run_rollouts(spec, [WorkItem(f"{family}-s{seed:07d}", seed) for seed in seeds], actors=0,
-                                  host=host)
-    finally:
-        host.close()
-    failed = [r for r in reports if r.episode is None]
-    if failed:
-        raise RuntimeError(f"{len(failed)} coaching episodes failed before their first step: {failed[0].error}")
-    outcomes = [r.extra["coaching"] for r in sorted(reports, key=lambda r: r.item.seed)]
+    reports = run_items(spec, [WorkItem(f"{family}-s{seed:07d}", seed) for seed in seeds], host=host)
+    outcomes = [r.extra["coaching"] for r in reports]
     coached = [o for o in outcomes if o["coached"]]
     followed = sum(o["followed"] for o in coached)
     kept = sum(o["kept_plan"] for o in coached)

@@ -213,23 +213,32 @@ def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int
         models = [c if isinstance(c, ValueCritic) else load_critic(c) for c in critics]
         host = local_eval_host(policy, family=family, n_exec=n_exec, noise_seed=noise_seed,
                                conditioning=Conditioning(advantage, beta), critics=models, phrasing=phrasing)
-        try:
-            reports, _ = run_rollouts(HostSpec(family=family), items, actors=0, host=host)
-        finally:
-            host.close()
+        reports = run_items(HostSpec(family=family), items, host=host)
         plan_critics = [i for i, m in enumerate(models) if m.config.plan_steps]
     else:
         if any(not isinstance(c, str) for c in critics):
             raise ValueError("with a checkpoint policy, give critics as checkpoint directories")
         spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage,
                          beta=beta, critics=list(critics), phrasing=phrasing)
-        reports, _ = run_rollouts(spec, items, actors=actors, cpus_per_actor=1.0)
+        reports = run_items(spec, items, actors=actors)
         plan_critics = [i for i, c in enumerate(critics) if load_critic(c).config.plan_steps]
+    return reports, plan_critics
+
+
+def run_items(spec: HostSpec, items: list[WorkItem], *, actors: int = 0, host: RolloutHost | None = None) -> list:
+    """Play an evaluation's `items` on `actors` Ray actors (one CPU each), or in this process on `host` (closed
+    after); their reports in the items' order, whatever order they finished in. An episode that failed before
+    its first step fails the evaluation."""
+    try:
+        reports, _ = run_rollouts(spec, items, actors=actors, host=host, cpus_per_actor=1.0)
+    finally:
+        if host is not None:
+            host.close()
     failed = [r for r in reports if r.episode is None]
     if failed:
         raise RuntimeError(f"{len(failed)} evaluation episodes failed before their first step: {failed[0].error}")
     by_id = {r.item.episode_id: r for r in reports}
-    return [by_id[item.episode_id] for item in items], plan_critics  # seed order, whatever order they finished in
+    return [by_id[item.episode_id] for item in items]
 
 
 def summarize(reports: list, *, n_critics: int = 0, plan_critics: Sequence[int] = ()) -> dict:

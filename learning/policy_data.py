@@ -38,17 +38,15 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokeniz
         metas = [metas[i] for i in order]
     ends = np.cumsum(lengths).astype(np.int64)
     starts = ends - lengths
-    tokens = np.zeros((reader.n_steps, tokenizer.max_tokens), np.int64)
     text_ids = np.zeros(reader.n_steps, np.int64)
     texts_seen: dict[str, int] = {}
     for i, meta in enumerate(metas):
         lo, hi = int(starts[i]), int(ends[i])
         texts = meta.subtask_texts or [meta.instruction]
-        table = tokenizer.encode_batch(texts)
         ids = np.clip(arrays[S.SUBTASK_ID][lo:hi], 0, len(texts) - 1)
-        tokens[lo:hi] = table[ids]
         index = np.array([texts_seen.setdefault(t, len(texts_seen)) for t in texts], np.int64)
         text_ids[lo:hi] = index[ids]
+    tokens = tokenizer.encode_batch(list(texts_seen))[text_ids]  # each distinct text encoded once
     return {
         "images": {c: arrays[f"{S.IMAGE_PREFIX}{c}"] for c in cameras},
         "states": arrays[S.STATE],

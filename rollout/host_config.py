@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from envs.phrasing import PHRASINGS
 from rollout.episode import Episode
 
 
@@ -70,8 +71,8 @@ class HostConfig:
             raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
         if self.lanes not in ("two", "serial"):
             raise ValueError(f"lanes must be 'two' or 'serial', got {self.lanes!r}")
-        if self.phrasing not in ("canonical", "train", "heldout"):
-            raise ValueError(f"phrasing must be 'canonical', 'train' or 'heldout', got {self.phrasing!r}")
+        if self.phrasing not in PHRASINGS:
+            raise ValueError(f"phrasing must be one of {PHRASINGS}, got {self.phrasing!r}")
 
 
 @dataclass(slots=True)

@@ -186,7 +186,7 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
     """The host a spec describes. `observers`: instead of the spec's (e.g. objects built in-process);
     `env`: instead of the spec's tabletop family (a `RobotEnv`, a third-party env); `operator`, `teleop`:
     see `RolloutHost`."""
-    if spec.family == MIXED and env is None and not spec.env:
+    if spec.family == MIXED and env is None:
         raise ValueError("a mixed-family spec (family 'all') builds one host per family: "
                          "pass dataclasses.replace(spec, family=<the family>)")
     if spec.threads:

@@ -145,7 +145,7 @@ class RolloutActor:
         self.hosts: dict[str, RolloutHost] = {}  # family -> its host (several in a mixed-family run)
         if host is not None:
             self._adopt(host.task if spec.family == MIXED else spec.family, host)
-        elif spec.family != MIXED or spec.env:
+        elif spec.family != MIXED:
             self._adopt(spec.family, build_host(spec, observers=observers))
         else:
             self.host = None  # each family's host is built when its first item comes
@@ -158,14 +158,14 @@ class RolloutActor:
 
     def _host_for(self, item: WorkItem) -> RolloutHost:
         """The host that plays `item`: its family's (built on first use in a mixed-family run)."""
-        if self.spec.env or not (item.family or self.spec.family == MIXED):
+        if self.spec.env:
             return self.host  # one env: every item plays on it
         family = item.family or self.spec.family
         if family == MIXED:
             raise ValueError(f"{item.episode_id}: a mixed-family run needs each work item's family")
-        if family in self.hosts:
-            return self.hosts[family]
-        return self._adopt(family, build_host(dataclasses.replace(self.spec, family=family), observers=self._observers))
+        if family not in self.hosts:
+            self._adopt(family, build_host(dataclasses.replace(self.spec, family=family), observers=self._observers))
+        return self.hosts[family]
 
     def ready(self) -> int:
         """Answers once the actor is placed and its host built (the driver waits for it); a mixed-family

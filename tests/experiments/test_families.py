@@ -61,7 +61,7 @@ def test_the_judge_sees_whether_the_block_went_to_the_coached_pad(obeys):
     try:
         env.reset(seed=1_000_000)
         coach, expert = PadCoach(), ScriptedExpert(env, seed=0)
-        coach.env = env
+        coach.episode_start(types.SimpleNamespace(env=env), 1_000_000)
         events = []
         for step in range(env.max_steps):
             said = coach.poll(step)
