@@ -7,6 +7,11 @@ another way. The phrasings come in two disjoint sets: `TRAIN` ones, which traini
 the canonical text (`train_policy --paraphrase P`), and `HELDOUT` ones, which a policy never sees in
 training and which `eval_policy --phrasing heldout` publishes instead of the canonical text. Every
 phrasing is built from the tokenizer's vocabulary (`models.tokenizer.VOCAB`).
+
+Coaching texts (an operator sending the held block to another pad mid-episode) come in the same two
+sets: `COACHING["train"]`, which coached demonstrations say (`collect_demos --coach`), and
+`COACHING["heldout"]`, which the coaching evaluation says (`eval_policy --coach`) and training never
+does. They add one word to the vocabulary's: "instead".
 """
 
 from __future__ import annotations
@@ -91,6 +96,16 @@ def phrase(text: str, phrasing: str, rng: np.random.Generator | None = None, ind
     return options[k]
 
 
-def coaching_text(pad: str) -> str:
-    """What an operator says to send the held block to another pad mid-episode."""
-    return f"place it on the {pad} pad instead"
+COACHING: dict[str, tuple[str, ...]] = {
+    "train": ("put it on the {pad} pad instead", "move it to the {pad} pad instead"),
+    "heldout": ("place it on the {pad} pad instead",),
+}
+
+
+def coaching_text(pad: str, split: str = "heldout", index: int = 0) -> str:
+    """What an operator says to send the held block to another pad mid-episode: the `index`-th (cycling)
+    coaching text of `split` ("heldout": what the coaching evaluation says; "train": coached demonstrations)."""
+    if split not in COACHING:
+        raise ValueError(f"split must be one of {tuple(COACHING)}, got {split!r}")
+    options = COACHING[split]
+    return options[index % len(options)].format(pad=pad)

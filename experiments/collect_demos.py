@@ -14,8 +14,10 @@ def run(config: CollectDemosConfig) -> ExperimentResult:
     summary = collect_demos(config, source)
     episodes, skipped = summary["episodes"], summary["skipped_already_recorded"]
     if episodes:
+        done = (f"followed the coaching {summary['plan_completed'] / episodes:.1%} (the env's own goal is not met)"
+                if config.coach else f"success {summary['success_rate']:.1%}")
         make_console().print(
-            f"{episodes} episodes ({skipped} already recorded), success {summary['success_rate']:.1%}, "
+            f"{episodes} episodes ({skipped} already recorded), {done}, "
             f"{summary['steps_per_s'] or 0:.0f} steps/s -> {config.out}")
     else:  # a resumed run: no rate to report over zero new episodes
         make_console().print(f"all {skipped} episodes already recorded in {config.out}")

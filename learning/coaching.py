@@ -17,7 +17,7 @@ import numpy as np
 from envs.operator_input import Kind, OperatorEvent
 from envs.phrasing import coaching_text
 from envs.scene import PADS
-from envs.tasks import FAMILIES, Goal, TaskParams, family_index
+from envs.tasks import FAMILIES, Goal, Subtask, TaskParams, family_index
 from learning.evaluation import eval_spec, run_items
 from learning.stats import wilson_interval
 from rollout.host_factory import build_host, make_observers
@@ -33,12 +33,19 @@ class PadCoach(EpisodeObserver):
 
     name = "coaching"
 
-    def __init__(self) -> None:
+    def __init__(self, split: str = "heldout") -> None:
+        coaching_text("red", split)  # a clear error for an unknown split
+        self.split = split  # which coaching texts it says (`envs.phrasing.COACHING`): the episode seed picks one
         self.env = None  # the env of the episode under way
+        self.seed = 0
         self.coached: tuple[str, str, str, int] | None = None  # block, original pad, coached pad, step
 
     def episode_start(self, host, seed: int) -> None:
-        self.env, self.coached = host.env, None
+        self.bind(host.env, seed)
+
+    def bind(self, env, seed: int) -> None:
+        """Watch `env`'s episode of `seed` (reset, or about to be)."""
+        self.env, self.seed, self.coached = env, seed, None
 
     def poll(self, step: int) -> list[OperatorEvent]:
         if self.coached is not None or self.env is None or self.env.subtask_index >= len(self.env.subtasks):
@@ -59,7 +66,7 @@ class PadCoach(EpisodeObserver):
             return []
         pad = max(free, key=clearance)
         self.coached = (sub.block, sub.goal.ref, pad, step)
-        return [OperatorEvent(Kind.COACH, coaching_text(pad))]
+        return [OperatorEvent(Kind.COACH, coaching_text(pad, self.split, self.seed))]
 
     def close(self) -> None:
         pass
@@ -79,6 +86,31 @@ class PadCoach(EpisodeObserver):
             "held_at_end": world.holding == block,
             "nearest_pad": nearest, "distance_to_coached_pad_m": distance[pad],
         }
+
+
+# A coached demonstration's step limit: the coached plan (a pick and a place) took 40 steps (median), 63 at most, over
+# 100 seeds of pick_place and of sort; the rest is the expert waiting beside the placed block, as the policy must.
+COACHED_MAX_STEPS = 80
+
+
+def coached_expert(env, expert, coach: PadCoach):
+    """The act callable of a coached demonstration: when `coach` speaks, the env's plan becomes the subtasks
+    done so far and the coached one ("put it on the blue pad instead", the held block to the coached pad),
+    and `expert` (which acts on the env's current subtask) follows it. The plan ends there, as it does for the
+    policy in the coaching evaluation (where the env waits for its original goal to the end of the episode):
+    after placing the block the expert waits beside it. The env's own task is not met (its goal is the
+    original pad), so such an episode records success False and runs to the step limit."""
+    steps = iter(range(1 << 62))
+
+    def act():
+        said = coach.poll(next(steps))
+        if said:
+            block, _, pad, _ = coach.coached
+            i = env.subtask_index
+            env.subtasks = [*env.subtasks[:i], Subtask(said[0].text, block, Goal("pad", pad))]
+        return expert.act()
+
+    return act
 
 
 def evaluate_coaching(policy: str, *, family: str, seeds: list[int], n_exec: int = 8, noise_seed: int = 0,

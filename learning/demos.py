@@ -8,6 +8,7 @@ from tqdm import tqdm
 
 from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import TabletopEnv
+from learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert
 from learning.options import CollectDemosConfig
 from rollout.demo_collector import demo_episode_id, record_episode
 from rollout.npz_recorder import NpzRecorder
@@ -17,15 +18,26 @@ from rollout.zarr_recorder import ZarrRecorder
 def demo_source(config: CollectDemosConfig):
     """The env and a factory of its scripted policy for a seed: the tabletop's expert, or the suite's own."""
     if not config.env:
+        if config.coach and config.family not in COACHABLE:
+            raise ValueError(f"--coach sends the held block to another pad: family {config.family!r} has no "
+                             f"place-on-a-pad subtask (coachable: {', '.join(COACHABLE)})")
         env = TabletopEnv(
-            config.family, cameras=("front",) if config.cameras is None else config.cameras, image_size=config.image_size
+            config.family, cameras=("front",) if config.cameras is None else config.cameras, image_size=config.image_size,
+            max_steps=COACHED_MAX_STEPS if config.coach else None,
         )
 
         def tabletop_expert(seed: int):
             expert = ScriptedExpert(env, noise=config.noise, seed=seed)
-            return expert.act, (lambda: expert.intended)
+            if not config.coach:
+                return expert.act, (lambda: expert.intended)
+            coach = PadCoach(split="train")
+            coach.bind(env, seed)
+            return coached_expert(env, expert, coach), (lambda: expert.intended)
 
-        return env, config.family, tabletop_expert
+        # coached episodes are other episodes than the plain ones of the same seeds: ids of their own
+        return env, f"{config.family}-coached" if config.coach else config.family, tabletop_expert
+    if config.coach:
+        raise ValueError("--coach applies to the tabletop's expert only")
     from envs.suites import expert_for, make_env
 
     # bad input raises ValueError (the command line reports it as a usage error)
@@ -47,7 +59,7 @@ def collect_demos(config: CollectDemosConfig, source=None) -> dict:
     """
     env, task, make_expert = demo_source(config) if source is None else source
     recorder = ZarrRecorder(config.out) if config.format == "zarr" else NpzRecorder(config.out)
-    episodes = successes = steps = skipped = 0
+    episodes = successes = steps = skipped = plans_done = 0
     seeds = range(config.seed, config.seed + config.episodes)
     bar = tqdm(seeds, desc=f"collect {task}", unit="ep", disable=not config.progress)
     start = time.perf_counter()
@@ -62,6 +74,7 @@ def collect_demos(config: CollectDemosConfig, source=None) -> dict:
             recorder.write(episode)
             episodes += 1
             successes += episode.meta.success
+            plans_done += env.subtask_index >= len(env.subtasks)  # a coached plan is done without the env's success
             steps += episode.length
             elapsed = time.perf_counter() - start
             bar.set_postfix(success=f"{successes / episodes:.0%}", steps_per_s=f"{steps / elapsed:.0f}")
@@ -83,6 +96,8 @@ def collect_demos(config: CollectDemosConfig, source=None) -> dict:
         "family": config.family,
         "env": config.env,
         "noise": config.noise,
+        "coached": config.coach,
+        "plan_completed": plans_done,  # every subtask done: the env's success, or the coaching followed (--coach)
         "store": str(config.out),
         "format": config.format,
     }

@@ -120,6 +120,10 @@ class CollectDemosConfig:
     noise: float = 0.0
     """Expert degradation, 0 (perfect) .. 1 (poor): random motions and suction drop-outs.
     The executed action is recorded as `action`, the expert's unperturbed one as `policy_action`."""
+    coach: bool = False
+    """Coached demonstrations (pick_place, sort): at the first place-on-a-pad subtask an operator sends the block to a
+    pad no goal uses, in a training coaching text ("put it on the blue pad instead"); the expert follows and the plan
+    ends there (success False: the env's goal is the original pad; 80 steps). Episode ids `<family>-coached-s<seed>`."""
     seed: int = 0
     """First episode seed."""
     cameras: tuple[str, ...] | None = None

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from envs.phrasing import HELDOUT, TRAIN, coaching_text, parse_subtask, phrase, phrasings
+from envs.phrasing import COACHING, HELDOUT, TRAIN, coaching_text, parse_subtask, phrase, phrasings
 from envs.scene import BLOCKS, PADS
 from envs.tasks import FAMILIES, RELATIONS, TaskParams
 from models.tokenizer import VOCAB
@@ -46,7 +46,18 @@ def test_phrasings_use_the_tokenizers_vocabulary_only():
             for template in templates:
                 said = template.format(block="red", ref="blue", rel="left of")
                 assert set(said.split()) <= known, said
-    assert set(coaching_text("orange").split()) - known == {"instead"}  # the one word coaching adds
+    for split in COACHING:
+        for index in range(len(COACHING[split])):
+            said = coaching_text("orange", split, index)
+            assert set(said.split()) - known == {"instead"} and "orange" in said  # the one word coaching adds
+
+
+def test_the_evaluations_coaching_is_never_said_in_training():
+    train = {coaching_text("blue", "train", i) for i in range(len(COACHING["train"]))}
+    assert coaching_text("blue") == "place it on the blue pad instead" and coaching_text("blue") not in train
+    assert len(train) == len(COACHING["train"]) > 1
+    with pytest.raises(ValueError, match="split must be one of"):
+        coaching_text("blue", "poetic")
 
 
 def test_other_texts_are_left_alone_and_bad_requests_are_refused():

@@ -7,11 +7,13 @@ import types
 
 import pytest
 
+from envs.phrasing import COACHING, coaching_text
+from envs.scene import PADS
 from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import TabletopEnv
 from envs.tasks import FAMILY_NAMES, Goal, Subtask
 from experiments.run import main
-from learning.coaching import COACHABLE, PadCoach, evaluate_coaching
+from learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, evaluate_coaching
 from rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
@@ -53,6 +55,35 @@ def test_coaching_is_refused_for_a_family_without_a_pad_goal(tmp_path):
     with pytest.raises(ValueError, match="no place-on-a-pad subtask"):
         evaluate_coaching(policy, family="stack", seeds=[1_000_000])
     assert set(COACHABLE) == {"pick_place", "sort"}
+
+
+def test_coached_demonstrations_follow_the_coaching_and_keep_their_own_ids(tmp_path, capsys):
+    path, summary = tmp_path / "coached.zarr", tmp_path / "c.json"
+    train_texts = {coaching_text(p, "train", i) for p in PADS for i in range(len(COACHING["train"]))}
+    for family in COACHABLE:
+        assert main(["collect_demos", "--family", family, "--coach", "--episodes", "2", "--cameras", "--out", str(path),
+                     "--no-progress", "--json", str(summary)]) == 0
+        done = json.loads(summary.read_text())
+        assert done["coached"] and done["plan_completed"] == 2 and done["successes"] == 0  # the env's goal is not met
+    assert "followed the coaching 100.0%" in capsys.readouterr().out
+    # the plain episodes of the same seeds are other episodes
+    assert main(["collect_demos", "--episodes", "2", "--cameras", "--out", str(path), "--no-progress"]) == 0
+    reader = ZarrEpisodeReader(path)
+    metas = {m.episode_id: m for m in (reader.meta(i) for i in range(len(reader)))}
+    assert set(metas) == {f"{f}-s{s:07d}" for f in ("pick_place", "pick_place-coached", "sort-coached") for s in (0, 1)}
+    for episode_id, meta in metas.items():
+        coached = [t for t in meta.subtask_texts if t.endswith("instead")]
+        if "coached" in episode_id:  # the plan: what was done before the coaching, then the coaching said in training
+            assert len(coached) == 1 and coached[0] == meta.subtask_texts[-1] and coached[0] in train_texts
+            assert coached[0] != coaching_text(coached[0].split()[-3])  # never the evaluation's words
+            assert meta.length == COACHED_MAX_STEPS and not meta.success
+        else:
+            assert not coached and meta.success
+    for bad, why in ((["--family", "stack"], "no place-on-a-pad subtask"),
+                     (["--env", "gymnasium:Pusher-v5"], "--coach applies to the tabletop's expert only")):
+        assert main(["collect_demos", "--coach", *bad, "--episodes", "1", "--out", str(tmp_path / "x")]) == 2
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("obeys", [True, False])
