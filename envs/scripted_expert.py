@@ -42,7 +42,16 @@ class ScriptedExpert:
         env = self.env
         world = env.world()
         subtask = env.subtasks[min(env.subtask_index, len(env.subtasks) - 1)]
-        target, suction = self.plan(world, subtask)
+        return self._act(world, *self.plan(world, subtask))
+
+    def wait(self) -> np.ndarray:
+        """The next action once the plan is done but the episode goes on (a coached demonstration, whose env waits
+        for another goal): let go and rise to the travel height where it is. (`act` would pick the placed block up
+        again: its plan for a place subtask starts by grasping the block.)"""
+        world = self.env.world()
+        return self._act(world, np.array([world.ee[0], world.ee[1], CARRY_Z]), False)
+
+    def _act(self, world: World, target: np.ndarray, suction: bool) -> np.ndarray:
         action = np.empty(4)
         action[:3] = np.clip((target - world.ee) / MAX_DELTA, -1.0, 1.0)
         action[3] = 1.0 if suction else -1.0

@@ -89,7 +89,7 @@ class PadCoach(EpisodeObserver):
 
 
 # A coached demonstration's step limit: the coached plan (a pick and a place) took 40 steps (median), 63 at most, over
-# 100 seeds of pick_place and of sort; the rest is the expert waiting beside the placed block, as the policy must.
+# 100 seeds of pick_place and of sort; the rest is the expert waiting above the placed block, as the policy must.
 COACHED_MAX_STEPS = 80
 
 
@@ -98,7 +98,7 @@ def coached_expert(env, expert, coach: PadCoach):
     done so far and the coached one ("put it on the blue pad instead", the held block to the coached pad),
     and `expert` (which acts on the env's current subtask) follows it. The plan ends there, as it does for the
     policy in the coaching evaluation (where the env waits for its original goal to the end of the episode):
-    after placing the block the expert waits beside it. The env's own task is not met (its goal is the
+    after placing the block the expert lets go and rises clear of it (`ScriptedExpert.wait`). The env's own task is not met (its goal is the
     original pad), so such an episode records success False and runs to the step limit."""
     steps = iter(range(1 << 62))
 
@@ -108,7 +108,7 @@ def coached_expert(env, expert, coach: PadCoach):
             block, _, pad, _ = coach.coached
             i = env.subtask_index
             env.subtasks = [*env.subtasks[:i], Subtask(said[0].text, block, Goal("pad", pad))]
-        return expert.act()
+        return expert.act() if env.subtask_index < len(env.subtasks) else expert.wait()
 
     return act
 

@@ -13,7 +13,7 @@ from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import TabletopEnv
 from envs.tasks import FAMILY_NAMES, Goal, Subtask
 from experiments.run import main
-from learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, evaluate_coaching
+from learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert, evaluate_coaching
 from rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
@@ -84,6 +84,31 @@ def test_coached_demonstrations_follow_the_coaching_and_keep_their_own_ids(tmp_p
         assert main(["collect_demos", "--coach", *bad, "--episodes", "1", "--out", str(tmp_path / "x")]) == 2
         assert why in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("family", COACHABLE)
+def test_the_coached_expert_places_on_the_coached_pad_and_lets_it_be(family):
+    env = TabletopEnv(family, cameras=(), max_steps=COACHED_MAX_STEPS)
+    try:
+        for seed in (5000, 5001, 5002):
+            expert, coach = ScriptedExpert(env, seed=seed), PadCoach("train")
+            coach.bind(env, seed)
+            act = coached_expert(env, expert, coach)
+            env.reset(seed=seed)
+            done_at = None
+            for step in range(env.max_steps):
+                env.step(act())
+                world = env.world()
+                if done_at is None and env.subtask_index >= len(env.subtasks):
+                    done_at = step
+                if done_at is not None:  # after placing: never picked up again, and the block stays on the pad
+                    block, _, pad, _ = coach.coached
+                    assert world.holding is None and Goal("pad", pad).satisfied(block, world), (seed, step)
+            assert done_at is not None and done_at < env.max_steps - 10
+            assert env.subtask_texts[-1] in {coaching_text(coach.coached[2], "train", i) for i in range(2)}
+            assert not env.success(env.info())  # the env's own goal is the original pad
+    finally:
+        env.close()
 
 
 @pytest.mark.parametrize("obeys", [True, False])
