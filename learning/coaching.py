@@ -98,8 +98,9 @@ def coached_expert(env, expert, coach: PadCoach):
     done so far and the coached one ("put it on the blue pad instead", the held block to the coached pad),
     and `expert` (which acts on the env's current subtask) follows it. The plan ends there, as it does for the
     policy in the coaching evaluation (where the env waits for its original goal to the end of the episode):
-    after placing the block the expert lets go and rises clear of it (`ScriptedExpert.wait`). The env's own task is not met (its goal is the
-    original pad), so such an episode records success False and runs to the step limit."""
+    after placing the block the expert lets go and rises clear of it (`ScriptedExpert.wait`). The env's own task
+    is not met (its goal is the original pad), so such an episode records success False and runs to the step
+    limit."""
     steps = iter(range(1 << 62))
 
     def act():
