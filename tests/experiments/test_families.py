@@ -1,6 +1,7 @@
 """One policy across task families: training on a mixed store (paraphrases swapped in, evaluated per
 family), eval_policy per family with held-out phrasings and coaching, sim_rollout on a mix of families
-with replay, and the coaching judge on an actor that obeys and one that does not."""
+with replay, coached demonstrations (the expert follows the coaching, then lets the block be), and the coaching
+judge on an actor that obeys and one that does not."""
 
 import json
 import types
