@@ -74,7 +74,8 @@ def collect_demos(config: CollectDemosConfig, source=None) -> dict:
             recorder.write(episode)
             episodes += 1
             successes += episode.meta.success
-            plans_done += env.subtask_index >= len(env.subtasks)  # a coached plan is done without the env's success
+            if config.coach:  # the coached plan done (the env's own goal is the original pad: never its success)
+                plans_done += env.subtask_index >= len(env.subtasks)
             steps += episode.length
             elapsed = time.perf_counter() - start
             bar.set_postfix(success=f"{successes / episodes:.0%}", steps_per_s=f"{steps / elapsed:.0f}")
@@ -97,7 +98,7 @@ def collect_demos(config: CollectDemosConfig, source=None) -> dict:
         "env": config.env,
         "noise": config.noise,
         "coached": config.coach,
-        "plan_completed": plans_done,  # every subtask done: the env's success, or the coaching followed (--coach)
+        "plan_completed": plans_done if config.coach else None,  # --coach: episodes that followed the coaching
         "store": str(config.out),
         "format": config.format,
     }

@@ -9,6 +9,8 @@ from __future__ import annotations
 import envs  # noqa: F401  (first: chooses MUJOCO_GL before mujoco loads)
 
 # isort: split
+import json
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,19 @@ def test_metaworld_seed_instruction_expert():
             break
     assert env.success(info)
     env.close()
+
+
+def test_collect_demos_records_the_suites_scripted_policy(tmp_path):
+    from experiments.run import main
+    from rollout.zarr_reader import ZarrEpisodeReader
+
+    _need("metaworld")
+    store, summary = tmp_path / "mw.zarr", tmp_path / "s.json"
+    assert main(["collect_demos", "--env", "metaworld:pick-place-v3", "--episodes", "2", "--cameras", "--out",
+                 str(store), "--no-progress", "--json", str(summary)]) == 0
+    reader = ZarrEpisodeReader(store)
+    assert len(reader) == 2 and all(reader.meta(i).instruction == "pick place" for i in range(2))
+    assert json.loads(summary.read_text())["plan_completed"] is None  # no coaching outside the tabletop
 
 
 def test_metaworld_restore_into_fresh_env_moves_the_goal_site():
