@@ -12,6 +12,8 @@ released the block nearer the coached pad than any other (the direction followed
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from envs.operator_input import Kind, OperatorEvent
@@ -101,7 +103,7 @@ def coached_expert(env, expert, coach: PadCoach):
     after placing the block the expert lets go and rises clear of it (`ScriptedExpert.wait`). The env's own task
     is not met (its goal is the original pad), so such an episode records success False and runs to the step
     limit."""
-    steps = iter(range(1 << 62))
+    steps = itertools.count()
 
     def act():
         said = coach.poll(next(steps))
