@@ -5,6 +5,7 @@ Every field carries a docstring, which `--help` shows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -240,6 +241,18 @@ class ExportCheckpointConfig:
     """Destination: weights and JSON only, no optimizer state (what is shipped)."""
     eval: str = ""
     """Optional JSON summary of eval_policy to record in the checkpoint's info."""
+    n_exec: int | None = None
+    """Record the receding horizon the policy is deployed with (actions of each chunk executed): what
+    `--act.n_exec` defaults to for it. None: the source's record, if any (else commands use 8)."""
+    noise_scale: float | None = None
+    """Record the scale of the policy noise it is deployed with: what `--act.noise_scale` defaults to for it.
+    None: the source's record, if any (else 1)."""
+
+    def __post_init__(self) -> None:
+        if self.n_exec is not None and self.n_exec < 1:
+            raise ValueError(f"--n_exec must be >= 1 (got {self.n_exec})")
+        if self.noise_scale is not None and not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
+            raise ValueError(f"--noise_scale must be a finite number >= 0 (got {self.noise_scale})")
 
 
 @dataclass(frozen=True)

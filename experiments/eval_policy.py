@@ -13,6 +13,7 @@ from experiments.result import ExperimentResult, checking_inputs
 from learning.coaching import COACHABLE, evaluate_coaching
 from learning.evaluation import evaluate_expert, evaluate_policy
 from policies.flow_policy import resolve_conditioning
+from rollout.host_factory import resolve_acting
 from rollout.ray_rollout import init_ray, shutdown_ray
 
 
@@ -21,6 +22,7 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
     policy_dir = resolve_input(config.model.policy)
     with checking_inputs():
         conditioning = resolve_conditioning(policy_dir, config.act.advantage, config.act.beta)
+        n_exec, noise_scale = resolve_acting(policy_dir, config.act.n_exec, config.act.noise_scale)
     seeds = list(config.seeds.range)
     families = FAMILY_NAMES if config.family == "all" else (config.family,)
     critics = [resolve_input(c) for c in config.model.critic]
@@ -29,9 +31,9 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
     try:
         for family in families:
             t0 = time.perf_counter()
-            policy = evaluate_policy(policy_dir, family=family, seeds=seeds, n_exec=config.act.n_exec,
+            policy = evaluate_policy(policy_dir, family=family, seeds=seeds, n_exec=n_exec,
                                      advantage=config.act.advantage, beta=config.act.beta, critics=critics,
-                                     actors=config.actors, phrasing=config.phrasing)
+                                     actors=config.actors, phrasing=config.phrasing, noise_scale=noise_scale)
             policy["seconds"] = time.perf_counter() - t0
             results[family] = {"policy": policy}
     finally:
@@ -44,23 +46,24 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
         for family in families:
             if family in COACHABLE:
                 results[family]["coaching"] = evaluate_coaching(
-                    policy_dir, family=family, seeds=seeds, n_exec=config.act.n_exec,
-                    advantage=config.act.advantage, beta=config.act.beta)
+                    policy_dir, family=family, seeds=seeds, n_exec=n_exec,
+                    advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)
     summary = {"policy_checkpoint": config.model.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
-               "n_exec": config.act.n_exec, "advantage": conditioning.advantage, "beta": conditioning.beta,
+               "n_exec": n_exec, "noise_scale": noise_scale, "advantage": conditioning.advantage, "beta": conditioning.beta,
                "phrasing": config.phrasing, "families": results}
     if len(families) == 1:  # one family: its figures at the top level too, as before `--family all`
         summary.update(results[families[0]])
     acting = "" if conditioning.advantage == "none" else (
         f" (advantage {conditioning.advantage}" + (f", guidance beta {conditioning.beta:g})" if conditioning.beta
                                                    else ")"))
+    scaled = "" if noise_scale == 1.0 else f", noise scale {noise_scale:g}"
     worded = "" if config.phrasing == "canonical" else f", subtasks worded the {config.phrasing} way"
     for family, result in results.items():
         policy = result["policy"]
         lo, hi = policy["ci95"]
-        console.print(f"{family}: policy{acting}{worded}: {policy['successes']}/{policy['episodes']} = "
-                      f"{policy['success_rate']:.0%} (95% CI {lo:.0%}-{hi:.0%}), mean steps to success "
-                      f"{policy['mean_steps_to_success']}")
+        console.print(f"{family}: policy{acting}{worded}, {n_exec} actions per chunk{scaled}: "
+                      f"{policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
+                      f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
         _print_critics(console, config, policy)
         if "expert" in result:
             expert = result["expert"]

@@ -7,15 +7,25 @@ from pathlib import Path
 
 from experiments.configs import ExportCheckpointConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
-from models.checkpoint import WEIGHTS_FILE, export_weights
+from experiments.result import ExperimentResult, checking_inputs
+from models.checkpoint import WEIGHTS_FILE, Checkpoint, export_weights
+from rollout.host_factory import ACTING_INFO, recorded_acting
 
 
 def run(config: ExportCheckpointConfig) -> ExperimentResult:
     if not config.src or not config.out:
         raise ValueError("--src and --out are required")
-    note = {"evaluation": json.loads(Path(config.eval).read_text())} if config.eval else None
-    out = export_weights(config.src, config.out, note=note)
+    note = {"evaluation": json.loads(Path(config.eval).read_text())} if config.eval else {}
+    given = {k: v for k, v in (("n_exec", config.n_exec), ("noise_scale", config.noise_scale)) if v is not None}
+    if given:
+        with checking_inputs():
+            chunk = Checkpoint(config.src).config.get("model", {}).get("chunk_length")
+            if chunk is not None and config.n_exec is not None and config.n_exec > chunk:
+                raise ValueError(f"--n_exec {config.n_exec} exceeds the policy's chunk length ({chunk})")
+        note[ACTING_INFO] = {**recorded_acting(config.src), **given}
+    out = export_weights(config.src, config.out, note=note or None)
     size = (out / WEIGHTS_FILE).stat().st_size
-    make_console().print(f"exported {config.src} -> {out} ({size / 1e6:.2f} MB of weights)")
-    return ExperimentResult({"out": str(out), "weights_bytes": size})
+    acting = recorded_acting(str(out))
+    deployed = f"; deployed with {', '.join(f'{k} {v}' for k, v in acting.items())}" if acting else ""
+    make_console().print(f"exported {config.src} -> {out} ({size / 1e6:.2f} MB of weights{deployed})")
+    return ExperimentResult({"out": str(out), "weights_bytes": size, "acting": acting})

@@ -24,7 +24,7 @@ from experiments.configs import RealRecapConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult, checking_inputs
-from rollout.host_factory import HostSpec, build_host, check_spec
+from rollout.host_factory import HostSpec, build_host, check_spec, resolve_acting
 from rollout.npz_recorder import NpzRecorder
 from rollout.rollout_host import HostConfig
 from rollout.zarr_recorder import ZarrRecorder
@@ -48,10 +48,12 @@ def run(config: RealRecapConfig) -> ExperimentResult:
     if config.robot.port <= 0:
         raise ValueError("--robot.port is required: the port the robot server listens on")
     out = Path(config.out)
-    spec = HostSpec(policy=resolve_input(config.model.policy),
+    policy = resolve_input(config.model.policy)
+    n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
+    spec = HostSpec(policy=policy,
                     critic=resolve_input(config.model.critic) if config.model.critic else "",
-                    advantage=config.act.advantage, beta=config.act.beta, threads=0,
-                    host=HostConfig(n_exec=config.act.n_exec, value_threshold=config.value_threshold,
+                    advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale, threads=0,
+                    host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
                                     value_patience=config.value_patience, max_steps=config.max_steps))
     with checking_inputs():  # before connecting: a bad checkpoint or --beta never moves the robot
         check_spec(spec)

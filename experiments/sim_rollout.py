@@ -24,7 +24,7 @@ from experiments.console import make_console
 from experiments.paths import resolve_input
 from experiments.result import ExperimentResult, checking_inputs
 from rollout import episode_schema as S
-from rollout.host_factory import MIXED, HostSpec, check_spec, read_spec, write_spec
+from rollout.host_factory import MIXED, HostSpec, check_spec, read_spec, resolve_acting, write_spec
 from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
 from rollout.rollout_host import HostConfig
 from rollout.sharded_reader import open_episode_reader
@@ -39,11 +39,13 @@ def rollout_episode_id(family: str, seed: int) -> str:
 
 def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
     crash = (config.crash[0], int(config.crash[1]), *config.crash[2:]) if config.crash else ()
+    policy = resolve_input(config.model.policy)
+    n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
     return HostSpec(
-        family=config.family, env=config.env, policy=str(Path(resolve_input(config.model.policy)).resolve()),
+        family=config.family, env=config.env, policy=str(Path(policy).resolve()),
         critic=str(Path(resolve_input(config.model.critic)).resolve()) if config.model.critic else "",
-        advantage=config.act.advantage, beta=config.act.beta,
-        host=HostConfig(n_exec=config.act.n_exec, value_threshold=config.value_threshold,
+        advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
+        host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
                         value_patience=config.value_patience, pin_seeds=config.pin_seeds, lanes=config.lanes),
         device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
         capsule_dir=str((out / "capsules").resolve()), capsule_budget_mb=config.capsule_budget_mb,
@@ -92,6 +94,9 @@ def _open_run(config: SimRolloutConfig):
         out.mkdir(parents=True, exist_ok=True)
         spec = spec_from_config(config, out)
         check_spec(spec)
+        if config.attempts > 1 and spec.noise_scale == 0:
+            raise ValueError("--attempts: at noise scale 0 every retry plays the failed episode again; pass "
+                             "--act.noise_scale > 0 (e.g. 1) to retry with fresh noise")
         conditioning = spec.conditioning()
         _same_run(out, spec)
         store = out / "episodes.zarr"

@@ -27,11 +27,11 @@ import numpy as np
 from experiments.configs import ValueCeilingConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult, checking_inputs
+from experiments.result import ExperimentResult, UsageError, checking_inputs
 from learning.evaluation import task_phase
 from learning.stats import failure_auc_summary, phase_breakdown
 from rollout.branching import branch_value
-from rollout.host_factory import HostSpec, build_host
+from rollout.host_factory import HostSpec, build_host, resolve_acting
 from rollout.observer import EpisodeObserver
 from rollout.rollout_host import HostConfig, RolloutHost
 
@@ -59,10 +59,16 @@ class BoundaryKeeper(EpisodeObserver):
 def run(config: ValueCeilingConfig) -> ExperimentResult:
     console = make_console()
     keeper = BoundaryKeeper(0)
-    spec = HostSpec(family=config.family, policy=resolve_input(config.model.policy),
+    policy = resolve_input(config.model.policy)
+    if config.act.noise_scale == 0:
+        raise UsageError("--act.noise_scale 0: every branch would play the same continuation; pass a scale > 0")
+    # branches sample the learned distribution (scale 1) unless told otherwise, whatever the policy is deployed with
+    scale = 1.0 if config.act.noise_scale is None else config.act.noise_scale
+    n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, scale)
+    spec = HostSpec(family=config.family, policy=policy,
                     critic=resolve_input(config.model.critic) if config.model.critic else "",
-                    host=HostConfig(n_exec=config.act.n_exec, record_images=False),
-                    advantage=config.act.advantage, beta=config.act.beta)
+                    host=HostConfig(n_exec=n_exec, record_images=False),
+                    advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)
     with checking_inputs():
         host = build_host(spec, observers=[keeper])
     at_step = host.env.max_steps // 2 if config.at_step is None else config.at_step

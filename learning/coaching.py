@@ -117,14 +117,15 @@ def coached_expert(env, expert, coach: PadCoach):
 
 
 def evaluate_coaching(policy: str, *, family: str, seeds: list[int], n_exec: int = 8, noise_seed: int = 0,
-                      advantage: str = "checkpoint", beta: float | None = None) -> dict:
+                      advantage: str = "checkpoint", beta: float | None = None, noise_scale: float = 1.0) -> dict:
     """Coach every episode of `family` (one with a place-on-a-pad subtask) on `seeds`, in this process;
     returns how many episodes were coached, followed the coaching, or kept to the original plan."""
     family_index(family)  # a clear error for an unknown name
     if family not in COACHABLE:
         raise ValueError(f"coaching sends a held block to another pad: family {family!r} has no place-on-a-pad "
                          f"subtask (coachable: {', '.join(COACHABLE)})")
-    spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage, beta=beta)
+    spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage, beta=beta,
+                     noise_scale=noise_scale)
     coach = PadCoach()
     host = build_host(spec, observers=[*make_observers(spec), coach], operator=coach)
     reports = run_items(spec, [WorkItem(f"{family}-s{seed:07d}", seed) for seed in seeds], host=host)

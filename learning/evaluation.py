@@ -146,7 +146,7 @@ class EvalObserver(EpisodeObserver):
 
 def eval_spec(policy: str, *, family: str, n_exec: int = 8, noise_seed: int = 0, advantage: str = "checkpoint",
               beta: float | None = None, critics: Sequence[str] = (), mid_step: int | None = None,
-              threads: int = 1, phrasing: str = "canonical") -> HostSpec:
+              threads: int = 1, phrasing: str = "canonical", noise_scale: float = 1.0) -> HostSpec:
     """The host spec of an evaluation: the first critic runs on the host's critic lane, the others in
     the observer."""
     import json
@@ -154,12 +154,13 @@ def eval_spec(policy: str, *, family: str, n_exec: int = 8, noise_seed: int = 0,
     kwargs = json.dumps({"critics": list(critics[1:]), "mid_step": mid_step})
     return HostSpec(family=family, policy=policy, critic=critics[0] if critics else "",
                     host=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False, phrasing=phrasing),
-                    advantage=advantage, beta=beta, threads=threads, observers=((OBSERVER, kwargs),))
+                    advantage=advantage, beta=beta, noise_scale=noise_scale, threads=threads,
+                    observers=((OBSERVER, kwargs),))
 
 
 def local_eval_host(model: FlowPolicy, *, family: str, n_exec: int = 8, noise_seed: int = 0,
                     conditioning: Conditioning = Conditioning(), critics: Sequence[ValueCritic] = (),
-                    mid_step: int | None = None, phrasing: str = "canonical") -> RolloutHost:
+                    mid_step: int | None = None, phrasing: str = "canonical", noise_scale: float = 1.0) -> RolloutHost:
     """An evaluation host around models in memory (a training loop's policy)."""
     cameras = tuple(dict.fromkeys((*model.config.cameras, *(c for critic in critics for c in critic.config.cameras))))
     for critic in critics:
@@ -167,7 +168,7 @@ def local_eval_host(model: FlowPolicy, *, family: str, n_exec: int = 8, noise_se
             raise ValueError(f"critic image size {critic.config.image_size} != policy image size "
                              f"{model.config.image_size}: evaluate them on one env with one size")
     env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
-    runtime = PolicyRuntime(model, guidance=conditioning.beta is not None)
+    runtime = PolicyRuntime(model, guidance=conditioning.beta is not None, noise_scale=noise_scale)
     host = RolloutHost(env=env, policy=runtime, critic=CriticRuntime(critics[0]) if critics else None,
                        config=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False,
                                          phrasing=phrasing),
@@ -178,7 +179,8 @@ def local_eval_host(model: FlowPolicy, *, family: str, n_exec: int = 8, noise_se
 
 def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
                     noise_seed: int = 0, advantage: str = "checkpoint", beta: float | None = None,
-                    critics: Sequence[str | ValueCritic] = (), actors: int = 0, phrasing: str = "canonical") -> dict:
+                    critics: Sequence[str | ValueCritic] = (), actors: int = 0, phrasing: str = "canonical",
+                    noise_scale: float = 1.0) -> dict:
     """Success of `policy` (a checkpoint directory, or a model in memory) on `seeds`.
 
     `advantage`/`beta`: how the policy acts (see `policies.flow_policy.resolve_conditioning`; a model in
@@ -191,16 +193,18 @@ def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], 
     `critic_phases` (per phase, the first critic's AUC within it). A critic that reads the plan
     (`plan_steps`) is valued with the policy's chunk; `critic_failure_auc_state_only` gives, per critic
     (None for the others), its AUC without the plan on the same states. They do not change what the
-    policy does. `phrasing`: how the planner words the subtasks (`envs.phrasing`).
+    policy does. `phrasing`: how the planner words the subtasks (`envs.phrasing`). `noise_scale`: of the policy's
+    chunk noise (`PolicyRuntime`).
     """
     reports, plan_critics = play(policy, family=family, seeds=seeds, n_exec=n_exec, noise_seed=noise_seed,
-                                 advantage=advantage, beta=beta, critics=critics, actors=actors, phrasing=phrasing)
+                                 advantage=advantage, beta=beta, critics=critics, actors=actors, phrasing=phrasing,
+                                 noise_scale=noise_scale)
     return summarize(reports, n_critics=len(critics), plan_critics=plan_critics)
 
 
 def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8, noise_seed: int = 0,
          advantage: str = "checkpoint", beta: float | None = None, critics: Sequence[str | ValueCritic] = (),
-         actors: int = 0, phrasing: str = "canonical") -> tuple[list, list[int]]:
+         actors: int = 0, phrasing: str = "canonical", noise_scale: float = 1.0) -> tuple[list, list[int]]:
     """The evaluation's episodes (`ActorReport`s in seed order, each with `extra["eval"]`), and which
     critics read the plan; see `evaluate_policy`."""
     items = [WorkItem(f"{family}-s{seed:07d}", seed) for seed in seeds]
@@ -212,14 +216,15 @@ def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int
             advantage = "none"
         models = [c if isinstance(c, ValueCritic) else load_critic(c) for c in critics]
         host = local_eval_host(policy, family=family, n_exec=n_exec, noise_seed=noise_seed,
-                               conditioning=Conditioning(advantage, beta), critics=models, phrasing=phrasing)
+                               conditioning=Conditioning(advantage, beta), critics=models, phrasing=phrasing,
+                               noise_scale=noise_scale)
         reports = run_items(HostSpec(family=family), items, host=host)
         plan_critics = [i for i, m in enumerate(models) if m.config.plan_steps]
     else:
         if any(not isinstance(c, str) for c in critics):
             raise ValueError("with a checkpoint policy, give critics as checkpoint directories")
         spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage,
-                         beta=beta, critics=list(critics), phrasing=phrasing)
+                         beta=beta, critics=list(critics), phrasing=phrasing, noise_scale=noise_scale)
         reports = run_items(spec, items, actors=actors)
         plan_critics = [i for i, c in enumerate(critics) if load_critic(c).config.plan_steps]
     return reports, plan_critics

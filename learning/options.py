@@ -4,6 +4,7 @@ build its `--help`, and stays fast). Every field carries a docstring, which `--h
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -57,12 +58,18 @@ class Acting:
     beta: float | None = None
     """Classifier-free guidance weight over the positive indicator: overrides the checkpoint's; with advantage
     positive, None = the conditioned policy alone."""
-    n_exec: int = 8
-    """Actions of each chunk executed before the next inference (receding horizon)."""
+    n_exec: int | None = None
+    """Actions of each chunk executed before the next inference (receding horizon); None: what the policy
+    checkpoint records (`export_checkpoint --n_exec`), else 8."""
+    noise_scale: float | None = None
+    """Scale of the policy's chunk noise, a sampling temperature (1: the learned distribution; 0: one chunk
+    per observation); None: what the policy checkpoint records (`export_checkpoint --noise_scale`), else 1."""
 
     def __post_init__(self) -> None:
-        if self.n_exec < 1:
+        if self.n_exec is not None and self.n_exec < 1:
             raise ValueError(f"n_exec must be >= 1 (got {self.n_exec})")
+        if self.noise_scale is not None and not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
+            raise ValueError(f"noise_scale must be a finite number >= 0 (got {self.noise_scale})")
         if self.beta is not None and not self.beta > 0:
             raise ValueError(f"beta must be > 0 (got {self.beta})")
         if self.beta is not None and self.advantage == "none":

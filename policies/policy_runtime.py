@@ -7,11 +7,14 @@ the advantage indicator and guidance weight (`set_conditioning`); `io` = the
 observation slots and the output chunk. `act()` runs one buffer-to-buffer function
 over the loaded observation through a `GraphRunner` (one CUDA graph on a GPU, eager
 on the CPU). Snapshot -> act -> restore -> act gives the same chunk bit for bit;
-`reset(seed)` starts a new noise stream.
+`reset(seed)` starts a new noise stream. `noise_scale` multiplies each chunk's noise before the flow is
+integrated (a sampling temperature: 1 samples the learned distribution, 0 integrates from the origin and
+gives one chunk per observation).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -37,17 +40,22 @@ class PolicyRuntime(ModelRuntime):
         batch: int = 1,
         seed: int = 0,
         guidance: bool = False,
+        noise_scale: float = 1.0,
         capture: bool | None = None,
         trace: bool | None = None,
     ) -> None:
         """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_conditioning`).
+        `noise_scale`: the chunk noise's scale (>= 0; a capsule fits only a runtime with the same scale).
         `trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`)."""
+        if not (math.isfinite(noise_scale) and noise_scale >= 0):
+            raise ValueError(f"noise_scale must be a finite number >= 0, got {noise_scale}")
+        scaled = {} if noise_scale == 1.0 else {"noise_scale": repr(float(noise_scale))}
         super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
-                         guidance=str(guidance))
-        self.seed, self.guidance = seed, guidance
+                         guidance=str(guidance), **scaled)
+        self.seed, self.guidance, self.noise_scale = seed, guidance, float(noise_scale)
         flat = self.config.chunk_length * self.config.action_dim
         self._index = torch.arange(batch * flat, device=self.device)
-        self.core: torch.nn.Module = _PolicyCore(self.model, guidance, self._index)
+        self.core: torch.nn.Module = _PolicyCore(self.model, guidance, self._index, self.noise_scale)
         self.spec = PolicySpec(chunk_length=self.config.chunk_length, action_dim=self.config.action_dim,
                                observation_keys=self.observation_keys)
 
@@ -120,18 +128,20 @@ class PolicyRuntime(ModelRuntime):
 class _PolicyCore(torch.nn.Module):
     """Noise state + observation -> action chunk: all of `act` but the output copy (traced on the CPU).
 
-    Draws the chunk's noise into `noise` and bumps the counter in `rng`, in place.
+    Draws the chunk's noise into `noise` (times `noise_scale`) and bumps the counter in `rng`, in place.
     """
 
-    def __init__(self, model: FlowPolicy, guidance: bool, index: torch.Tensor) -> None:
+    def __init__(self, model: FlowPolicy, guidance: bool, index: torch.Tensor, noise_scale: float = 1.0) -> None:
         super().__init__()
-        self.model, self.guidance = model, guidance
+        self.model, self.guidance, self.noise_scale = model, guidance, noise_scale
         self.cameras = model.config.cameras
         self.register_buffer("index", index, persistent=False)
 
     def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor,
                 advantage: torch.Tensor, beta: torch.Tensor, rng: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         normal_(rng, noise, self.index)
+        if self.noise_scale != 1.0:  # a constant of the traced / captured function
+            noise.mul_(self.noise_scale)
         m = self.model
         feats = m.features(dict(zip(self.cameras, images)), state, lang)
         cond = m.condition(feats, advantage)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,28 @@ SPEC_FILE = "rollout.json"
 MIXED = "all"  # HostSpec.family of a mixed-family run: each work item names its family
 FAULT_AFTER_RECORD = "exit_after_record"  # handled by the actor (rollout.ray_rollout), not the host
 FAULT_MODES = ("exit", "hang", "cuda_error", FAULT_AFTER_RECORD)
+ACTING_INFO = "acting"
+"""Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
+`export_checkpoint --n_exec --noise_scale`); what the commands' `--act.*` options default to for it."""
+DEFAULT_N_EXEC = HostConfig().n_exec
+
+
+def recorded_acting(policy: str) -> dict:
+    """The `ACTING_INFO` a policy checkpoint records ({} if none, or if `policy` is not a checkpoint: the
+    commands that then need it say what is missing, from `check_spec` / `build_host`)."""
+    from models.checkpoint import META_FILE, Checkpoint
+
+    if not (Path(policy) / META_FILE).is_file():
+        return {}
+    return dict(Checkpoint(policy).meta.get("info", {}).get(ACTING_INFO) or {})
+
+
+def resolve_acting(policy: str, n_exec: int | None = None, noise_scale: float | None = None) -> tuple[int, float]:
+    """How to act: (actions of each chunk executed, scale of the policy noise); each as given, else what the
+    policy checkpoint records, else `DEFAULT_N_EXEC` and 1."""
+    recorded = recorded_acting(policy)
+    return (n_exec if n_exec is not None else int(recorded.get("n_exec", DEFAULT_N_EXEC)),
+            noise_scale if noise_scale is not None else float(recorded.get("noise_scale", 1.0)))
 
 
 @dataclass(frozen=True)
@@ -58,6 +81,9 @@ class HostSpec:
     """RECAP indicator: `checkpoint` (what the checkpoint records; none for a BC policy), `none`, `positive`."""
     beta: float | None = None
     """Guidance weight: with `checkpoint`, overrides the recorded one; else None means no guidance."""
+    noise_scale: float = 1.0
+    """Scale of the policy's chunk noise (`PolicyRuntime`; a sampling temperature): 1 samples the learned
+    distribution, 0 plays one chunk per observation."""
     device: str = "cpu"
     threads: int = 1
     """torch threads per host (one per actor when actors share the cores)."""
@@ -83,6 +109,8 @@ class HostSpec:
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_CHOICES:
             raise ValueError(f"advantage must be one of {ADVANTAGE_CHOICES}, got {self.advantage!r}")
+        if not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
+            raise ValueError(f"noise_scale must be a finite number >= 0, got {self.noise_scale}")
         if self.capsule_budget_mb is not None and not self.capsule_budget_mb >= 0:
             raise ValueError(f"capsule_budget_mb must be >= 0 or None, got {self.capsule_budget_mb}")
         if self.family == MIXED and self.env:
@@ -150,6 +178,9 @@ def check_spec(spec: HostSpec) -> None:
         if spec.critic or spec.takeover or spec.advantage == "positive" or spec.beta is not None:
             raise ValueError("a TorchPolicy runs without a critic, takeovers or RECAP conditioning: pass --critic '' "
                              "and leave --advantage, --beta unset")
+        if spec.noise_scale != 1.0:
+            raise ValueError(f"noise_scale {spec.noise_scale} applies to the flow policy; a TorchPolicy hands its "
+                             "noise to the module as drawn: leave --act.noise_scale unset")
         return
     policy = FlowPolicyConfig.from_json(Checkpoint(spec.policy, kind=POLICY_KIND).config["model"])
     if spec.critic:
@@ -200,7 +231,8 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
     cameras = tuple(dict.fromkeys((*policy.config.cameras, *(critic.config.cameras if critic else ()))))
     if env is None:
         env = _make_env(spec, cameras, policy.config.image_size)
-    runtime = PolicyRuntime(policy, device=spec.device, guidance=conditioning.beta is not None)
+    runtime = PolicyRuntime(policy, device=spec.device, guidance=conditioning.beta is not None,
+                            noise_scale=spec.noise_scale)
     host = RolloutHost(env=env, policy=runtime,
                        critic=CriticRuntime(critic, device=spec.device) if critic is not None else None,
                        config=spec.host, recorder=recorder, operator=operator, teleop=teleop,

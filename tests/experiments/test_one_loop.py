@@ -16,6 +16,7 @@ from experiments.run import main
 from learning.evaluation import play
 from models.checkpoint import update_info
 from policies.flow_policy import CONDITIONING_INFO, Conditioning
+from rollout.host_factory import DEFAULT_N_EXEC, resolve_acting
 from rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
@@ -102,3 +103,46 @@ def test_a_recap_checkpoint_deploys_with_its_conditioning_on_ray_and_on_the_robo
     on_robot = _store_episodes(robot_out / "episodes.zarr")
     # the robot's observations cross the wire (uint8 images, float32 state) unchanged: the same episode
     assert all(_same(evaluated[s], on_robot[s]) for s in SEEDS[:2])
+
+
+def test_a_checkpoint_records_how_it_is_deployed_and_every_entry_point_acts_on_it(checkpoints, tmp_path):
+    """`export_checkpoint --n_exec 3 --noise_scale 0.5`: eval_policy, sim_rollout and real_recap then execute 3
+    actions of each chunk with half the noise unless told otherwise; a checkpoint without the record keeps the
+    old defaults, 8 and 1 (this one's chunk is 4, so without the record these commands refuse to run it)."""
+    policy, critic = checkpoints
+    assert resolve_acting(policy) == (DEFAULT_N_EXEC, 1.0) == (8, 1.0) and resolve_acting(policy, 5, 0.1) == (5, 0.1)
+    assert resolve_acting(str(tmp_path / "missing")) == (8, 1.0)  # check_spec says what is missing, not this
+    shipped = str(tmp_path / "shipped")
+    assert main(["export_checkpoint", "--src", policy, "--out", shipped, "--n_exec", "3", "--noise_scale", "0.5"]) == 0
+    assert resolve_acting(shipped) == (3, 0.5) and resolve_acting(shipped, 2, 1.0) == (2, 1.0)
+    again = str(tmp_path / "again")  # a re-export that sets one keeps the other
+    assert main(["export_checkpoint", "--src", shipped, "--out", again, "--noise_scale", "0"]) == 0
+    assert resolve_acting(again) == (3, 0.0)
+    # refused before anything is written: longer than the chunk, no horizon, a negative scale
+    for bad in (["--n_exec", "99"], ["--n_exec", "0"], ["--noise_scale", "-1"]):
+        assert main(["export_checkpoint", "--src", policy, "--out", str(tmp_path / "bad"), *bad]) == 2
+    assert not (tmp_path / "bad").exists()
+
+    kw = dict(family="pick_place", seeds=SEEDS[:2], critics=[critic])
+    deployed = _episodes(play(shipped, n_exec=3, noise_scale=0.5, **kw)[0])
+    for other in (dict(n_exec=2, noise_scale=0.5), dict(n_exec=3, noise_scale=1.0)):  # both settings matter
+        played = _episodes(play(shipped, **other, **kw)[0])
+        assert not any(_same(deployed[s], played[s], keys=("action",)) for s in SEEDS[:2])
+
+    summary = tmp_path / "eval.json"
+    assert main(["eval_policy", "--policy", shipped, "--episodes", "2", "--no-expert", "--json", str(summary)]) == 0
+    data = json.loads(summary.read_text())
+    assert (data["n_exec"], data["noise_scale"]) == (3, 0.5)
+    assert data["policy"]["success_by_seed"] == [int(deployed[s].meta.success) for s in SEEDS[:2]]
+
+    out = tmp_path / "sim"
+    assert main(["sim_rollout", "--actors", "1", "--episodes", "2", "--out", str(out), "--policy", shipped,
+                 "--critic", critic, "--no-progress", "--video", "false"]) == 0
+    assert all(_same(deployed[s], e) for s, e in _store_episodes(out / "episodes.zarr").items())
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", "pick_place-s1000001"]) == 0
+
+    robot_out = tmp_path / "robot"
+    with SimRobotServer(image_size=16, realtime=False) as server:
+        assert main(["real_recap", "--robot.port", str(server.address[1]), "--episodes", "2", "--seed", str(SEEDS[0]),
+                     "--out", str(robot_out), "--policy", shipped, "--critic", critic, "--operator", "none"]) == 0
+    assert all(_same(deployed[s], e) for s, e in _store_episodes(robot_out / "episodes.zarr").items())

@@ -154,6 +154,9 @@ def test_attempts_retry_a_failed_episode_by_restoring_its_initial_capsule(checkp
     assert cold.reset_kind == "cold"
     for key in ("action", "value", "state", "image_front"):
         assert np.array_equal(cold.episode.steps[key], episodes["pick_place-s1000001-a2"].steps[key], equal_nan=True)
+    # without policy noise a retry is the failed episode again: refused, with what to pass
+    assert main(["sim_rollout", "--actors", "0", "--episodes", "1", "--attempts", "2", "--out", str(tmp_path / "z"),
+                 "--policy", policy, "--critic", critic, "--n_exec", "2", "--act.noise_scale", "0"]) == 2
 
 
 def test_repeats_reset_by_restore_and_a_hung_actor_is_killed_and_its_episode_rerun(checkpoints, tmp_path):

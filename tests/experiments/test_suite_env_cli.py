@@ -30,6 +30,10 @@ def test_sim_rollout_and_replay_with_a_torch_policy(tmp_path):
                  "--json", str(tmp_path / "r.json")]) == 0
     replay = json.loads((tmp_path / "r.json").read_text())
     assert replay["exact"] and replay["checks"]["image_free"]
+    # the flow policy's noise scale is refused, not ignored
+    assert main(["sim_rollout", "--env", ENV, "--policy", str(tmp_path / "policy"), "--critic", "", "--actors", "0",
+                 "--episodes", "1", "--n_exec", "4", "--act.noise_scale", "0.5", "--out", str(tmp_path / "scaled"),
+                 "--no-progress"]) == 2
 
 
 def test_verify_scan_bench_and_bad_ids(tmp_path, capsys):

@@ -32,8 +32,9 @@ def test_branches_from_the_mid_episode_capsule_and_scores_the_critic_there(tmp_p
     assert all({"branch_success", "critic_value"} <= set(p) for p in phases.values())
     assert summary["phase_alone_failure_auc"]["episodes"] == len(rows)
     # the judged episodes are eval_policy's own (same seeds, same noise): branching leaves them alone
+    # (branches sample at noise scale 1 whatever the checkpoint is deployed with: eval_policy is told the same)
     plain = tmp_path / "plain.json"
-    assert main(["eval_policy", "--episodes", "4", "--no-expert", "--json", str(plain)]) == 0
+    assert main(["eval_policy", "--episodes", "4", "--no-expert", "--act.noise_scale", "1", "--json", str(plain)]) == 0
     outcomes = json.loads(plain.read_text())["policy"]["success_by_seed"]
     assert [int(row["success"]) for row in rows] == [outcomes[row["seed"] - 1_000_000] for row in rows]
 
@@ -51,5 +52,7 @@ def test_bad_settings_are_refused_with_what_to_fix(capsys):
     assert "--branches" in capsys.readouterr().err
     assert main(["value_ceiling", "--beta", "2"]) == 2  # guidance over no indicator
     assert "--advantage positive" in capsys.readouterr().err
+    assert main(["value_ceiling", "--act.noise_scale", "0"]) == 2  # every branch the same
+    assert "scale > 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="episode limit"):
         value_ceiling.run(ValueCeilingConfig(seeds=Seeds(count=1), at_step=80))

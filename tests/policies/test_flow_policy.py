@@ -119,6 +119,33 @@ def test_restore_gives_identical_chunks_and_noise_advances():
     assert torch.equal(rt.act(obs_of(images, state)), first)
 
 
+@pytest.mark.parametrize("trace", [False, True])
+def test_noise_scale_multiplies_the_noise_before_the_flow(trace):
+    """The chunk is the flow integrated from the scaled draw; at scale 0 every noise stream gives one chunk."""
+    model = tiny_policy()
+    images, state = _obs(model.config)
+    unit, _ = _runtime(model, seed=5, trace=trace)
+    unit.act(obs_of(images, state))
+    draw = unit.buffers["noise"].clone()
+    half, _ = _runtime(model, seed=5, noise_scale=0.5, trace=trace)
+    chunk = half.act(obs_of(images, state)).clone()
+    assert torch.equal(half.buffers["noise"], draw * 0.5)
+    with torch.no_grad():
+        lang = model.embed_language(torch.from_numpy(model.tokenizer.encode("pick up the red block"))[None])
+        feats = model.features({k: v[None] for k, v in images.items()}, state[None], lang)
+        direct = model.sample(model.condition(feats, torch.tensor([0])), draw * 0.5)
+    assert torch.allclose(chunk, direct, atol=1e-6)
+    zero = [_runtime(model, seed=seed, noise_scale=0.0, trace=trace)[0] for seed in (1, 2)]
+    chunks = [rt.act(obs_of(images, state)).clone() for rt in zero] + [zero[0].act(obs_of(images, state)).clone()]
+    assert torch.equal(chunks[0], chunks[1]) and torch.equal(chunks[0], chunks[2])
+    assert not torch.equal(chunks[0], chunk)
+    # a capsule fits only a runtime with the same scale; the default keeps the fingerprint capsules had before
+    assert "noise_scale" not in unit.fingerprint() and half.fingerprint()["noise_scale"] == "0.5"
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="noise_scale"):
+            PolicyRuntime(model, noise_scale=bad)
+
+
 def test_bad_inputs_get_clear_errors():
     model = tiny_policy()
     rt, _ = _runtime(model)
