@@ -75,7 +75,7 @@ $(LEROBOT_STAMP):
 # its initial capsule, and the capsule bit-exactness report. Outputs in $(DEMO_OUT).
 demo: $(STAMP)
 	rm -rf $(DEMO_OUT)/sim_rollout
-	$(PY) -m experiments.run sim_rollout --actors 2 --family all --seeds.count 3 --repeats 2 --act.n_exec 4 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
+	$(PY) -m experiments.run sim_rollout --actors 2 --family all --seeds.count 3 --repeats 2 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
 	$(PY) -m experiments.run replay --store $(DEMO_OUT)/sim_rollout/episodes.zarr --episode pick_place-s1000000 --json $(DEMO_OUT)/replay.json
 	$(PY) -m experiments.run verify_capsule --json $(DEMO_OUT)/verify_capsule.json
 

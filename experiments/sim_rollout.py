@@ -145,6 +145,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     wall = time.perf_counter() - t0
     episodes = [r.episode for r in reports if r.episode is not None]
     summary = {**_summary(reports, stats, episodes), "advantage": conditioning.advantage, "beta": conditioning.beta,
+               "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
                "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors, "wall_s": wall,
                "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where}
     if episodes:
@@ -195,6 +196,7 @@ def _table(console, s: dict) -> None:
     table.add_column("value", justify="right")
     rows = [
         ("episodes", s["episodes"]),
+        ("policy acts: actions per chunk, noise scale", f"{s['n_exec']}, {s['noise_scale']:g}"),
         ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})"),
         *((f"  {task}", f"{f['success_rate']:.0%} ({f['successes']}/{f['episodes']})")
           for task, f in s["by_family"].items() if len(s["by_family"]) > 1),

@@ -137,7 +137,8 @@ def test_a_checkpoint_records_how_it_is_deployed_and_every_entry_point_acts_on_i
 
     out = tmp_path / "sim"
     assert main(["sim_rollout", "--actors", "1", "--episodes", "2", "--out", str(out), "--policy", shipped,
-                 "--critic", critic, "--no-progress", "--video", "false"]) == 0
+                 "--critic", critic, "--no-progress", "--video", "false", "--json", str(tmp_path / "sim.json")]) == 0
+    assert [json.loads((tmp_path / "sim.json").read_text())[k] for k in ("n_exec", "noise_scale")] == [3, 0.5]
     assert all(_same(deployed[s], e) for s, e in _store_episodes(out / "episodes.zarr").items())
     assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", "pick_place-s1000001"]) == 0
 
