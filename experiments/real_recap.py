@@ -49,13 +49,13 @@ def run(config: RealRecapConfig) -> ExperimentResult:
         raise ValueError("--robot.port is required: the port the robot server listens on")
     out = Path(config.out)
     policy = resolve_input(config.model.policy)
-    n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
-    spec = HostSpec(policy=policy,
-                    critic=resolve_input(config.model.critic) if config.model.critic else "",
-                    advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale, threads=0,
-                    host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
-                                    value_patience=config.value_patience, max_steps=config.max_steps))
     with checking_inputs():  # before connecting: a bad checkpoint or --beta never moves the robot
+        n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
+        spec = HostSpec(policy=policy,
+                        critic=resolve_input(config.model.critic) if config.model.critic else "",
+                        advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale, threads=0,
+                        host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
+                                        value_patience=config.value_patience, max_steps=config.max_steps))
         check_spec(spec)
         conditioning = spec.conditioning()
     client = RobotClient(config.robot.host, config.robot.port, token=config.robot.token)

@@ -64,12 +64,12 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
         raise UsageError("--act.noise_scale 0: every branch would play the same continuation; pass a scale > 0")
     # branches sample the learned distribution (scale 1) unless told otherwise, whatever the policy is deployed with
     scale = 1.0 if config.act.noise_scale is None else config.act.noise_scale
-    n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, scale)
-    spec = HostSpec(family=config.family, policy=policy,
-                    critic=resolve_input(config.model.critic) if config.model.critic else "",
-                    host=HostConfig(n_exec=n_exec, record_images=False),
-                    advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)
     with checking_inputs():
+        n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, scale)
+        spec = HostSpec(family=config.family, policy=policy,
+                        critic=resolve_input(config.model.critic) if config.model.critic else "",
+                        host=HostConfig(n_exec=n_exec, record_images=False),
+                        advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)
         host = build_host(spec, observers=[keeper])
     at_step = host.env.max_steps // 2 if config.at_step is None else config.at_step
     if at_step >= host.env.max_steps:
