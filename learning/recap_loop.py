@@ -59,7 +59,7 @@ from learning.training import Log
 from models.checkpoint import update_info
 from policies.flow_policy import CONDITIONING_INFO, Conditioning
 from rollout.episode_schema import IMAGE_PREFIX
-from rollout.host_factory import HostSpec
+from rollout.host_factory import ACTING_INFO, HostSpec
 from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
 from rollout.rollout_host import HostConfig
 from rollout.sharded_reader import open_episode_reader
@@ -235,7 +235,8 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
         policy_dir = new_policy
         beta, guidance = choose_beta(policy_dir)
         # the checkpoint records how it acts: sim_rollout, eval_policy and real_recap run it so by default
-        update_info(policy_dir, **{CONDITIONING_INFO: Conditioning("positive", beta).to_json()})
+        update_info(policy_dir, **{CONDITIONING_INFO: Conditioning("positive", beta).to_json(),
+                                   ACTING_INFO: {"n_exec": config.n_exec}})
         result = evaluate(policy_dir, True, critic_dir, beta=beta)
         it = {"iteration": k, **_metrics(result), "beta": beta, **rollouts, "policy": str(policy_dir),
               "critic": str(critic_dir), "advantage_source": config.advantage_source,

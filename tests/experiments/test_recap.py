@@ -63,6 +63,9 @@ def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     best = max(t["successes"] for t in guidance["trials"])
     assert guidance["beta"] == next(t["beta"] for t in guidance["trials"] if t["successes"] == best)
     assert len(guidance["indicator_alone"]["success_by_seed"]) == 2 and guidance["paired"]["seeds"] == 2
+    # the policy records how it was evaluated: the commands that deploy it act the same by default
+    info = json.loads((out / "policy_1" / "checkpoint.json").read_text())["info"]
+    assert info["conditioning"] == {"advantage": "positive", "beta": its[1]["beta"]} and info["acting"] == {"n_exec": 8}
     if its[0]["successes_per_sim_hour"]:
         assert data["successes_per_sim_hour_ratio"] == its[1]["successes_per_sim_hour"] / its[0]["successes_per_sim_hour"]
     assert its[1]["critic_failure_auc_rollouts"]["episodes"] <= 2
