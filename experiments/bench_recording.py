@@ -32,7 +32,8 @@ from experiments.result import ExperimentResult
 from rollout.episode import Episode, EpisodeBuilder
 from rollout.host_config import EpisodeResult
 from rollout.host_factory import HostSpec
-from rollout.ray_rollout import RolloutActor, WorkItem, init_ray, run_rollouts, shutdown_ray
+from rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
+from rollout.rollout_actor import RolloutActor, WorkItem
 from rollout.sharded_reader import open_episode_reader
 from rollout.sharded_store import ShardedStore
 from rollout.zarr_recorder import ZarrRecorder

@@ -49,19 +49,24 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
                     policy_dir, family=family, seeds=seeds, n_exec=n_exec,
                     advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)
     summary = {"policy_checkpoint": config.model.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
-               "n_exec": n_exec, "noise_scale": noise_scale, "advantage": conditioning.advantage, "beta": conditioning.beta,
-               "phrasing": config.phrasing, "families": results}
+               "n_exec": n_exec, "noise_scale": noise_scale, "advantage": conditioning.advantage,
+               "beta": conditioning.beta, "phrasing": config.phrasing, "families": results}
     if len(families) == 1:  # one family: its figures at the top level too, as before `--family all`
         summary.update(results[families[0]])
-    acting = "" if conditioning.advantage == "none" else (
-        f" (advantage {conditioning.advantage}" + (f", guidance beta {conditioning.beta:g})" if conditioning.beta
-                                                   else ")"))
+    _print_summary(console, config, summary)
+    return ExperimentResult(summary)
+
+
+def _print_summary(console, config: EvalPolicyConfig, summary: dict) -> None:
+    advantage, beta, noise_scale = summary["advantage"], summary["beta"], summary["noise_scale"]
+    acting = "" if advantage == "none" else (
+        f" (advantage {advantage}" + (f", guidance beta {beta:g})" if beta else ")"))
     scaled = "" if noise_scale == 1.0 else f", noise scale {noise_scale:g}"
     worded = "" if config.phrasing == "canonical" else f", subtasks worded the {config.phrasing} way"
-    for family, result in results.items():
+    for family, result in summary["families"].items():
         policy = result["policy"]
         lo, hi = policy["ci95"]
-        console.print(f"{family}: policy{acting}{worded}, {n_exec} actions per chunk{scaled}: "
+        console.print(f"{family}: policy{acting}{worded}, {summary['n_exec']} actions per chunk{scaled}: "
                       f"{policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
                       f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
         _print_critics(console, config, policy)
@@ -77,9 +82,9 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
                           f"episodes: followed {c['followed']} = {rate}, kept the original plan {c['kept_plan']}, "
                           f"neither {c['neither']}; released nearest the coached pad {c['released_nearest_coached']}, "
                           f"still held at the end {c['held_at_end']}")
-    if config.coach and not any(f in COACHABLE for f in families):
-        console.print(f"coaching: none of {list(families)} has a place-on-a-pad subtask ({', '.join(COACHABLE)} do)")
-    return ExperimentResult(summary)
+    if config.coach and not any(f in COACHABLE for f in summary["families"]):
+        console.print(f"coaching: none of {list(summary['families'])} has a place-on-a-pad subtask "
+                      f"({', '.join(COACHABLE)} do)")
 
 
 def _print_critics(console, config: EvalPolicyConfig, policy: dict) -> None:

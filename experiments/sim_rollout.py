@@ -25,7 +25,8 @@ from experiments.paths import resolve_input
 from experiments.result import ExperimentResult, checking_inputs
 from rollout import episode_schema as S
 from rollout.host_factory import MIXED, HostSpec, check_spec, read_spec, resolve_acting, write_spec
-from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
+from rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
+from rollout.rollout_actor import WorkItem
 from rollout.rollout_host import HostConfig
 from rollout.sharded_reader import open_episode_reader
 from rollout.sharded_store import ShardedStore, is_sharded_store, manifest_entries, parse_store_root

@@ -24,7 +24,7 @@ from learning.evaluation import eval_spec, run_items
 from learning.stats import wilson_interval
 from rollout.host_factory import build_host, make_observers
 from rollout.observer import EpisodeObserver
-from rollout.ray_rollout import WorkItem
+from rollout.rollout_actor import WorkItem
 
 COACHABLE = tuple(f.name for f in FAMILIES if any(s.goal is not None and s.goal.kind == "pad"
                                                   for s in f.subtasks(TaskParams(0))))  # goal kinds only

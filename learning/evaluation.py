@@ -28,7 +28,8 @@ from policies.flow_policy import Conditioning, FlowPolicy
 from policies.policy_runtime import PolicyRuntime
 from rollout.host_factory import HostSpec
 from rollout.observer import EpisodeObserver
-from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.ray_rollout import run_rollouts
+from rollout.rollout_actor import WorkItem
 from rollout.rollout_host import HostConfig, RolloutHost
 
 OBSERVER = "learning.evaluation:EvalObserver"

@@ -60,7 +60,8 @@ from models.checkpoint import update_info
 from policies.flow_policy import CONDITIONING_INFO, Conditioning
 from rollout.episode_schema import IMAGE_PREFIX
 from rollout.host_factory import ACTING_INFO, HostSpec
-from rollout.ray_rollout import WorkItem, init_ray, run_rollouts, shutdown_ray
+from rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
+from rollout.rollout_actor import WorkItem
 from rollout.rollout_host import HostConfig
 from rollout.sharded_reader import open_episode_reader
 from rollout.zarr_recorder import ZarrRecorder

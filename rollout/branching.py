@@ -25,7 +25,7 @@ from rollout import episode_schema as S
 from rollout.episode import Episode
 from rollout.host_config import EpisodeResult
 from rollout.observer import EpisodeObserver
-from rollout.ray_rollout import ActorReport, RolloutActor, WorkItem
+from rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from rollout.rollout_host import RolloutHost
 
 

@@ -36,7 +36,7 @@ ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
 """Written next to a run's store: the spec its episodes were played with (read back by `replay`)."""
 MIXED = "all"  # HostSpec.family of a mixed-family run: each work item names its family
-FAULT_AFTER_RECORD = "exit_after_record"  # handled by the actor (rollout.ray_rollout), not the host
+FAULT_AFTER_RECORD = "exit_after_record"  # handled by the actor (rollout.rollout_actor), not the host
 FAULT_MODES = ("exit", "hang", "cuda_error", FAULT_AFTER_RECORD)
 ACTING_INFO = "acting"
 """Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
@@ -296,7 +296,7 @@ def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int) -> Path |
 def _arm_fault(host: RolloutHost, episode_id: str, step: int, marker: str, mode: str = "exit") -> None:
     """Exit (hang, raise a CUDA error) at `step` of `episode_id`, once (see HostSpec.crash)."""
     if mode == FAULT_AFTER_RECORD:
-        return  # after the episode, in the actor (rollout.ray_rollout.RolloutActor)
+        return  # after the episode, in the actor (rollout.rollout_actor.RolloutActor)
     inner = host.safety_check
     original = host.run_episode
     step = int(step)

@@ -182,7 +182,7 @@ def test_repeats_reset_by_restore_and_a_hung_actor_is_killed_and_its_episode_rer
 
 def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoints, tmp_path):
     from rollout.host_factory import HostSpec
-    from rollout.ray_rollout import RolloutActor, WorkItem
+    from rollout.rollout_actor import RolloutActor, WorkItem
     from rollout.rollout_host import HostConfig, capsule_key
 
     policy, critic = checkpoints

@@ -7,7 +7,8 @@ argv: POLICY CRITIC ROOT EPISODES VICTIM MARKER
 import sys
 
 from rollout.host_factory import FAULT_AFTER_RECORD, HostSpec
-from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.ray_rollout import run_rollouts
+from rollout.rollout_actor import WorkItem
 from rollout.rollout_host import HostConfig
 from rollout.sharded_store import ShardedStore
 

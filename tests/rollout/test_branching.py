@@ -18,7 +18,8 @@ from rollout.branching import (
     branch_value,
 )
 from rollout.host_factory import HostSpec
-from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.ray_rollout import run_rollouts
+from rollout.rollout_actor import WorkItem
 from rollout.rollout_host import HostConfig, RolloutHost
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy
 

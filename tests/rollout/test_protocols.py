@@ -11,7 +11,8 @@ from envs.tabletop_env import TabletopEnv
 from policies.policy_runtime import PolicyRuntime
 from policies.rollout_policy import RolloutPolicy
 from rollout.host_factory import HostSpec
-from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.ray_rollout import run_rollouts
+from rollout.rollout_actor import WorkItem
 from rollout.rollout_host import HostConfig, RolloutHost
 from tests.policies.tiny import tiny_policy
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy, ReachEnv

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rollout.host_factory import HostSpec
-from rollout.ray_rollout import WorkItem, run_rollouts
+from rollout.ray_rollout import run_rollouts
+from rollout.rollout_actor import WorkItem
 from rollout.rollout_host import HostConfig
 from rollout.sharded_reader import open_episode_reader
 from rollout.sharded_store import ShardedStore
