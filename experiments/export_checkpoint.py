@@ -9,6 +9,7 @@ from experiments.configs import ExportCheckpointConfig
 from experiments.console import make_console
 from experiments.result import ExperimentResult, checking_inputs
 from models.checkpoint import WEIGHTS_FILE, Checkpoint, export_weights
+from policies.torch_policy import KIND as TORCH_POLICY_KIND
 from rollout.host_factory import ACTING_INFO, recorded_acting
 
 
@@ -19,7 +20,12 @@ def run(config: ExportCheckpointConfig) -> ExperimentResult:
     given = {k: v for k, v in (("n_exec", config.n_exec), ("noise_scale", config.noise_scale)) if v is not None}
     if given:
         with checking_inputs():
-            chunk = Checkpoint(config.src).config.get("model", {}).get("chunk_length")
+            source = Checkpoint(config.src)
+            torch_policy = source.meta.get("kind") == TORCH_POLICY_KIND
+            if torch_policy and config.noise_scale is not None:
+                raise ValueError("--noise_scale scales the flow policy's noise; a TorchPolicy hands its noise to the "
+                                 "module as drawn: leave --noise_scale unset")
+            chunk = (source.config if torch_policy else source.config.get("model", {})).get("chunk_length")
             if chunk is not None and config.n_exec is not None and config.n_exec > chunk:
                 raise ValueError(f"--n_exec {config.n_exec} exceeds the policy's chunk length ({chunk})")
         note[ACTING_INFO] = {**recorded_acting(config.src), **given}

@@ -30,7 +30,17 @@ def test_sim_rollout_and_replay_with_a_torch_policy(tmp_path):
                  "--json", str(tmp_path / "r.json")]) == 0
     replay = json.loads((tmp_path / "r.json").read_text())
     assert replay["exact"] and replay["checks"]["image_free"]
-    # the flow policy's noise scale is refused, not ignored
+    # exported with the horizon it is deployed with, it runs without --n_exec (the default 8 exceeds its chunk of 4)
+    deployed = tmp_path / "deployed"
+    assert main(["export_checkpoint", "--src", str(tmp_path / "policy"), "--out", str(deployed), "--n_exec", "4"]) == 0
+    assert main(["sim_rollout", "--env", ENV, "--policy", str(deployed), "--critic", "", "--actors", "0",
+                 "--episodes", "1", "--out", str(tmp_path / "deployed_run"), "--no-progress"]) == 0
+    assert main(["export_checkpoint", "--src", str(tmp_path / "policy"), "--out", str(tmp_path / "x"),
+                 "--n_exec", "5"]) == 2  # longer than its chunk
+    # the flow policy's noise scale is refused, not ignored (and not recorded)
+    assert main(["export_checkpoint", "--src", str(tmp_path / "policy"), "--out", str(tmp_path / "x"),
+                 "--noise_scale", "0.5"]) == 2
+    assert not (tmp_path / "x").exists()
     assert main(["sim_rollout", "--env", ENV, "--policy", str(tmp_path / "policy"), "--critic", "", "--actors", "0",
                  "--episodes", "1", "--n_exec", "4", "--act.noise_scale", "0.5", "--out", str(tmp_path / "scaled"),
                  "--no-progress"]) == 2
