@@ -5,7 +5,6 @@ Every field carries a docstring, which `--help` shows.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -39,6 +38,7 @@ from learning.options import (  # noqa: F401 - the learning layer's options are 
     Seeds,
     TrainCriticConfig,
     TrainPolicyConfig,
+    check_noise_scale_option,
 )
 
 # the option groups' old flat names, kept for one release
@@ -251,8 +251,7 @@ class ExportCheckpointConfig:
     def __post_init__(self) -> None:
         if self.n_exec is not None and self.n_exec < 1:
             raise ValueError(f"--n_exec must be >= 1 (got {self.n_exec})")
-        if self.noise_scale is not None and not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
-            raise ValueError(f"--noise_scale must be a finite number >= 0 (got {self.noise_scale})")
+        check_noise_scale_option(self.noise_scale, "--noise_scale")
 
 
 @dataclass(frozen=True)

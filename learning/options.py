@@ -20,6 +20,13 @@ SHIPPED_CRITIC = "experiments/checkpoints/critic"
 # and the command line spells its options dotted (`--seeds.count`); `ALIASES` keep the old flat names.
 
 
+def check_noise_scale_option(noise_scale: float | None, option: str = "noise_scale") -> None:
+    """An optional noise scale option: None, or a finite number >= 0 (`policies.policy_runtime.check_noise_scale`,
+    kept here in the standard library for the command line)."""
+    if noise_scale is not None and not (math.isfinite(noise_scale) and noise_scale >= 0):
+        raise ValueError(f"{option} must be a finite number >= 0 (got {noise_scale})")
+
+
 @dataclass(frozen=True)
 class Seeds:
     """A block of consecutive episode seeds, one episode each."""
@@ -68,8 +75,7 @@ class Acting:
     def __post_init__(self) -> None:
         if self.n_exec is not None and self.n_exec < 1:
             raise ValueError(f"n_exec must be >= 1 (got {self.n_exec})")
-        if self.noise_scale is not None and not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
-            raise ValueError(f"noise_scale must be a finite number >= 0 (got {self.noise_scale})")
+        check_noise_scale_option(self.noise_scale)
         if self.beta is not None and not self.beta > 0:
             raise ValueError(f"beta must be > 0 (got {self.beta})")
         if self.beta is not None and self.advantage == "none":

@@ -28,6 +28,12 @@ from policies.flow_policy import ADV_NONE, FlowPolicy
 from policies.rollout_policy import PolicySpec
 
 
+def check_noise_scale(noise_scale: float) -> None:
+    """A noise scale is a finite number >= 0 (`PolicyRuntime`, and what commands record or are given)."""
+    if not (math.isfinite(noise_scale) and noise_scale >= 0):
+        raise ValueError(f"noise_scale must be a finite number >= 0, got {noise_scale}")
+
+
 class PolicyRuntime(ModelRuntime):
     KIND = "flow_policy"
 
@@ -47,8 +53,7 @@ class PolicyRuntime(ModelRuntime):
         """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_conditioning`).
         `noise_scale`: the chunk noise's scale (>= 0; a capsule fits only a runtime with the same scale).
         `trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`)."""
-        if not (math.isfinite(noise_scale) and noise_scale >= 0):
-            raise ValueError(f"noise_scale must be a finite number >= 0, got {noise_scale}")
+        check_noise_scale(noise_scale)
         scaled = {} if noise_scale == 1.0 else {"noise_scale": repr(float(noise_scale))}
         super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
                          guidance=str(guidance), **scaled)

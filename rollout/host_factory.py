@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from critics.value_critic import load_critic
 from envs.rollout_env import RolloutEnv
 from envs.tabletop_env import TabletopEnv
 from policies.flow_policy import Conditioning, load_policy, resolve_conditioning
-from policies.policy_runtime import PolicyRuntime
+from policies.policy_runtime import PolicyRuntime, check_noise_scale
 from policies.torch_policy import is_torch_policy, load_torch_policy
 from rollout.observer import EpisodeObserver
 from rollout.rollout_host import HostConfig, RolloutHost, capsule_key
@@ -109,8 +108,7 @@ class HostSpec:
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_CHOICES:
             raise ValueError(f"advantage must be one of {ADVANTAGE_CHOICES}, got {self.advantage!r}")
-        if not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
-            raise ValueError(f"noise_scale must be a finite number >= 0, got {self.noise_scale}")
+        check_noise_scale(self.noise_scale)
         if self.capsule_budget_mb is not None and not self.capsule_budget_mb >= 0:
             raise ValueError(f"capsule_budget_mb must be >= 0 or None, got {self.capsule_budget_mb}")
         if self.family == MIXED and self.env:
@@ -180,7 +178,8 @@ def check_spec(spec: HostSpec) -> None:
                              "and leave --advantage, --beta unset")
         if spec.noise_scale != 1.0:
             raise ValueError(f"noise_scale {spec.noise_scale} applies to the flow policy; a TorchPolicy hands its "
-                             "noise to the module as drawn: leave --act.noise_scale unset")
+                             "noise to the module as drawn: leave the noise scale unset (--act.noise_scale, "
+                             "export_checkpoint --noise_scale)")
         return
     policy = FlowPolicyConfig.from_json(Checkpoint(spec.policy, kind=POLICY_KIND).config["model"])
     if spec.critic:
