@@ -76,15 +76,28 @@ def label_episodes(
     step_task = np.concatenate([[t] * len(a) for t, a in zip(tasks, advs)]) if advs else np.zeros(0, str)
     forced = (np.concatenate([np.asarray(i, bool) for i in interventions]) if interventions is not None
               else np.zeros(len(adv), bool))
-    indicator = np.full(len(adv), INDICATOR_NEGATIVE, np.int64)
-    thresholds, realised = {}, {}
-    for task in sorted(set(tasks)):
-        mask = step_task == task
-        # the (1 - fraction) quantile of the task's autonomous steps: about `fraction` of them are positive
-        pool = adv[mask & ~forced] if np.any(mask & ~forced) else adv[mask]
-        threshold = float(np.quantile(pool, 1.0 - positive_fraction))
-        thresholds[task] = threshold
-        indicator[mask & (adv > threshold)] = INDICATOR_POSITIVE
-        indicator[mask & forced] = INDICATOR_POSITIVE
-        realised[task] = float(np.mean(indicator[mask] == INDICATOR_POSITIVE))
+    indicator, thresholds = indicators_by_task(adv, step_task, forced, positive_fraction)
+    realised = {task: float(np.mean(indicator[step_task == task] == INDICATOR_POSITIVE)) for task in sorted(set(tasks))}
     return AdvantageLabels(adv, indicator, thresholds, realised)
+
+
+def indicators_by_task(adv: np.ndarray, step_task: np.ndarray, forced: np.ndarray,
+                       positive_fraction: float) -> tuple[np.ndarray, dict[str, float]]:
+    """(indicator per step, threshold per task): a task's labelled autonomous steps above the (1 -
+    `positive_fraction`) quantile of them are positive, the rest negative (the quantile is taken over all its
+    labelled steps when none is autonomous); interventions (`forced`) are positive; a NaN advantage is no
+    label (indicator 0) unless the step is an intervention."""
+    adv, forced = np.asarray(adv), np.asarray(forced, bool)  # adv's own dtype: the quantile as before
+    step_task = np.asarray(step_task)
+    labelled = np.isfinite(adv)
+    indicator = np.zeros(len(adv), np.int64)
+    thresholds: dict[str, float] = {}
+    for task in sorted(set(step_task.tolist())):
+        mask = (step_task == task) & labelled
+        pool = mask & ~forced if np.any(mask & ~forced) else mask
+        if not pool.any():
+            continue
+        thresholds[task] = float(np.quantile(adv[pool], 1.0 - positive_fraction))
+        indicator[mask] = np.where(adv[mask] > thresholds[task], INDICATOR_POSITIVE, INDICATOR_NEGATIVE)
+    indicator[forced] = INDICATOR_POSITIVE
+    return indicator, thresholds

@@ -35,8 +35,11 @@ def _report(console, it: dict) -> None:
         total = sim["rollouts"] + sim["branches"]
         console.print(f"  simulated {total} control steps: rollouts {sim['rollouts']}"
                       + (f", branches {sim['branches']} ({sim['branches'] / total:.0%}; {b['boundaries']} boundaries "
-                         f"of {b['episodes_branched']} episodes, {b['branches']} continuations each)" if b else "")
-                      + f"; labels on {it['labelled_fraction']:.0%} of the steps ({it['advantage_source']})")
+                         f"of {b['episodes_branched']} episodes, {b['branches']} continuations each, chunks "
+                         f"{b.get('select', 'random')})" if b else "")
+                      + f"; labels on {it['labelled_fraction']:.0%} of the steps ({it['advantage_source']}"
+                      + (f", from branch values on {b['branch_fraction']:.0%}" if b and "branch_fraction" in b else "")
+                      + ")")
     if "guidance" in it:
         alone = it["guidance"]["indicator_alone"]
         console.print(f"  the positive indicator alone (no guidance): {alone['success_rate']:.0%}")

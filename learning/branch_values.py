@@ -2,7 +2,8 @@
 and the advantage labels and critic targets made from them.
 
 For each episode of an iteration's rollouts, chunks are sampled (`BranchPlan.rate` of the eligible
-ones, the same ones on every run: the choice is seeded by the episode id); each sampled chunk gets a
+ones, the same ones on every run: the choice is seeded by the episode id; or, `select="unsure"`, that share
+of all the episodes' eligible chunks where the recorded critic's label is least sure); each sampled chunk gets a
 branch value at its start and at the next chunk's start, `BranchPlan.branches` continuations each,
 played on the Ray actor pool (`rollout.branching.BranchActor`, the episode replayed from its seed
 by a host built from the spec that recorded it). A chunk is eligible when the policy ran it before
@@ -29,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE
+from critics.advantage import AdvantageLabels, indicators_by_task
 from critics.returns import normalized_returns
-from learning.advantage_labels import load_npz, save_npz, write_sidecar
+from learning.advantage_labels import SIDECAR_VERSION, LabelledStore, load_npz, save_npz, write_sidecar
 from learning.policy_data import training_order
 from learning.training import Log
 from rollout import episode_schema as S
@@ -42,6 +43,7 @@ from rollout.sharded_reader import open_episode_reader
 from rollout.sharded_store import parse_store_root
 
 BRANCHES_VERSION = 1
+SELECTIONS = ("random", "unsure")
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,29 @@ class BranchPlan:
     """Continuations per branched boundary."""
     seed: int = 0
     """Seed of the chunk sampling (with the episode id)."""
+    select: str = "random"
+    """Which eligible chunks: `random`, each episode's drawn at `rate`; `unsure`, the `rate` share of all the
+    episodes' eligible chunks whose advantage by the recorded critic values (`chunk_advantage`) is nearest
+    its task's threshold for `positive_fraction` positives: where the critic's label is least sure."""
+    positive_fraction: float = 0.3
+    """The share of positives whose threshold `unsure` measures closeness to."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.rate <= 1.0:
             raise ValueError(f"branch rate must be within (0, 1], got {self.rate}")
         if self.branches < 1:
             raise ValueError(f"branches must be >= 1, got {self.branches}")
+        if self.select not in SELECTIONS:
+            raise ValueError(f"branch selection must be one of {SELECTIONS}, got {self.select!r}")
+        if not 0.0 < self.positive_fraction < 1.0:
+            raise ValueError(f"positive_fraction must be within (0, 1), got {self.positive_fraction}")
+
+    def meta(self, max_steps: int) -> dict:
+        """What a sidecar records of the plan (a resumed run must ask for the same)."""
+        meta = {"rate": self.rate, "branches": self.branches, "seed": self.seed, "max_steps": max_steps}
+        if self.select != "random":  # sidecars written before the choice existed branched at random
+            meta.update(select=self.select, positive_fraction=self.positive_fraction)
+        return meta
 
 
 def branches_path(store: str | os.PathLike) -> Path:
@@ -86,6 +105,37 @@ def sample_chunks(episode_id: str, chunks: list[tuple[int, int | None]], plan: B
     rng = np.random.default_rng([plan.seed, zlib.crc32(episode_id.encode())])
     keep = rng.random(len(chunks)) < plan.rate
     return [c for c, k in zip(chunks, keep) if k]
+
+
+def chunk_advantage(start: int, nxt: int | None, rewards: np.ndarray, returns: np.ndarray, value_at,
+                    max_steps: int) -> float:
+    """Advantage of the chunk from `start` to `nxt` (None: the episode ended in it): `value_at(step)` gives the
+    state value at a chunk start, `returns` are the episode's `normalized_returns` (module docstring)."""
+    if nxt is None:
+        return float(returns[start] - value_at(start))
+    return float(rewards[start:nxt].sum() / max_steps + value_at(nxt) - value_at(start))
+
+
+def unsure_chunks(chunks: dict[str, list[tuple[int, int | None]]], advantages: dict[str, np.ndarray],
+                  tasks: dict[str, str], plan: BranchPlan) -> dict[str, list[tuple[int, int | None]]]:
+    """`plan.rate` of all the eligible `chunks` (per episode id), those whose advantage by the recorded
+    critic values is nearest their task's threshold (the (1 - positive_fraction) quantile of the task's
+    chunk advantages); ties in episode id then step order."""
+    rows = [(e, i) for e in sorted(chunks) for i in range(len(chunks[e]))]
+    if not rows:
+        return {e: [] for e in chunks}
+    adv = np.array([advantages[e][i] for e, i in rows], np.float64)
+    task = np.array([tasks[e] for e, _ in rows], dtype=object)
+    margin = np.empty(len(rows))
+    for t in set(task):
+        m = task == t
+        margin[m] = np.abs(adv[m] - np.quantile(adv[m], 1.0 - plan.positive_fraction))
+    keep = set(np.argsort(margin, kind="stable")[: int(np.ceil(plan.rate * len(rows)))].tolist())
+    chosen: dict[str, list[tuple[int, int | None]]] = {e: [] for e in chunks}
+    for j, (e, i) in enumerate(rows):
+        if j in keep:
+            chosen[e].append(chunks[e][i])
+    return chosen
 
 
 def branch_state_value(value: BranchValue, max_steps: int) -> float:
@@ -145,9 +195,9 @@ def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list
     `spec`), played on `actors` Ray actors (0: this process, or `host`); written to the sidecar after each
     episode, so a resumed call plays only the episodes not yet there. Returns the whole table."""
     path = branches_path(store)
-    meta = {"rate": plan.rate, "branches": plan.branches, "seed": plan.seed, "max_steps": max_steps}
+    meta = plan.meta(max_steps)
     table = BranchTable.load(path) if path.exists() else BranchTable.empty(meta)
-    known = {k: table.meta.get(k) for k in meta}
+    known = {k: v for k, v in table.meta.items() if k != "version"}
     if known != meta:
         raise ValueError(f"{path} was made with {known}, this run asks for {meta}: start a new store, or keep "
                          "the branch options that run had")
@@ -156,21 +206,32 @@ def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list
     missing = [e for e in episode_ids if e not in index]
     if missing:
         raise ValueError(f"{len(missing)} episodes to branch are not in {store}, e.g. {missing[0]}")
+    # every episode is read (done ones too): `unsure` chooses among all of them, the same on every call
+    chunks, advantages, tasks, metas = {}, {}, {}, {}
+    for episode_id in episode_ids:
+        episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION, S.REWARD])
+        values = np.asarray(episode.steps[S.VALUE], np.float64)
+        if not np.isfinite(values).any():
+            raise ValueError(f"episode {episode_id} records no values: branching needs the chunk starts a host "
+                             "with a critic records")
+        m = metas[episode_id] = episode.meta
+        chunks[episode_id] = eligible_chunks(values, episode.steps[S.INTERVENTION])
+        rewards = np.asarray(episode.steps[S.REWARD], np.float64)
+        returns = normalized_returns(rewards, bool(m.success), max_steps)
+        advantages[episode_id] = np.array([chunk_advantage(c, n, rewards, returns, values.__getitem__, max_steps)
+                                           for c, n in chunks[episode_id]])
+        tasks[episode_id] = str(m.task)
+    chosen = (unsure_chunks(chunks, advantages, tasks, plan) if plan.select == "unsure"
+              else {e: sample_chunks(e, c, plan) for e, c in chunks.items()})
     items, expect = [], {}
     for episode_id in episode_ids:
         if episode_id in table.done:
             continue
-        episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION])
-        values = np.asarray(episode.steps[S.VALUE])
-        if not np.isfinite(values).any():
-            raise ValueError(f"episode {episode_id} records no values: branching needs the chunk starts a host "
-                             "with a critic records")
-        chunks = sample_chunks(episode_id, eligible_chunks(values, episode.steps[S.INTERVENTION]), plan)
-        steps = tuple(sorted({s for c in chunks for s in c if s is not None}))
+        steps = tuple(sorted({s for c in chosen[episode_id] for s in c if s is not None}))
         if not steps:
             table.done[episode_id] = 0  # nothing sampled: nothing to play
             continue
-        m = episode.meta
+        m = metas[episode_id]
         items.append(BranchItem(episode_id, int(m.seed), attempt=int(m.attempt), repeat=int(m.repeat), steps=steps,
                                 branches=plan.branches))
         expect[episode_id] = (bool(m.success), int(m.length), steps)
@@ -208,14 +269,12 @@ class BranchLabels:
     thresholds: dict[str, float]
     labelled_fraction: float  # share of the store's steps with a label (interventions included)
     episode_ids: list[str]  # the episodes the steps belong to, in their order (`training_order`)
+    branch_fraction: float  # share of the store's steps whose advantage comes from branch values
 
 
-def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_fraction: float) -> BranchLabels:
-    """Advantage labels of every step of `store` (its episodes in `training_order`) from the branch values of
-    `table` (module docstring): per task, the branched chunks' autonomous steps above the (1 - positive_fraction)
-    quantile are positive; interventions are positive; the rest carry no label."""
-    if not 0.0 < positive_fraction < 1.0:
-        raise ValueError(f"positive_fraction must be within (0, 1), got {positive_fraction}")
+def _branch_step_advantages(store, table: BranchTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(advantage, intervention flag, task) of every step of `store` (its episodes in `training_order`), the
+    advantage NaN outside the chunks branched before and after, and the episode ids in that order."""
     max_steps = int(table.meta["max_steps"])
     reader = open_episode_reader(store)
     value_at = table.lookup()
@@ -232,37 +291,66 @@ def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_frac
             for s, nxt in eligible_chunks(episode.steps[S.VALUE], flags):
                 if (episode_id, s) not in value_at or (nxt is not None and (episode_id, nxt) not in value_at):
                     continue
-                if nxt is None:
-                    adv[s:] = returns[s] - value_at[episode_id, s]
-                else:
-                    adv[s:nxt] = rewards[s:nxt].sum() / max_steps + value_at[episode_id, nxt] - value_at[episode_id, s]
+                adv[s:len(rewards) if nxt is None else nxt] = chunk_advantage(
+                    s, nxt, rewards, returns, lambda t, e=episode_id: value_at[e, t], max_steps)
         advs.append(adv)
         forced.append(flags)
         tasks.append(np.full(len(rewards), episode.meta.task, dtype=object))
-    adv = np.concatenate(advs) if advs else np.zeros(0)
-    forced_all = np.concatenate(forced) if forced else np.zeros(0, bool)
-    task_all = np.concatenate(tasks) if tasks else np.zeros(0, object)
-    indicator = np.zeros(len(adv), np.int64)
-    thresholds = {}
-    for task in sorted(set(task_all)):
-        mask = (task_all == task) & np.isfinite(adv) & ~forced_all
-        if mask.any():
-            thresholds[task] = float(np.quantile(adv[mask], 1.0 - positive_fraction))
-            indicator[mask] = np.where(adv[mask] > thresholds[task], INDICATOR_POSITIVE, INDICATOR_NEGATIVE)
-    indicator[forced_all] = INDICATOR_POSITIVE
+    cat = lambda parts, empty: np.concatenate(parts) if parts else empty  # noqa: E731
+    return (cat(advs, np.zeros(0)), cat(forced, np.zeros(0, bool)), cat(tasks, np.zeros(0, object)),
+            [reader.episode_ids[i] for i in order])
+
+
+def branch_labels(store: str | os.PathLike, table: BranchTable, *, positive_fraction: float) -> BranchLabels:
+    """Advantage labels of every step of `store` (its episodes in `training_order`) from the branch values of
+    `table` (module docstring): per task, the branched chunks' autonomous steps above the (1 - positive_fraction)
+    quantile are positive; interventions are positive; the rest carry no label."""
+    if not 0.0 < positive_fraction < 1.0:
+        raise ValueError(f"positive_fraction must be within (0, 1), got {positive_fraction}")
+    adv, forced, tasks, episode_ids = _branch_step_advantages(store, table)
+    indicator, thresholds = indicators_by_task(adv, tasks, forced, positive_fraction)
     return BranchLabels(adv.astype(np.float32), indicator, thresholds,
-                        float(np.mean(indicator != 0)) if len(indicator) else 0.0,
-                        [reader.episode_ids[i] for i in order])
+                        float(np.mean(indicator != 0)) if len(indicator) else 0.0, episode_ids,
+                        float(np.mean(np.isfinite(adv))) if len(adv) else 0.0)
 
 
-def label_store_from_branches(store: str, table: BranchTable, *, positive_fraction: float) -> tuple[Path, BranchLabels]:
-    """`branch_labels` written as the store's advantage sidecar (the one `fit_policy` reads)."""
-    labels = branch_labels(store, table, positive_fraction=positive_fraction)
+def combined_labels(store: str | os.PathLike, table: BranchTable, critic: AdvantageLabels, episode_ids: list[str], *,
+                    positive_fraction: float) -> BranchLabels:
+    """The critic's labels of every step of `store` (`critic`, for `episode_ids` in training order) with the
+    branched chunks' advantages in place of the critic's there, thresholded again per task."""
+    if not 0.0 < positive_fraction < 1.0:
+        raise ValueError(f"positive_fraction must be within (0, 1), got {positive_fraction}")
+    branched, forced, tasks, ids = _branch_step_advantages(store, table)
+    if ids != list(episode_ids) or len(branched) != len(critic.advantage):
+        raise ValueError(f"the critic's labels cover {len(episode_ids)} episodes ({len(critic.advantage)} steps), "
+                         f"the store {store} has {len(ids)} ({len(branched)}): label the same store")
+    from_branches = np.isfinite(branched)
+    adv = np.where(from_branches, branched, np.asarray(critic.advantage, np.float64))
+    indicator, thresholds = indicators_by_task(adv, tasks, forced, positive_fraction)
+    return BranchLabels(adv.astype(np.float32), indicator, thresholds, 1.0, ids,
+                        float(np.mean(from_branches)) if len(adv) else 0.0)
+
+
+def label_store_from_branches(store: str, table: BranchTable, *, positive_fraction: float,
+                              critic: LabelledStore | None = None) -> tuple[Path, BranchLabels]:
+    """`branch_labels` (or, given the `critic`'s labels of the store, `combined_labels`) written as the store's
+    advantage sidecar (the one `fit_policy` reads)."""
     meta = {"source": "branches", "store": str(store), **{k: table.meta[k] for k in ("rate", "branches", "max_steps")},
-            "positive_fraction": positive_fraction, "thresholds": labels.thresholds,
-            "labelled_fraction": labels.labelled_fraction}
-    path = write_sidecar(store, advantage=labels.advantage, indicator=labels.indicator,
-                         values=np.full(len(labels.advantage), np.nan, np.float32),
+            "positive_fraction": positive_fraction}
+    if critic is None:
+        labels = branch_labels(store, table, positive_fraction=positive_fraction)
+        values = np.full(len(labels.advantage), np.nan, np.float32)
+    else:
+        arrays, critic_meta = load_npz(critic.sidecar, version=SIDECAR_VERSION, what="advantage sidecar",
+                                       make="`label_store` makes it")
+        ids = [str(e) for e in arrays["episode_ids"]]
+        labels = combined_labels(store, table, critic.labels, ids, positive_fraction=positive_fraction)
+        values = critic.values
+        meta.update(source="combined", critic={k: critic_meta[k] for k in ("critic", "critic_weights_sha256", "n")},
+)
+    meta.update(thresholds=labels.thresholds, labelled_fraction=labels.labelled_fraction,
+                branch_fraction=labels.branch_fraction)
+    path = write_sidecar(store, advantage=labels.advantage, indicator=labels.indicator, values=values,
                          episode_ids=labels.episode_ids, meta=meta)
     return path, labels
 

@@ -345,17 +345,22 @@ class RecapConfig:
     seeds and used for the next rollouts. Empty: `--beta` as given."""
     select: Seeds = Seeds(first=1_500_000, count=200)
     """Seeds that choose among `--betas` (disjoint from the held-out, demonstration and rollout seeds)."""
-    advantage_source: Literal["critic", "branches", "distilled"] = "critic"
+    advantage_source: Literal["critic", "branches", "distilled", "combined"] = "critic"
     """Where the advantage labels come from: `critic`, the iteration's critic (trained on the episodes'
     returns); `branches`, branch values from capsule forks at sampled chunks of the iteration's rollouts
     (`learning.branch_values`: the chunk's value after minus before; steps of chunks nobody branched carry
     no label); `distilled`, a critic trained with those branch values as its targets where they exist,
-    labelling every step. With `branches` and `distilled`, the branch values go to `<store>.branches.npz`."""
+    labelling every step; `combined`, the critic's labels with the branched chunks' advantages in their place.
+    With all but `critic`, the branch values go to `<store>.branches.npz`."""
     branches: int = 4
-    """Continuations per branched boundary (`--advantage_source branches|distilled`)."""
+    """Continuations per branched boundary (`--advantage_source branches|distilled|combined`)."""
     branch_rate: float = 0.25
-    """Share of each rollout's eligible chunks (those the policy ran before any takeover) whose value
+    """Share of the rollouts' eligible chunks (those the policy ran before any takeover) whose value
     before and after is branched."""
+    branch_select: Literal["random", "unsure"] = "random"
+    """Which eligible chunks are branched: `random`, drawn at `--branch_rate` in each rollout; `unsure`, the
+    `--branch_rate` share of all the iteration's eligible chunks whose advantage by the recorded critic values
+    is nearest the labelling threshold (where the critic's label is least sure)."""
     n_exec: int = 8
     """Actions per chunk executed."""
     batch_size: int = 64

@@ -5,13 +5,15 @@ Iteration k >= 1:
   1. collect rollouts with policy k-1 (acting with the positive indicator) and
      critic k-1; a simulated operator takes over with the scripted expert when the
      chunk's value drops (`ValueTakeover`), and those steps are flagged;
-  2. with `--advantage_source branches|distilled`, branch values at sampled chunks
-     of those rollouts (capsule forks on the actor pool, `learning.branch_values`);
+  2. with `--advantage_source branches|distilled|combined`, branch values at sampled
+     chunks of those rollouts (capsule forks on the actor pool, `learning.branch_values`;
+     `--branch_select unsure`: the chunks whose critic label is least sure);
   3. train critic k on everything collected so far (`distilled`: with the branch
      values as its targets where they exist);
   4. label advantages as a sidecar next to the store: N-step from critic k
      (`critic`, `distilled`) or, `branches`, the branched chunks' value after minus
-     before (other steps unlabelled); per-task threshold, interventions positive;
+     before (other steps unlabelled), or, `combined`, critic k's with the branched
+     chunks' in their place; per-task threshold, interventions positive;
   5. fine-tune policy k from policy k-1 on everything, conditioned on the labels
      (indicator dropout keeps it unconditional too);
   6. with `--betas`, choose the guidance weight (or none) on a separate block of
@@ -222,15 +224,17 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
         branched = _branch(config, spec, store, ids, timing, log) if config.advantage_source != "critic" else None
         distil = config.advantage_source == "distilled"
         critic_dir = critic_for(k, branch_values=str(branches_path(store)) if distil else "")
-        if config.advantage_source == "branches":
-            sidecar, from_branches = label_store_from_branches(str(store), branched["table"],
-                                                              positive_fraction=config.positive_fraction)
-            indicator, labelled = from_branches.indicator, from_branches.labelled_fraction
-        else:
+        labels = None
+        if config.advantage_source != "branches":
             labels = label_store(load_critic(critic_dir), str(store), n=config.n,
                                  max_steps=LabelAdvantagesConfig.max_steps,
                                  positive_fraction=config.positive_fraction, critic_name=str(critic_dir))
             sidecar, indicator, labelled = labels.sidecar, labels.labels.indicator, 1.0
+        if config.advantage_source in ("branches", "combined"):
+            sidecar, from_branches = label_store_from_branches(str(store), branched["table"], critic=labels,
+                                                              positive_fraction=config.positive_fraction)
+            indicator, labelled = from_branches.indicator, from_branches.labelled_fraction
+            branched["branch_fraction"] = from_branches.branch_fraction  # steps labelled from branch values
         new_policy = out / f"policy_{k}"
         fit(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir), advantage_labels=str(sidecar))
         policy_dir = new_policy
@@ -282,7 +286,8 @@ def _branch(config: RecapConfig, spec: HostSpec, store: Path, ids: list[str], ti
     """Branch values at sampled chunks of the iteration's rollouts (`ids`), played by hosts built from the
     `spec` that recorded them; what it cost in control steps (a resumed run counts what it played before)."""
     t0 = time.perf_counter()
-    plan = BranchPlan(rate=config.branch_rate, branches=config.branches, seed=config.seed)
+    plan = BranchPlan(rate=config.branch_rate, branches=config.branches, seed=config.seed,
+                      select=config.branch_select, positive_fraction=config.positive_fraction)
     table = collect_branches(spec, store, ids, plan, max_steps=LabelAdvantagesConfig.max_steps,
                              actors=config.actors, log=log)
     timing["branches_s"] += time.perf_counter() - t0
@@ -290,7 +295,7 @@ def _branch(config: RecapConfig, spec: HostSpec, store: Path, ids: list[str], ti
     return {"table": table, "steps": sum(n for e, n in table.done.items() if e in wanted),
             "boundaries": sum(e in wanted for e in table.episode_ids),
             "episodes_branched": sum(1 for e in ids if table.done.get(e)), "rate": plan.rate,
-            "branches": plan.branches}
+            "branches": plan.branches, "select": plan.select}
 
 
 def _metrics(result: dict) -> dict:

@@ -111,13 +111,14 @@ def test_recap_refuses_a_plan_longer_than_the_executed_chunk(capsys):
     assert "--critic_plan_steps" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("source, actors", [("branches", "2"), ("distilled", "0")])
-def test_recap_with_branch_advantages_branches_on_the_actors_and_resumes(tmp_path, source, actors, capsys):
+@pytest.mark.parametrize("source, actors, select", [("branches", "2", "random"), ("distilled", "0", "random"),
+                                                    ("combined", "0", "unsure")])
+def test_recap_with_branch_advantages_branches_on_the_actors_and_resumes(tmp_path, source, actors, select, capsys):
     out, summary = tmp_path / "recap", tmp_path / "r.json"
     args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "6", "--bc_steps", "2",
             "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "3", "--eval_episodes", "2",
             "--batch_size", "4", "--takeover_threshold", "-2", "--no-progress", "--advantage_source", source,
-            "--branches", "2", "--branch_rate", "0.3", "--actors", actors]
+            "--branches", "2", "--branch_rate", "0.3", "--branch_select", select, "--actors", actors]
     assert main([*args, "--json", str(summary)]) == 0
     printed = capsys.readouterr().out
     assert "branching 3 episodes" in printed
@@ -132,9 +133,13 @@ def test_recap_with_branch_advantages_branches_on_the_actors_and_resumes(tmp_pat
     labels = np.load(out / "episodes.advantage.npz")["indicator"]
     if source == "branches":  # only the branched chunks (no takeovers here) carry a label
         assert 0 < it["labelled_fraction"] == np.mean(labels != 0) < 0.5
-    else:  # the critic is distilled from the branch values, then labels every step
+    elif source == "distilled":  # the critic is distilled from the branch values, then labels every step
         assert it["labelled_fraction"] == 1.0 and (labels != 0).all()
         assert f"{branching['boundaries']} states take their branch value as the target" in printed
+    else:  # the critic labels every step, the branched chunks' advantages in place of its own there
+        assert it["labelled_fraction"] == 1.0 and (labels != 0).all() and 0 < branching["branch_fraction"] < 1
+        assert branching["select"] == "unsure" and "chunks unsure" in printed
+        assert json.loads(str(np.load(out / "episodes.advantage.npz")["meta"]))["source"] == "combined"
     again = tmp_path / "again.json"
     assert main([*args, "--json", str(again)]) == 0  # resumed: no branch is played again
     assert "branching " not in capsys.readouterr().out

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from capsules import BufferComponent, BufferSpec, Role
-from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE
+from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE, AdvantageLabels, indicators_by_task
 from critics.returns import normalized_returns
 from critics.rollout_critic import CriticSpec
-from learning.advantage_labels import load_sidecar
+from learning.advantage_labels import LabelledStore, load_sidecar, write_sidecar
 from learning.branch_values import (
     BranchPlan,
     BranchTable,
@@ -17,9 +17,11 @@ from learning.branch_values import (
     branch_targets,
     branches_path,
     collect_branches,
+    combined_labels,
     eligible_chunks,
     label_store_from_branches,
     sample_chunks,
+    unsure_chunks,
 )
 from rollout.branching import ReplayDivergedError, branch_seed
 from rollout.host_factory import HostSpec
@@ -110,6 +112,44 @@ def test_branch_values_are_the_known_ones_and_a_resumed_call_plays_nothing_again
         collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0, host=host)
 
 
+def test_unsure_chunks_are_the_share_nearest_their_tasks_threshold():
+    chunks = {"a": [(0, 2), (2, 4), (4, None)], "b": [(0, 2), (2, None)], "c": [(0, 2)]}
+    advantages = {"a": np.array([0.0, 0.5, 1.0]), "b": np.array([0.45, 0.9]), "c": np.array([5.0])}
+    tasks = {"a": "t", "b": "t", "c": "u"}
+    # task t's median is 0.5: margins a 0.5 0 0.5, b 0.05 0.4; task u's only chunk is its own median (margin 0)
+    plan = BranchPlan(rate=0.5, select="unsure", positive_fraction=0.5)
+    assert unsure_chunks(chunks, advantages, tasks, plan) == {"a": [(2, 4)], "b": [(0, 2)], "c": [(0, 2)]}
+    assert unsure_chunks(chunks, advantages, tasks, BranchPlan(rate=1.0, select="unsure")) == chunks
+    with pytest.raises(ValueError, match="branch selection"):
+        BranchPlan(select="confident")
+
+
+def test_unsure_selection_branches_the_chunks_the_recorded_critic_labels_least_surely(recorded):
+    store, host = recorded
+    ids = [f"coin-{s}" for s in range(4)]
+    plan = BranchPlan(rate=0.5, branches=2, select="unsure", positive_fraction=0.3)
+    table = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
+    # the zero critic recorded V = 0 at the chunk starts 0, 2, 4: a chunk's advantage is its rewards over M, and
+    # the last one's is its own return (-1/6 after a win, -1 after a loss)
+    reader = open_episode_reader(store)
+    rows = []
+    for i, episode_id in enumerate(reader.episode_ids):
+        episode = reader.episode(i, ["reward"])
+        r = np.asarray(episode.steps["reward"], np.float64)
+        last = -1 / M if episode.meta.success else -1.0
+        rows += [(episode_id, 0, r[0:2].sum() / M), (episode_id, 2, r[2:4].sum() / M), (episode_id, 4, last)]
+    adv = np.array([a for *_, a in rows])
+    margin = np.abs(adv - np.quantile(adv, 0.7))
+    chosen = [rows[j] for j in np.argsort(margin, kind="stable")[:6]]
+    expected = {(e, t) for e, s, _ in chosen for t in (s, s + 2) if t < 6}
+    assert set(zip(table.episode_ids, table.steps)) == expected
+    played = []
+    assert collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host,
+                            log=played.append).lookup() == table.lookup() and played == []
+    with pytest.raises(ValueError, match="this run asks for"):  # the sidecar was made by another choice
+        collect_branches(HostSpec(), store, ids, BranchPlan(rate=0.5, branches=2), max_steps=M, actors=0, host=host)
+
+
 def test_a_replay_by_another_spec_than_the_recording_one_is_refused(recorded):
     store, _ = recorded
     other = _host(noise_seed=99)  # other noise: the same seed plays another episode
@@ -153,6 +193,42 @@ def test_labels_from_branches_are_value_after_minus_before_and_unbranched_steps_
     assert np.array_equal(labelled == INDICATOR_POSITIVE, labels.advantage[:18] > threshold)
     path, _ = label_store_from_branches(str(store), table, positive_fraction=0.3)
     assert np.array_equal(load_sidecar(path, list(reader.episode_ids)), labels.indicator)  # what fit_policy reads
+
+
+def test_combined_labels_are_the_branch_advantages_where_branched_and_the_critics_elsewhere(recorded):
+    store, host = recorded
+    ids = [f"coin-{s}" for s in range(4)]
+    table = collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0,
+                             host=host, log=lambda m: None)
+    table.done.pop("coin-3")  # coin-3 counts as unbranched: its steps keep the critic's advantages
+    branched = branch_labels(store, table, positive_fraction=0.3).advantage
+    critic_adv = np.linspace(-1.0, 0.0, 24, dtype=np.float32)
+    critic = AdvantageLabels(critic_adv, np.full(24, INDICATOR_NEGATIVE), {}, {})
+    labels = combined_labels(store, table, critic, ids, positive_fraction=0.3)
+    assert np.array_equal(labels.advantage[:18], branched[:18]) and np.array_equal(labels.advantage[18:], critic_adv[18:])
+    assert labels.labelled_fraction == 1.0 and labels.branch_fraction == pytest.approx(18 / 24)
+    threshold = np.quantile(labels.advantage, 0.7)
+    assert labels.thresholds["coin"] == pytest.approx(threshold)
+    assert np.array_equal(labels.indicator == INDICATOR_POSITIVE, labels.advantage > threshold)
+    with pytest.raises(ValueError, match="label the same store"):
+        combined_labels(store, table, critic, ids[:3], positive_fraction=0.3)
+    # as the store's sidecar: the critic's values and who made them kept, the merged indicators what training reads
+    sidecar = write_sidecar(str(store), advantage=critic_adv, indicator=critic.indicator,
+                            values=np.zeros(24, np.float32), episode_ids=ids,
+                            meta={"critic": "c", "critic_weights_sha256": "0" * 64, "n": 2})
+    path, _ = label_store_from_branches(str(store), table, positive_fraction=0.3,
+                                        critic=LabelledStore(sidecar, critic, np.zeros(24, np.float32), 4))
+    assert np.array_equal(load_sidecar(path, ids), labels.indicator)
+
+
+def test_indicators_by_task_leave_unlabelled_steps_out_and_make_interventions_positive():
+    adv = np.array([0.0, 1.0, 2.0, np.nan, 5.0, np.nan, 7.0], np.float32)
+    task = np.array(["a", "a", "a", "a", "a", "b", "b"], dtype=object)
+    forced = np.array([0, 0, 0, 1, 1, 0, 0], bool)
+    indicator, thresholds = indicators_by_task(adv, task, forced, 0.5)
+    assert thresholds == {"a": 1.0, "b": 7.0}  # interventions and NaNs are not in a task's quantile
+    P, N = INDICATOR_POSITIVE, INDICATOR_NEGATIVE
+    assert indicator.tolist() == [N, N, P, P, P, 0, N]
 
 
 def test_distillation_targets_land_on_the_branched_steps_of_the_flat_arrays(recorded):
