@@ -206,22 +206,27 @@ def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list
     missing = [e for e in episode_ids if e not in index]
     if missing:
         raise ValueError(f"{len(missing)} episodes to branch are not in {store}, e.g. {missing[0]}")
-    # every episode is read (done ones too): `unsure` chooses among all of them, the same on every call
+    # `unsure` chooses among all the episodes (done ones too, so every call chooses the same) by their chunk
+    # advantages; `random` draws each episode's own, so it reads only the episodes still to branch
+    unsure = plan.select == "unsure"
     chunks, advantages, tasks, metas = {}, {}, {}, {}
     for episode_id in episode_ids:
-        episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION, S.REWARD])
+        if episode_id in table.done and not unsure:
+            continue
+        episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION, *([S.REWARD] if unsure else [])])
         values = np.asarray(episode.steps[S.VALUE], np.float64)
         if not np.isfinite(values).any():
             raise ValueError(f"episode {episode_id} records no values: branching needs the chunk starts a host "
                              "with a critic records")
         m = metas[episode_id] = episode.meta
         chunks[episode_id] = eligible_chunks(values, episode.steps[S.INTERVENTION])
-        rewards = np.asarray(episode.steps[S.REWARD], np.float64)
-        returns = normalized_returns(rewards, bool(m.success), max_steps)
-        advantages[episode_id] = np.array([chunk_advantage(c, n, rewards, returns, values.__getitem__, max_steps)
-                                           for c, n in chunks[episode_id]])
-        tasks[episode_id] = str(m.task)
-    chosen = (unsure_chunks(chunks, advantages, tasks, plan) if plan.select == "unsure"
+        if unsure:
+            rewards = np.asarray(episode.steps[S.REWARD], np.float64)
+            returns = normalized_returns(rewards, bool(m.success), max_steps)
+            advantages[episode_id] = np.array([chunk_advantage(c, n, rewards, returns, values.__getitem__,
+                                                               max_steps) for c, n in chunks[episode_id]])
+            tasks[episode_id] = str(m.task)
+    chosen = (unsure_chunks(chunks, advantages, tasks, plan) if unsure
               else {e: sample_chunks(e, c, plan) for e, c in chunks.items()})
     items, expect = [], {}
     for episode_id in episode_ids:
