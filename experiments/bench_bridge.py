@@ -13,10 +13,10 @@ import numpy as np
 
 from envs.robot_bridge import RobotClient, SimRobotServer
 from envs.robot_protocol import Message
-from experiments.bench_support import machine, stats_us, update_markdown_section
-from experiments.configs import BenchBridgeConfig
+from benchmarks.support import machine, stats_us, update_markdown_section
+from commands.configs import BenchBridgeConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 
 
 def run(config: BenchBridgeConfig) -> ExperimentResult:

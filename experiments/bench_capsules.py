@@ -30,10 +30,10 @@ from capsules import (
     save_capsule,
     snapshot,
 )
-from experiments.bench_support import machine, stats_us, timed, update_markdown_section
-from experiments.configs import BenchCapsulesConfig
+from benchmarks.support import machine, stats_us, timed, update_markdown_section
+from commands.configs import BenchCapsulesConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.uint8, torch.int64, torch.bool, torch.float16)
 RESTORE_RATIO_TARGET = 1.5  # 64 MiB restore within 1.5x the contiguous copy

@@ -24,10 +24,10 @@ from rich.table import Table
 from capsules import Arena, restore, snapshot
 from envs.scripted_expert import ScriptedExpert
 from envs.tabletop_env import TabletopEnv
-from experiments.bench_support import machine, stats_us, timed, update_markdown_section
-from experiments.configs import BenchEnvConfig
+from benchmarks.support import machine, stats_us, timed, update_markdown_section
+from commands.configs import BenchEnvConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult, checking_inputs
+from commands.result import ExperimentResult, checking_inputs
 from rollout.demo_collector import record_episode
 from rollout.episode import EpisodeBuilder
 from rollout.npz_recorder import NpzRecorder

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from experiments.bench_support import machine, update_markdown_section
-from experiments.configs import BenchLeRobotConfig
+from benchmarks.support import machine, update_markdown_section
+from commands.configs import BenchLeRobotConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from rollout.lerobot_reader import LeRobotDatasetReader
 from rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
 from rollout.zarr_reader import ZarrEpisodeReader, store_episodes

@@ -17,11 +17,11 @@ from rich.table import Table
 from capsules import Arena
 from critics.critic_runtime import CriticRuntime
 from critics.value_critic import ValueCritic, load_critic
-from experiments.bench_support import machine, stats_us, timed, update_markdown_section
-from experiments.configs import BenchPolicyConfig
+from benchmarks.support import machine, stats_us, timed, update_markdown_section
+from commands.configs import BenchPolicyConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from models.checkpoint import WEIGHTS_FILE
 from policies.execution_context import TwoLaneContext
 from policies.flow_policy import FlowPolicy, load_policy

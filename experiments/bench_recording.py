@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from experiments.bench_support import machine
-from experiments.configs import BenchRecordingConfig
+from benchmarks.support import machine
+from commands.configs import BenchRecordingConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from rollout.episode import Episode, EpisodeBuilder
 from rollout.host_config import EpisodeResult
 from rollout.host_factory import HostSpec

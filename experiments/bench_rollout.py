@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from experiments.bench_support import machine, stats_us, update_markdown_section
-from experiments.configs import BenchRolloutConfig
+from benchmarks.support import machine, stats_us, update_markdown_section
+from commands.configs import BenchRolloutConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from rollout.handoff import SubtaskChannel
 from rollout.host_factory import HostSpec, build_host
 from rollout.rollout_host import HostConfig, episode_noise_seed

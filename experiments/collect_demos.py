@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from experiments.configs import CollectDemosConfig
+from commands.configs import CollectDemosConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult, checking_inputs
+from commands.result import ExperimentResult, checking_inputs
 from learning.demos import collect_demos, demo_source
 
 

@@ -6,9 +6,9 @@ import time
 
 from tqdm import tqdm
 
-from experiments.configs import ConsolidateConfig
+from commands.configs import ConsolidateConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult, checking_inputs
+from commands.result import ExperimentResult, checking_inputs
 from rollout.consolidate import consolidate_store
 from rollout.sharded_reader import open_episode_reader
 

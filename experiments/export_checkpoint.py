@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.configs import ExportCheckpointConfig
+from commands.configs import ExportCheckpointConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult, checking_inputs
+from commands.result import ExperimentResult, checking_inputs
 from models.checkpoint import WEIGHTS_FILE, export_weights
 from rollout.host_factory import ACTING_INFO, HostSpec, check_spec, recorded_acting
 from rollout.rollout_host import HostConfig

@@ -6,10 +6,10 @@ import time
 
 from tqdm import tqdm
 
-from experiments.configs import ExportLeRobotConfig
+from commands.configs import ExportLeRobotConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from rollout import lerobot_format as F
 from rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
 from rollout.zarr_reader import store_episodes

@@ -32,10 +32,10 @@ import torch
 from rich.markup import escape
 from rich.table import Table
 
-from experiments.bench_support import update_markdown_section
-from experiments.configs import GpuCheckConfig
+from benchmarks.support import update_markdown_section
+from commands.configs import GpuCheckConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult, write_json
+from commands.result import ExperimentResult, write_json
 
 REPORT = "gpu_check.json"
 TAIL_CHARS = 4000

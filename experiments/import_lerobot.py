@@ -6,10 +6,10 @@ import time
 
 from tqdm import tqdm
 
-from experiments.configs import ImportLeRobotConfig
+from commands.configs import ImportLeRobotConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from rollout import lerobot_format as F
 from rollout.lerobot_reader import LeRobotDatasetReader
 from rollout.zarr_recorder import ZarrRecorder

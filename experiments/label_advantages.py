@@ -7,10 +7,10 @@ import numpy as np
 
 from critics.advantage import INDICATOR_POSITIVE
 from critics.value_critic import load_critic
-from experiments.configs import LabelAdvantagesConfig
+from commands.configs import LabelAdvantagesConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from learning.advantage_labels import label_store
 
 

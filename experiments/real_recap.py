@@ -20,10 +20,10 @@ import numpy as np
 from envs.operator_input import KeyboardOperator, Kind, OperatorEvent, ScriptedOperator
 from envs.robot_bridge import RobotClient
 from envs.robot_env import RobotEnv
-from experiments.configs import RealRecapConfig
+from commands.configs import RealRecapConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult, checking_inputs
+from commands.result import ExperimentResult, checking_inputs
 from rollout.host_factory import HostSpec, build_host, check_spec, resolve_acting
 from rollout.npz_recorder import NpzRecorder
 from rollout.rollout_host import HostConfig

@@ -3,9 +3,9 @@ whose docstring says what each iteration does)."""
 
 from __future__ import annotations
 
-from experiments.configs import RecapConfig
+from commands.configs import RecapConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from learning.recap_loop import recap_loop, resumable_store
 
 

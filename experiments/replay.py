@@ -14,9 +14,9 @@ import dataclasses
 import numpy as np
 
 from capsules import load_capsule
-from experiments.configs import ReplayConfig
+from commands.configs import ReplayConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from rollout import episode_schema as S
 from rollout.host_factory import MIXED, build_host, capsule_path, read_spec
 from rollout.rollout_host import capsule_key

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments import registry
-from experiments.config_cli import (
+from commands import registry
+from commands.cli import (
     ConfigError,
     add_config_options,
     build_config,
     check_unknown,
 )
-from experiments.result import ExperimentResult, UsageError, write_json
+from commands.result import ExperimentResult, UsageError, write_json
 
 
 def _usage() -> str:

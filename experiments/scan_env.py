@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib
 
-from experiments.configs import ScanEnvConfig
+from commands.configs import ScanEnvConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult, checking_inputs
+from commands.result import ExperimentResult, checking_inputs
 
 
 def run(config: ScanEnvConfig) -> ExperimentResult:

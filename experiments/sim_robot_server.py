@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from envs.robot_bridge import SimRobotServer
-from experiments.configs import SimRobotServerConfig
+from commands.configs import SimRobotServerConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 
 
 def run(config: SimRobotServerConfig) -> ExperimentResult:

@@ -19,10 +19,10 @@ from rich.table import Table
 from tqdm import tqdm
 
 from envs.tasks import FAMILY_NAMES
-from experiments.configs import SimRolloutConfig
+from commands.configs import SimRolloutConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult, checking_inputs
+from commands.result import ExperimentResult, checking_inputs
 from rollout import episode_schema as S
 from rollout.host_factory import MIXED, HostSpec, check_spec, read_spec, resolve_acting, write_spec
 from rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from experiments.configs import TrainCriticConfig
+from commands.configs import TrainCriticConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from learning.fit_critic import fit_critic
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.configs import TrainPolicyConfig
+from commands.configs import TrainPolicyConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 from learning.fit_policy import fit_policy
 
 

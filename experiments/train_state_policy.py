@@ -13,9 +13,9 @@ import time
 import numpy as np
 import torch
 
-from experiments.configs import TrainStatePolicyConfig
+from commands.configs import TrainStatePolicyConfig
 from experiments.console import make_console
-from experiments.result import ExperimentResult, UsageError
+from commands.result import ExperimentResult, UsageError
 from policies.rollout_policy import PolicySpec
 from policies.state_mlp import StateMLP
 from policies.torch_policy import save_torch_policy

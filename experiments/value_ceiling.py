@@ -24,10 +24,10 @@ import time
 
 import numpy as np
 
-from experiments.configs import ValueCeilingConfig
+from commands.configs import ValueCeilingConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult, UsageError, checking_inputs
+from commands.result import ExperimentResult, UsageError, checking_inputs
 from learning.evaluation import task_phase
 from learning.stats import failure_auc_summary, phase_breakdown
 from rollout.branching import branch_value

@@ -15,10 +15,10 @@ from critics.critic_steppable import CriticSteppable
 from critics.value_critic import ValueCritic, load_critic
 from envs.env_steppable import TabletopSteppable
 from envs.tasks import FAMILY_NAMES
-from experiments.configs import VerifyCapsuleConfig
+from commands.configs import VerifyCapsuleConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from experiments.result import ExperimentResult, checking_inputs
+from commands.result import ExperimentResult, checking_inputs
 from models.checkpoint import META_FILE
 from policies.flow_policy import FlowPolicy, load_policy
 from policies.policy_steppable import PolicySteppable

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from experiments import registry
-from experiments.config_cli import flat_fields
+from commands import registry
+from commands.cli import flat_fields
 from experiments.run import main, parse
 
 

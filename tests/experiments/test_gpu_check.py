@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from experiments import gpu_check
-from experiments.configs import GpuCheckConfig
+from commands.configs import GpuCheckConfig
 from experiments.run import main, parse
 
 ROOT = Path(__file__).resolve().parents[2]

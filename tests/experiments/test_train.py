@@ -29,7 +29,7 @@ def test_train_policy_resumes_and_eval_policy_reads_it(demos, tmp_path):
     assert second["resumed_from"] == 2 and [e["step"] for e in second["evals"]] == [2, 4]
     assert Checkpoint(out).step == 4 and Checkpoint(out).resumable
     with pytest.raises(SystemExit, match="already holds a checkpoint"):
-        from experiments.configs import TrainPolicyConfig
+        from commands.configs import TrainPolicyConfig
         from experiments.train_policy import run
         from learning.options import Loop
 
@@ -81,7 +81,7 @@ def test_train_critic_starts_its_encoders_from_a_policy(demos, tmp_path):
 
 def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, capsys):
     with pytest.raises(ValueError, match="no images of camera"):
-        from experiments.configs import TrainPolicyConfig
+        from commands.configs import TrainPolicyConfig
         from experiments.train_policy import run
         from learning.options import Loop
 

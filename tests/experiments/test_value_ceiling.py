@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments import value_ceiling
-from experiments.configs import ValueCeilingConfig
+from commands.configs import ValueCeilingConfig
 from experiments.run import main
 from learning.options import Seeds
 from rollout.branching import ReplayDivergedError

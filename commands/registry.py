@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.result import ExperimentResult
+from commands.result import ExperimentResult
 
 
 class UnknownExperimentError(KeyError):
@@ -53,7 +53,7 @@ def command(name: str, summary: str, runner: str = ""):
 
 
 def _registered() -> dict[str, Experiment]:
-    import experiments.configs  # noqa: F401 - importing the configs registers every command
+    import commands.configs  # noqa: F401 - importing the configs registers every command
 
     return _REGISTRY
 

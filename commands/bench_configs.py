@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from experiments.registry import command
+from commands.registry import command
 from learning.options import FAMILIES
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from experiments.registry import command
+from commands.registry import command
 
 
 @command("consolidate", "Write a sharded store's episodes as one diffusion_policy-layout zarr store (resumable).")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from experiments.bench_configs import (  # noqa: F401 - the benchmarks' configs
+from commands.bench_configs import (  # noqa: F401 - the benchmarks' configs
     BenchBridgeConfig,
     BenchCapsulesConfig,
     BenchEnvConfig,
@@ -17,8 +17,8 @@ from experiments.bench_configs import (  # noqa: F401 - the benchmarks' configs
     BenchRecordingConfig,
     BenchRolloutConfig,
 )
-from experiments.registry import command
-from experiments.store_configs import (  # noqa: F401 - the store tools' configs
+from commands.registry import command
+from commands.store_configs import (  # noqa: F401 - the store tools' configs
     ConsolidateConfig,
     ExportLeRobotConfig,
     ImportLeRobotConfig,
