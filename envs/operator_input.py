@@ -152,6 +152,20 @@ class KeyboardOperator:
             self._saved_tty = None
 
 
+def parse_script(items: Iterable[str]) -> dict[int, list[OperatorEvent]]:
+    """A `ScriptedOperator` schedule from `STEP:KIND` / `STEP:coach:TEXT` items (`real_recap --script`)."""
+    schedule: dict[int, list[OperatorEvent]] = {}
+    kinds = {k.value: k for k in Kind}
+    for item in items:
+        step, _, rest = item.partition(":")
+        kind, _, text = rest.partition(":")
+        if not step.isdigit() or kind not in kinds or (kind == "coach") != bool(text):
+            raise ValueError(f"--script item {item!r}: expected STEP:KIND (KIND in {sorted(kinds)}), "
+                             "or STEP:coach:TEXT")
+        schedule.setdefault(int(step), []).append(OperatorEvent(kinds[kind], text))
+    return schedule
+
+
 class ScriptedOperator:
     """Plays `schedule` (control step -> events): each event once, when that step is polled or passed."""
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from commands.configs import CollectDemosConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult, checking_inputs
+from experiments.console import make_console
 from learning.demos import collect_demos, demo_source
 
 

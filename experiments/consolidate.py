@@ -7,8 +7,8 @@ import time
 from tqdm import tqdm
 
 from commands.configs import ConsolidateConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult, checking_inputs
+from experiments.console import make_console
 from rollout.consolidate import consolidate_store
 from rollout.sharded_reader import open_episode_reader
 

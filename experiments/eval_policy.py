@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from envs.tasks import FAMILY_NAMES
 from commands.configs import EvalPolicyConfig
+from commands.result import ExperimentResult, checking_inputs
+from envs.tasks import FAMILY_NAMES
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from commands.result import ExperimentResult, checking_inputs
 from learning.coaching import COACHABLE, evaluate_coaching
 from learning.evaluation import evaluate_expert, evaluate_policy
 from policies.flow_policy import resolve_conditioning

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from commands.configs import ExportCheckpointConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult, checking_inputs
+from experiments.console import make_console
 from models.checkpoint import WEIGHTS_FILE, export_weights
 from rollout.host_factory import ACTING_INFO, HostSpec, check_spec, recorded_acting
 from rollout.rollout_host import HostConfig

@@ -7,9 +7,9 @@ import time
 from tqdm import tqdm
 
 from commands.configs import ExportLeRobotConfig
+from commands.result import ExperimentResult
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from commands.result import ExperimentResult
 from rollout import lerobot_format as F
 from rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
 from rollout.zarr_reader import store_episodes

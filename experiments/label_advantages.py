@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from commands.configs import LabelAdvantagesConfig
+from commands.result import ExperimentResult
 from critics.advantage import INDICATOR_POSITIVE
 from critics.value_critic import load_critic
-from commands.configs import LabelAdvantagesConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from commands.result import ExperimentResult
 from learning.advantage_labels import label_store
 
 

@@ -17,30 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.operator_input import KeyboardOperator, Kind, OperatorEvent, ScriptedOperator
+from commands.configs import RealRecapConfig
+from commands.result import ExperimentResult, checking_inputs
+from envs.operator_input import KeyboardOperator, ScriptedOperator, parse_script
 from envs.robot_bridge import RobotClient
 from envs.robot_env import RobotEnv
-from commands.configs import RealRecapConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from commands.result import ExperimentResult, checking_inputs
 from rollout.host_factory import HostSpec, build_host, check_spec, resolve_acting
 from rollout.npz_recorder import NpzRecorder
 from rollout.rollout_host import HostConfig
 from rollout.zarr_recorder import ZarrRecorder
-
-
-def parse_script(items: tuple[str, ...]) -> dict[int, list[OperatorEvent]]:
-    schedule: dict[int, list[OperatorEvent]] = {}
-    kinds = {k.value: k for k in Kind}
-    for item in items:
-        step, _, rest = item.partition(":")
-        kind, _, text = rest.partition(":")
-        if not step.isdigit() or kind not in kinds or (kind == "coach") != bool(text):
-            raise ValueError(f"--script item {item!r}: expected STEP:KIND (KIND in {sorted(kinds)}), "
-                             "or STEP:coach:TEXT")
-        schedule.setdefault(int(step), []).append(OperatorEvent(kinds[kind], text))
-    return schedule
 
 
 def run(config: RealRecapConfig) -> ExperimentResult:

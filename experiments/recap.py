@@ -4,8 +4,8 @@ whose docstring says what each iteration does)."""
 from __future__ import annotations
 
 from commands.configs import RecapConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult
+from experiments.console import make_console
 from learning.recap_loop import recap_loop, resumable_store
 
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from capsules import load_capsule
 from commands.configs import ReplayConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult
+from experiments.console import make_console
 from rollout import episode_schema as S
 from rollout.host_factory import MIXED, build_host, capsule_path, read_spec
 from rollout.rollout_host import capsule_key

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 
 from commands.configs import ScanEnvConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult, checking_inputs
+from experiments.console import make_console
 
 
 def run(config: ScanEnvConfig) -> ExperimentResult:

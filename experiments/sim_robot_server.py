@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from envs.robot_bridge import SimRobotServer
 from commands.configs import SimRobotServerConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult
+from envs.robot_bridge import SimRobotServer
+from experiments.console import make_console
 
 
 def run(config: SimRobotServerConfig) -> ExperimentResult:

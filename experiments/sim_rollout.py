@@ -11,27 +11,24 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from rich.table import Table
 from tqdm import tqdm
 
-from envs.tasks import FAMILY_NAMES
 from commands.configs import SimRolloutConfig
+from commands.result import ExperimentResult, checking_inputs
+from envs.tasks import FAMILY_NAMES
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from commands.result import ExperimentResult, checking_inputs
 from rollout import episode_schema as S
-from rollout.host_factory import MIXED, HostSpec, check_spec, read_spec, resolve_acting, write_spec
-from rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
+from rollout.host_factory import MIXED, HostSpec, check_same_run, check_spec, resolve_acting, write_spec
+from rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from rollout.rollout_actor import WorkItem
 from rollout.rollout_host import HostConfig
 from rollout.sharded_reader import open_episode_reader
-from rollout.sharded_store import ShardedStore, is_sharded_store, manifest_entries, parse_store_root
-from rollout.zarr_reader import ZarrEpisodeReader
-from rollout.zarr_recorder import ZarrRecorder
+from rollout.sharded_store import ShardedStore, open_recorder, parse_store_root, recorded_outcomes
 
 
 def rollout_episode_id(family: str, seed: int) -> str:
@@ -54,40 +51,6 @@ def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
     )
 
 
-def _same_run(out: Path, spec: HostSpec) -> None:
-    """A resumed run must play as the recorded one did: refuse an --out made with other settings."""
-    try:
-        recorded = read_spec(out).to_json()
-    except FileNotFoundError:
-        return
-    now = spec.to_json()
-    free = {"crash", "threads", "pin_cores", "capsule_budget_mb"}  # they do not change what is played
-    differ = sorted(k for k in now if k not in free and recorded.get(k) != now[k])
-    if differ:
-        raise ValueError(f"{out} holds a run made with other settings ({', '.join(differ)} differ; see "
-                         f"{out / 'rollout.json'}): use another --out, or the same settings to resume it")
-
-
-def recorded_outcomes(store: Path) -> dict[str, bool]:
-    """Episode id -> success of what a store already holds (a resumed run walks past these)."""
-    if not store.exists():
-        return {}
-    if is_sharded_store(store):  # the manifest says it all: no shard is opened
-        return {e.episode_id: e.success for e in manifest_entries(store)}
-    reader = ZarrEpisodeReader(store)
-    return {reader.meta(i).episode_id: bool(reader.meta(i).success) for i in range(len(reader))}
-
-
-def open_recorder(store: Path, shards: bool) -> ZarrRecorder | ShardedStore:
-    """The run's recorder: a single zarr store, or a sharded store root (`--shards true`); a resumed store
-    must be of the kind asked for."""
-    if shards:
-        return ShardedStore(store)  # refuses a single store
-    if is_sharded_store(store):
-        raise ValueError(f"{store} is a sharded store: resume it with --shards true (or use another --out)")
-    return ZarrRecorder(store)
-
-
 def _open_run(config: SimRolloutConfig):
     """Check the inputs and open the run's output: (out, spec, store, conditioning, recorded outcomes, recorder)."""
     with checking_inputs():
@@ -99,7 +62,7 @@ def _open_run(config: SimRolloutConfig):
             raise ValueError("--attempts: at noise scale 0 every retry plays the failed episode again; pass "
                              "--act.noise_scale > 0 (e.g. 1) to retry with fresh noise")
         conditioning = spec.conditioning()
-        _same_run(out, spec)
+        check_same_run(out, spec)
         store = out / "episodes.zarr"
         done = recorded_outcomes(store)
         recorder = open_recorder(store, config.shards)
@@ -145,7 +108,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
             shutdown_ray(where)
     wall = time.perf_counter() - t0
     episodes = [r.episode for r in reports if r.episode is not None]
-    summary = {**_summary(reports, stats, episodes), "advantage": conditioning.advantage, "beta": conditioning.beta,
+    summary = {**summarize_run(reports, stats), "advantage": conditioning.advantage, "beta": conditioning.beta,
                "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
                "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors, "wall_s": wall,
                "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where}
@@ -155,40 +118,6 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
             summary["video"] = str(_video(episodes, out / "episode.gif", store))
     _table(console, summary)
     return ExperimentResult(summary)
-
-
-def _summary(reports, stats, episodes) -> dict:
-    """Outcomes, stop reasons, resets by kind and by actor, and the driver's tallies of a run's reports."""
-    reasons = Counter(e.meta.stop_reason for e in episodes)
-    resets = [r.reset_ms for r in reports if r.episode is not None]
-    by_actor: dict[str, Counter] = {}
-    for r in reports:
-        by_actor.setdefault(str(r.actor_index if r.actor_index >= 0 else r.actor_pid), Counter())[r.reset_kind] += 1
-    first = [e for e in episodes if e.meta.attempt == 0]
-    by_task: dict[str, list[bool]] = {}
-    for e in episodes:
-        by_task.setdefault(e.meta.task, []).append(bool(e.meta.success))
-    return {
-        "episodes": len(episodes),
-        "successes": sum(e.meta.success for e in episodes),
-        "success_rate": (sum(e.meta.success for e in episodes) / len(episodes)) if episodes else 0.0,
-        "first_attempt_success_rate": (sum(e.meta.success for e in first) / len(first)) if first else 0.0,
-        "seeds_solved": len({(e.meta.task, e.meta.seed) for e in episodes if e.meta.success}),
-        "by_family": {task: {"episodes": len(wins), "successes": sum(wins), "success_rate": sum(wins) / len(wins)}
-                      for task, wins in sorted(by_task.items())},
-        "stop_reasons": dict(reasons),
-        "failed_before_first_step": stats.failed_before_first_step,
-        "errors": [r.error for r in reports if r.error][:10],
-        "reset_ms_median": float(np.median(resets)) if resets else None,
-        "reset_kinds": dict(Counter(r.reset_kind for r in reports)),
-        "reset_kinds_by_actor": {k: dict(v) for k, v in sorted(by_actor.items())},
-        "episodes_by_node": dict(Counter(r.node for r in reports if r.episode is not None and r.node)),
-        "control_hz_per_actor_median": float(np.median([r.steps_per_s for r in reports])) if reports else None,
-        "actor_failures": stats.actor_failures,
-        "timeouts": stats.timeouts,
-        "resubmitted": stats.resubmitted,
-        "duplicates_skipped": stats.duplicates_skipped,
-    }
 
 
 def _table(console, s: dict) -> None:

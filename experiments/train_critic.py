@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from commands.configs import TrainCriticConfig
+from commands.result import ExperimentResult
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from commands.result import ExperimentResult
 from learning.fit_critic import fit_critic
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from commands.configs import TrainPolicyConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult
+from experiments.console import make_console
 from learning.fit_policy import fit_policy
 
 

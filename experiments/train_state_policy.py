@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from commands.configs import TrainStatePolicyConfig
-from experiments.console import make_console
 from commands.result import ExperimentResult, UsageError
+from experiments.console import make_console
 from policies.rollout_policy import PolicySpec
 from policies.state_mlp import StateMLP
 from policies.torch_policy import save_torch_policy

@@ -25,35 +25,13 @@ import time
 import numpy as np
 
 from commands.configs import ValueCeilingConfig
+from commands.result import ExperimentResult, UsageError, checking_inputs
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from commands.result import ExperimentResult, UsageError, checking_inputs
-from learning.evaluation import task_phase
 from learning.stats import failure_auc_summary, phase_breakdown
-from rollout.branching import branch_value
+from learning.value_ceiling import BoundaryKeeper, judge_state
 from rollout.host_factory import HostSpec, build_host, resolve_acting
-from rollout.observer import EpisodeObserver
-from rollout.rollout_host import HostConfig, RolloutHost
-
-
-class BoundaryKeeper(EpisodeObserver):
-    """Keeps a capsule of the whole host at every chunk boundary up to `at_step` (the last is judged),
-    with the task phase there."""
-
-    name = "boundaries"
-
-    def __init__(self, at_step: int) -> None:
-        self.at_step = at_step
-        self.last = None
-        self.enabled = True  # off while branching: the branches' boundaries are not kept
-
-    def episode_start(self, host: RolloutHost, seed: int) -> None:
-        if self.enabled:
-            self.last = None
-
-    def chunk_start(self, host: RolloutHost, obs: dict) -> None:
-        if self.enabled and host.env.steps <= self.at_step:
-            self.last = (host.env.steps, host.snapshot(label="boundary"), task_phase(host.env))
+from rollout.rollout_host import HostConfig
 
 
 def run(config: ValueCeilingConfig) -> ExperimentResult:
@@ -79,7 +57,8 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     rows, t0 = [], time.perf_counter()
     try:
         for seed in config.seeds.range:
-            row = _judge(host, keeper, seed, at_step, config)
+            row = judge_state(host, keeper, seed, at_step, branches=config.branches,
+                              critic=bool(config.model.critic))
             if row is not None:
                 rows.append(row)
     finally:
@@ -108,27 +87,6 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
                            (("branch_success", "ceiling"), ("critic_value", "critic")) if key in info)
         console.print(f"  {name}: {info['states']} states, {info['successes']} successes; AUC within: {within}")
     return ExperimentResult(summary=summary)
-
-
-def _judge(host, keeper: BoundaryKeeper, seed: int, at_step: int, config: ValueCeilingConfig) -> dict | None:
-    """Play `seed`; from its capsule at the last boundary before `at_step`, replay it (it must end as it did)
-    and play `config.branches` continuations with other noise. None: the episode ended before that step."""
-    episode = host.run_episode(seed).episode
-    success, length = bool(episode.meta.success), episode.meta.length
-    if length <= at_step or keeper.last is None:
-        return None  # ended before the step: not judged there
-    step, capsule, phase = keeper.last
-    row = {"seed": seed, "success": success, "length": length, "step": step, "phase": phase}
-    if config.model.critic:
-        row["critic_value"] = float(episode.steps["value"][step])  # the host's critic, at that chunk
-
-    keeper.enabled = False
-    try:
-        value = branch_value(host, capsule, seed=seed, step=step, branches=config.branches, expect=(success, length))
-    finally:
-        keeper.enabled = True
-    row["branch_success"] = value.success_fraction
-    return row
 
 
 def _auc(auc: dict) -> str:

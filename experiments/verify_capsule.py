@@ -11,14 +11,14 @@ from rich.table import Table
 
 from capsules import Steppable, VerifyReport, digest_backend, verify_steppable
 from capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
+from commands.configs import VerifyCapsuleConfig
+from commands.result import ExperimentResult, checking_inputs
 from critics.critic_steppable import CriticSteppable
 from critics.value_critic import ValueCritic, load_critic
 from envs.env_steppable import TabletopSteppable
 from envs.tasks import FAMILY_NAMES
-from commands.configs import VerifyCapsuleConfig
 from experiments.console import make_console
 from experiments.paths import resolve_input
-from commands.result import ExperimentResult, checking_inputs
 from models.checkpoint import META_FILE
 from policies.flow_policy import FlowPolicy, load_policy
 from policies.policy_steppable import PolicySteppable

@@ -150,6 +150,20 @@ def read_spec(directory: str | os.PathLike) -> HostSpec:
     return HostSpec.from_json(json.loads(path.read_text()))
 
 
+def check_same_run(out: Path, spec: HostSpec) -> None:
+    """A resumed run must play as the recorded one did: refuse an --out made with other settings."""
+    try:
+        recorded = read_spec(out).to_json()
+    except FileNotFoundError:
+        return
+    now = spec.to_json()
+    free = {"crash", "threads", "pin_cores", "capsule_budget_mb"}  # they do not change what is played
+    differ = sorted(k for k in now if k not in free and recorded.get(k) != now[k])
+    if differ:
+        raise ValueError(f"{out} holds a run made with other settings ({', '.join(differ)} differ; see "
+                         f"{out / 'rollout.json'}): use another --out, or the same settings to resume it")
+
+
 def check_spec(spec: HostSpec) -> None:
     """Fail fast (before any process starts) on checkpoints that are missing or do not fit together."""
     from critics.value_critic import KIND as CRITIC_KIND

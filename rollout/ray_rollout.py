@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -352,6 +353,41 @@ def _expire(in_flight, probes, pool, timed_out, stats, placed, started, placemen
             timed_out.add(ref)
             stats.timeouts += 1
             ray.kill(pool[index], no_restart=False)  # Ray restarts it; the pending call then fails
+
+
+def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
+    """Outcomes, stop reasons, resets by kind and by actor, and the driver's tallies of a run's reports."""
+    episodes = [r.episode for r in reports if r.episode is not None]
+    reasons = Counter(e.meta.stop_reason for e in episodes)
+    resets = [r.reset_ms for r in reports if r.episode is not None]
+    by_actor: dict[str, Counter] = {}
+    for r in reports:
+        by_actor.setdefault(str(r.actor_index if r.actor_index >= 0 else r.actor_pid), Counter())[r.reset_kind] += 1
+    first = [e for e in episodes if e.meta.attempt == 0]
+    by_task: dict[str, list[bool]] = {}
+    for e in episodes:
+        by_task.setdefault(e.meta.task, []).append(bool(e.meta.success))
+    return {
+        "episodes": len(episodes),
+        "successes": sum(e.meta.success for e in episodes),
+        "success_rate": (sum(e.meta.success for e in episodes) / len(episodes)) if episodes else 0.0,
+        "first_attempt_success_rate": (sum(e.meta.success for e in first) / len(first)) if first else 0.0,
+        "seeds_solved": len({(e.meta.task, e.meta.seed) for e in episodes if e.meta.success}),
+        "by_family": {task: {"episodes": len(wins), "successes": sum(wins), "success_rate": sum(wins) / len(wins)}
+                      for task, wins in sorted(by_task.items())},
+        "stop_reasons": dict(reasons),
+        "failed_before_first_step": stats.failed_before_first_step,
+        "errors": [r.error for r in reports if r.error][:10],
+        "reset_ms_median": float(np.median(resets)) if resets else None,
+        "reset_kinds": dict(Counter(r.reset_kind for r in reports)),
+        "reset_kinds_by_actor": {k: dict(v) for k, v in sorted(by_actor.items())},
+        "episodes_by_node": dict(Counter(r.node for r in reports if r.episode is not None and r.node)),
+        "control_hz_per_actor_median": float(np.median([r.steps_per_s for r in reports])) if reports else None,
+        "actor_failures": stats.actor_failures,
+        "timeouts": stats.timeouts,
+        "resubmitted": stats.resubmitted,
+        "duplicates_skipped": stats.duplicates_skipped,
+    }
 
 
 def actor_throughput(spec: HostSpec, seeds: list[int], *, counts=(1, 2), cpus_per_actor: float = 1.0) -> dict:

@@ -229,3 +229,23 @@ class ShardWriter:
 def manifest_entries(location: str | os.PathLike) -> tuple[ManifestEntry, ...]:
     """The committed entries of a sharded store, in order (ManifestError when the manifest is damaged)."""
     return read_manifest(parse_store_root(location) / MANIFEST_FILE).entries
+
+
+def recorded_outcomes(store: Path) -> dict[str, bool]:
+    """Episode id -> success of what a store already holds (a resumed run walks past these)."""
+    if not store.exists():
+        return {}
+    if is_sharded_store(store):  # the manifest says it all: no shard is opened
+        return {e.episode_id: e.success for e in manifest_entries(store)}
+    reader = ZarrEpisodeReader(store)
+    return {reader.meta(i).episode_id: bool(reader.meta(i).success) for i in range(len(reader))}
+
+
+def open_recorder(store: Path, shards: bool) -> ZarrRecorder | ShardedStore:
+    """The run's recorder: a single zarr store, or a sharded store root (`--shards true`); a resumed store
+    must be of the kind asked for."""
+    if shards:
+        return ShardedStore(store)  # refuses a single store
+    if is_sharded_store(store):
+        raise ValueError(f"{store} is a sharded store: resume it with --shards true (or use another --out)")
+    return ZarrRecorder(store)

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("av")
 
-from experiments.bench_lerobot import frame_fidelity  # noqa: E402
+from benchmarks.lerobot import frame_fidelity  # noqa: E402
 from experiments.run import main  # noqa: E402
 from rollout.zarr_recorder import ZarrRecorder  # noqa: E402
 from tests.rollout.fakes import fake_episode  # noqa: E402

@@ -2,7 +2,7 @@
 
 import torch
 
-import experiments.bench_policy as bench_policy
+import benchmarks.policy as bench_policy
 from critics.critic_runtime import CriticRuntime
 from models.graph_runner import GraphRunner
 from policies.policy_runtime import PolicyRuntime
@@ -24,6 +24,17 @@ def test_the_eager_policy_is_not_captured_on_cuda(monkeypatch):
 
     monkeypatch.setattr(bench_policy, "PolicyRuntime", runtime_as_on_cuda)
     monkeypatch.setattr(bench_policy, "CriticRuntime", lambda model, *, device, **kwargs: CriticRuntime(model, **kwargs))
-    out = bench_policy._lanes(tiny_policy(), tiny_critic(), torch.device("cuda"), rounds=3)
+    out = bench_policy.lanes(tiny_policy(), tiny_critic(), torch.device("cuda"), rounds=3)
     assert modes == {"policy": "cuda_graph", "policy_eager": "eager"}
     assert out["policy_eager"]["n"] == 3 and out["eager_mode"] == "eager"
+
+
+def test_docs_section_is_written(tmp_path):
+    """`--docs` renders the measured summary into its section (the renderer reads every key it prints)."""
+    from experiments.run import main
+
+    docs = tmp_path / "BENCHMARKS.md"
+    assert main(["bench_policy", "--quick", "true", "--device", "cpu", "--docs", str(docs)]) == 0
+    text = docs.read_text()
+    assert "<!-- bench_policy:begin -->" in text and "<!-- bench_policy:end -->" in text
+    assert "Euler steps, chunk of " in text

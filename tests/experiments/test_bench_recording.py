@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from experiments.bench_recording import summarize
+from benchmarks.recording import summarize
 from experiments.run import main
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import gpu_check
 from commands.configs import GpuCheckConfig
+from experiments import gpu_check
 from experiments.run import main, parse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from envs.operator_input import parse_script
 from envs.robot_bridge import SimRobotServer
-from experiments.real_recap import parse_script
 from experiments.run import main
 from rollout.npz_recorder import read_npz_episode
 from rollout.zarr_reader import ZarrEpisodeReader

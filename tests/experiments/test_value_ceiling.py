@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from experiments import value_ceiling
 from commands.configs import ValueCeilingConfig
+from experiments import value_ceiling
 from experiments.run import main
 from learning.options import Seeds
 from rollout.branching import ReplayDivergedError
