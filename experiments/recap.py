@@ -34,9 +34,7 @@ def _report(console, it: dict) -> None:
         sim, b = it["simulated_steps"], it.get("branching")
         total = sim["rollouts"] + sim["branches"]
         console.print(f"  simulated {total} control steps: rollouts {sim['rollouts']}"
-                      + (f", branches {sim['branches']} ({sim['branches'] / total:.0%}; {b['boundaries']} boundaries "
-                         f"of {b['episodes_branched']} episodes, {b['branches']} continuations each, chunks "
-                         f"{b.get('select', 'random')})" if b else "")
+                      + (f", branches {sim['branches']} ({sim['branches'] / total:.0%}; {_branched(b)})" if b else "")
                       + f"; labels on {it['labelled_fraction']:.0%} of the steps ({it['advantage_source']}"
                       + (f", from branch values on {b['branch_fraction']:.0%}" if b and "branch_fraction" in b else "")
                       + ")")
@@ -56,3 +54,11 @@ def _report(console, it: dict) -> None:
         console.print(f"  control (same data and steps, no labels): {c['success_rate']:.0%} "
                       f"(95% CI {c['ci95'][0]:.0%}-{c['ci95'][1]:.0%}); seeds only RECAP solved "
                       f"{paired['only_a']}, only the control {paired['only_b']}, McNemar p = {paired['p_value']:.3f}")
+
+
+def _branched(b: dict) -> str:
+    if "screen" in b:  # `open`: the screening pass, then the open chunks' boundaries
+        return (f"{b['screened_boundaries']} boundaries screened with {b['screen']} continuations, "
+                f"{b['boundaries']} of open chunks with {b['branches']} more, {b['episodes_branched']} episodes")
+    return (f"{b['boundaries']} boundaries of {b['episodes_branched']} episodes, {b['branches']} continuations each, "
+            f"chunks {b.get('select', 'random')}")

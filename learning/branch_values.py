@@ -15,6 +15,15 @@ the boundary, with the failure penalty, over the episode limit, clipped to [-1, 
 the state's value. They live in `<store>.branches.npz`, one row per branched boundary, with the
 episodes already branched (so a resumed run plays only the rest); the store is never written.
 
+`select="open"` spends the continuations where an estimate can be made: a screening pass plays
+`BranchPlan.screen` continuations at both boundaries of the randomly sampled chunks (`<store>.branches_screen.npz`,
+the sidecar of the same `random` plan with `screen` continuations), and a chunk is open when a boundary's
+continuations disagree (some succeed, some fail). Both boundaries of every open chunk then get
+`BranchPlan.branches` more continuations (new noise seeds), and their value is the mean over all of
+them; `<store>.branches.npz` holds only those boundaries, so distillation uses them alone and a chunk is
+labelled where both its boundaries were deepened (every open chunk, and a settled one whose neighbours were
+open); the others carry no branch label (with `combined`, they keep the critic's).
+
 Advantage of a sampled chunk from s to s' (the next chunk start):
     A = sum(r_s..r_{s'-1}) / M + V_branch(s') - V_branch(s)
 and, for a chunk the episode ended in, A = G_s - V_branch(s) (its own return from s). Every step of the
@@ -25,7 +34,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +52,7 @@ from rollout.sharded_reader import open_episode_reader
 from rollout.sharded_store import parse_store_root
 
 BRANCHES_VERSION = 1
-SELECTIONS = ("random", "unsure")
+SELECTIONS = ("random", "unsure", "open")
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,9 @@ class BranchPlan:
     its task's threshold for `positive_fraction` positives: where the critic's label is least sure."""
     positive_fraction: float = 0.3
     """The share of positives whose threshold `unsure` measures closeness to."""
+    screen: int = 2
+    """With `open`: continuations per boundary of the screening pass (at least 2: they must be able to
+    disagree); `branches` more are played at the boundaries of the open chunks."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.rate <= 1.0:
@@ -70,19 +82,28 @@ class BranchPlan:
             raise ValueError(f"branch selection must be one of {SELECTIONS}, got {self.select!r}")
         if not 0.0 < self.positive_fraction < 1.0:
             raise ValueError(f"positive_fraction must be within (0, 1), got {self.positive_fraction}")
+        if self.select == "open" and self.screen < 2:
+            raise ValueError(f"the screening pass needs at least 2 continuations to disagree, got {self.screen}")
 
     def meta(self, max_steps: int) -> dict:
         """What a sidecar records of the plan (a resumed run must ask for the same)."""
         meta = {"rate": self.rate, "branches": self.branches, "seed": self.seed, "max_steps": max_steps}
-        if self.select != "random":  # sidecars written before the choice existed branched at random
+        if self.select == "unsure":  # sidecars written before the choice existed branched at random
             meta.update(select=self.select, positive_fraction=self.positive_fraction)
+        elif self.select == "open":
+            meta.update(select=self.select, screen=self.screen)
         return meta
 
+    def screening(self) -> BranchPlan:
+        """The `open` plan's first pass: its chunks drawn at random, `screen` continuations each."""
+        return BranchPlan(rate=self.rate, branches=self.screen, seed=self.seed)
 
-def branches_path(store: str | os.PathLike) -> Path:
-    """`<store>.branches.npz` beside the store (a zarr store or a sharded store root)."""
+
+def branches_path(store: str | os.PathLike, kind: str = "branches") -> Path:
+    """`<store>.branches.npz` beside the store (a zarr store or a sharded store root); `kind="branches_screen"`,
+    the `open` selection's screening pass."""
     store = parse_store_root(store)
-    return store.with_name(store.name.removesuffix(".zarr") + ".branches.npz")
+    return store.with_name(store.name.removesuffix(".zarr") + f".{kind}.npz")
 
 
 def eligible_chunks(values: np.ndarray, interventions: np.ndarray) -> list[tuple[int, int | None]]:
@@ -155,6 +176,7 @@ class BranchTable:
     branches: list[int]
     done: dict[str, int]  # episode id -> control steps played to branch it (replay included)
     meta: dict
+    screen: BranchTable | None = field(default=None, repr=False)  # `open`: the screening pass's table (not saved)
 
     @classmethod
     def empty(cls, meta: dict) -> BranchTable:
@@ -167,6 +189,21 @@ class BranchTable:
             self.values.append(branch_state_value(v, max_steps))
             self.success_fractions.append(v.success_fraction)
             self.branches.append(v.branches)
+        self.done[episode_id] = steps_played
+
+    def add_merged(self, episode_id: str, values: list[BranchValue], prior: dict[int, tuple[float, float, int]],
+                   steps_played: int, max_steps: int) -> None:
+        """`add`, each value merged with the earlier continuations at its boundary (`prior`: step -> value,
+        success fraction, continuations, as a table holds them): the mean over all of them."""
+        for v in values:
+            value, fraction, n = prior[v.step]
+            value = float(np.float32(value))  # as the earlier table reads back from its sidecar: a resumed run agrees
+            total = n + v.branches
+            self.episode_ids.append(episode_id)
+            self.steps.append(v.step)
+            self.values.append((value * n + branch_state_value(v, max_steps) * v.branches) / total)
+            self.success_fractions.append((round(float(fraction) * n) + v.successes) / total)
+            self.branches.append(total)
         self.done[episode_id] = steps_played
 
     def lookup(self) -> dict[tuple[str, int], float]:
@@ -193,19 +230,46 @@ def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list
                      max_steps: int, actors: int = 2, host=None, log: Log = print) -> BranchTable:
     """Branch values for the sampled chunks of `episode_ids` (recorded in `store` by a host built from
     `spec`), played on `actors` Ray actors (0: this process, or `host`); written to the sidecar after each
-    episode, so a resumed call plays only the episodes not yet there. Returns the whole table."""
-    path = branches_path(store)
-    meta = plan.meta(max_steps)
+    episode, so a resumed call plays only the episodes not yet there. Returns the whole table (with `open`,
+    the deepened boundaries; the screening pass's table is its `screen`)."""
+    if plan.select == "open":
+        return _collect_open(spec, store, episode_ids, plan, max_steps=max_steps, actors=actors, host=host, log=log)
+    return _collect_sampled(spec, store, episode_ids, plan, branches_path(store), max_steps=max_steps, actors=actors,
+                            host=host, log=log)
+
+
+def _open_table(path: Path, meta: dict) -> BranchTable:
     table = BranchTable.load(path) if path.exists() else BranchTable.empty(meta)
     known = {k: v for k, v in table.meta.items() if k != "version"}
     if known != meta:
         raise ValueError(f"{path} was made with {known}, this run asks for {meta}: start a new store, or keep "
                          "the branch options that run had")
+    return table
+
+
+def _recorded(store, episode_ids: list[str]):
+    """The store's reader and each episode id's index in it (every id must be there)."""
     reader = open_episode_reader(store)
     index = {e: i for i, e in enumerate(reader.episode_ids)}
     missing = [e for e in episode_ids if e not in index]
     if missing:
         raise ValueError(f"{len(missing)} episodes to branch are not in {store}, e.g. {missing[0]}")
+    return reader, index
+
+
+def _chunk_starts(episode, episode_id: str) -> np.ndarray:
+    values = np.asarray(episode.steps[S.VALUE], np.float64)
+    if not np.isfinite(values).any():
+        raise ValueError(f"episode {episode_id} records no values: branching needs the chunk starts a host "
+                         "with a critic records")
+    return values
+
+
+def _collect_sampled(spec: HostSpec, store, episode_ids: list[str], plan: BranchPlan, path: Path, *, max_steps: int,
+                     actors: int, host, log: Log) -> BranchTable:
+    """`collect_branches` for the `random` and `unsure` selections, into the sidecar at `path`."""
+    table = _open_table(path, plan.meta(max_steps))
+    reader, index = _recorded(store, episode_ids)
     # `unsure` chooses among all the episodes (done ones too, so every call chooses the same) by their chunk
     # advantages; `random` draws each episode's own, so it reads only the episodes still to branch
     unsure = plan.select == "unsure"
@@ -214,10 +278,7 @@ def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list
         if episode_id in table.done and not unsure:
             continue
         episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION, *([S.REWARD] if unsure else [])])
-        values = np.asarray(episode.steps[S.VALUE], np.float64)
-        if not np.isfinite(values).any():
-            raise ValueError(f"episode {episode_id} records no values: branching needs the chunk starts a host "
-                             "with a critic records")
+        values = _chunk_starts(episode, episode_id)
         m = metas[episode_id] = episode.meta
         chunks[episode_id] = eligible_chunks(values, episode.steps[S.INTERVENTION])
         if unsure:
@@ -228,17 +289,60 @@ def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list
             tasks[episode_id] = str(m.task)
     chosen = (unsure_chunks(chunks, advantages, tasks, plan) if unsure
               else {e: sample_chunks(e, c, plan) for e, c in chunks.items()})
-    items, expect = [], {}
+    todo = {e: chosen[e] for e in episode_ids if e not in table.done}
+    _play(spec, table, path, todo, metas, branches=plan.branches, first=0, actors=actors, host=host, log=log,
+          add=lambda e, values, played: table.add(e, values, played, max_steps))
+    return table
+
+
+def _collect_open(spec: HostSpec, store, episode_ids: list[str], plan: BranchPlan, *, max_steps: int, actors: int,
+                  host, log: Log) -> BranchTable:
+    """`collect_branches` for `open` (module docstring): the screening pass, then `plan.branches` more
+    continuations at both boundaries of each open chunk, merged with the screening ones."""
+    screening = plan.screening()
+    screen = _collect_sampled(spec, store, episode_ids, screening, branches_path(store, "branches_screen"),
+                              max_steps=max_steps, actors=actors, host=host, log=log)
+    path = branches_path(store)
+    table = _open_table(path, plan.meta(max_steps))
+    table.screen = screen
+    prior: dict[str, dict[int, tuple[float, float, int]]] = {}
+    for e, s, v, f, n in zip(screen.episode_ids, screen.steps, screen.values, screen.success_fractions,
+                             screen.branches):
+        prior.setdefault(e, {})[s] = (v, f, n)
+    reader, index = _recorded(store, episode_ids)
+    chosen, metas = {}, {}
     for episode_id in episode_ids:
         if episode_id in table.done:
             continue
-        steps = tuple(sorted({s for c in chosen[episode_id] for s in c if s is not None}))
+        episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION])
+        metas[episode_id] = episode.meta
+        sampled = sample_chunks(episode_id, eligible_chunks(_chunk_starts(episode, episode_id),
+                                                            episode.steps[S.INTERVENTION]), screening)
+        fractions = prior.get(episode_id, {})
+        chosen[episode_id] = [c for c in sampled if any(0.0 < fractions[s][1] < 1.0 for s in c if s is not None)]
+    if chosen:
+        log(f"screening ({screening.branches} continuations at each boundary of a sampled chunk): "
+            f"{sum(map(len, chosen.values()))} open chunks in {sum(bool(c) for c in chosen.values())} episodes")
+    _play(spec, table, path, chosen, metas, branches=plan.branches, first=plan.screen, actors=actors, host=host,
+          log=log, add=lambda e, values, played: table.add_merged(e, values, prior.get(e, {}),
+                                                                  played + screen.done.get(e, 0), max_steps))
+    return table
+
+
+def _play(spec: HostSpec, table: BranchTable, path: Path, chosen: dict[str, list[tuple[int, int | None]]],
+          metas: dict, *, branches: int, first: int, actors: int, host, log: Log, add) -> None:
+    """Play `branches` continuations (numbered from `first`) at both boundaries of each chosen chunk of each
+    episode in `chosen`, on the actor pool; `add(episode_id, values, steps played)` puts an episode's values in
+    `table`, which is saved at `path` after each episode."""
+    items, expect = [], {}
+    for episode_id, picked in chosen.items():
+        steps = tuple(sorted({s for c in picked for s in c if s is not None}))
         if not steps:
-            table.done[episode_id] = 0  # nothing sampled: nothing to play
+            add(episode_id, [], 0)  # nothing chosen: nothing to play
             continue
         m = metas[episode_id]
         items.append(BranchItem(episode_id, int(m.seed), attempt=int(m.attempt), repeat=int(m.repeat), steps=steps,
-                                branches=plan.branches))
+                                branches=branches, first=first))
         expect[episode_id] = (bool(m.success), int(m.length), steps)
 
     def done(report, stats) -> None:
@@ -256,15 +360,14 @@ def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list
         if [v.step for v in values] != list(steps):
             raise ReplayDivergedError(f"{item.episode_id}: chunk starts {list(steps)} asked, the replay had "
                                       f"{[v.step for v in values]}")
-        table.add(item.episode_id, values, int(report.extra["branch_steps"]), max_steps)
+        add(item.episode_id, values, int(report.extra["branch_steps"]))
         table.save(path)
 
     if items:
         log(f"branching {len(items)} episodes ({sum(len(it.steps) for it in items)} boundaries, "
-            f"{plan.branches} continuations each) on {actors or 'no'} Ray actors")
+            f"{branches} continuations each) on {actors or 'no'} Ray actors")
         run_rollouts(spec, items, actors=actors, actor_cls=BranchActor, host=host, on_report=done, max_attempts=2)
     table.save(path)
-    return table
 
 
 @dataclass(frozen=True)

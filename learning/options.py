@@ -357,10 +357,14 @@ class RecapConfig:
     branch_rate: float = 0.25
     """Share of the rollouts' eligible chunks (those the policy ran before any takeover) whose value
     before and after is branched."""
-    branch_select: Literal["random", "unsure"] = "random"
+    branch_select: Literal["random", "unsure", "open"] = "random"
     """Which eligible chunks are branched: `random`, drawn at `--branch_rate` in each rollout; `unsure`, the
     `--branch_rate` share of all the iteration's eligible chunks whose advantage by the recorded critic values
-    is nearest the labelling threshold (where the critic's label is least sure)."""
+    is nearest the labelling threshold (where the critic's label is least sure); `open`, a screening pass of
+    `--branch_screen` continuations at the chunks drawn at random, then `--branches` more at both boundaries
+    of each chunk where a boundary's continuations disagree (only those chunks are valued)."""
+    branch_screen: int = 2
+    """`--branch_select open`: continuations per boundary of the screening pass (at least 2)."""
     n_exec: int = 8
     """Actions per chunk executed."""
     batch_size: int = 64
@@ -387,6 +391,9 @@ class RecapConfig:
                              f"got {list(self.critic_cameras)}")
         if self.seed < 0 or self.demo_episodes > 100_000 or self.rollout_episodes > 100_000:
             raise ValueError("--seed must be >= 0, and --demo_episodes / --rollout_episodes at most 100000")
+        if self.branch_select == "open" and self.branch_screen < 2:
+            raise ValueError(f"--branch_screen must be >= 2 (its continuations must be able to disagree), got "
+                             f"{self.branch_screen}")
         if self.branches < 1 or not 0.0 < self.branch_rate <= 1.0:
             raise ValueError(f"--branches must be >= 1 and --branch_rate within (0, 1], got {self.branches} and "
                              f"{self.branch_rate}")

@@ -7,7 +7,8 @@ Iteration k >= 1:
      chunk's value drops (`ValueTakeover`), and those steps are flagged;
   2. with `--advantage_source branches|distilled|combined`, branch values at sampled
      chunks of those rollouts (capsule forks on the actor pool, `learning.branch_values`;
-     `--branch_select unsure`: the chunks whose critic label is least sure);
+     `--branch_select unsure`: the chunks whose critic label is least sure; `open`: more
+     continuations where a cheap screening pass's disagree);
   3. train critic k on everything collected so far (`distilled`: with the branch
      values as its targets where they exist);
   4. label advantages as a sidecar next to the store: N-step from critic k
@@ -287,15 +288,19 @@ def _branch(config: RecapConfig, spec: HostSpec, store: Path, ids: list[str], ti
     `spec` that recorded them; what it cost in control steps (a resumed run counts what it played before)."""
     t0 = time.perf_counter()
     plan = BranchPlan(rate=config.branch_rate, branches=config.branches, seed=config.seed,
-                      select=config.branch_select, positive_fraction=config.positive_fraction)
+                      select=config.branch_select, positive_fraction=config.positive_fraction,
+                      screen=config.branch_screen)
     table = collect_branches(spec, store, ids, plan, max_steps=LabelAdvantagesConfig.max_steps,
                              actors=config.actors, log=log)
     timing["branches_s"] += time.perf_counter() - t0
     wanted = set(ids)
-    return {"table": table, "steps": sum(n for e, n in table.done.items() if e in wanted),
-            "boundaries": sum(e in wanted for e in table.episode_ids),
-            "episodes_branched": sum(1 for e in ids if table.done.get(e)), "rate": plan.rate,
-            "branches": plan.branches, "select": plan.select}
+    out = {"table": table, "steps": sum(n for e, n in table.done.items() if e in wanted),
+           "boundaries": sum(e in wanted for e in table.episode_ids),
+           "episodes_branched": sum(1 for e in ids if table.done.get(e)), "rate": plan.rate,
+           "branches": plan.branches, "select": plan.select}
+    if table.screen is not None:  # `open`: the screening pass's boundaries, and those of the open chunks
+        out.update(screen=plan.screen, screened_boundaries=sum(e in wanted for e in table.screen.episode_ids))
+    return out
 
 
 def _metrics(result: dict) -> dict:

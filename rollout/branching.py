@@ -73,8 +73,10 @@ class BranchValue:
 
 
 def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, branches: int,
-                 expect: tuple[bool, int] | None = None) -> BranchValue:
-    """Play `branches` continuations of episode `seed` from `capsule` (taken at control step `step`).
+                 expect: tuple[bool, int] | None = None, first: int = 0) -> BranchValue:
+    """Play `branches` continuations of episode `seed` from `capsule` (taken at control step `step`): those
+    numbered `first` to `first + branches - 1` (`branch_seed`; a later call with `first` past an earlier
+    call's continuations plays new ones).
 
     `expect`: the episode's (success, length); when given, the capsule is first replayed with the
     episode's own noise and must end the same way (else `ReplayDivergedError`).
@@ -93,7 +95,7 @@ def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, b
             raise ReplayDivergedError(
                 f"seed {seed}: replaying from the step-{step} capsule with the episode's own noise did not end as "
                 f"the episode did ({_ending(success, length)} against {_ending(*expect)}); run verify_capsule")
-    outcomes = [play(branch_seed(seed, b)) for b in range(branches)]
+    outcomes = [play(branch_seed(seed, b)) for b in range(first, first + branches)]
     return BranchValue(step=step, outcomes=tuple((o[0], o[2], o[3]) for o in outcomes))
 
 
@@ -117,10 +119,10 @@ class BoundaryCapsules(EpisodeObserver):
 
 
 def branch_episode(host: RolloutHost, seed: int, *, steps, branches: int, episode_id: str | None = None,
-                   attempt: int = 0, repeat: int = 0) -> tuple[EpisodeResult, list[BranchValue]]:
+                   attempt: int = 0, repeat: int = 0, first: int = 0) -> tuple[EpisodeResult, list[BranchValue]]:
     """Play episode `seed` (attempt, repeat: as recorded), keeping a capsule at each chunk start whose step
-    is in `steps`, then `branch_value` from each, in step order. Steps that were no chunk start of the
-    episode (past its end, between boundaries) get no value. The replay check runs at the first boundary
+    is in `steps`, then `branch_value` from each, in step order (continuations `first` on). Steps that were no
+    chunk start of the episode (past its end, between boundaries) get no value. The replay check runs at the first boundary
     (one exact replay shows the restore is exact for this host and episode)."""
     keeper = BoundaryCapsules(steps)
     host.observers.append(keeper)
@@ -129,7 +131,7 @@ def branch_episode(host: RolloutHost, seed: int, *, steps, branches: int, episod
         keeper.enabled = False
         expect = (bool(result.episode.meta.success), result.episode.meta.length)
         values = [branch_value(host, keeper.capsules[step], seed=seed, step=step, branches=branches,
-                               expect=expect if i == 0 else None)
+                               expect=expect if i == 0 else None, first=first)
                   for i, step in enumerate(sorted(keeper.capsules))]
     finally:
         host.observers.remove(keeper)
@@ -139,10 +141,11 @@ def branch_episode(host: RolloutHost, seed: int, *, steps, branches: int, episod
 @dataclass(frozen=True)
 class BranchItem(WorkItem):
     """A recorded episode to play again (seed, attempt, repeat as recorded) and branch from: `branches`
-    continuations from each chunk start in `steps`."""
+    continuations from each chunk start in `steps`, numbered from `first`."""
 
     steps: tuple[int, ...] = ()
     branches: int = 1
+    first: int = 0
 
 
 class BranchActor(RolloutActor):
@@ -156,7 +159,8 @@ class BranchActor(RolloutActor):
             raise TypeError(f"BranchActor plays BranchItems, got {type(item).__name__}")
         try:
             result, values = branch_episode(self.host, item.seed, steps=item.steps, branches=item.branches,
-                                            episode_id=item.episode_id, attempt=item.attempt, repeat=item.repeat)
+                                            episode_id=item.episode_id, attempt=item.attempt, repeat=item.repeat,
+                                            first=item.first)
         except Exception as exc:  # a replay that diverged, a reset that raised: this item failed
             return ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(), item, {},
                                self.index, node=self.node)

@@ -144,3 +144,28 @@ def test_recap_with_branch_advantages_branches_on_the_actors_and_resumes(tmp_pat
     assert main([*args, "--json", str(again)]) == 0  # resumed: no branch is played again
     assert "branching " not in capsys.readouterr().out
     assert json.loads(again.read_text())["iterations"][1]["simulated_steps"] == sim
+
+
+def test_recap_open_branch_selection_screens_then_deepens_and_resumes(tmp_path, capsys):
+    """`--branch_select open` end to end: the screening pass's sidecar and report beside the main one. The
+    untrained policy fails every continuation, so no chunk is open and nothing is deepened: the plumbing only
+    (which chunks are deepened is tests/learning/test_branch_values.py's)."""
+    out, summary = tmp_path / "recap", tmp_path / "r.json"
+    args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "6", "--bc_steps", "2",
+            "--policy_steps", "2", "--critic_steps", "2", "--rollout_episodes", "3", "--eval_episodes", "2",
+            "--batch_size", "4", "--takeover_threshold", "-2", "--no-progress", "--advantage_source", "combined",
+            "--branches", "4", "--branch_rate", "0.3", "--branch_select", "open", "--branch_screen", "2",
+            "--actors", "0"]
+    assert main([*args, "--json", str(summary)]) == 0
+    printed = capsys.readouterr().out
+    it = json.loads(summary.read_text())["iterations"][1]
+    branching = it["branching"]
+    assert branching["select"] == "open" and branching["screen"] == 2 and branching["screened_boundaries"] >= 2
+    screen = BranchTable.load(out / "episodes.branches_screen.npz")
+    assert set(screen.branches) == {2} and set(screen.success_fractions) == {0.0}  # nothing open
+    assert branching["boundaries"] == 0 and it["simulated_steps"]["branches"] == sum(screen.done.values()) > 0
+    assert f"{branching['screened_boundaries']} boundaries screened with 2 continuations" in printed
+    assert main([*args, "--json", str(tmp_path / "again.json")]) == 0  # resumed: no branch is played again
+    assert "branching " not in capsys.readouterr().out
+    assert main([*args[:-4], "--branch_screen", "1", "--actors", "0"]) == 2  # must be able to disagree
+    assert "--branch_screen" in capsys.readouterr().err

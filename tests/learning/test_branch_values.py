@@ -112,6 +112,54 @@ def test_branch_values_are_the_known_ones_and_a_resumed_call_plays_nothing_again
         collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0, host=host)
 
 
+def test_open_selection_deepens_only_the_chunks_whose_screening_continuations_disagree(tmp_path):
+    store, host = tmp_path / "episodes.zarr", _host()
+    ids = [f"coin-{s}" for s in range(6)]  # seeds 4 and 5: their first two continuations agree at step 2
+    with ZarrRecorder(store) as recorder:
+        for seed in range(6):
+            recorder.write(host.run_episode(seed, episode_id=f"coin-{seed}").episode)
+    plan = BranchPlan(rate=1.0, branches=6, select="open", screen=2)
+    table = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
+    screen = BranchTable.load(branches_path(store, "branches_screen"))  # the `random` plan's, 2 continuations
+    assert {k: v for k, v in screen.meta.items() if k != "version"} == BranchPlan(rate=1.0, branches=2).meta(M)
+    fraction = {(e, s): f for e, s, f in zip(screen.episode_ids, screen.steps, screen.success_fractions)}
+    reader = open_episode_reader(store)
+    open_chunks = {}
+    for i, episode_id in enumerate(reader.episode_ids):
+        episode = reader.episode(i, ["value", "intervention"])
+        open_chunks[episode_id] = [c for c in eligible_chunks(episode.steps["value"], episode.steps["intervention"])
+                                   if any(0 < fraction[episode_id, s] < 1 for s in c if s is not None)]
+    deep = {(e, s) for e, chunks in open_chunks.items() for c in chunks for s in c if s is not None}
+    assert deep and len(deep) < len(fraction)  # some boundaries are open, not all
+    assert set(zip(table.episode_ids, table.steps)) == deep and set(table.branches) == {8}
+    for episode_id, step, value, frac in zip(table.episode_ids, table.steps, table.values, table.success_fractions):
+        seed = int(episode_id.split("-")[1])
+        if step == 2:  # the screen's continuations 0-1 and six new ones, 2-7: each a fresh draw at the flip
+            wins = sum(_flip_wins(branch_seed(seed, b)) for b in range(8))
+            assert frac == wins / 8
+            assert value == pytest.approx((wins * -3 / M + (8 - wins) * -1.0) / 8, abs=1e-6)
+        elif step == 4:  # decided before it: every continuation ends as the episode did
+            assert frac in (0.0, 1.0)
+    for episode_id in ids:  # the cost counts both passes; an episode without an open chunk played only the screen
+        extra = table.done[episode_id] - screen.done[episode_id]
+        assert (extra > 0) == bool(open_chunks[episode_id])
+    played = []
+    again = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=played.append)
+    assert played == [] and again.lookup() == pytest.approx(table.lookup())  # both sidecars hold it all
+    # labels where both boundaries were deepened: every open chunk, and the end chunk after an open one
+    labels = branch_labels(store, again, positive_fraction=0.5)
+    expect = np.zeros(36, bool)
+    for k, episode_id in enumerate(labels.episode_ids):
+        for start, nxt in [(0, 2), (2, 4), (4, None)]:
+            if all((episode_id, s) in deep for s in (start, nxt) if s is not None):
+                expect[6 * k + start: 6 * k + (6 if nxt is None else nxt)] = True
+    assert expect.any() and not expect.all()
+    assert np.array_equal(np.isfinite(labels.advantage), expect)
+    host.close()
+    with pytest.raises(ValueError, match="at least 2"):
+        BranchPlan(select="open", screen=1)
+
+
 def test_unsure_chunks_are_the_share_nearest_their_tasks_threshold():
     chunks = {"a": [(0, 2), (2, 4), (4, None)], "b": [(0, 2), (2, None)], "c": [(0, 2)]}
     advantages = {"a": np.array([0.0, 0.5, 1.0]), "b": np.array([0.45, 0.9]), "c": np.array([5.0])}
