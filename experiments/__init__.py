@@ -1,1 +1,1 @@
-"""Thin entry points and named configs: `python -m experiments.run NAME [--field value ...]`."""
+"""Thin entry points: `python -m experiments.run NAME [--field value ...]`; the named configs are in `commands/`."""
