@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.support import machine, stats_us, timed
+from benchmarks.support import back_to_back_us, machine, stats_us, timed
 from capsules import (
     Arena,
     BufferComponent,
@@ -101,6 +101,10 @@ def measure_size(total: int, n: int, config: BenchCapsulesConfig, device: torch.
     copy_med = result["copy_us"]["median"]
     result["restore_over_copy"] = result["restore_us"]["median"] / copy_med
     result["loop_over_copy"] = result["loop_us"]["median"] / copy_med
+    if device.type == "cuda":  # the device's own time: what a restore costs when the host is not waiting on it
+        back = {m: back_to_back_us(methods[m], device) for m in ("copy", "restore")}
+        result["back_to_back_us"] = back
+        result["restore_over_copy_back_to_back"] = back["restore"] / back["copy"]
     result["snapshot_over_clone"] = result["snapshot_us"]["median"] / result["clone_us"]["median"]
     digest_s = max(0.0, result["snapshot_digest_us"]["median"] - result["snapshot_us"]["median"]) / 1e6
     result["digest_mb_s"] = total / digest_s / 1e6 if digest_s > 0 else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 import numpy as np
@@ -13,6 +13,7 @@ from capsules.buffer_spec import BufferSpec, Role
 from capsules.component import BufferComponent, CapsuleComponent
 from capsules.errors import Mismatch, SpecError
 from capsules.layout import SlabLayout, plan_slabs
+from capsules.slab_copy import SlabPlace, slab_places
 
 FORMAT_FINGERPRINT_KEY = "capsules/format"
 FORMAT_FINGERPRINT = "1"  # bump when the meaning of a state layout changes
@@ -42,6 +43,7 @@ class Arena:
         self._views: dict[str, torch.Tensor] = {}
         self._state: list[tuple[SlabLayout, torch.Tensor]] = []
         self._merged_fingerprint: tuple[tuple, dict[str, str]] | None = None
+        self._fingerprint_match: tuple[Mapping[str, str], dict[str, str]] | None = None
         self.state_signature: tuple = ()
         for component in components:
             self.add(component)
@@ -89,7 +91,12 @@ class Arena:
             if layout.role is Role.STATE:
                 self._state.append((layout, slab))
         self.state_signature = tuple(lay.signature for lay, _ in self._state)
-        self._host_ptrs = host_pointers(self._state)
+        self._places = slab_places(self._state)
+        self._restore_checks = tuple(  # the components with a check of their own, found once
+            (name, component.check_restore) for name, component in self._components.items()
+            if getattr(component, "check_restore", None) is not None
+            and getattr(type(component), "check_restore", None) is not BufferComponent.check_restore
+        )
         for name, component in self._components.items():
             prefix = f"{name}/"
             component.bind(
@@ -121,10 +128,10 @@ class Arena:
             return list(self._state)
         return [(lay, slab) for lay, slab in zip(self._layouts, self._slabs) if role is None or lay.role is role]
 
-    def host_pointers(self) -> tuple[tuple[int, int], ...] | None:
-        """(address, bytes) of each state slab when all live in host memory, else None (fixed at allocation)."""
+    def slab_places(self) -> tuple[SlabPlace, ...]:
+        """(address, bytes, place) of each state slab (fixed at allocation; see `capsules.slab_copy`)."""
         self._require_allocated()
-        return self._host_ptrs
+        return self._places
 
     @property
     def state_layouts(self) -> tuple[SlabLayout, ...]:
@@ -157,27 +164,41 @@ class Arena:
         return view.numpy()
 
     def fingerprint(self) -> dict[str, str]:
-        """Merged fingerprint: each component's keys prefixed by its name.
+        """Merged fingerprint: each component's keys prefixed by its name (a copy)."""
+        return dict(self._merged())
 
-        Merged again only when a component returns a different mapping object than last time
-        (components return cached mappings, so a restore pays one identity check per component).
-        """
-        parts = tuple(component.fingerprint() for component in self._components.values())
+    def _merged(self) -> dict[str, str]:
+        """The merged fingerprint, merged again only when a component returns a different mapping object than
+        last time (components return cached mappings, so a restore pays one identity check per component)."""
         cached = self._merged_fingerprint
-        if cached is not None and len(cached[0]) == len(parts) and all(a is b for a, b in zip(cached[0], parts)):
-            return dict(cached[1])
+        if cached is not None and len(cached[0]) == len(self._components):
+            for component, part in zip(self._components.values(), cached[0]):
+                if component.fingerprint() is not part:
+                    break
+            else:
+                return cached[1]
+        parts = tuple(component.fingerprint() for component in self._components.values())
         merged = {FORMAT_FINGERPRINT_KEY: FORMAT_FINGERPRINT}
         merged.update(self._extra_fingerprint)
         for name, part in zip(self._components, parts):
             for k, v in part.items():
                 merged[f"{name}/{k}"] = str(v)
         self._merged_fingerprint = (parts, merged)
-        return dict(merged)
+        return merged
 
     def fingerprint_matches(self, other: Mapping[str, str]) -> bool:
-        """Whether `other` equals the merged fingerprint (without copying either)."""
-        self.fingerprint()
-        return self._merged_fingerprint[1] == other
+        """Whether `other` equals the merged fingerprint (without copying either). A read-only mapping found
+        equal is remembered with the merged dict it matched, so the same two objects match again without
+        comparing items: a capsule's fingerprint, restored every episode."""
+        merged = self._merged()
+        last = self._fingerprint_match
+        if last is not None and last[0] is other and last[1] is merged:
+            return True
+        if merged != other:
+            return False
+        if isinstance(other, MappingProxyType):
+            self._fingerprint_match = (other, merged)
+        return True
 
     def alignment(self) -> int:
         """Least common multiple of every state buffer's boundary alignment (1 if none)."""
@@ -203,11 +224,9 @@ class Arena:
         `capsule_tensors(name)` gives that component's buffers in the capsule; it is only
         called for components that define a check (building views costs per buffer).
         """
+        self._require_allocated()
         found = []
-        for name, component in self._components.items():
-            check = getattr(component, "check_restore", None)
-            if check is None or getattr(type(component), "check_restore", None) is BufferComponent.check_restore:
-                continue
+        for name, check in self._restore_checks:
             try:
                 check(capsule_tensors(name))
             except (ValueError, KeyError, IndexError) as exc:
@@ -231,10 +250,3 @@ class Arena:
     def __repr__(self) -> str:
         state = f"{self.state_nbytes} state bytes" if self.allocated else "not allocated"
         return f"Arena(components={list(self._components)}, {state})"
-
-
-def host_pointers(slabs: Sequence[tuple[SlabLayout, torch.Tensor]]) -> tuple[tuple[int, int], ...] | None:
-    """(address, bytes) of each slab when every one is a contiguous host tensor, else None."""
-    if all(t.is_cpu and t.is_contiguous() for _, t in slabs):
-        return tuple((t.data_ptr(), t.nbytes) for _, t in slabs)
-    return None

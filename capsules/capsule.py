@@ -8,7 +8,6 @@ A capsule is never written after it is made: restores and forks only read it.
 
 from __future__ import annotations
 
-import ctypes
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -17,11 +16,12 @@ from types import MappingProxyType
 
 import torch
 
-from capsules.arena import Arena, host_pointers
+from capsules.arena import Arena
 from capsules.buffer_spec import BufferSpec, Role
 from capsules.digest import digest_slab
 from capsules.errors import CapsuleAlignmentError, CapsuleIntegrityError, CapsuleMismatchError, Mismatch
 from capsules.layout import SlabLayout
+from capsules.slab_copy import SlabPlace, copy_slabs, slab_places
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,11 @@ class Capsule:
     def slabs(self) -> tuple[tuple[SlabLayout, torch.Tensor], ...]:
         return self._slabs
 
-    def host_pointers(self) -> tuple[tuple[int, int], ...] | None:
-        """(address, bytes) per slab when all live in host memory (made once: a capsule's slabs never move)."""
-        if not hasattr(self, "_host_ptrs"):
-            self._host_ptrs = host_pointers(self._slabs)
-        return self._host_ptrs
+    def slab_places(self) -> tuple[SlabPlace, ...]:
+        """(address, bytes, place) of each slab (found once: a capsule's slabs never move)."""
+        if not hasattr(self, "_places"):
+            self._places = slab_places(self._slabs)
+        return self._places
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Typed views of every buffer (read-only by contract)."""
@@ -271,15 +271,8 @@ def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) ->
 
 
 def _copy_into(arena: Arena, capsule: Capsule) -> None:
-    dst_ptrs, src_ptrs = arena.host_pointers(), capsule.host_pointers()
-    if dst_ptrs is not None and src_ptrs is not None:
-        # host to host: one memmove per slab (torch's copy_ costs microseconds of dispatch per slab, a third
-        # of a small env's whole restore); the specs were compared, so the sizes match
-        for (dst, nbytes), (src, _) in zip(dst_ptrs, src_ptrs):
-            ctypes.memmove(dst, src, nbytes)
-        return
-    for (_, dst), (_, src) in zip(arena.slabs(Role.STATE), capsule.slabs()):
-        dst.copy_(src, non_blocking=src.is_pinned() and dst.is_cuda)
+    # the specs were compared, so the slabs pair up and their sizes match
+    copy_slabs(arena.slab_places(), capsule.slab_places(), arena.slabs(Role.STATE), capsule.slabs())
 
 
 def fork(capsule: Capsule, arenas: Sequence[Arena]) -> None:

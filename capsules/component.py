@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from capsules.buffer_spec import BufferSpec
+
+_NO_FINGERPRINT: Mapping[str, str] = MappingProxyType({})  # one object: the arena re-merges on a new one
 
 
 @runtime_checkable
@@ -71,7 +74,7 @@ class BufferComponent:
         self.buffers = dict(buffers)
 
     def fingerprint(self) -> Mapping[str, str]:
-        return {}
+        return _NO_FINGERPRINT
 
     def before_snapshot(self) -> None:
         return None

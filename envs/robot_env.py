@@ -10,6 +10,7 @@ heartbeat, `safety` after an unsafe action).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import gymnasium as gym
@@ -42,6 +43,7 @@ class RobotEnv:
         self._obs: dict[str, Any] | None = None
         self._info: dict[str, Any] = {}
         self.buffers: Mapping = {}
+        self._fingerprint = MappingProxyType({"kind": "robot", "robot": client.robot})
 
     # -- capsule component: nothing of a robot can be captured ---------------------------
     def buffer_specs(self) -> list:
@@ -51,7 +53,7 @@ class RobotEnv:
         self.buffers = buffers
 
     def fingerprint(self) -> Mapping[str, str]:
-        return {"kind": "robot", "robot": self.client.robot}
+        return self._fingerprint
 
     def before_snapshot(self) -> None:
         pass

@@ -8,7 +8,8 @@ same rounds, side by side:
   foreach   `torch._foreach_copy_` over the same buffers
   clone     one contiguous `clone()` of the payload (fresh memory, as a snapshot needs)
   snapshot  `snapshot(arena, digest=False)`, and with digests
-Then disk save / load (load includes the integrity check), in MB/s.
+Then disk save / load (load includes the integrity check), in MB/s. On CUDA also copy and
+restore issued 20 at a time back to back, timed by CUDA events: the device's own time per call.
 
 The measurements are `benchmarks/capsules.py`'s; this command prints them and writes its section into the `--docs` file.
 """
@@ -44,11 +45,21 @@ def markdown(summary: dict) -> str:
             f"{med('clone_us'):.1f} | {med('snapshot_us'):.1f} | {med('snapshot_digest_us'):.1f} | {digest} | "
             f"{s['save_mb_s']:.0f} | {s['load_mb_s']:.0f} |"
         )
+    lines += _back_to_back(summary)
     t = summary["targets"]
     lines += ["", "Targets:"]
     for name, ok in t.items():
         lines.append(f"- {name}: {'met' if ok else 'NOT met' if ok is not None else 'not measured'}")
     return "\n".join(lines)
+
+
+def _back_to_back(summary: dict) -> list[str]:
+    """On CUDA: restore against the contiguous copy when 20 calls are issued back to back (device time)."""
+    rows = [s for s in summary["sizes"] if s.get("back_to_back_us")]
+    return ["", "Back to back on the device (CUDA events over 20 calls, median of 15, us per call): " + "; ".join(
+        f"{fmt_size(s['size_bytes'])}: copy {s['back_to_back_us']['copy']:.1f}, restore "
+        f"{s['back_to_back_us']['restore']:.1f} ({s['restore_over_copy_back_to_back']:.2f}x)" for s in rows
+    ) + "."] if rows else []
 
 
 def run(config: BenchCapsulesConfig) -> ExperimentResult:
@@ -59,6 +70,8 @@ def run(config: BenchCapsulesConfig) -> ExperimentResult:
     console = make_console()
     summary = measure(config, device, console.print)
     console.print(_table(summary))
+    for line in _back_to_back(summary):
+        console.print(line)
     if config.docs:
         update_markdown_section(config.docs, "bench_capsules", markdown(summary))
         console.print(f"results written to {config.docs}")

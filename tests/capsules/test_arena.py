@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from capsules import Arena, BufferSpec, Role, SpecError
+from capsules import Arena, BufferSpec, Role, SpecError, snapshot
 from capsules.layout import SLAB_ALIGN
 from tests.capsules.fakes import SpecComponent, basic_specs, make_arena
 
@@ -73,6 +73,21 @@ def test_fingerprint_is_prefixed_and_merged():
     arena = Arena([comp], fingerprint={"host/code": "v1"}).allocate()
     fp = arena.fingerprint()
     assert fp["pol/weights"] == "abc" and fp["host/code"] == "v1" and "capsules/format" in fp
+
+
+def test_a_remembered_fingerprint_match_follows_a_changed_component():
+    comp = SpecComponent("pol", basic_specs(), {"weights": "abc"})
+    arena = Arena([comp]).allocate()
+    cap_fp = snapshot(arena).meta.fingerprint
+    assert arena.fingerprint_matches(cap_fp) and arena.fingerprint_matches(cap_fp)  # the second: remembered
+    comp._fp = {"weights": "new"}  # new weights loaded: a new mapping object
+    assert not arena.fingerprint_matches(cap_fp)
+    comp._fp = {"weights": "abc"}  # equal again, in another object
+    assert arena.fingerprint_matches(cap_fp)
+    plain = arena.fingerprint()  # a caller's own dict is compared every time, never remembered
+    assert arena.fingerprint_matches(plain)
+    plain["pol/weights"] = "edited"
+    assert not arena.fingerprint_matches(plain)
 
 
 def test_alignment_is_lcm_and_misaligned_lists_buffers():

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-from capsules import Arena, CapsuleStore, Tier, restore, snapshot, verify_steppable
+from capsules import Arena, CapsuleStore, Tier, digest_slab, restore, snapshot, verify_steppable
+from capsules.buffer_spec import Role
 from capsules.digest import choose_backend, digest_backend, triton_available
+from capsules.slab_copy import HOST
 from capsules.standins import NoisyChunkSteppable
 from tests.capsules.fakes import SpecComponent, basic_specs, fill_state, same_bytes, state_copy
 
@@ -55,10 +57,10 @@ def test_triton_digest_is_chosen_on_cuda_and_matches_torch():
     arena = _mixed_arena()
     fill_state(arena, 5)
     cap = snapshot(arena)
-    for lay, slab in cap.slabs():
+    cuda_slabs = [(lay, slab) for lay, slab in cap.slabs() if slab.is_cuda]  # Triton reads device memory only
+    assert cuda_slabs
+    for lay, slab in cuda_slabs:
         slots = [(s.offset, s.nbytes) for s in lay.slots]
-        from capsules import digest_slab
-
         assert digest_slab(slab, slots, backend="triton") == digest_slab(slab, slots, backend="torch")
 
 
@@ -71,7 +73,6 @@ def test_cuda_standin_is_bit_exact():
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_triton_digest_of_a_slab_on_the_second_gpu_with_the_first_current():
-    from capsules import digest_slab
     from capsules.digest import pack
 
     torch.cuda.set_device(0)
@@ -80,3 +81,21 @@ def test_triton_digest_of_a_slab_on_the_second_gpu_with_the_first_current():
                         for n in (5, 8000, 70000)])
     assert digest_slab(slab, slots, backend="triton") == digest_slab(slab, slots, backend="torch")
     assert torch.cuda.current_device() == 0
+
+
+def test_a_mixed_restore_sends_only_the_device_slab_through_torch(monkeypatch):
+    arena = _mixed_arena()
+    places = sorted(place for _, _, place in arena.slab_places())
+    assert places == [HOST, torch.cuda.current_device()]
+    fill_state(arena, 6)
+    cap = snapshot(arena)
+    fill_state(arena, 7)
+    torch_copies = []
+    real_copy = torch.Tensor.copy_
+    counting = lambda self, *a, **k: torch_copies.append(self.device) or real_copy(self, *a, **k)
+    monkeypatch.setattr(torch.Tensor, "copy_", counting)
+    restore(arena, cap)
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    assert [d.type for d in torch_copies] == ["cuda"]  # the host slab was one memmove
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(arena.slabs(Role.STATE), cap.slabs()))
