@@ -34,7 +34,7 @@ def slab_places(slabs: Sequence[tuple[SlabLayout, torch.Tensor]]) -> tuple[SlabP
             if t.is_cpu:
                 place = HOST
             elif t.is_cuda:
-                place = t.device.index if t.device.index is not None else torch.cuda.current_device()
+                place = t.device.index  # a CUDA tensor's device always has its index
         out.append((t.data_ptr(), t.nbytes, place))
     return tuple(out)
 
@@ -50,5 +50,4 @@ def copy_slabs(
             ctypes.memmove(dst_addr, src_addr, nbytes)
         else:
             dst, src = dst_slabs[i][1], src_slabs[i][1]  # pinned host to device: asynchronous
-            dst.copy_(src, non_blocking=src_place == HOST and dst_place is not None and dst_place >= 0
-                      and src.is_pinned())
+            dst.copy_(src, non_blocking=src_place == HOST and dst.is_cuda and src.is_pinned())

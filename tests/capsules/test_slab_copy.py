@@ -1,4 +1,4 @@
-"""Slab places and the per-slab copy a restore makes (the CUDA driver path is in test_cuda.py)."""
+"""Slab places and the per-slab copy a restore makes (a mixed host + CUDA restore is in test_cuda.py)."""
 
 import torch
 
