@@ -45,6 +45,13 @@ class OperatorEvent:
 
 
 class OperatorSource(Protocol):
+    """What the rollout host polls. A source whose decisions depend on what it did earlier in the episode (a
+    simulated operator counting its takeovers, a schedule) can put that state in the host's capsules, so a
+    branch from a mid-episode capsule meets the operator as the episode did: it implements `reset()` (a new
+    episode), `capsule_state() -> tuple[int, ...]` (at most `rollout.host_state.OPERATOR_SLOTS` integers) and
+    `load_capsule_state(values)` (the same integers back, after a restore). A source without them (the
+    keyboard) keeps its own state across restores."""
+
     def poll(self, step: int) -> list[OperatorEvent]:
         """Events since the last poll (`step`: the control step about to run). Never blocks."""
 
@@ -167,23 +174,30 @@ def parse_script(items: Iterable[str]) -> dict[int, list[OperatorEvent]]:
 
 
 class ScriptedOperator:
-    """Plays `schedule` (control step -> events): each event once, when that step is polled or passed."""
+    """Plays `schedule` (control step -> events): each event once, when that step is polled or passed.
+    Its state (the last step polled) goes into the host's capsules (`OperatorSource`)."""
 
     def __init__(self, schedule: Mapping[int, OperatorEvent | Iterable[OperatorEvent]]) -> None:
         self.schedule = {int(k): ([v] if isinstance(v, OperatorEvent) else list(v)) for k, v in schedule.items()}
-        self._done: set[int] = set()
+        self._polled = -1  # the last step polled since the reset: every event at or before it was played
 
     def poll(self, step: int) -> list[OperatorEvent]:
-        out = []
-        for at in sorted(self.schedule):
-            if at <= step and at not in self._done:
-                self._done.add(at)
-                out.extend(self.schedule[at])
+        out = [e for at in sorted(self.schedule) if self._polled < at <= step for e in self.schedule[at]]
+        self._polled = max(self._polled, step)
         return out
 
     def reset(self) -> None:
         """Play the schedule again (next episode)."""
-        self._done.clear()
+        self._polled = -1
+
+    def capsule_state(self) -> tuple[int, ...]:
+        return (self._polled,)
+
+    def load_capsule_state(self, values) -> None:
+        if len(values) != 1:
+            raise ValueError(f"a ScriptedOperator's capsule state is 1 integer, got {len(values)}: the capsule was "
+                             "taken with another operator")
+        self._polled = int(values[0])
 
     def close(self) -> None:
         pass

@@ -103,7 +103,8 @@ def load_npz(path: str | os.PathLike, *, version: int, what: str, make: str) -> 
     with np.load(path, allow_pickle=False) as f:
         meta = json.loads(str(f["meta"]))
         if meta.get("version") != version:
-            raise ValueError(f"{path}: {what} version {meta.get('version')}, this code reads {version}")
+            raise ValueError(f"{path}: {what} version {meta.get('version')}, this code reads {version}: move it "
+                             f"aside and make it again ({make})")
         return {k: f[k] for k in f.files if k != "meta"}, meta
 
 

@@ -6,9 +6,10 @@ ones, the same ones on every run: the choice is seeded by the episode id; or, `s
 of all the episodes' eligible chunks where the recorded critic's label is least sure); each sampled chunk gets a
 branch value at its start and at the next chunk's start, `BranchPlan.branches` continuations each,
 played on the Ray actor pool (`rollout.branching.BranchActor`, the episode replayed from its seed
-by a host built from the spec that recorded it). A chunk is eligible when the policy ran it before
-the episode's first takeover: the simulated operator's state is not part of the capsule, and until
-it first acts it is the same at every boundary.
+by a host built from the spec that recorded it). Every chunk the policy began is eligible, those after a
+takeover too: the simulated operator's state (`ValueTakeover`'s counters) is part of the host's capsule, so
+a branch meets the operator as the episode did. (Sidecars of version 1 were made when only the chunks before
+the episode's first takeover were; they are refused.)
 
 Values are in the critic's units (`critics.returns.normalized_returns`): each branch's return from
 the boundary, with the failure penalty, over the episode limit, clipped to [-1, 0]; their mean is
@@ -51,7 +52,7 @@ from rollout.ray_rollout import run_rollouts
 from rollout.sharded_reader import open_episode_reader
 from rollout.sharded_store import parse_store_root
 
-BRANCHES_VERSION = 1
+BRANCHES_VERSION = 2
 SELECTIONS = ("random", "unsure", "open")
 
 
@@ -106,19 +107,11 @@ def branches_path(store: str | os.PathLike, kind: str = "branches") -> Path:
     return store.with_name(store.name.removesuffix(".zarr") + f".{kind}.npz")
 
 
-def eligible_chunks(values: np.ndarray, interventions: np.ndarray) -> list[tuple[int, int | None]]:
-    """(start, next chunk's start) of each chunk the policy began before the episode's first takeover;
-    None: the episode ended within the chunk. Chunk starts are the steps whose value was recorded."""
-    values, flags = np.asarray(values, np.float64), np.asarray(interventions, bool)
-    first_takeover = int(np.argmax(flags)) if flags.any() else None
-    starts = [int(s) for s in np.flatnonzero(np.isfinite(values))]
-    chunks: list[tuple[int, int | None]] = []
-    for i, s in enumerate(starts):
-        nxt = starts[i + 1] if i + 1 < len(starts) else None
-        if first_takeover is not None and (s >= first_takeover or nxt is None or nxt > first_takeover):
-            break  # the chunk reached a takeover (or came after one)
-        chunks.append((s, nxt))
-    return chunks
+def eligible_chunks(values: np.ndarray) -> list[tuple[int, int | None]]:
+    """(start, next chunk's start) of each chunk the policy began; None: the episode ended within the chunk.
+    Chunk starts are the steps whose value was recorded (a takeover's steps record none)."""
+    starts = [int(s) for s in np.flatnonzero(np.isfinite(np.asarray(values, np.float64)))]
+    return [(s, starts[i + 1] if i + 1 < len(starts) else None) for i, s in enumerate(starts)]
 
 
 def sample_chunks(episode_id: str, chunks: list[tuple[int, int | None]], plan: BranchPlan) -> list[tuple[int, int | None]]:
@@ -277,10 +270,10 @@ def _collect_sampled(spec: HostSpec, store, episode_ids: list[str], plan: Branch
     for episode_id in episode_ids:
         if episode_id in table.done and not unsure:
             continue
-        episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION, *([S.REWARD] if unsure else [])])
+        episode = reader.episode(index[episode_id], [S.VALUE, *([S.REWARD] if unsure else [])])
         values = _chunk_starts(episode, episode_id)
         m = metas[episode_id] = episode.meta
-        chunks[episode_id] = eligible_chunks(values, episode.steps[S.INTERVENTION])
+        chunks[episode_id] = eligible_chunks(values)
         if unsure:
             rewards = np.asarray(episode.steps[S.REWARD], np.float64)
             returns = normalized_returns(rewards, bool(m.success), max_steps)
@@ -314,10 +307,9 @@ def _collect_open(spec: HostSpec, store, episode_ids: list[str], plan: BranchPla
     for episode_id in episode_ids:
         if episode_id in table.done:
             continue
-        episode = reader.episode(index[episode_id], [S.VALUE, S.INTERVENTION])
+        episode = reader.episode(index[episode_id], [S.VALUE])
         metas[episode_id] = episode.meta
-        sampled = sample_chunks(episode_id, eligible_chunks(_chunk_starts(episode, episode_id),
-                                                            episode.steps[S.INTERVENTION]), screening)
+        sampled = sample_chunks(episode_id, eligible_chunks(_chunk_starts(episode, episode_id)), screening)
         fractions = prior.get(episode_id, {})
         chosen[episode_id] = [c for c in sampled if any(0.0 < fractions[s][1] < 1.0 for s in c if s is not None)]
     if chosen:
@@ -396,7 +388,7 @@ def _branch_step_advantages(store, table: BranchTable) -> tuple[np.ndarray, np.n
         adv = np.full(len(rewards), np.nan, np.float64)
         if episode_id in table.done:
             returns = normalized_returns(rewards, bool(episode.meta.success), max_steps)
-            for s, nxt in eligible_chunks(episode.steps[S.VALUE], flags):
+            for s, nxt in eligible_chunks(episode.steps[S.VALUE]):
                 if (episode_id, s) not in value_at or (nxt is not None and (episode_id, nxt) not in value_at):
                     continue
                 adv[s:len(rewards) if nxt is None else nxt] = chunk_advantage(

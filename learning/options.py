@@ -355,7 +355,7 @@ class RecapConfig:
     branches: int = 4
     """Continuations per branched boundary (`--advantage_source branches|distilled|combined`)."""
     branch_rate: float = 0.25
-    """Share of the rollouts' eligible chunks (those the policy ran before any takeover) whose value
+    """Share of the rollouts' eligible chunks (every chunk the policy began, after a takeover too) whose value
     before and after is branched."""
     branch_select: Literal["random", "unsure", "open"] = "random"
     """Which eligible chunks are branched: `random`, drawn at `--branch_rate` in each rollout; `unsure`, the

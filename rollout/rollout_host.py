@@ -117,7 +117,7 @@ class RolloutHost:
         self.control = OperatorControl(operator, teleop, self.channel, self.request_end)
         self.observers = list(observers)
         self.capsule_source = capsule_source
-        self.state = HostState(spec.chunk_length, spec.action_dim, self._save_subtask, self._load_subtask)
+        self.state = HostState(spec.chunk_length, spec.action_dim, self._before_snapshot, self._after_restore)
         self.arena = Arena([env, policy, *([critic] if critic is not None else []), self.state]).allocate()
         self._cameras = tuple(env.observation_spec.cameras) if config.record_images else ()
         self._images = tuple((c, image_key(c)) for c in self._cameras)
@@ -190,7 +190,15 @@ class RolloutHost:
             self.lanes.close()
         self.env.close()
 
-    # -- capsule hooks for the hand-off block ------------------------------------------
+    # -- capsule hooks for the hand-off block and the operator ------------------------
+    def _before_snapshot(self) -> None:
+        self._save_subtask()
+        self.state.save_operator(self.control.operator)
+
+    def _after_restore(self) -> None:
+        self._load_subtask()
+        self.state.load_operator(self.control.operator)
+
     def _save_subtask(self) -> None:
         block = self.state.buffers["subtask"]
         block.copy_(self.channel.tensor)
@@ -221,8 +229,9 @@ class RolloutHost:
 
     # -- capsules -----------------------------------------------------------------------
     def snapshot(self, label: str = "", *, step: int | None = None) -> Capsule:
-        """A capsule of the whole host (env, policy, critic, queue, hand-off) at the current committed
-        boundary: between episodes, or in an observer's `chunk_start`."""
+        """A capsule of the whole host (env, policy, critic, queue, hand-off, the operator's state when it
+        keeps one: `OperatorSource`) at the current committed boundary: between episodes, or in an observer's
+        `chunk_start` (after that step's operator poll: a restore goes on from there without polling again)."""
         return snapshot(self.arena, label=label, step=self.env.steps if step is None else step, force=True)
 
     # -- RESET --------------------------------------------------------------------------
@@ -263,6 +272,8 @@ class RolloutHost:
         self.policy.reset(episode_seed)
         if self.critic is not None:
             _call_optional(self.critic, "reset", episode_seed)
+        if callable(getattr(self.control.operator, "load_capsule_state", None)):
+            _call_optional(self.control.operator, "reset")  # its state is in the capsule: fresh in the initial one
         self.state.clear()
         self.planner.reset(self.env)
         self._seen_version = -1
@@ -370,11 +381,18 @@ class RolloutHost:
 
     def _loop(self, obs: dict, builder: EpisodeBuilder, limit: int) -> tuple[StopReason, bool, str]:
         """Ticks until a stop; returns (stop reason, success, error)."""
-        env, observers, images, control = self.env, self.observers, self._images, self.control
+        env, observers, images, control, polled = self.env, self.observers, self._images, self.control, self.state.polled
+        # a capsule taken at a chunk start holds the operator as it was after that step's poll: not polled again
+        skip_poll = int(polled) == env.steps
         try:
             while True:
-                if control.operator is not None and control.apply(env.steps, env):
-                    return StopReason.SAFETY, False, "operator e-stop"
+                if skip_poll:
+                    skip_poll = False
+                elif control.operator is not None:
+                    stop = control.apply(env.steps, env)
+                    polled[...] = env.steps
+                    if stop:
+                        return StopReason.SAFETY, False, "operator e-stop"
                 tick = self._teleop_tick() if control.takeover else self.tick(obs)
                 # an episode executes at least one step, so every stop is recorded
                 if tick.low_value:

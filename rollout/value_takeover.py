@@ -4,7 +4,8 @@ Used by the sim RECAP loop in place of a human watching the robot: when the valu
 of the current chunk is below `threshold`, the operator takes over for `steps`
 control steps (the teleop source, e.g. the scripted expert, acts and the steps are
 flagged as interventions), then hands back to the policy. At most `max_per_episode`
-takeovers per episode.
+takeovers per episode. Its counters go into the host's capsules (`capsule_state`), so a
+branch from a chunk start after a takeover meets the operator as the episode did.
 """
 
 from __future__ import annotations
@@ -23,6 +24,21 @@ class ValueTakeover:
         self._until: int | None = None
         self._count = 0
         self._last_step = -1
+
+    def reset(self) -> None:
+        """A new episode: no takeover under way, none made."""
+        self._until, self._count, self._last_step = None, 0, -1
+
+    def capsule_state(self) -> tuple[int, int, int]:
+        """(end step of the takeover under way, -1: none; takeovers made; the last step polled)."""
+        return (-1 if self._until is None else self._until, self._count, self._last_step)
+
+    def load_capsule_state(self, values) -> None:
+        if len(values) != 3:
+            raise ValueError(f"a ValueTakeover's capsule state is 3 integers, got {len(values)}: the capsule was "
+                             "taken with another operator")
+        until, self._count, self._last_step = (int(v) for v in values)
+        self._until = None if until < 0 else until
 
     def bind(self, host) -> ValueTakeover:
         self.host = host

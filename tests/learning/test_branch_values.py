@@ -28,7 +28,7 @@ from rollout.host_factory import HostSpec
 from rollout.rollout_host import HostConfig, RolloutHost
 from rollout.sharded_reader import open_episode_reader
 from rollout.zarr_recorder import ZarrRecorder
-from tests.rollout.protocol_fakes import GreedyPolicy
+from tests.rollout.protocol_fakes import DOF, GreedyPolicy
 from tests.rollout.test_branching import CoinEnv, _flip_wins
 
 M = 6  # the coin env's episode limit: the normalisation of returns
@@ -70,13 +70,12 @@ def recorded(tmp_path):
     host.close()
 
 
-def test_eligible_chunks_stop_at_the_first_takeover_and_sampling_is_repeatable():
+def test_every_chunk_the_policy_began_is_eligible_and_sampling_is_repeatable():
     nan = np.nan
     values = np.array([0.1, nan, 0.2, nan, 0.3, nan, nan])
-    assert eligible_chunks(values, np.zeros(7, bool)) == [(0, 2), (2, 4), (4, None)]
-    takeover = np.array([0, 0, 0, 0, 0, 1, 1], bool)  # the operator took over at step 5, within chunk 4
-    assert eligible_chunks(values, takeover) == [(0, 2), (2, 4)]
-    assert eligible_chunks(values, np.array([0, 1, 1, 0, 0, 0, 0], bool)) == []  # within the first chunk
+    assert eligible_chunks(values) == [(0, 2), (2, 4), (4, None)]
+    # a takeover at steps 3-5 (no chunk starts there): the chunk after it, from step 6, is eligible too
+    assert eligible_chunks(np.array([0.1, nan, 0.2, nan, nan, nan, 0.3, nan])) == [(0, 2), (2, 6), (6, None)]
     chunks = [(s, s + 2) for s in range(0, 40, 2)]
     plan = BranchPlan(rate=0.5, branches=2, seed=3)
     picked = sample_chunks("ep-a", chunks, plan)
@@ -112,6 +111,31 @@ def test_branch_values_are_the_known_ones_and_a_resumed_call_plays_nothing_again
         collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0, host=host)
 
 
+def test_chunks_after_a_takeover_get_their_known_branch_values(tmp_path):
+    """The operator takes over for step 1 (the policy's first chunk is dropped); the chunks from steps 2 and 4
+    come after the takeover, and their branches meet the operator as the episode left it (played again: no
+    second takeover), so the values are the known ones."""
+    from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+
+    store, host = tmp_path / "episodes.zarr", _host()
+    host.teleop = lambda: np.full(DOF, -1.0, np.float32)
+    host.operator = ScriptedOperator({1: OperatorEvent(Kind.TAKEOVER_ON), 2: OperatorEvent(Kind.TAKEOVER_OFF)})
+    ids = [f"coin-{s}" for s in range(3)]
+    with ZarrRecorder(store) as recorder:
+        for seed in range(3):
+            episode = host.run_episode(seed, episode_id=f"coin-{seed}").episode
+            assert episode.steps["intervention"].tolist() == [False, True] + [False] * 4
+            recorder.write(episode)
+    table = collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=16), max_steps=M, actors=0,
+                             host=host, log=lambda m: None)
+    values = table.lookup()
+    for seed, episode_id in enumerate(ids):
+        assert sorted(s for e, s in values if e == episode_id) == [0, 2, 4]
+        wins = sum(_flip_wins(branch_seed(seed, b)) for b in range(16))
+        assert values[episode_id, 2] == pytest.approx((wins * -3 / M + (16 - wins) * -1.0) / 16, abs=1e-6)
+    host.close()
+
+
 def test_open_selection_deepens_only_the_chunks_whose_screening_continuations_disagree(tmp_path):
     store, host = tmp_path / "episodes.zarr", _host()
     ids = [f"coin-{s}" for s in range(6)]  # seeds 4 and 5: their first two continuations agree at step 2
@@ -126,8 +150,8 @@ def test_open_selection_deepens_only_the_chunks_whose_screening_continuations_di
     reader = open_episode_reader(store)
     open_chunks = {}
     for i, episode_id in enumerate(reader.episode_ids):
-        episode = reader.episode(i, ["value", "intervention"])
-        open_chunks[episode_id] = [c for c in eligible_chunks(episode.steps["value"], episode.steps["intervention"])
+        episode = reader.episode(i, ["value"])
+        open_chunks[episode_id] = [c for c in eligible_chunks(episode.steps["value"])
                                    if any(0 < fraction[episode_id, s] < 1 for s in c if s is not None)]
     deep = {(e, s) for e, chunks in open_chunks.items() for c in chunks for s in c if s is not None}
     assert deep and len(deep) < len(fraction)  # some boundaries are open, not all
@@ -304,7 +328,7 @@ def test_a_missing_or_foreign_branch_sidecar_is_refused_with_what_to_do(tmp_path
     arrays = dict(np.load(path))
     arrays["meta"] = np.array('{"version": 99}')
     np.savez(path, **arrays)
-    with pytest.raises(ValueError, match="version 99, this code reads 1"):
+    with pytest.raises(ValueError, match="version 99, this code reads 2: move it aside"):
         BranchTable.load(path)
 
 

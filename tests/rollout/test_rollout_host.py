@@ -220,8 +220,95 @@ def test_value_triggered_takeover_hands_control_to_the_expert_and_back():
     h.close()
 
 
+def _branch_replays_the_rest(h, keeper, boundary: int, recorded) -> None:
+    """A branch from the capsule at `boundary` with the episode's own noise plays the recorded episode's steps
+    from there on: the same actions, the same takeovers (so the same operator events)."""
+    branch = h.branch(keeper.capsules[boundary], seed=0).episode
+    for key in ("action", "intervention", "value"):
+        np.testing.assert_array_equal(branch.steps[key], recorded.steps[key][boundary:], err_msg=key)
+    later = [e for e in recorded.meta.operator_events.split("\n") if int(e.split(":")[0]) > boundary]
+    assert branch.meta.operator_events.split("\n") == later if later else branch.meta.operator_events == ""
+    assert (branch.meta.success, branch.meta.stop_reason) == (recorded.meta.success, recorded.meta.stop_reason)
+
+
+def test_a_branch_after_a_value_takeover_meets_the_operator_as_the_episode_did():
+    """The simulated operator's counters are in the capsule: a branch from the chunk start right after the first
+    takeover takes over again where the episode did, and one after the last takes over no more."""
+    from rollout.branching import BoundaryCapsules
+    from rollout.value_takeover import ValueTakeover
+
+    keeper = BoundaryCapsules()
+    h = make_host(max_steps=16, n_exec=2)
+    h.observers.append(keeper)
+    h.teleop = ScriptedExpert(h.env).act
+    h.operator = ValueTakeover(threshold=0.5, steps=3, max_per_episode=2).bind(h)  # tiny critic: always below
+    recorded = h.run_episode(0).episode
+    keeper.enabled = False
+    flags = recorded.steps["intervention"].tolist()
+    assert flags[:9] == [False, True, True, True, False, True, True, True, False] and not any(flags[9:])
+    assert recorded.meta.operator_events.split("\n") == ["1:takeover_on", "4:takeover_off", "5:takeover_on",
+                                                          "8:takeover_off"]
+    assert {4, 8} <= set(keeper.capsules)  # chunk starts right after each takeover
+    for boundary in sorted(keeper.capsules):  # before, between and after the takeovers
+        _branch_replays_the_rest(h, keeper, boundary, recorded)
+    from capsules import restore
+
+    for boundary, held in ((0, (-1, 0, 0)), (4, (-1, 1, 4)), (8, (-1, 2, 8))):  # no takeover under way, made, polled
+        restore(h.arena, keeper.capsules[boundary])
+        assert h.operator.capsule_state() == held
+    h.close()
+
+
+def test_a_branch_meets_a_scripted_operator_where_the_episode_left_it():
+    from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from rollout.branching import BoundaryCapsules
+
+    keeper = BoundaryCapsules()
+    h = make_host(max_steps=12, n_exec=2)
+    h.observers.append(keeper)
+    h.teleop = ScriptedExpert(h.env).act
+    h.operator = ScriptedOperator({3: OperatorEvent(Kind.TAKEOVER_ON), 6: OperatorEvent(Kind.TAKEOVER_OFF)})
+    recorded = h.run_episode(0).episode
+    keeper.enabled = False
+    assert recorded.steps["intervention"].tolist() == [False] * 3 + [True] * 3 + [False] * 6
+    assert {0, 2, 6} <= set(keeper.capsules)
+    for boundary in sorted(keeper.capsules):
+        _branch_replays_the_rest(h, keeper, boundary, recorded)
+    again = h.run_episode(0).episode  # a new episode plays the schedule again (its initial capsule: fresh)
+    np.testing.assert_array_equal(again.steps["intervention"], recorded.steps["intervention"])
+    h.close()
+
+
+def test_operator_state_that_does_not_fit_or_match_is_refused():
+    from envs.operator_input import ScriptedOperator
+    from rollout.value_takeover import ValueTakeover
+
+    h = make_host(max_steps=2)
+    h.operator = ScriptedOperator({})
+    h.run_episode(0)
+    capsule = h.snapshot()  # holds the scripted operator's one integer
+    h.operator = ValueTakeover(threshold=0.5).bind(h)
+    from capsules import restore
+
+    with pytest.raises(ValueError, match="taken with another operator"):
+        restore(h.arena, capsule)
+
+    class Chatty:
+        def poll(self, step):
+            return []
+
+        def capsule_state(self):
+            return tuple(range(9))
+
+    h.operator = Chatty()
+    with pytest.raises(ValueError, match="gave 9 integers; a capsule holds 8"):
+        h.snapshot()
+    h.close()
+
+
 def test_a_capsule_of_the_earlier_host_layout_is_refused_by_name():
-    """The host's counters are named buffers now (layout 2); a layout-1 capsule (one int64[5] array) is refused."""
+    """The host's counters are named buffers (layout 2 on), its operator's state in the capsule from layout 3; a
+    capsule of an earlier layout is refused."""
     import dataclasses
 
     from capsules import Capsule, CapsuleMismatchError, restore
@@ -229,10 +316,10 @@ def test_a_capsule_of_the_earlier_host_layout_is_refused_by_name():
     h = make_host(max_steps=2)
     h.run_episode(1)
     capsule = h.snapshot()
-    old = Capsule(dataclasses.replace(capsule.meta, fingerprint={**capsule.meta.fingerprint, "host/layout": "1"}),
+    old = Capsule(dataclasses.replace(capsule.meta, fingerprint={**capsule.meta.fingerprint, "host/layout": "2"}),
                   capsule.slabs(), capsule.digests)
     with pytest.raises(CapsuleMismatchError, match="host/layout"):
         restore(h.arena, old)
-    assert sorted(h.state.buffers) == ["chunks", "low_value_chunks", "planner_subtask", "queue", "queue_len",
-                                       "queue_pos", "subtask", "value"]
+    assert sorted(h.state.buffers) == ["chunks", "low_value_chunks", "operator", "operator_len", "operator_polled",
+                                       "planner_subtask", "queue", "queue_len", "queue_pos", "subtask", "value"]
     h.close()
