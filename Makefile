@@ -24,6 +24,9 @@ export PYTHONUNBUFFERED ?= 1
 LEROBOT_VENV ?= .venv-lerobot
 LEROBOT_SPEC ?= lerobot==0.4.4 torch==2.10.0 torchvision==0.25.0 torchcodec==0.10.0
 LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
+# The project installed into that venv beside LeRobot, as a lab would (its ranges, no constraints): LeRobot's
+# torch and Triton stay as they are (tests/test_library.py checks, and imports both there).
+LEROBOT_PROJECT_STAMP := $(LEROBOT_VENV)/.project
 
 # The third-party suites (Meta-World, gymnasium-robotics) in a venv of their own: they need mujoco 3.3.0,
 # the project's own venv stays on 4.0.0. `make test-slow` runs the suite tests there (about 2 minutes to
@@ -35,11 +38,11 @@ SUITES_STAMP := $(SUITES_VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install -e ".[dev]" -c constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -48,19 +51,24 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test-slow: $(STAMP) $(LEROBOT_STAMP) $(SUITES_STAMP)
+test-slow: $(STAMP) $(LEROBOT_PROJECT_STAMP) $(SUITES_STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
 	$(SUITES_VENV)/bin/python -m pytest -m "slow" -p no:cacheprovider tests/envs/test_suite_extras.py $(PYTEST_ARGS)
 
 suites-venv: $(SUITES_STAMP)
 
-$(SUITES_STAMP): pyproject.toml
+$(SUITES_STAMP): pyproject.toml constraints.txt
 	test -x $(SUITES_VENV)/bin/python || $(PYTHON) -m venv $(SUITES_VENV)
 	$(SUITES_VENV)/bin/python -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
-	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics]"
+	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics]" -c constraints.txt
 	touch $@
 
-lerobot-venv: $(LEROBOT_STAMP)
+lerobot-venv: $(LEROBOT_PROJECT_STAMP)
+
+$(LEROBOT_PROJECT_STAMP): $(LEROBOT_STAMP) pyproject.toml
+	$(LEROBOT_VENV)/bin/python -m pip install --dry-run --report $(LEROBOT_VENV)/.project-dry-run.json -e . >/dev/null
+	$(LEROBOT_VENV)/bin/python -m pip install -e .
+	touch $@
 
 $(LEROBOT_STAMP):
 	test -x $(LEROBOT_VENV)/bin/python || $(PYTHON) -m venv $(LEROBOT_VENV)
@@ -75,17 +83,17 @@ $(LEROBOT_STAMP):
 # its initial capsule, and the capsule bit-exactness report. Outputs in $(DEMO_OUT).
 demo: $(STAMP)
 	rm -rf $(DEMO_OUT)/sim_rollout
-	$(PY) -m experiments.run sim_rollout --actors 2 --family all --seeds.count 3 --repeats 2 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
-	$(PY) -m experiments.run replay --store $(DEMO_OUT)/sim_rollout/episodes.zarr --episode pick_place-s1000000 --json $(DEMO_OUT)/replay.json
-	$(PY) -m experiments.run verify_capsule --json $(DEMO_OUT)/verify_capsule.json
+	$(PY) -m capsule_rollout sim_rollout --actors 2 --family all --seeds.count 3 --repeats 2 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
+	$(PY) -m capsule_rollout replay --store $(DEMO_OUT)/sim_rollout/episodes.zarr --episode pick_place-s1000000 --json $(DEMO_OUT)/replay.json
+	$(PY) -m capsule_rollout verify_capsule --json $(DEMO_OUT)/verify_capsule.json
 
 bench: $(STAMP)
-	$(PY) -m experiments.run bench_capsules --json runs/bench/bench_capsules.json --docs docs/BENCHMARKS.md
-	$(PY) -m experiments.run bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
-	$(PY) -m experiments.run bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
-	$(PY) -m experiments.run bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
-	$(PY) -m experiments.run collect_demos --episodes 200 --out runs/bench/demos200.zarr --no-progress
-	$(PY) -m experiments.run bench_lerobot --rounds 5 --svt_presets 7 8 10 --json runs/bench/bench_lerobot.json --docs docs/BENCHMARKS.md
+	$(PY) -m capsule_rollout bench_capsules --json runs/bench/bench_capsules.json --docs docs/BENCHMARKS.md
+	$(PY) -m capsule_rollout bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
+	$(PY) -m capsule_rollout bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
+	$(PY) -m capsule_rollout bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
+	$(PY) -m capsule_rollout collect_demos --episodes 200 --out runs/bench/demos200.zarr --no-progress
+	$(PY) -m capsule_rollout bench_lerobot --rounds 5 --svt_presets 7 8 10 --json runs/bench/bench_lerobot.json --docs docs/BENCHMARKS.md
 
 # On a machine with an NVIDIA GPU and its driver: installs the CUDA build of torch into the
 # venv (GPU_TORCH_SPEC from the index in GPU_TORCH_PIP_ARGS), then runs every check of the
@@ -106,7 +114,7 @@ gpu-check: gpu-present $(STAMP)
 	  echo "gpu-check: installing the CUDA build of torch: $(GPU_TORCH_SPEC) $(GPU_TORCH_PIP_ARGS)"; \
 	  $(PY) -m pip install --force-reinstall --no-deps "$(GPU_TORCH_SPEC)" $(GPU_TORCH_PIP_ARGS) && \
 	  $(PY) -m pip install "$(GPU_TORCH_SPEC)" $(GPU_TORCH_PIP_ARGS); }
-	$(PY) -m experiments.run gpu_check --out $(GPU_CHECK_OUT) --json $(GPU_CHECK_OUT)/gpu_check.json $(GPU_CHECK_ARGS)
+	$(PY) -m capsule_rollout gpu_check --out $(GPU_CHECK_OUT) --json $(GPU_CHECK_OUT)/gpu_check.json $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(LEROBOT_VENV) $(SUITES_VENV) runs .pytest_cache .hypothesis

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+NS = "capsule_rollout"  # the one import namespace; its layers are subpackages
+ROOT = Path(__file__).resolve().parents[1] / NS
 PACKAGES = ("capsules", "models", "envs", "policies", "critics", "rollout", "learning", "commands", "benchmarks",
             "experiments")
 # package -> project modules it may import (a dotted entry allows that module only)
@@ -27,6 +28,8 @@ ALLOWED = {
                     "benchmarks"},
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
+# modules at the namespace's root that every layer may import: standard library only, importing no layer
+ROOT_MODULES = {"import_path"}
 
 
 def imported_modules(source: str, package_path: str) -> list[str]:
@@ -47,21 +50,37 @@ def imported_modules(source: str, package_path: str) -> list[str]:
     return names
 
 
+def layer_of(mod: str) -> str | None:
+    """`capsule_rollout.envs.x` -> `envs.x`; None for a module outside the namespace."""
+    if mod == NS:
+        return ""
+    return mod[len(NS) + 1:] if mod.startswith(NS + ".") else None
+
+
 def violations(package: str, source: str, package_path: str | None = None) -> list[str]:
     found = []
-    for mod in imported_modules(source, package_path or package):
-        top = mod.split(".")[0]
+    for absolute in imported_modules(source, package_path or f"{NS}.{package}"):
+        top = absolute.split(".")[0]
         if top == "ray" and package != "rollout":
-            found.append(f"{package} imports {mod}: only rollout/ may import ray")
-        if top in PACKAGES and top != package:
+            found.append(f"{package} imports {absolute}: only rollout/ may import ray")
+        if top in PACKAGES:
+            found.append(f"{package} imports {absolute}: the project's layers are imported as {NS}.{absolute}")
+            continue
+        mod = layer_of(absolute)
+        if mod is None:
+            if package == "capsules" and top not in sys.stdlib_module_names:
+                if top not in CAPSULES_THIRD_PARTY and top != "__future__":
+                    found.append(f"capsules imports {absolute}: capsules/ may use only {sorted(CAPSULES_THIRD_PARTY)}")
+            continue
+        layer = mod.split(".")[0]
+        if layer in ROOT_MODULES:
+            continue
+        if layer and layer != package:
             allowed = ALLOWED[package]
-            if top not in allowed and not any(mod == a or mod.startswith(a + ".") for a in allowed):
+            if layer not in allowed and not any(mod == a or mod.startswith(a + ".") for a in allowed):
                 found.append(
                     f"{package} imports {mod}: {package}/ may import only {sorted(allowed) or 'nothing of the project'}"
                 )
-        if package == "capsules" and top not in PACKAGES and top not in sys.stdlib_module_names:
-            if top not in CAPSULES_THIRD_PARTY and top != "__future__":
-                found.append(f"capsules imports {mod}: capsules/ may use only {sorted(CAPSULES_THIRD_PARTY)}")
     return found
 
 
@@ -69,46 +88,67 @@ def test_every_module_respects_the_layers():
     problems = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            rel = path.relative_to(ROOT).with_suffix("")
+            rel = path.relative_to(ROOT.parent).with_suffix("")
             parts = list(rel.parts)
             package_path = ".".join(parts if parts[-1] == "__init__" else parts[:-1])
             for v in violations(package, path.read_text(), package_path):
-                problems.append(f"{path.relative_to(ROOT)}: {v}")
+                problems.append(f"{path.relative_to(ROOT.parent)}: {v}")
     assert not problems, "\n".join(problems)
+
+
+def test_root_modules_use_the_standard_library_only():
+    assert {p.stem for p in ROOT.glob("*.py")} == ROOT_MODULES | {"__init__", "__main__"}
+    for name in ROOT_MODULES:
+        tops = {m.split(".")[0] for m in imported_modules((ROOT / f"{name}.py").read_text(), NS)}
+        assert tops <= set(sys.stdlib_module_names) | {"__future__"}, (name, tops)
+
+
+def test_the_namespace_root_imports_no_layer():
+    """`import capsule_rollout` defines the version and nothing else: no layer (and so no torch, mujoco or ray)
+    is loaded by it."""
+    for path in (ROOT / "__init__.py", ROOT / "__main__.py"):
+        mods = [layer_of(m) for m in imported_modules(path.read_text(), NS)]
+        if path.name == "__init__.py":
+            assert [m for m in mods if m] == [], f"{path.name} imports {mods}"
+        else:  # the CLI: the entry point's module only
+            assert {m.split(".")[0] for m in mods if m} <= {"experiments"}
 
 
 @pytest.mark.parametrize(
     "package, source, fragment",
     [
-        ("capsules", "import envs.tabletop", "capsules imports envs.tabletop"),
-        ("capsules", "from rollout import host", "capsules imports rollout"),
+        ("capsules", "import capsule_rollout.envs.tabletop", "capsules imports envs.tabletop"),
+        ("capsules", "from capsule_rollout.rollout import host", "capsules imports rollout"),
         ("capsules", "import zarr", "may use only"),
-        ("policies", "from envs import tabletop", "policies imports envs"),
-        ("critics", "import policies.flow", "critics imports policies.flow"),
-        ("critics", "from policies.common import encoders", "critics imports policies.common"),
-        ("models", "from policies import flow_policy", "models imports policies"),
+        ("policies", "from capsule_rollout.envs import tabletop", "policies imports envs"),
+        ("critics", "import capsule_rollout.policies.flow", "critics imports policies.flow"),
+        ("critics", "from capsule_rollout.policies.common import encoders", "critics imports policies.common"),
+        ("models", "from capsule_rollout.policies import flow_policy", "models imports policies"),
         ("envs", "import ray", "only rollout/ may import ray"),
         ("experiments", "def f():\n    import ray\n", "only rollout/ may import ray"),
-        ("policies", "from . import helpers\nfrom envs.tabletop import Task", "policies imports envs.tabletop"),
+        ("policies", "from . import helpers\nfrom capsule_rollout.envs.tabletop import Task",
+         "policies imports envs.tabletop"),
+        ("rollout", "import envs.tabletop", "imported as capsule_rollout.envs.tabletop"),
+        ("rollout", "from capsule_rollout import learning", "rollout imports learning"),
     ],
 )
 def test_checker_flags_wrong_imports(package, source, fragment):
-    assert any(fragment in v for v in violations(package, source, f"{package}.sub")), violations(package, source)
+    assert any(fragment in v for v in violations(package, source, f"{NS}.{package}.sub")), violations(package, source)
 
 
 @pytest.mark.parametrize(
     "package, source",
     [
-        ("critics", "from models.encoders import VisionEncoder"),
-        ("policies", "from models.graph_runner import GraphRunner"),
-        ("rollout", "import ray\nfrom envs import x\nfrom capsules import Arena"),
+        ("critics", "from capsule_rollout.models.encoders import VisionEncoder"),
+        ("policies", "from capsule_rollout.models.graph_runner import GraphRunner"),
+        ("rollout", "import ray\nfrom capsule_rollout.envs import x\nfrom capsule_rollout.capsules import Arena"),
         ("capsules", "import torch\nimport numpy as np\nfrom safetensors import torch as st\nimport json"),
         ("capsules", "from .arena import Arena"),
         ("envs", "from ..rollout import recorder"),  # resolves to envs.rollout, inside envs
     ],
 )
 def test_checker_allows_right_imports(package, source):
-    assert violations(package, source, f"{package}.sub") == []
+    assert violations(package, source, f"{NS}.{package}.sub") == []
 
 
 # what every command shares; commands import these, never each other (shared code lives in learning/)
@@ -118,8 +158,8 @@ EXPERIMENTS_SHARED = {"console", "paths"}
 def test_commands_never_import_each_other():
     problems = []
     for path in sorted((ROOT / "experiments").glob("*.py")):
-        for mod in imported_modules(path.read_text(), "experiments"):
-            parts = mod.split(".")
+        for mod in imported_modules(path.read_text(), f"{NS}.experiments"):
+            parts = (layer_of(mod) or "").split(".")
             if parts[0] == "experiments" and len(parts) > 1 and parts[1] not in EXPERIMENTS_SHARED:
                 if (ROOT / "experiments" / f"{parts[1]}.py").exists() and parts[1] != path.stem:
                     problems.append(f"{path.relative_to(ROOT)} imports {mod}")

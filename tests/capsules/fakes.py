@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from capsules import Arena, BufferComponent, BufferSpec
+from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec
 
 
 def random_like_spec(spec: BufferSpec, gen: torch.Generator) -> torch.Tensor:
@@ -49,7 +49,7 @@ def fill_state(arena: Arena, seed: int) -> None:
 
 
 def state_copy(arena: Arena) -> dict[str, torch.Tensor]:
-    from capsules import Role
+    from capsule_rollout.capsules import Role
 
     return {k: v.clone() for k, v in arena.buffers(Role.STATE).items()}
 
@@ -63,7 +63,7 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def basic_specs(device: str = "cpu") -> list[BufferSpec]:
-    from capsules import Role
+    from capsule_rollout.capsules import Role
 
     return [
         BufferSpec("h", (2, 3), torch.float32, device),

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from capsules import Arena, BufferSpec, Role, SpecError, snapshot
-from capsules.layout import SLAB_ALIGN
+from capsule_rollout.capsules import Arena, BufferSpec, Role, SpecError, snapshot
+from capsule_rollout.capsules.layout import SLAB_ALIGN
 from tests.capsules.fakes import SpecComponent, basic_specs, make_arena
 
 

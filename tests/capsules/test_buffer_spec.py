@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from capsules import BufferSpec, Role, SpecError
+from capsule_rollout.capsules import BufferSpec, Role, SpecError
 
 
 def test_spec_normalises_and_sizes():
@@ -37,7 +37,7 @@ def test_bad_specs_say_what_to_fix(kwargs, fragment):
 
 
 def test_json_round_trip_every_dtype():
-    from capsules.buffer_spec import DTYPES
+    from capsule_rollout.capsules.buffer_spec import DTYPES
 
     for name, dtype in DTYPES.items():
         spec = BufferSpec(f"b_{name}", (3, 1), dtype, "cpu", Role.STATE, alignment=2)

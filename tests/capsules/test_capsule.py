@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from capsules import (
+from capsule_rollout.capsules import (
     Arena,
     BufferSpec,
     CapsuleAlignmentError,

@@ -5,7 +5,7 @@ import struct
 import pytest
 import torch
 
-from capsules import (
+from capsule_rollout.capsules import (
     CapsuleFormatError,
     CapsuleIntegrityError,
     CapsuleMismatchError,
@@ -16,7 +16,7 @@ from capsules import (
     save_capsule,
     snapshot,
 )
-from capsules.capsule_file import FORMAT_VERSION, read_file_header
+from capsule_rollout.capsules.capsule_file import FORMAT_VERSION, read_file_header
 from tests.capsules.fakes import fill_state, make_arena, same_bytes, state_copy
 
 
@@ -239,7 +239,7 @@ def test_a_relabelled_tensor_dtype_is_called_a_relabel_not_a_digest_mismatch(cap
 
 
 def test_a_header_over_the_size_limit_is_not_called_truncated(tmp_path, capsule):
-    from capsules.capsule_file import MAX_HEADER_BYTES
+    from capsule_rollout.capsules.capsule_file import MAX_HEADER_BYTES
 
     data = capsule_to_bytes(capsule)
     big = struct.pack("<Q", MAX_HEADER_BYTES + 1) + data[8:]

@@ -1,6 +1,6 @@
 import pytest
 
-from capsules import (
+from capsule_rollout.capsules import (
     CapsuleFormatError,
     CapsuleIntegrityError,
     CapsuleNotFoundError,
@@ -176,7 +176,7 @@ def _disk_state(store, tmp_path):
 
 
 def test_loading_from_disk_keeps_the_file_and_a_second_demotion_reuses_it(arena, tmp_path, monkeypatch):
-    import capsules.capsule_store as store_module
+    import capsule_rollout.capsules.capsule_store as store_module
 
     caps = _capsules(arena, 2)
     size = caps[0].nbytes

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from capsules import Arena, CapsuleStore, Tier, digest_slab, restore, snapshot, verify_steppable
-from capsules.buffer_spec import Role
-from capsules.digest import choose_backend, digest_backend, triton_available
-from capsules.slab_copy import HOST
-from capsules.standins import NoisyChunkSteppable
+from capsule_rollout.capsules import Arena, CapsuleStore, Tier, digest_slab, restore, snapshot, verify_steppable
+from capsule_rollout.capsules.buffer_spec import Role
+from capsule_rollout.capsules.digest import choose_backend, digest_backend, triton_available
+from capsule_rollout.capsules.slab_copy import HOST
+from capsule_rollout.capsules.standins import NoisyChunkSteppable
 from tests.capsules.fakes import SpecComponent, basic_specs, fill_state, same_bytes, state_copy
 
 pytestmark = pytest.mark.gpu
@@ -73,7 +73,7 @@ def test_cuda_standin_is_bit_exact():
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_triton_digest_of_a_slab_on_the_second_gpu_with_the_first_current():
-    from capsules.digest import pack
+    from capsule_rollout.capsules.digest import pack
 
     torch.cuda.set_device(0)
     g = torch.Generator().manual_seed(9)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from capsules import digest, digest_slab, digest_tensors, snapshot
-from capsules.digest import choose_backend, pack, triton_available
+from capsule_rollout.capsules import digest, digest_slab, digest_tensors, snapshot
+from capsule_rollout.capsules.digest import choose_backend, pack, triton_available
 from tests.capsules.fakes import fill_state, make_arena
 from tests.conftest import HAS_CUDA
 
@@ -129,7 +129,7 @@ def test_triton_launches_with_the_buffers_device_current(monkeypatch):
 
     from tests.fake_cuda import FakeCuda
 
-    digest_triton = pytest.importorskip("capsules.digest_triton")
+    digest_triton = pytest.importorskip("capsule_rollout.capsules.digest_triton")
     fake = FakeCuda(monkeypatch)
     launched = []
 

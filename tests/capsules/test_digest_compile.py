@@ -28,7 +28,7 @@ import inspect, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from capsules import digest_triton
+from capsule_rollout.capsules import digest_triton
 
 kernel = digest_triton._digest_blocks
 params = inspect.signature(kernel.fn).parameters
@@ -71,7 +71,7 @@ def test_digest_kernel_compiles_to_a_cubin_for_gpu_targets(compiled, arch):
 
 
 def test_compiled_kernel_holds_the_reference_constants(compiled):
-    from capsules import digest
+    from capsule_rollout.capsules import digest
 
     ttir = compiled[ARCHS[-1]].get("ttir", "")
     for name in CONSTANTS:  # as full 64-bit values (splat over a block), not truncated

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from capsules import (
+from capsule_rollout.capsules import (
     Arena,
     BufferSpec,
     CapsuleNotFoundError,
@@ -25,7 +25,7 @@ from capsules import (
     restore,
     snapshot,
 )
-from capsules.buffer_spec import DTYPES
+from capsule_rollout.capsules.buffer_spec import DTYPES
 from tests.capsules.fakes import SpecComponent, fill_state, same_bytes, state_copy
 from tests.conftest import DEVICES
 

@@ -2,9 +2,9 @@
 
 import torch
 
-from capsules import Arena, restore, snapshot
-from capsules.buffer_spec import Role
-from capsules.slab_copy import HOST, copy_slabs, slab_places
+from capsule_rollout.capsules import Arena, restore, snapshot
+from capsule_rollout.capsules.buffer_spec import Role
+from capsule_rollout.capsules.slab_copy import HOST, copy_slabs, slab_places
 from tests.capsules.fakes import SpecComponent, basic_specs, fill_state
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from capsules import Timeline, snapshot
+from capsule_rollout.capsules import Timeline, snapshot
 from tests.capsules.fakes import fill_state, make_arena, same_bytes
 
 

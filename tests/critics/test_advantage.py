@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE, label_episodes, n_step_advantages
+from capsule_rollout.critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE, label_episodes, n_step_advantages
 
 SUCCESS_REWARDS = np.array([-1.0, -1.0, -1.0, 0.0])  # success on the 4th step
 M = 10

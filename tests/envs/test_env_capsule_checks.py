@@ -4,9 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from capsules import Arena, Capsule, CapsuleMismatchError, Role, load_capsule, restore, save_capsule, snapshot
-from envs.tabletop_env import TabletopEnv
-from envs.tasks import family_index
+from capsule_rollout.capsules import (
+    Arena,
+    Capsule,
+    CapsuleMismatchError,
+    Role,
+    load_capsule,
+    restore,
+    save_capsule,
+    snapshot,
+)
+from capsule_rollout.envs.tabletop_env import TabletopEnv
+from capsule_rollout.envs.tasks import family_index
 
 
 def _with_family(capsule: Capsule, family: str) -> Capsule:

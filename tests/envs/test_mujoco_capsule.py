@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import envs  # noqa: F401  (first: chooses MUJOCO_GL before mujoco loads)
-
-# isort: split
 import gymnasium as gym
 import mujoco
 import numpy as np
 import pytest
 
-from capsules import Arena, restore, snapshot, verify_steppable
-from envs.hidden_state_scan import scan_env
-from envs.mujoco_capsule import Attr, CaptureSpec, MujocoCapsuleEnv, MujocoCapsuleError
-from envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
-from envs.rollout_env import RolloutEnv
-from envs.suites import make_env, parse_env_id
+from capsule_rollout.capsules import Arena, restore, snapshot, verify_steppable
+from capsule_rollout.envs.hidden_state_scan import scan_env
+from capsule_rollout.envs.mujoco_capsule import Attr, CaptureSpec, MujocoCapsuleEnv, MujocoCapsuleError
+from capsule_rollout.envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
+from capsule_rollout.envs.rollout_env import RolloutEnv
+from capsule_rollout.envs.suites import make_env, parse_env_id
 
 
 @pytest.mark.parametrize("env_id", ["gymnasium:Pusher-v5", "gymnasium:Ant-v5", "gymnasium:Hopper-v5"])

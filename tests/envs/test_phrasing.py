@@ -6,12 +6,12 @@ import itertools
 import numpy as np
 import pytest
 
-from envs.phrasing import COACHING, HELDOUT, TRAIN, coaching_text, parse_subtask, phrase, phrasings
-from envs.scene import BLOCKS, PADS
-from envs.tasks import FAMILIES, RELATIONS, TaskParams
-from models.tokenizer import VOCAB
-from rollout.handoff import SubtaskChannel
-from rollout.planner import ScriptedPlanner
+from capsule_rollout.envs.phrasing import COACHING, HELDOUT, TRAIN, coaching_text, parse_subtask, phrase, phrasings
+from capsule_rollout.envs.scene import BLOCKS, PADS
+from capsule_rollout.envs.tasks import FAMILIES, RELATIONS, TaskParams
+from capsule_rollout.models.tokenizer import VOCAB
+from capsule_rollout.rollout.handoff import SubtaskChannel
+from capsule_rollout.rollout.planner import ScriptedPlanner
 
 
 def _every_subtask_text() -> set[str]:

@@ -9,8 +9,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.robot_bridge import RobotClient, RobotDisconnected, RobotError, RobotServer, SimBackend, SimRobotServer
-from envs.robot_protocol import PREFIX, VERSION, ConnectionClosed, Message, ProtocolError, decode, encode, read_frame
+from capsule_rollout.envs.robot_bridge import (
+    RobotClient,
+    RobotDisconnected,
+    RobotError,
+    RobotServer,
+    SimBackend,
+    SimRobotServer,
+)
+from capsule_rollout.envs.robot_protocol import (
+    PREFIX,
+    VERSION,
+    ConnectionClosed,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    read_frame,
+)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +167,7 @@ def test_oversized_wrong_version_and_truncated_frames(server):
 def test_bench_bridge_smoke(tmp_path):
     import json
 
-    from experiments.run import main
+    from capsule_rollout.experiments.run import main
 
     out = tmp_path / "b.json"
     assert main(["bench_bridge", "--rounds", "12", "--image_size", "32", "--json", str(out)]) == 0
@@ -159,7 +175,7 @@ def test_bench_bridge_smoke(tmp_path):
 
 
 def test_a_realtime_sim_robot_paces_actions_to_its_control_rate(monkeypatch):
-    import envs.robot_backend as bridge
+    import capsule_rollout.envs.robot_backend as bridge
 
     clock, sleeps = [100.0], []
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envs.robot_protocol import (
+from capsule_rollout.envs.robot_protocol import (
     ERROR_CODES,
     MAX_HEADER,
     PREFIX,

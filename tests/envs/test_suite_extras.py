@@ -6,16 +6,13 @@ suite is missing or cannot run on this MuJoCo they skip, saying why. `make test-
 
 from __future__ import annotations
 
-import envs  # noqa: F401  (first: chooses MUJOCO_GL before mujoco loads)
-
-# isort: split
 import json
 
 import numpy as np
 import pytest
 
-from capsules import Arena, restore, snapshot, verify_steppable
-from envs.suites import SUITES, SuiteUnavailableError, expert_for, make_env
+from capsule_rollout.capsules import Arena, restore, snapshot, verify_steppable
+from capsule_rollout.envs.suites import SUITES, SuiteUnavailableError, expert_for, make_env
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +27,7 @@ def _need(suite: str) -> None:
 @pytest.mark.parametrize("env_id", ["metaworld:pick-place-v3", "metaworld:door-open-v3", "metaworld:drawer-close-v3",
                                     "robotics:FetchPickAndPlace-v4", "robotics:FrankaKitchen-v1"])
 def test_verify_bit_exact(env_id):
-    from envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
+    from capsule_rollout.envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
 
     _need(env_id.split(":")[0])
     report = verify_steppable(lambda: MujocoCapsuleSteppable(env_id), steps=6, warmup=3)
@@ -56,8 +53,8 @@ def test_metaworld_seed_instruction_expert():
 
 
 def test_collect_demos_records_the_suites_scripted_policy(tmp_path):
-    from experiments.run import main
-    from rollout.zarr_reader import ZarrEpisodeReader
+    from capsule_rollout.experiments.run import main
+    from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
 
     _need("metaworld")
     store, summary = tmp_path / "mw.zarr", tmp_path / "s.json"
@@ -88,8 +85,8 @@ def test_metaworld_restore_into_fresh_env_moves_the_goal_site():
 
 def test_kitchen_scan_and_noise_generator():
     _need("robotics")
-    from envs.hidden_state_scan import scan_env
-    from envs.suites import robotics
+    from capsule_rollout.envs.hidden_state_scan import scan_env
+    from capsule_rollout.envs.suites import robotics
 
     env, capture = robotics.make("FrankaKitchen-v1")
     report = scan_env(lambda: robotics.make("FrankaKitchen-v1")[0], capture=capture, steps=5)

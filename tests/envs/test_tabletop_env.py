@@ -1,20 +1,23 @@
+import os
+
 import gymnasium
 import numpy as np
 import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-import envs
-from capsules import Arena, restore, snapshot, verify_steppable
-from envs.env_steppable import TabletopSteppable
-from envs.gl_backend import RenderingUnavailableError
-from envs.scripted_expert import ScriptedExpert
-from envs.tabletop_env import STATE_DIM, TabletopEnv
-from envs.tasks import FAMILY_NAMES
+from capsule_rollout import envs
+from capsule_rollout.capsules import Arena, restore, snapshot, verify_steppable
+from capsule_rollout.envs.env_steppable import TabletopSteppable
+from capsule_rollout.envs.gl_backend import RenderingUnavailableError
+from capsule_rollout.envs.scripted_expert import ScriptedExpert
+from capsule_rollout.envs.tabletop_env import STATE_DIM, TabletopEnv
+from capsule_rollout.envs.tasks import FAMILY_NAMES
 
 
 @pytest.mark.parametrize("env_id", sorted(envs.ENV_IDS))
 def test_registered_envs_pass_check_env(env_id):
+    assert env_id in envs.register_envs()
     env = gymnasium.make(env_id)
     check_env(env.unwrapped, skip_render_check=False)
     obs, info = env.reset(seed=1)
@@ -171,51 +174,60 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_rendering_failure_says_what_to_install(monkeypatch):
-    import mujoco
+    from capsule_rollout.envs import gl_backend, offscreen_renderer
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("cannot open display")
+    class Broken:
+        def __init__(self, *args):
+            raise RuntimeError("cannot open display")
 
-    monkeypatch.setattr(mujoco, "Renderer", broken)
+    monkeypatch.setattr(offscreen_renderer, "context_class", lambda backend: Broken)
+    env = TabletopEnv()
+    with pytest.raises(RenderingUnavailableError, match="apt-get install"):
+        env.reset(seed=0)
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    monkeypatch.setattr(gl_backend, "_have", lambda *libs: False)
     env = TabletopEnv()
     with pytest.raises(RenderingUnavailableError, match="apt-get install"):
         env.reset(seed=0)
 
 
 def test_rendering_works_whatever_module_is_imported_first(tmp_path):
-    """Regression: a module importing mujoco before envs.tabletop_env must still get EGL/OSMesa."""
+    """mujoco imported first with MUJOCO_GL unset (so it picked glfw, which needs a display): the renderer
+    still makes its own EGL/OSMesa context, and nothing set MUJOCO_GL on the way."""
     import os
     import subprocess
     import sys
 
     script = (
-        "import envs.env_steppable as s\n"
+        "import os, mujoco\n"
+        "import capsule_rollout.envs.env_steppable as s\n"
         "step = s.TabletopSteppable('pick_place')\n"
-        "print(step.env.observe()['image_front'].std() > 0)\n"
+        "print(step.env.observe()['image_front'].std() > 0, os.environ.get('MUJOCO_GL'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "True"
+    assert out.stdout.strip() == "True None"
 
 
 def test_backend_selection(monkeypatch):
-    from envs import gl_backend
+    from capsule_rollout.envs import gl_backend
 
-    monkeypatch.delenv("PYOPENGL_PLATFORM", raising=False)  # restored after the test
     monkeypatch.delenv("MUJOCO_GL", raising=False)
     monkeypatch.setattr(gl_backend, "_have", lambda *libs: libs == ("OSMesa",))
     assert gl_backend.select_backend() == "osmesa"
-    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    assert "MUJOCO_GL" not in os.environ  # chosen, never written
     monkeypatch.setattr(gl_backend, "_have", lambda *libs: False)
     assert gl_backend.select_backend() is None
-    monkeypatch.setenv("MUJOCO_GL", "egl")
+    monkeypatch.setenv("MUJOCO_GL", "EGL ")
     assert gl_backend.select_backend() == "egl"
+    with pytest.raises(RenderingUnavailableError, match="not an offscreen backend"):
+        gl_backend.context_class("wgl")
 
 
 def test_the_observation_after_a_step_equals_the_one_after_restoring_there():
     """Observations see the current state (no pose or contact one substep stale)."""
-    from capsules import Arena, restore, snapshot
+    from capsule_rollout.capsules import Arena, restore, snapshot
 
     env = TabletopEnv("pick_place", cameras=("front",))
     arena = Arena([env]).allocate()

@@ -134,7 +134,7 @@ def main(out: str, policy: str, critic: str, nodes: str = "1") -> dict:
         result["nodes"] = alive
         result["listening"] += listening_addresses()
         # no cd: the job runs in a Ray session directory; the editable install finds the project
-        entry = [sys.executable, "-m", "experiments.run", "sim_rollout", "--episodes", "2" if n_nodes == 1 else "32",
+        entry = [sys.executable, "-m", "capsule_rollout", "sim_rollout", "--episodes", "2" if n_nodes == 1 else "32",
                  "--actors", "2", "--out", out if n_nodes == 1 else f"file://{out}",
                  "--policy", policy, "--critic", critic, "--n_exec", "2",
                  "--no-progress", "--json", f"{out}/summary.json"]

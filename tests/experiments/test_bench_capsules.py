@@ -1,6 +1,6 @@
 import json
 
-from experiments.run import main
+from capsule_rollout.experiments.run import main
 
 
 def test_tiny_bench_writes_json_and_docs_section(tmp_path):

@@ -1,6 +1,6 @@
 import json
 
-from experiments.run import main
+from capsule_rollout.experiments.run import main
 
 
 def test_quick_bench_env_reports_every_measure(tmp_path):

@@ -2,10 +2,10 @@
 
 import torch
 
-import benchmarks.policy as bench_policy
-from critics.critic_runtime import CriticRuntime
-from models.graph_runner import GraphRunner
-from policies.policy_runtime import PolicyRuntime
+import capsule_rollout.benchmarks.policy as bench_policy
+from capsule_rollout.critics.critic_runtime import CriticRuntime
+from capsule_rollout.models.graph_runner import GraphRunner
+from capsule_rollout.policies.policy_runtime import PolicyRuntime
 from tests.fake_cuda import FakeCuda
 from tests.policies.tiny import tiny_critic, tiny_policy
 
@@ -31,7 +31,7 @@ def test_the_eager_policy_is_not_captured_on_cuda(monkeypatch):
 
 def test_docs_section_is_written(tmp_path):
     """`--docs` renders the measured summary into its section (the renderer reads every key it prints)."""
-    from experiments.run import main
+    from capsule_rollout.experiments.run import main
 
     docs = tmp_path / "BENCHMARKS.md"
     assert main(["bench_policy", "--quick", "true", "--device", "cpu", "--docs", str(docs)]) == 0

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from benchmarks.recording import summarize
-from experiments.run import main
+from capsule_rollout.benchmarks.recording import summarize
+from capsule_rollout.experiments.run import main
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 

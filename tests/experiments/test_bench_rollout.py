@@ -2,7 +2,7 @@
 
 import json
 
-from experiments.run import main
+from capsule_rollout.experiments.run import main
 from tests.policies.tiny import save_tiny_checkpoints
 
 

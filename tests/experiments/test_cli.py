@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from commands import registry
-from commands.cli import flat_fields
-from experiments.run import main, parse
+from capsule_rollout.commands import registry
+from capsule_rollout.commands.cli import flat_fields
+from capsule_rollout.experiments.run import main, parse
 
 
 def test_usage_lists_every_experiment(capsys):
@@ -45,7 +45,7 @@ def test_every_config_field_is_documented_and_shown_in_help():
         undocumented = {leaf for leaf, _, _, doc in leaves if not doc}
         assert not undocumented, f"{name}: undocumented fields {undocumented}"
         help_text = subprocess.run(
-            [sys.executable, "-m", "experiments.run", name, "--help"], capture_output=True, text=True, check=True
+            [sys.executable, "-m", "capsule_rollout", name, "--help"], capture_output=True, text=True, check=True
         ).stdout
         for leaf, _, _, doc in leaves:
             assert f"--{leaf}" in help_text

@@ -8,14 +8,14 @@ import types
 
 import pytest
 
-from envs.phrasing import COACHING, coaching_text
-from envs.scene import PADS
-from envs.scripted_expert import ScriptedExpert
-from envs.tabletop_env import TabletopEnv
-from envs.tasks import FAMILY_NAMES, Goal, Subtask
-from experiments.run import main
-from learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert, evaluate_coaching
-from rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.envs.phrasing import COACHING, coaching_text
+from capsule_rollout.envs.scene import PADS
+from capsule_rollout.envs.scripted_expert import ScriptedExpert
+from capsule_rollout.envs.tabletop_env import TabletopEnv
+from capsule_rollout.envs.tasks import FAMILY_NAMES, Goal, Subtask
+from capsule_rollout.experiments.run import main
+from capsule_rollout.learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert, evaluate_coaching
+from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from commands.configs import GpuCheckConfig
-from experiments import gpu_check
-from experiments.run import main, parse
+from capsule_rollout.commands.configs import GpuCheckConfig
+from capsule_rollout.experiments import gpu_check
+from capsule_rollout.experiments.run import main, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from envs.operator_input import parse_script
-from envs.robot_bridge import SimRobotServer
-from experiments.run import main
-from rollout.npz_recorder import read_npz_episode
-from rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.envs.operator_input import parse_script
+from capsule_rollout.envs.robot_bridge import SimRobotServer
+from capsule_rollout.experiments.run import main
+from capsule_rollout.rollout.npz_recorder import read_npz_episode
+from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
 
@@ -64,7 +64,7 @@ def test_keyboard_operator_through_a_terminal_against_a_realtime_sim_robot(tmp_p
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
-    server = subprocess.Popen([sys.executable, "-m", "experiments.run", "sim_robot_server", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "capsule_rollout", "sim_robot_server", "--port", str(port),
                                "--seconds", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
     master, slave = pty.openpty()
@@ -72,7 +72,7 @@ def test_keyboard_operator_through_a_terminal_against_a_realtime_sim_robot(tmp_p
     client = None
     try:
         assert "listening" in server.stdout.readline()
-        client = subprocess.Popen([sys.executable, "-m", "experiments.run", "real_recap", "--robot.port", str(port),
+        client = subprocess.Popen([sys.executable, "-m", "capsule_rollout", "real_recap", "--robot.port", str(port),
                                    "--episodes", "2", "--seed", "1000000", "--out", str(out),
                                    "--json", str(tmp_path / "s.json")],
                                   env=env, stdin=slave, stdout=slave, stderr=slave)

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from experiments.run import main
-from learning.policy_data import load_training_arrays
-from models.tokenizer import Tokenizer
-from rollout.shard_manifest import MANIFEST_FILE
-from rollout.sharded_reader import ShardedEpisodeReader, open_episode_reader
-from rollout.sharded_store import ShardedStore, ShardWriter
-from rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.experiments.run import main
+from capsule_rollout.learning.policy_data import load_training_arrays
+from capsule_rollout.models.tokenizer import Tokenizer
+from capsule_rollout.rollout.shard_manifest import MANIFEST_FILE
+from capsule_rollout.rollout.sharded_reader import ShardedEpisodeReader, open_episode_reader
+from capsule_rollout.rollout.sharded_store import ShardedStore, ShardWriter
+from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 from tests.rollout.fakes import assert_same_episode
 

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from experiments.run import main
-from rollout.sharded_reader import open_episode_reader
-from rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.experiments.run import main
+from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
@@ -117,7 +117,7 @@ class _PlannerActor:
 
 
 def test_a_planner_in_its_own_ray_actor_hands_off_through_shared_memory(ray_session):
-    from rollout.handoff import SubtaskChannel
+    from capsule_rollout.rollout.handoff import SubtaskChannel
 
     with SubtaskChannel.create_shared() as channel:
         planner = ray_session.remote(_PlannerActor).options(num_cpus=0).remote(channel)
@@ -129,8 +129,8 @@ def test_a_planner_in_its_own_ray_actor_hands_off_through_shared_memory(ray_sess
 
 
 def test_attempts_retry_a_failed_episode_by_restoring_its_initial_capsule(checkpoints, tmp_path):
-    from rollout.host_factory import HostSpec, build_host
-    from rollout.rollout_host import HostConfig
+    from capsule_rollout.rollout.host_factory import HostSpec, build_host
+    from capsule_rollout.rollout.rollout_host import HostConfig
 
     policy, critic = checkpoints  # random weights: every episode times out, so every attempt runs
     out, summary = tmp_path / "run", tmp_path / "s.json"
@@ -181,9 +181,9 @@ def test_repeats_reset_by_restore_and_a_hung_actor_is_killed_and_its_episode_rer
 
 
 def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoints, tmp_path):
-    from rollout.host_factory import HostSpec
-    from rollout.rollout_actor import RolloutActor, WorkItem
-    from rollout.rollout_host import HostConfig, capsule_key
+    from capsule_rollout.rollout.host_factory import HostSpec
+    from capsule_rollout.rollout.rollout_actor import RolloutActor, WorkItem
+    from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 
     policy, critic = checkpoints
     spec = HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=3, pin_seeds=(5,)),

@@ -6,18 +6,18 @@ import json
 
 import torch
 
-import envs  # noqa: F401
-from experiments.run import main
-from policies.rollout_policy import PolicySpec
-from policies.state_mlp import StateMLP
-from policies.torch_policy import save_torch_policy
+from capsule_rollout.experiments.run import main
+from capsule_rollout.policies.rollout_policy import PolicySpec
+from capsule_rollout.policies.state_mlp import StateMLP
+from capsule_rollout.policies.torch_policy import save_torch_policy
 
 ENV = "gymnasium:Reacher-v5"  # 50-step episodes, state (10,), action (2,)
 
 
 def test_sim_rollout_and_replay_with_a_torch_policy(tmp_path):
     torch.manual_seed(0)
-    save_torch_policy(tmp_path / "policy", StateMLP(10, 2, 4, hidden=16), factory="policies.state_mlp:StateMLP",
+    save_torch_policy(tmp_path / "policy", StateMLP(10, 2, 4, hidden=16),
+                      factory="capsule_rollout.policies.state_mlp:StateMLP",
                       kwargs={"state_dim": 10, "action_dim": 2, "chunk_length": 4, "hidden": 16},
                       spec=PolicySpec(4, 2, ("state",)), shapes={"state": ((10,), "float32")})
     out = tmp_path / "run"

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from experiments.run import main
-from learning.policy_data import episode_steps
-from models.checkpoint import Checkpoint, CheckpointError
+from capsule_rollout.experiments.run import main
+from capsule_rollout.learning.policy_data import episode_steps
+from capsule_rollout.models.checkpoint import Checkpoint, CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +29,9 @@ def test_train_policy_resumes_and_eval_policy_reads_it(demos, tmp_path):
     assert second["resumed_from"] == 2 and [e["step"] for e in second["evals"]] == [2, 4]
     assert Checkpoint(out).step == 4 and Checkpoint(out).resumable
     with pytest.raises(SystemExit, match="already holds a checkpoint"):
-        from commands.configs import TrainPolicyConfig
-        from experiments.train_policy import run
-        from learning.options import Loop
+        from capsule_rollout.commands.configs import TrainPolicyConfig
+        from capsule_rollout.experiments.train_policy import run
+        from capsule_rollout.learning.options import Loop
 
         run(TrainPolicyConfig(data=str(demos), out=str(out), loop=Loop(resume=False, progress=False)))
     evaluation = tmp_path / "e.json"
@@ -59,10 +59,10 @@ def test_train_critic_reports_held_out_error(demos, tmp_path):
 def test_train_critic_starts_its_encoders_from_a_policy(demos, tmp_path):
     import torch
 
-    from critics.value_critic import load_critic
-    from models.checkpoint import save_checkpoint
-    from policies.flow_policy import KIND as POLICY_KIND
-    from policies.flow_policy import FlowPolicy
+    from capsule_rollout.critics.value_critic import load_critic
+    from capsule_rollout.models.checkpoint import save_checkpoint
+    from capsule_rollout.policies.flow_policy import KIND as POLICY_KIND
+    from capsule_rollout.policies.flow_policy import FlowPolicy
 
     torch.manual_seed(3)
     policy = FlowPolicy()
@@ -81,9 +81,9 @@ def test_train_critic_starts_its_encoders_from_a_policy(demos, tmp_path):
 
 def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, capsys):
     with pytest.raises(ValueError, match="no images of camera"):
-        from commands.configs import TrainPolicyConfig
-        from experiments.train_policy import run
-        from learning.options import Loop
+        from capsule_rollout.commands.configs import TrainPolicyConfig
+        from capsule_rollout.experiments.train_policy import run
+        from capsule_rollout.learning.options import Loop
 
         run(TrainPolicyConfig(data=str(demos), out=str(tmp_path / "p"), cameras=("top",), loop=Loop(progress=False)))
     with pytest.raises(FileNotFoundError, match="not a zarr store"):
@@ -91,9 +91,9 @@ def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, c
 
 
 def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
-    from critics.value_critic import KIND as CRITIC_KIND
-    from critics.value_critic import ValueCritic
-    from models.checkpoint import save_checkpoint
+    from capsule_rollout.critics.value_critic import KIND as CRITIC_KIND
+    from capsule_rollout.critics.value_critic import ValueCritic
+    from capsule_rollout.models.checkpoint import save_checkpoint
 
     critic = tmp_path / "critic"
     save_checkpoint(critic, kind=CRITIC_KIND, model=ValueCritic(), step=0,
@@ -110,7 +110,7 @@ def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
     out = tmp_path / "policy"
     assert main(["train_policy", "--data", str(demos), "--out", str(out), "--advantage", sidecar, "--steps", "1",
                  "--batch_size", "4", "--noise_samples", "1", "--eval_episodes", "0", "--no-progress"]) == 0
-    from learning.advantage_labels import load_sidecar
+    from capsule_rollout.learning.advantage_labels import load_sidecar
 
     with pytest.raises(ValueError, match="not the store's"):
         load_sidecar(sidecar, ["other"])
@@ -122,7 +122,7 @@ def test_episode_steps_restart_at_every_episode():
 
 
 def test_executed_plans_stay_within_their_episode():
-    from critics.returns import executed_plans
+    from capsule_rollout.critics.returns import executed_plans
 
     actions = np.arange(5, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)  # steps 0-4, two episodes
     plans = executed_plans(actions, np.array([3, 5]), 3)
@@ -133,7 +133,7 @@ def test_executed_plans_stay_within_their_episode():
 def test_a_plan_critic_trains_labels_and_judges_the_policys_chunks(demos, tmp_path):
     """train_critic --plan_steps: held-out error with and without the plan; its labels use the state's
     value (the store is untouched); eval_policy values each chunk start with the chunk about to run."""
-    from critics.value_critic import load_critic
+    from capsule_rollout.critics.value_critic import load_critic
 
     critic, summary = tmp_path / "critic", tmp_path / "c.json"
     assert main(["train_critic", "--data", str(demos), "--out", str(critic), "--steps", "2", "--plan_steps", "4",

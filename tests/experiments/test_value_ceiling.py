@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from commands.configs import ValueCeilingConfig
-from experiments import value_ceiling
-from experiments.run import main
-from learning.options import Seeds
-from rollout.branching import ReplayDivergedError
+from capsule_rollout.commands.configs import ValueCeilingConfig
+from capsule_rollout.experiments import value_ceiling
+from capsule_rollout.experiments.run import main
+from capsule_rollout.learning.options import Seeds
+from capsule_rollout.rollout.branching import ReplayDivergedError
 
 
 def test_branches_from_the_mid_episode_capsule_and_scores_the_critic_there(tmp_path):
@@ -40,7 +40,7 @@ def test_branches_from_the_mid_episode_capsule_and_scores_the_critic_there(tmp_p
 
 
 def test_a_restore_that_is_not_exact_is_caught_before_any_branch_counts(monkeypatch):
-    from rollout import rollout_host
+    from capsule_rollout.rollout import rollout_host
 
     monkeypatch.setattr(rollout_host, "restore", lambda arena, capsule: None)  # branches go on from the end
     with pytest.raises(ReplayDivergedError, match="did not end as the episode did"):

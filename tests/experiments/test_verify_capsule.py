@@ -1,8 +1,8 @@
 import json
 
-from capsules.standins import NoisyChunkSteppable
-from experiments import verify_capsule
-from experiments.run import main
+from capsule_rollout.capsules.standins import NoisyChunkSteppable
+from capsule_rollout.experiments import verify_capsule
+from capsule_rollout.experiments.run import main
 
 
 def test_report_is_all_bit_exact_with_the_documented_fields(tmp_path):

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from capsules import BufferComponent, BufferSpec, Role
-from critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE, AdvantageLabels, indicators_by_task
-from critics.returns import normalized_returns
-from critics.rollout_critic import CriticSpec
-from learning.advantage_labels import LabelledStore, load_sidecar, write_sidecar
-from learning.branch_values import (
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
+from capsule_rollout.critics.advantage import INDICATOR_NEGATIVE, INDICATOR_POSITIVE, AdvantageLabels, indicators_by_task
+from capsule_rollout.critics.returns import normalized_returns
+from capsule_rollout.critics.rollout_critic import CriticSpec
+from capsule_rollout.learning.advantage_labels import LabelledStore, load_sidecar, write_sidecar
+from capsule_rollout.learning.branch_values import (
     BranchPlan,
     BranchTable,
     branch_labels,
@@ -23,11 +23,11 @@ from learning.branch_values import (
     sample_chunks,
     unsure_chunks,
 )
-from rollout.branching import ReplayDivergedError, branch_seed
-from rollout.host_factory import HostSpec
-from rollout.rollout_host import HostConfig, RolloutHost
-from rollout.sharded_reader import open_episode_reader
-from rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.rollout.branching import ReplayDivergedError, branch_seed
+from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy
 from tests.rollout.test_branching import CoinEnv, _flip_wins
 
@@ -115,7 +115,7 @@ def test_chunks_after_a_takeover_get_their_known_branch_values(tmp_path):
     """The operator takes over for step 1 (the policy's first chunk is dropped); the chunks from steps 2 and 4
     come after the takeover, and their branches meet the operator as the episode left it (played again: no
     second takeover), so the values are the known ones."""
-    from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
 
     store, host = tmp_path / "episodes.zarr", _host()
     host.teleop = lambda: np.full(DOF, -1.0, np.float32)
@@ -333,8 +333,8 @@ def test_a_missing_or_foreign_branch_sidecar_is_refused_with_what_to_do(tmp_path
 
 
 def test_training_reads_episodes_in_id_order_whatever_order_they_were_recorded_in(tmp_path):
-    from learning.policy_data import load_training_arrays
-    from models.tokenizer import Tokenizer
+    from capsule_rollout.learning.policy_data import load_training_arrays
+    from capsule_rollout.models.tokenizer import Tokenizer
 
     host = _host()
     try:

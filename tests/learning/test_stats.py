@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from learning.stats import (
+from capsule_rollout.learning.stats import (
     auc_interval,
     failure_auc,
     failure_auc_summary,
@@ -64,7 +64,8 @@ def test_paired_comparison_exact_mcnemar():
 
 
 def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy(tmp_path):
-    from experiments.run import main
+    from capsule_rollout.experiments.paths import resolve_input
+    from capsule_rollout.experiments.run import main
 
     plain, judged = tmp_path / "plain.json", tmp_path / "judged.json"
     base = ["eval_policy", "--episodes", "4", "--no-expert"]
@@ -83,10 +84,10 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
     # several critics on the same episodes: each scored on the same states, and their mean value
     import torch
 
-    from critics.value_critic import KIND, load_critic
-    from models.checkpoint import save_checkpoint
+    from capsule_rollout.critics.value_critic import KIND, load_critic
+    from capsule_rollout.models.checkpoint import save_checkpoint
 
-    other = load_critic("experiments/checkpoints/critic")
+    other = load_critic(resolve_input("experiments/checkpoints/critic"))
     torch.manual_seed(0)
     with torch.no_grad():
         for p in other.head.parameters():
@@ -105,7 +106,7 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
 
 
 def test_eval_policy_refuses_guidance_without_the_positive_indicator(capsys):
-    from experiments.run import main
+    from capsule_rollout.experiments.run import main
 
     assert main(["eval_policy", "--beta", "2.0"]) == 2  # the shipped policy is not advantage-conditioned
     assert "not trained with advantage labels; pass --advantage positive" in capsys.readouterr().err

@@ -18,11 +18,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from capsules import Arena
-from critics.critic_runtime import CriticRuntime
-from critics.value_critic import ValueCritic
-from policies.flow_policy import FlowPolicy
-from policies.policy_runtime import PolicyRuntime
+from capsule_rollout.capsules import Arena
+from capsule_rollout.critics.critic_runtime import CriticRuntime
+from capsule_rollout.critics.value_critic import ValueCritic
+from capsule_rollout.policies.flow_policy import FlowPolicy
+from capsule_rollout.policies.policy_runtime import PolicyRuntime
 from tests.policies.tiny import TINY_CRITIC, TINY_POLICY
 
 # aten ops that copy a device value to the host, or whose output shape depends on data

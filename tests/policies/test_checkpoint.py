@@ -3,9 +3,9 @@ import json
 import pytest
 import torch
 
-from models.checkpoint import META_FILE, WEIGHTS_FILE, Checkpoint, CheckpointError, save_checkpoint
-from models.trainer import LoopConfig, make_optimizer, train
-from policies.flow_policy import KIND, load_policy
+from capsule_rollout.models.checkpoint import META_FILE, WEIGHTS_FILE, Checkpoint, CheckpointError, save_checkpoint
+from capsule_rollout.models.trainer import LoopConfig, make_optimizer, train
+from capsule_rollout.policies.flow_policy import KIND, load_policy
 from tests.policies.tiny import TINY_POLICY, tiny_policy
 
 
@@ -78,7 +78,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
 
 
 def test_export_drops_the_optimizer_and_keeps_the_weights(tmp_path):
-    from models.checkpoint import export_weights
+    from capsule_rollout.models.checkpoint import export_weights
 
     model = tiny_policy()
     opt = make_optimizer(model, LoopConfig(steps=3))
@@ -94,7 +94,7 @@ def test_export_drops_the_optimizer_and_keeps_the_weights(tmp_path):
 
 
 def test_an_exported_checkpoint_names_no_directory_of_this_machine(tmp_path):
-    from models.checkpoint import export_weights
+    from capsule_rollout.models.checkpoint import export_weights
 
     model = tiny_policy()
     _save(model, tmp_path / "repo/runs/run", info={"data": str(tmp_path / "repo/runs/demos.zarr"),

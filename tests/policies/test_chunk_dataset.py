@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from policies.chunk_dataset import ChunkDataset
+from capsule_rollout.policies.chunk_dataset import ChunkDataset
 
 
 def _data(phrasings=None, n=40):

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from capsules import Arena, restore, snapshot
-from models.counter_rng import make_state, normal_
-from models.tokenizer import Tokenizer
-from policies.flow_policy import ADV_POSITIVE, FlowPolicy, FlowPolicyConfig
-from policies.policy_runtime import PolicyRuntime
+from capsule_rollout.capsules import Arena, restore, snapshot
+from capsule_rollout.models.counter_rng import make_state, normal_
+from capsule_rollout.models.tokenizer import Tokenizer
+from capsule_rollout.policies.flow_policy import ADV_POSITIVE, FlowPolicy, FlowPolicyConfig
+from capsule_rollout.policies.policy_runtime import PolicyRuntime
 from tests.policies.tiny import TINY_POLICY, obs_of, tiny_policy
 
 
@@ -207,8 +207,8 @@ def test_traced_cpu_path_stays_bit_identical_to_eager_over_many_calls():
 
 
 def test_traced_critic_equals_eager():
-    from critics.critic_runtime import CriticRuntime
-    from critics.value_critic import ValueCritic
+    from capsule_rollout.critics.critic_runtime import CriticRuntime
+    from capsule_rollout.critics.value_critic import ValueCritic
 
     torch.manual_seed(0)
     critic = ValueCritic()

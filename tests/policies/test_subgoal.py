@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from policies.chunk_dataset import ChunkDataset, subgoal_targets
-from policies.flow_policy import FlowPolicy
+from capsule_rollout.policies.chunk_dataset import ChunkDataset, subgoal_targets
+from capsule_rollout.policies.flow_policy import FlowPolicy
 from tests.policies.tiny import TINY_POLICY, tiny_policy
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from capsules import Arena, restore, snapshot
-from policies.rollout_policy import PolicySpec, RolloutPolicy
-from policies.state_mlp import StateMLP
-from policies.torch_policy import TorchPolicy, is_torch_policy, load_torch_policy, save_torch_policy
+from capsule_rollout.capsules import Arena, restore, snapshot
+from capsule_rollout.policies.rollout_policy import PolicySpec, RolloutPolicy
+from capsule_rollout.policies.state_mlp import StateMLP
+from capsule_rollout.policies.torch_policy import TorchPolicy, is_torch_policy, load_torch_policy, save_torch_policy
 
 
 class NoisyLinear(torch.nn.Module):
@@ -68,7 +68,7 @@ def test_checkpoint_round_trip(tmp_path):
     torch.manual_seed(1)
     module = StateMLP(5, 2, 4, hidden=16)
     module.set_normalization(torch.randn(100, 5) * 3 + 1)
-    save_torch_policy(tmp_path, module, factory="policies.state_mlp:StateMLP",
+    save_torch_policy(tmp_path, module, factory="capsule_rollout.policies.state_mlp:StateMLP",
                       kwargs={"state_dim": 5, "action_dim": 2, "chunk_length": 4, "hidden": 16},
                       spec=PolicySpec(4, 2, ("state",)), shapes={"state": ((5,), "float32")})
     assert is_torch_policy(tmp_path)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from envs.robot_bridge import RobotClient, RobotServer, SimBackend
-from envs.robot_protocol import MAX_ARRAYS, MAX_HEADER, PREFIX, VERSION, Message, encode
+from capsule_rollout.envs.robot_bridge import RobotClient, RobotServer, SimBackend
+from capsule_rollout.envs.robot_protocol import MAX_ARRAYS, MAX_HEADER, PREFIX, VERSION, Message, encode
 
 CLIENT_TIMEOUT_S = 5.0  # RobotClient's default: a client waits this long for any reply
 
@@ -224,7 +224,7 @@ def _drain(sock: socket.socket, first_wait: float) -> bool:
 def time_to_first_reply(address, *, timeout_s: float = CLIENT_TIMEOUT_S) -> tuple[float, str]:
     """How long a proper client waits for its hello's answer, and what it was ('welcome', an error code,
     or 'no reply' after `timeout_s`)."""
-    from envs.robot_bridge import RobotDisconnected, RobotError
+    from capsule_rollout.envs.robot_bridge import RobotDisconnected, RobotError
 
     start = time.monotonic()
     try:

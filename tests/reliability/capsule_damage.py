@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsules import Capsule, capsule_from_bytes, capsule_to_bytes
-from capsules.capsule_file import MAX_HEADER_BYTES
+from capsule_rollout.capsules import Capsule, capsule_from_bytes, capsule_to_bytes
+from capsule_rollout.capsules.capsule_file import MAX_HEADER_BYTES
 
 Variant = tuple[str, str, bytes]
 

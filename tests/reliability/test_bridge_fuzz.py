@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from envs.robot_bridge import RobotClient, RobotError
-from envs.robot_protocol import Message, encode
+from capsule_rollout.envs.robot_bridge import RobotClient, RobotError
+from capsule_rollout.envs.robot_protocol import Message, encode
 from tests.reliability.bridge_fuzz import (
     CLIENT_TIMEOUT_S,
     actuator_session,

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from capsules import Arena, CapsuleError, CapsuleStore, capsule_from_bytes, restore, snapshot
-from capsules.capsule_file import FILE_SUFFIX
-from capsules.standins import NoisyChunkStandIn, NumpyWalkerStandIn
-from envs.tabletop_env import TabletopEnv
-from envs.tasks import family_index
+from capsule_rollout.capsules import Arena, CapsuleError, CapsuleStore, capsule_from_bytes, restore, snapshot
+from capsule_rollout.capsules.capsule_file import FILE_SUFFIX
+from capsule_rollout.capsules.standins import NoisyChunkStandIn, NumpyWalkerStandIn
+from capsule_rollout.envs.tabletop_env import TabletopEnv
+from capsule_rollout.envs.tasks import family_index
 from tests.reliability.capsule_damage import variants
 
 
@@ -135,7 +135,7 @@ def test_many_bit_flips(host, tmp_path, report):
 
 
 def test_the_undamaged_capsule_restores(host):
-    from capsules import capsule_to_bytes
+    from capsule_rollout.capsules import capsule_to_bytes
 
     restore(host.arena, capsule_from_bytes(capsule_to_bytes(host.capsule)))
     assert host.env.steps == 4 and host.env.params.family == family_index("pick_place")

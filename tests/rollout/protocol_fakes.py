@@ -13,10 +13,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from capsules import BufferComponent, BufferSpec, Role
-from envs.rollout_env import ObservationSpec
-from models.counter_rng import normal_
-from policies.rollout_policy import PolicySpec
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
+from capsule_rollout.envs.rollout_env import ObservationSpec
+from capsule_rollout.models.counter_rng import normal_
+from capsule_rollout.policies.rollout_policy import PolicySpec
 
 DOF = 7
 

@@ -6,11 +6,11 @@ argv: POLICY CRITIC ROOT EPISODES VICTIM MARKER
 
 import sys
 
-from rollout.host_factory import FAULT_AFTER_RECORD, HostSpec
-from rollout.ray_rollout import run_rollouts
-from rollout.rollout_actor import WorkItem
-from rollout.rollout_host import HostConfig
-from rollout.sharded_store import ShardedStore
+from capsule_rollout.rollout.host_factory import FAULT_AFTER_RECORD, HostSpec
+from capsule_rollout.rollout.ray_rollout import run_rollouts
+from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.rollout.sharded_store import ShardedStore
 
 policy, critic, root, episodes, victim, marker = sys.argv[1:7]
 spec = HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6),

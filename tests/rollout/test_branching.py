@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from capsules import Arena, BufferComponent, BufferSpec
-from envs.rollout_env import ObservationSpec
-from rollout.branching import (
+from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec
+from capsule_rollout.envs.rollout_env import ObservationSpec
+from capsule_rollout.rollout.branching import (
     BoundaryCapsules,
     BranchActor,
     BranchItem,
@@ -17,10 +17,10 @@ from rollout.branching import (
     branch_seed,
     branch_value,
 )
-from rollout.host_factory import HostSpec
-from rollout.ray_rollout import run_rollouts
-from rollout.rollout_actor import WorkItem
-from rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.ray_rollout import run_rollouts
+from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy
 
 FLIP_STEP = 3  # the step whose action decides the episode

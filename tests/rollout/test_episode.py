@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from rollout import episode_schema as S
-from rollout.episode import Episode, EpisodeBuilder, EpisodeError, validate_episode
+from capsule_rollout.rollout import episode_schema as S
+from capsule_rollout.rollout.episode import Episode, EpisodeBuilder, EpisodeError, validate_episode
 from tests.rollout.fakes import fake_episode
 
 

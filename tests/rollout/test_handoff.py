@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from rollout.handoff import NBYTES, TEXT_BYTES, HandoffError, SubtaskChannel
+from capsule_rollout.rollout.handoff import NBYTES, TEXT_BYTES, HandoffError, SubtaskChannel
 
 
 def _text(i: int) -> str:

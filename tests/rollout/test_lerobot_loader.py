@@ -14,10 +14,10 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("av")
 
-from experiments.run import main  # noqa: E402
-from rollout import episode_schema as S  # noqa: E402
-from rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store  # noqa: E402
-from rollout.zarr_reader import store_episodes  # noqa: E402
+from capsule_rollout.experiments.run import main  # noqa: E402
+from capsule_rollout.rollout import episode_schema as S  # noqa: E402
+from capsule_rollout.rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store  # noqa: E402
+from capsule_rollout.rollout.zarr_reader import store_episodes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

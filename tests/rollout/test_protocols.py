@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from capsules import BufferComponent, BufferSpec, Role
-from critics.rollout_critic import CriticSpec, RolloutCritic
-from envs.rollout_env import ObservationSpec, RolloutEnv
-from envs.tabletop_env import TabletopEnv
-from policies.policy_runtime import PolicyRuntime
-from policies.rollout_policy import RolloutPolicy
-from rollout.host_factory import HostSpec
-from rollout.ray_rollout import run_rollouts
-from rollout.rollout_actor import WorkItem
-from rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
+from capsule_rollout.critics.rollout_critic import CriticSpec, RolloutCritic
+from capsule_rollout.envs.rollout_env import ObservationSpec, RolloutEnv
+from capsule_rollout.envs.tabletop_env import TabletopEnv
+from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.policies.rollout_policy import RolloutPolicy
+from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.ray_rollout import run_rollouts
+from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from tests.policies.tiny import tiny_policy
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy, ReachEnv
 

@@ -2,12 +2,12 @@
 
 import pytest
 
-from rollout.host_factory import HostSpec
-from rollout.ray_rollout import run_rollouts
-from rollout.rollout_actor import WorkItem
-from rollout.rollout_host import HostConfig
-from rollout.zarr_reader import ZarrEpisodeReader
-from rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.ray_rollout import run_rollouts
+from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
 from tests.policies.tiny import save_tiny_checkpoints
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]

@@ -5,12 +5,12 @@ import time
 import numpy as np
 import pytest
 
-from critics.critic_runtime import CriticRuntime
-from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
-from envs.robot_bridge import RobotClient, SimRobotServer
-from envs.robot_env import RobotEnv
-from policies.policy_runtime import PolicyRuntime
-from rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.critics.critic_runtime import CriticRuntime
+from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+from capsule_rollout.envs.robot_bridge import RobotClient, SimRobotServer
+from capsule_rollout.envs.robot_env import RobotEnv
+from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from tests.policies.tiny import tiny_critic, tiny_policy
 
 

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from critics.critic_runtime import CriticRuntime
-from envs.scripted_expert import ScriptedExpert
-from envs.tabletop_env import TabletopEnv
-from policies.policy_runtime import PolicyRuntime
-from rollout.npz_recorder import NpzRecorder, read_npz_episode
-from rollout.rollout_host import HostConfig, Phase, RolloutHost, SafetyStop, capsule_key
+from capsule_rollout.critics.critic_runtime import CriticRuntime
+from capsule_rollout.envs.scripted_expert import ScriptedExpert
+from capsule_rollout.envs.tabletop_env import TabletopEnv
+from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.rollout.npz_recorder import NpzRecorder, read_npz_episode
+from capsule_rollout.rollout.rollout_host import HostConfig, Phase, RolloutHost, SafetyStop, capsule_key
 from tests.policies.tiny import tiny_critic, tiny_policy
 
 CYCLE = ["reset->running", "running->stop_infer", "stop_infer->record"]
@@ -171,7 +171,7 @@ def test_bad_configuration_is_refused():
 
 
 def test_operator_takeover_is_recorded_as_intervention_and_the_policy_replans():
-    from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
 
     h = make_host(max_steps=10, n_exec=4)
     expert = ScriptedExpert(h.env)
@@ -189,7 +189,7 @@ def test_operator_takeover_is_recorded_as_intervention_and_the_policy_replans():
 
 
 def test_operator_end_coach_and_estop():
-    from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
 
     h = make_host(max_steps=30)
     h.operator = ScriptedOperator({1: OperatorEvent(Kind.COACH, "push the green block"),
@@ -207,7 +207,7 @@ def test_operator_end_coach_and_estop():
 
 
 def test_value_triggered_takeover_hands_control_to_the_expert_and_back():
-    from rollout.value_takeover import ValueTakeover
+    from capsule_rollout.rollout.value_takeover import ValueTakeover
 
     h = make_host(max_steps=20, n_exec=2)
     h.teleop = ScriptedExpert(h.env).act
@@ -234,8 +234,8 @@ def _branch_replays_the_rest(h, keeper, boundary: int, recorded) -> None:
 def test_a_branch_after_a_value_takeover_meets_the_operator_as_the_episode_did():
     """The simulated operator's counters are in the capsule: a branch from the chunk start right after the first
     takeover takes over again where the episode did, and one after the last takes over no more."""
-    from rollout.branching import BoundaryCapsules
-    from rollout.value_takeover import ValueTakeover
+    from capsule_rollout.rollout.branching import BoundaryCapsules
+    from capsule_rollout.rollout.value_takeover import ValueTakeover
 
     keeper = BoundaryCapsules()
     h = make_host(max_steps=16, n_exec=2)
@@ -251,7 +251,7 @@ def test_a_branch_after_a_value_takeover_meets_the_operator_as_the_episode_did()
     assert {4, 8} <= set(keeper.capsules)  # chunk starts right after each takeover
     for boundary in sorted(keeper.capsules):  # before, between and after the takeovers
         _branch_replays_the_rest(h, keeper, boundary, recorded)
-    from capsules import restore
+    from capsule_rollout.capsules import restore
 
     for boundary, held in ((0, (-1, 0, 0)), (4, (-1, 1, 4)), (8, (-1, 2, 8))):  # no takeover under way, made, polled
         restore(h.arena, keeper.capsules[boundary])
@@ -260,8 +260,8 @@ def test_a_branch_after_a_value_takeover_meets_the_operator_as_the_episode_did()
 
 
 def test_a_branch_meets_a_scripted_operator_where_the_episode_left_it():
-    from envs.operator_input import Kind, OperatorEvent, ScriptedOperator
-    from rollout.branching import BoundaryCapsules
+    from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from capsule_rollout.rollout.branching import BoundaryCapsules
 
     keeper = BoundaryCapsules()
     h = make_host(max_steps=12, n_exec=2)
@@ -280,15 +280,15 @@ def test_a_branch_meets_a_scripted_operator_where_the_episode_left_it():
 
 
 def test_operator_state_that_does_not_fit_or_match_is_refused():
-    from envs.operator_input import ScriptedOperator
-    from rollout.value_takeover import ValueTakeover
+    from capsule_rollout.envs.operator_input import ScriptedOperator
+    from capsule_rollout.rollout.value_takeover import ValueTakeover
 
     h = make_host(max_steps=2)
     h.operator = ScriptedOperator({})
     h.run_episode(0)
     capsule = h.snapshot()  # holds the scripted operator's one integer
     h.operator = ValueTakeover(threshold=0.5).bind(h)
-    from capsules import restore
+    from capsule_rollout.capsules import restore
 
     with pytest.raises(ValueError, match="taken with another operator"):
         restore(h.arena, capsule)
@@ -311,7 +311,7 @@ def test_a_capsule_of_the_earlier_host_layout_is_refused_by_name():
     capsule of an earlier layout is refused."""
     import dataclasses
 
-    from capsules import Capsule, CapsuleMismatchError, restore
+    from capsule_rollout.capsules import Capsule, CapsuleMismatchError, restore
 
     h = make_host(max_steps=2)
     h.run_episode(1)

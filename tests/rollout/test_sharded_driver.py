@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rollout.host_factory import HostSpec
-from rollout.ray_rollout import run_rollouts
-from rollout.rollout_actor import WorkItem
-from rollout.rollout_host import HostConfig
-from rollout.sharded_reader import open_episode_reader
-from rollout.sharded_store import ShardedStore
-from rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.ray_rollout import run_rollouts
+from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.rollout.sharded_store import ShardedStore
+from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,17 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rollout.shard_manifest import MANIFEST_FILE, ManifestEntry, ManifestError
-from rollout.sharded_reader import ShardedEpisodeReader, open_episode_reader
-from rollout.sharded_store import (
+from capsule_rollout.rollout.shard_manifest import MANIFEST_FILE, ManifestEntry, ManifestError
+from capsule_rollout.rollout.sharded_reader import ShardedEpisodeReader, open_episode_reader
+from capsule_rollout.rollout.sharded_store import (
     ShardedStore,
     ShardWriter,
     UnsupportedStoreError,
     is_sharded_store,
     parse_store_root,
 )
-from rollout.zarr_reader import ZarrEpisodeReader
-from rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
 from tests.rollout.fakes import assert_same_episode, fake_episode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rollout import episode_schema as S
-from rollout.episode import Episode, EpisodeError
-from rollout.zarr_reader import ZarrEpisodeReader
-from rollout.zarr_recorder import RecorderError, ZarrRecorder
+from capsule_rollout.rollout import episode_schema as S
+from capsule_rollout.rollout.episode import Episode, EpisodeError
+from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.rollout.zarr_recorder import RecorderError, ZarrRecorder
 from tests.rollout.fakes import assert_same_episode, fake_episode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,3 +265,35 @@ def test_a_store_from_before_a_meta_field_existed_reads_and_appends_without_loss
     reader = ZarrEpisodeReader(path)
     assert reader.episode_ids == ["ep-00000", "ep-00001", "ep-00002"]
     assert [reader.meta(i).operator_events for i in range(3)] == ["", "", "3:coach:go left"]
+
+
+def _renamed(episode: Episode, **meta) -> Episode:
+    import dataclasses
+
+    return Episode(episode.steps, dataclasses.replace(episode.meta, **meta), episode.extra)
+
+
+def test_an_import_path_task_id_records_and_an_older_narrow_store_refuses_it_by_name(tmp_path, monkeypatch):
+    """A task named by a 58-character import path (and an episode id built from it) records and reads back;
+    a store made with the earlier 32 / 64-character columns keeps its episodes and refuses, before anything
+    is written, an episode whose task does not fit, naming the column."""
+    task = "my_lab_package.environments.tabletop_variants:make_env_v23"
+    assert len(task) == 58
+    long_one = _renamed(fake_episode(0), task=task, episode_id=f"{task}-s0000007-r01")
+    path = tmp_path / "new.zarr"
+    with ZarrRecorder(path) as rec:
+        rec.write(long_one)
+    reader = ZarrEpisodeReader(path)
+    assert reader.meta(0).task == task and reader.episode_ids == [long_one.meta.episode_id]
+
+    old = tmp_path / "old.zarr"
+    narrow = {**S.EPISODE_FIELDS, S.TASK: np.dtype("<U32"), S.EPISODE_ID: np.dtype("<U64")}
+    monkeypatch.setattr(S, "EPISODE_FIELDS", narrow)
+    with ZarrRecorder(old) as rec:  # the store as an earlier version made it
+        rec.write(fake_episode(1))
+    monkeypatch.undo()
+    with ZarrRecorder(old) as rec:
+        with pytest.raises(EpisodeError, match=r"its task is 58 characters; .* task column of 32 .* new store"):
+            rec.write(_renamed(fake_episode(2), task=task))
+        rec.write(fake_episode(3))  # what fits still records
+    assert ZarrEpisodeReader(old).episode_ids == ["ep-00001", "ep-00003"]

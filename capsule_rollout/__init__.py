@@ -1,0 +1,16 @@
+"""capsule-rollout: robot RL rollouts on Ray, every episode reset, branched and replayed bit for bit from
+execution-state capsules.
+
+The layers are subpackages (`capsule_rollout.capsules`, `.envs`, `.policies`, `.critics`, `.models`,
+`.rollout`, `.learning`, `.commands`, `.benchmarks`, `.experiments`; docs/DESIGN.md section 2). Importing
+this package, or any of them, only defines things: no environment variable is written and nothing is
+registered (the tabletop gymnasium ids: `capsule_rollout.envs.register_envs()`). The command line:
+`python -m capsule_rollout NAME [--field value ...]` (or the `capsule-rollout` script).
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("capsule-rollout")
+except PackageNotFoundError:  # run from a checkout that was never installed
+    __version__ = "0+unknown"

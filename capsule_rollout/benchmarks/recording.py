@@ -1,0 +1,146 @@
+"""bench_recording's measurements (what they measure: `experiments/bench_recording.py`): recording with
+synthetic actors, single-writer store vs sharded, and the medians over rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from capsule_rollout.benchmarks.support import machine
+from capsule_rollout.commands.configs import BenchRecordingConfig
+from capsule_rollout.rollout.episode import Episode, EpisodeBuilder
+from capsule_rollout.rollout.host_config import EpisodeResult
+from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
+from capsule_rollout.rollout.rollout_actor import RolloutActor, WorkItem
+from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.rollout.sharded_store import ShardedStore
+from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+
+MODES = ("single", "sharded")
+
+
+def synthetic_episode(steps: int, image_size: int, cameras: int, seed: int = 0) -> Episode:
+    """A valid episode of `steps` steps: random images and actions, state, rewards (success at the end)."""
+    rng = np.random.default_rng(seed)
+    builder = EpisodeBuilder()
+    for t in range(steps):
+        builder.add(images={f"cam{c}": rng.integers(0, 256, (image_size, image_size, 3), np.uint8)
+                            for c in range(cameras)},
+                    state=rng.normal(size=8).astype(np.float32), action=rng.uniform(-1, 1, 4).astype(np.float32),
+                    reward=0.0 if t == steps - 1 else -1.0, policy_action=rng.uniform(-1, 1, 4),
+                    value=float(-1 + t / steps), subtask_id=0, timestamp=1.7e9 + t * 0.1)
+    return builder.finish(episode_id="synthetic", seed=seed, task="synthetic", instruction="record me",
+                          success=True, stop_reason="success")
+
+
+class PrebuiltHost:
+    """A host whose every episode is one pre-built episode, renamed: no simulation, no inference."""
+
+    def __init__(self, episode: Episode) -> None:
+        self.episode, self.capsule_source = episode, None
+
+    def run_episode(self, seed: int, *, episode_id: str | None = None, attempt: int = 0,
+                    repeat: int = 0) -> EpisodeResult:
+        meta = dataclasses.replace(self.episode.meta, episode_id=episode_id or f"s{seed}", seed=seed,
+                                   attempt=attempt, repeat=repeat)
+        return EpisodeResult(Episode(self.episode.steps, meta), "prebuilt", 0.0, 0.0, 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def synthetic_actor(steps: int, image_size: int, cameras: int) -> type[RolloutActor]:
+    """A `RolloutActor` class whose host returns a pre-built episode of this size."""
+
+    class SyntheticActor(RolloutActor):
+        def __init__(self, spec: HostSpec, index: int = 0, *, host=None, observers=None, shard_root: str = ""):
+            episode = synthetic_episode(steps, image_size, cameras, seed=index)
+            super().__init__(spec, index, host=PrebuiltHost(episode), shard_root=shard_root)
+
+    return SyntheticActor
+
+
+def measure_store(config: BenchRecordingConfig, mode: str, actors: int, directory: Path, per_call: int = 1) -> dict:
+    """One measurement: `config.episodes` synthetic episodes on `actors` actors into a `mode` store, `per_call`
+    episodes per Ray call: steps/s, the driver's CPU seconds and MB per episode, episodes recorded."""
+    root = directory / f"{mode}-{actors}-{per_call}.zarr"
+    recorder = ShardedStore(root) if mode == "sharded" else ZarrRecorder(root)
+    items = [WorkItem(f"bench-{i:06d}", i) for i in range(config.episodes)]
+    first: dict[str, float] = {}
+    after = {"steps": 0, "bytes": 0, "episodes": 0}
+
+    def on_report(report, stats) -> None:
+        if not first:  # the clock starts at the first episode back: actor start-up left out
+            first.update(wall=time.perf_counter(), cpu=time.process_time())
+            return
+        after["steps"] += report.episode.meta.length
+        after["bytes"] += sum(v.nbytes for v in report.episode.steps.values())
+        after["episodes"] += 1
+
+    try:
+        run_rollouts(HostSpec(), items, actors=actors, recorder=recorder, cpus_per_actor=config.cpus_per_actor,
+                     on_report=on_report, actor_cls=synthetic_actor(config.steps, config.image_size, config.cameras),
+                     episodes_per_call=per_call)
+    finally:
+        recorder.close()  # the single writer's last batch is committed inside the measurement
+    wall, cpu = time.perf_counter() - first["wall"], time.process_time() - first["cpu"]
+    recorded = len(open_episode_reader(root))
+    shutil.rmtree(root)
+    n = max(after["episodes"], 1)
+    return {"mode": mode, "actors": actors, "per_call": per_call, "episodes": config.episodes, "recorded": recorded,
+            "steps_per_s": after["steps"] / wall if wall > 0 else 0.0, "driver_cpu_s_per_episode": cpu / n,
+            "driver_mb_per_episode": after["bytes"] / n / 1e6, "wall_s": wall}
+
+
+def measure(config: BenchRecordingConfig) -> dict:
+    """Every (actors, episodes per call) pair with both stores, `config.rounds` times (which store goes first
+    alternates by round) on a Ray started here: the medians per row, the driver-CPU ratios, every measurement and
+    the machine."""
+    directory = Path(config.out) if config.out else Path(tempfile.mkdtemp(prefix="bench_recording-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    where = init_ray()
+    try:
+        measured = [measure_store(config, mode, n, directory, k)
+                    for r in range(config.rounds) for n in config.actors for k in config.episodes_per_call
+                    for mode in (MODES if r % 2 == 0 else MODES[::-1])]
+    finally:
+        shutdown_ray(where)
+        if not config.out:
+            shutil.rmtree(directory, ignore_errors=True)
+    rows, ratios = summarize(measured, config.actors, config.episodes_per_call)
+    return {"machine": machine(), "config": dataclasses.asdict(config), "rows": rows, "driver_cpu_ratios": ratios,
+            "measurements": measured}
+
+
+def summarize(measured: list[dict], actors: tuple[int, ...],
+              per_calls: tuple[int, ...] = (1,)) -> tuple[list[dict], list[dict]]:
+    """Median rows per (store, actors, episodes per call) over rounds, and per (actors, episodes per call) the
+    median of the rounds' single / sharded driver-CPU ratios (each round's pair measured back to back): at the
+    same episodes per call (`same_call`), and against the single writer at one episode per call, the default
+    (`vs_default_single`)."""
+    rows, ratios = [], []
+
+    def pick(mode, n, k):
+        return [m for m in measured if m["mode"] == mode and m["actors"] == n and m["per_call"] == k]
+
+    def paired(a_runs, b_runs):
+        return float(np.median([a["driver_cpu_s_per_episode"] / max(b["driver_cpu_s_per_episode"], 1e-9)
+                                for a, b in zip(a_runs, b_runs, strict=True)]))
+
+    for n in actors:
+        for k in per_calls:
+            for mode in MODES:
+                ms = pick(mode, n, k)
+                rows.append({"mode": mode, "actors": n, "per_call": k, "episodes": ms[0]["episodes"],
+                             "recorded": min(m["recorded"] for m in ms), "rounds": len(ms),
+                             **{key: float(np.median([m[key] for m in ms])) for key in
+                                ("steps_per_s", "driver_cpu_s_per_episode", "driver_mb_per_episode", "wall_s")}})
+            ratios.append({"actors": n, "per_call": k, "same_call": paired(pick("single", n, k), pick("sharded", n, k)),
+                           "vs_default_single": paired(pick("single", n, per_calls[0]), pick("sharded", n, k))})
+    return rows, ratios

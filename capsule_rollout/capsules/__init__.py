@@ -1,0 +1,64 @@
+"""Execution-state capsules: named state buffers, snapshot / restore / fork / time-travel.
+
+Mechanism only: this package copies named buffers and knows nothing of episodes,
+robots or Ray. It imports torch, numpy and (optionally) triton and safetensors.
+"""
+
+from capsule_rollout.capsules.arena import Arena
+from capsule_rollout.capsules.buffer_spec import BufferSpec, Role
+from capsule_rollout.capsules.capsule import Capsule, CapsuleMeta, fork, mismatches, restore, snapshot
+from capsule_rollout.capsules.capsule_file import capsule_from_bytes, capsule_to_bytes, load_capsule, save_capsule
+from capsule_rollout.capsules.capsule_store import CapsuleStore, StoreStats, Tier
+from capsule_rollout.capsules.component import BufferComponent, CapsuleComponent
+from capsule_rollout.capsules.digest import BackendChoice, digest_backend, digest_slab, digest_tensors
+from capsule_rollout.capsules.errors import (
+    CapsuleAlignmentError,
+    CapsuleError,
+    CapsuleFormatError,
+    CapsuleIntegrityError,
+    CapsuleMismatchError,
+    CapsuleNotFoundError,
+    Mismatch,
+    SpecError,
+    StoreBudgetError,
+)
+from capsule_rollout.capsules.timeline import Timeline
+from capsule_rollout.capsules.verify import Steppable, VerifyReport, verify_steppable
+
+__all__ = [
+    "Arena",
+    "BackendChoice",
+    "BufferComponent",
+    "BufferSpec",
+    "Capsule",
+    "CapsuleAlignmentError",
+    "CapsuleComponent",
+    "CapsuleError",
+    "CapsuleFormatError",
+    "CapsuleIntegrityError",
+    "CapsuleMeta",
+    "CapsuleMismatchError",
+    "CapsuleNotFoundError",
+    "CapsuleStore",
+    "Mismatch",
+    "Role",
+    "SpecError",
+    "Steppable",
+    "StoreBudgetError",
+    "StoreStats",
+    "Tier",
+    "Timeline",
+    "VerifyReport",
+    "capsule_from_bytes",
+    "capsule_to_bytes",
+    "digest_backend",
+    "digest_slab",
+    "digest_tensors",
+    "fork",
+    "load_capsule",
+    "mismatches",
+    "restore",
+    "save_capsule",
+    "snapshot",
+    "verify_steppable",
+]

@@ -1,0 +1,87 @@
+"""The small protocol through which a component declares and receives its buffers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from capsule_rollout.capsules.buffer_spec import BufferSpec
+
+_NO_FINGERPRINT: Mapping[str, str] = MappingProxyType({})  # one object: the arena re-merges on a new one
+
+
+@runtime_checkable
+class CapsuleComponent(Protocol):
+    """A part of a rollout host whose state lives in arena buffers.
+
+    Life cycle: the arena asks `buffer_specs()`, allocates every buffer once, then
+    calls `bind()` with the views (their addresses never change afterwards).
+
+    Live state that cannot live in arena memory (a MuJoCo `MjData`, a
+    `torch.Generator`) is mirrored through the two hooks: `before_snapshot()`
+    writes it into the component's state buffers, `after_restore()` reads it back.
+    Components whose state lives entirely in their buffers implement both as no-ops.
+
+    Optional hook, called by `restore` and `fork` before the first byte is copied:
+    `check_restore(view)`, where `view` maps each of the component's buffer names to
+    the capsule's (read-only by contract) tensor. It raises `ValueError` saying why
+    the component cannot take that state (e.g. a task of another family); the
+    restore is then refused with the arena untouched. Without it a component accepts
+    every capsule whose specs and fingerprint match (`BufferComponent` has the default).
+    """
+
+    name: str
+
+    def buffer_specs(self) -> Sequence[BufferSpec]:
+        """Every buffer this component needs, in any order."""
+        ...
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        """Receive the allocated buffers, keyed by `BufferSpec.name`."""
+        ...
+
+    def fingerprint(self) -> Mapping[str, str]:
+        """What the state is bound to (weights hash, model hash, code version...).
+
+        Called on every snapshot and restore: return a cached mapping.
+        """
+        ...
+
+    def before_snapshot(self) -> None:
+        """Copy live state kept outside the arena into the state buffers."""
+        ...
+
+    def after_restore(self) -> None:
+        """Load live state kept outside the arena from the (restored) state buffers."""
+        ...
+
+
+class BufferComponent:
+    """Convenience base: keeps the bound buffers and implements no-op hooks."""
+
+    name: str = "component"
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def buffer_specs(self) -> Sequence[BufferSpec]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        self.buffers = dict(buffers)
+
+    def fingerprint(self) -> Mapping[str, str]:
+        return _NO_FINGERPRINT
+
+    def before_snapshot(self) -> None:
+        return None
+
+    def after_restore(self) -> None:
+        return None
+
+    def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
+        """Raise `ValueError` to refuse a capsule's state before it is copied (default: accept)."""
+        return None

@@ -1,0 +1,223 @@
+"""Config dataclasses of the benchmarks (standard library only: the CLI stays fast).
+
+Every field carries a docstring, which `--help` shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from capsule_rollout.commands.registry import command
+from capsule_rollout.learning.options import FAMILIES
+
+
+@command("bench_capsules", "Snapshot/restore latency vs a contiguous copy of the same bytes; disk save/load MB/s.")
+@dataclass(frozen=True)
+class BenchCapsulesConfig:
+    sizes_kib: tuple[int, ...] = (4, 1024, 65536)
+    """Capsule sizes to measure, in KiB (4 KiB, 1 MiB, 64 MiB by default)."""
+    buffers: tuple[int, ...] = (16, 64, 256)
+    """Number of state buffers each capsule is split into (one per size)."""
+    rounds: int = 300
+    """Timed rounds per size; each round times every method once, side by side."""
+    max_seconds_per_size: float = 20.0
+    """Stop a size's rounds early once this much time has passed."""
+    disk_rounds: int = 5
+    """Rounds of the disk save/load measurement per size."""
+    quick: bool = False
+    """Fewer rounds (for `make demo`): 40 rounds, 2 disk rounds."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the capsule's buffers live: auto = CUDA when present, else CPU."""
+    disk_dir: str = ""
+    """Directory for the disk measurement; empty means a fresh temporary directory."""
+    docs: str = ""
+    """Markdown file whose bench_capsules section is replaced by the results (e.g. docs/BENCHMARKS.md); empty: none."""
+    seed: int = 0
+    """Seed of the buffer sizes and contents."""
+
+    def __post_init__(self) -> None:
+        if len(self.sizes_kib) != len(self.buffers):
+            raise ValueError(
+                f"--sizes_kib has {len(self.sizes_kib)} values but --buffers has {len(self.buffers)}: "
+                "give one buffer count per size"
+            )
+        for size, n in zip(self.sizes_kib, self.buffers):
+            if size < 1 or n < 1:
+                raise ValueError("--sizes_kib and --buffers must be positive")
+            if n * 64 > size * 1024:
+                raise ValueError(f"{n} buffers do not fit {size} KiB with 64-byte buffers; use fewer --buffers")
+        if self.rounds < 3 or self.disk_rounds < 1:
+            raise ValueError("--rounds must be >= 3 and --disk_rounds >= 1")
+
+
+@command("bench_env", "Env steps/s (state-only, rendered), reset(seed) vs capsule restore, recorder MB/s and caller wait.")
+@dataclass(frozen=True)
+class BenchEnvConfig:
+    family: FAMILIES = "pick_place"
+    """Task family measured."""
+    env: tuple[str, ...] = ()
+    """Suite envs to measure instead (`reset(seed)` vs capsule restore, capsule bytes, steps/s), e.g.
+    gymnasium:Ant-v5 metaworld:pick-place-v3; `--docs` then writes the bench_suite_envs section."""
+    image_size: int = 64
+    """Square camera image size for the rendered measurements."""
+    step_blocks: int = 30
+    """Interleaved blocks of 100 control steps for each stepping mode."""
+    resets: int = 300
+    """Interleaved rounds of reset(seed) vs capsule restore."""
+    episodes: int = 30
+    """Expert episodes recorded for the recorder measurements."""
+    quick: bool = False
+    """Fewer rounds (a smoke run)."""
+    docs: str = ""
+    """Markdown file whose bench_env section is replaced by the results; empty: none."""
+    out_dir: str = ""
+    """Directory for the recorder measurements; empty means a fresh temporary directory."""
+
+    def __post_init__(self) -> None:
+        if min(self.step_blocks, self.resets, self.episodes) < 2:
+            raise ValueError("--step_blocks, --resets and --episodes must be >= 2")
+
+
+@command("bench_policy", "Policy and critic latency per chunk, serial vs two-lane, captured vs eager on a GPU.")
+@dataclass(frozen=True)
+class BenchPolicyConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint (a fresh model of the default size when the directory is missing)."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint (likewise)."""
+    rounds: int = 300
+    """Interleaved rounds; each times every method once."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when present, else CPU."""
+    threads: tuple[int, ...] = (1, 2)
+    """CPU only: torch thread counts to measure (each a separate table row)."""
+    quick: bool = False
+    """Few rounds (a smoke run)."""
+    docs: str = ""
+    """Markdown file whose bench_policy section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 3:
+            raise ValueError("--rounds must be >= 3")
+        if not self.threads or min(self.threads) < 1:
+            raise ValueError("--threads needs one or more positive counts")
+
+
+@command("bench_rollout", "Reset by capsule restore vs cold, recording on vs off, 1 vs 2 actors, hand-off latency.")
+@dataclass(frozen=True)
+class BenchRolloutConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    seed: int = 1_000_000
+    """First seed used."""
+    n_exec: int = 8
+    """Actions per chunk executed."""
+    max_steps: int = 40
+    """Episode length cap (keeps rounds comparable and short)."""
+    reset_rounds: int = 50
+    """Capsule-restore resets timed."""
+    cold_rounds: int = 5
+    """Cold resets timed (interleaved with the restores)."""
+    record_rounds: int = 6
+    """Episode pairs with recording on and off."""
+    loop_episodes: int = 4
+    """Episodes (seeds) per mode and round of the loop-overhead measurement."""
+    loop_rounds: int = 15
+    """Paired rounds of host (serial lanes, two lanes) vs hand-written loop."""
+    scale_episodes: int = 8
+    """Episodes per throughput measurement (1 vs 2 actors)."""
+    handoff_samples: int = 500
+    """Hand-offs timed per mode."""
+    actors_check: bool = True
+    """Measure 1 vs 2 Ray actors (starts Ray)."""
+    docs: str = ""
+    """Markdown file whose bench_rollout section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if min(self.reset_rounds, self.cold_rounds, self.record_rounds, self.scale_episodes, self.loop_episodes,
+               self.loop_rounds) < 1:
+            raise ValueError("round and episode counts must be >= 1")
+        if self.handoff_samples < 10:
+            raise ValueError("--handoff_samples must be >= 10")
+
+
+@command(
+    'bench_bridge',
+    "Robot bridge round-trip latency on loopback (heartbeat, action, observe) against the SimRobotServer.",
+)
+@dataclass(frozen=True)
+class BenchBridgeConfig:
+    rounds: int = 500
+    """Interleaved rounds; each times every request kind once."""
+    image_size: int = 64
+    """Camera image size served by the sim robot."""
+    docs: str = ""
+    """Markdown file whose bench_bridge section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 10:
+            raise ValueError("--rounds must be >= 10")
+
+
+@command("bench_lerobot", "LeRobot export and import speed (frames/s) with and without video, and the dataset's size.")
+@dataclass(frozen=True)
+class BenchLeRobotConfig:
+    store: str = "runs/bench/demos200.zarr"
+    """Zarr store exported (make one: collect_demos --episodes 200 --out runs/bench/demos200.zarr)."""
+    rounds: int = 3
+    """Interleaved rounds; each exports (and imports) once per method, in shuffled order."""
+    vcodecs: tuple[str, ...] = ("h264", "libsvtav1")
+    """Video encoders measured beside the export without video."""
+    svt_presets: tuple[int, ...] = ()
+    """More libsvtav1 speed presets to measure (at the default crf), beside the default 6 and LeRobot's 12."""
+    docs: str = ""
+    """Markdown file whose bench_lerobot section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
+        if any(not 0 <= p <= 13 for p in self.svt_presets):
+            raise ValueError(f"--svt_presets must be within 0..13, got {list(self.svt_presets)}")
+        bad = [c for c in self.vcodecs if c not in ("h264", "libsvtav1", "hevc")]
+        if bad:
+            raise ValueError(f"--vcodecs {bad} unknown; choose from h264, libsvtav1, hevc")
+
+
+@command("bench_recording", "Recording throughput with synthetic actors: single writer vs sharded, 1-8 actors.")
+@dataclass(frozen=True)
+class BenchRecordingConfig:
+    actors: tuple[int, ...] = (1, 2, 4, 8)
+    """Synthetic actor counts measured (each with the single-writer store and with a sharded one)."""
+    episodes: int = 200
+    """Episodes recorded per measurement."""
+    rounds: int = 3
+    """Rounds; each measures every (actors, store) pair once, the two stores back to back (which goes first
+    alternates by round). Figures are medians over rounds; the CPU ratio is the median of the rounds' ratios."""
+    steps: int = 80
+    """Control steps per synthetic episode."""
+    image_size: int = 64
+    """Camera image side, in pixels."""
+    cameras: int = 1
+    """Cameras per step."""
+    cpus_per_actor: float = 0.25
+    """Ray CPU resources per synthetic actor (8 actors at 0.25 fit a 2-core machine)."""
+    episodes_per_call: tuple[int, ...] = (1, 8)
+    """Episodes per Ray call measured (`run_rollouts(episodes_per_call=...)`; sharded, an actor commits a call's
+    episodes to its shard at once), each with both stores."""
+    out: str = ""
+    """Directory the measured stores are written to (each removed after its measurement); empty: a temp directory."""
+
+    def __post_init__(self) -> None:
+        if not self.actors or min(self.actors) < 1:
+            raise ValueError(f"--actors must be counts >= 1, got {list(self.actors)}")
+        if self.episodes < 2 or self.steps < 1 or self.image_size < 1 or self.cameras < 0 or self.rounds < 1:
+            raise ValueError("--episodes must be >= 2, --steps, --image_size and --rounds >= 1, --cameras >= 0")
+        if not self.cpus_per_actor > 0:
+            raise ValueError(f"--cpus_per_actor must be > 0, got {self.cpus_per_actor}")
+        if not self.episodes_per_call or min(self.episodes_per_call) < 1:
+            raise ValueError(f"--episodes_per_call must be counts >= 1, got {list(self.episodes_per_call)}")

@@ -1,0 +1,411 @@
+"""Config dataclasses of every experiment (standard library only: the CLI stays fast).
+
+Every field carries a docstring, which `--help` shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from capsule_rollout.commands.bench_configs import (  # noqa: F401 - the benchmarks' configs
+    BenchBridgeConfig,
+    BenchCapsulesConfig,
+    BenchEnvConfig,
+    BenchLeRobotConfig,
+    BenchPolicyConfig,
+    BenchRecordingConfig,
+    BenchRolloutConfig,
+)
+from capsule_rollout.commands.registry import command
+from capsule_rollout.commands.store_configs import (  # noqa: F401 - the store tools' configs
+    ConsolidateConfig,
+    ExportLeRobotConfig,
+    ImportLeRobotConfig,
+)
+from capsule_rollout.learning.options import (  # noqa: F401 - the learning layer's options are commands' configs too
+    ADVANTAGE,
+    CAMERAS,
+    FAMILIES,
+    FAMILIES_OR_ALL,
+    PHRASING,
+    SHIPPED_POLICY,
+    Acting,
+    CollectDemosConfig,
+    LabelAdvantagesConfig,
+    Models,
+    RecapConfig,
+    Seeds,
+    TrainCriticConfig,
+    TrainPolicyConfig,
+    check_noise_scale_option,
+)
+
+# the option groups' old flat names, kept for one release
+MODEL_ALIASES = {"policy": "model.policy", "critic": "model.critic"}
+ACT_ALIASES = {"advantage": "act.advantage", "beta": "act.beta", "n_exec": "act.n_exec"}
+SEED_ALIASES = {"seed": "seeds.first", "episodes": "seeds.count"}
+
+
+@command("verify_capsule", "Bit-exactness report for every capsule-bearing component (exits non-zero if any is not exact).")
+@dataclass(frozen=True)
+class VerifyCapsuleConfig:
+    ALIASES: ClassVar[dict[str, str]] = MODEL_ALIASES
+
+    steps: int = 8
+    """Steps replayed after each restore and compared bit for bit."""
+    warmup: int = 3
+    """Steps run before the snapshot boundary (rounded up to the arena's alignment)."""
+    seed: int = 0
+    """Seed of the step inputs and of the random bytes that dirty the live buffers."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Devices to verify torch components on: auto = CPU, plus CUDA when present."""
+    model: Models = Models()  # the checkpoints verified (a fresh model where a directory is missing)
+    env: str = ""
+    """Verify only this env (`suite:task` or `package.module:factory`): observations, rewards, the whole MjData,
+    images; empty: every component of the project."""
+    cameras: tuple[str, ...] | None = None
+    """With --env: cameras rendered (None: the suite's default camera)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"--steps must be >= 1 (got {self.steps})")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0 (got {self.warmup})")
+
+
+@dataclass(frozen=True)
+class ScoredModels:
+    """A policy checkpoint, and the critics scored on its episodes."""
+
+    policy: str = SHIPPED_POLICY
+    """Policy checkpoint directory."""
+    critic: tuple[str, ...] = ()
+    """Also report these critics' failure AUC from their values at the mid-episode step (half the episode
+    limit) on these episodes, each and (with more than one) their mean value's (none: no critic)."""
+
+
+@command("eval_policy", "Success rate of a policy checkpoint on held-out seeds, next to the scripted expert's.")
+@dataclass(frozen=True)
+class EvalPolicyConfig:
+    ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES, **SEED_ALIASES}
+
+    model: ScoredModels = ScoredModels()
+    family: FAMILIES_OR_ALL = "pick_place"
+    """Task family; all: every family, each on the same seeds, with success per family."""
+    seeds: Seeds = Seeds(count=50)  # held out
+    act: Acting = Acting()
+    expert: bool = True
+    """Also run the scripted expert on the same seeds, for comparison."""
+    actors: int = 0
+    """Ray actors to play the episodes on (0: in this process); results do not depend on it."""
+    phrasing: PHRASING = "canonical"
+    """How the planner words each subtask: the task's own text, or one of its paraphrases that training
+    may use (train) or never uses (heldout); see envs/phrasing.py."""
+    coach: bool = False
+    """Also the coaching evaluation (in this process) on the same seeds of each family with a place-on-a-pad
+    subtask: when the policy starts placing, an operator overwrites the subtask with "place it on the <other>
+    pad instead"; the share of episodes that end with the block on the coached pad."""
+
+    def __post_init__(self) -> None:
+        if self.seeds.count < 1 or self.actors < 0:
+            raise ValueError("--seeds.count (--episodes) must be >= 1, --actors >= 0")
+
+
+@command(
+    'value_ceiling',
+    "How predictable failure is mid-episode: policy branches from restored capsules vs a critic's failure AUC.",
+)
+@dataclass(frozen=True)
+class ValueCeilingConfig:
+    ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES, **SEED_ALIASES}
+
+    model: Models = Models(critic="")  # a critic is scored on the same mid-episode states
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    seeds: Seeds = Seeds(count=50)  # held out
+    act: Acting = Acting()
+    branches: int = 16
+    """Continuations played from each mid-episode capsule, each with its own noise seed."""
+    at_step: int | None = None
+    """The control step judged (None: half the episode limit, as the critic's failure AUC elsewhere)."""
+
+    def __post_init__(self) -> None:
+        if min(self.seeds.count, self.branches) < 1:
+            raise ValueError("--seeds.count (--episodes) and --branches must be >= 1")
+        if self.at_step is not None and self.at_step < 0:
+            raise ValueError(f"--at_step must be >= 0 (got {self.at_step})")
+
+
+@command(
+    'sim_rollout',
+    "Policy + critic rollouts on Ray actors (capsule resets, hand-off), recorded to zarr; table, plot, video.",
+)
+@dataclass(frozen=True)
+class SimRolloutConfig:
+    ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES, **SEED_ALIASES}
+
+    actors: int = 2
+    """Ray actors (rollout hosts), one process each; 0: play in this process, without Ray."""
+    seeds: Seeds = Seeds(count=8)  # held out from the demonstrations; each seed played --repeats times
+    family: FAMILIES_OR_ALL = "pick_place"
+    """Task family; all: a mix, every family on every seed (each actor keeps a host per family), with success
+    per family in the table and the plot."""
+    env: str = ""
+    """A registered env (`metaworld:pick-place-v3`, `gymnasium:Pusher-v5`...) or an import path
+    `package.module:factory`, played instead of the tabletop family; episode ids are `<task>-s<seed>`."""
+    out: str = "runs/sim_rollout"
+    """Output directory (a path or file:///path): episodes.zarr, capsules/, rollout.json, rollout.png, episode.gif."""
+    shards: bool = False
+    """Record sharded: each actor writes its episodes to its own shard under episodes.zarr and the driver commits
+    a manifest entry per episode (readers see one store; `consolidate` makes a single zarr store of it)."""
+    model: Models = Models()
+    act: Acting = Acting()
+    value_threshold: float | None = None
+    """Stop an episode when the critic's value stays below this (None: never)."""
+    value_patience: int = 3
+    """Consecutive low-value chunks before that stop."""
+    repeats: int = 1
+    """Rollouts per seed, each reset by restoring the seed's initial capsule, each with noise of its own
+    (episode ids get -r1, -r2...)."""
+    attempts: int = 1
+    """Tries per rollout: a failed one is retried from its initial capsule (a restore) with new noise, up
+    to this many times in all (ids get -a1, -a2...; each attempt is recorded)."""
+    capsule_budget_mb: float | None = None
+    """Memory budget of each actor's capsule store (None: unbounded); past it, least recently used
+    capsules are dropped and read back from capsules/ when needed."""
+    pin_seeds: tuple[int, ...] = ()
+    """Seeds whose initial capsules stay pinned in every actor's store (a fixed evaluation set)."""
+    episode_timeout_s: float | None = None
+    """An episode running longer than this is abandoned: its actor is killed and restarted, the episode
+    re-run (None: no deadline)."""
+    lanes: Literal["two", "serial"] = "two"
+    """Policy and critic on two lanes at once, or one after the other."""
+    cpus_per_actor: float = 1.0
+    """Ray CPU resources per actor."""
+    gpus_per_actor: float = 0.0
+    """Ray GPU fraction per actor (the policy and critic then run on CUDA)."""
+    max_restarts: int = 3
+    """Restarts Ray grants each actor that dies."""
+    episodes_per_call: int = 1
+    """Episodes handed to an actor in one Ray call (their reports come back together): more than 1 spreads
+    the driver's per-call cost over several episodes, for short episodes on many actors; an actor that dies
+    has every episode of its call re-run."""
+    pin_cores: bool = False
+    """Pin actor i to CPU core i (one core per host, both lanes included)."""
+    video: bool = True
+    """Write a gif of one episode (the first success, else the first)."""
+    progress: bool = True
+    """Show a progress bar."""
+    crash: tuple[str, ...] = ()
+    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]: that actor exits (or
+    hangs) once at that step; exit_after_record: once the episode is recorded in its shard, before the driver
+    commits it."""
+
+    def __post_init__(self) -> None:
+        if self.actors < 0 or self.seeds.count < 1 or self.value_patience < 1:
+            raise ValueError("--actors must be >= 0; --seeds.count (--episodes) and --value_patience >= 1")
+        if self.repeats < 1 or self.attempts < 1:
+            raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
+        if self.episodes_per_call < 1:
+            raise ValueError(f"--episodes_per_call must be >= 1 (got {self.episodes_per_call})")
+        if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in
+                                                              ("exit", "hang", "exit_after_record"))):
+            raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]")
+        if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
+            raise ValueError(f"--episode_timeout_s must be > 0 (got {self.episode_timeout_s})")
+        if self.capsule_budget_mb is not None and self.capsule_budget_mb < 0:
+            raise ValueError(f"--capsule_budget_mb must be >= 0 (got {self.capsule_budget_mb})")
+
+
+@command(
+    'replay',
+    "Re-run a recorded episode from its initial capsule; exits non-zero unless actions and values are bit-identical.",
+)
+@dataclass(frozen=True)
+class ReplayConfig:
+    store: str = "runs/sim_rollout/episodes.zarr"
+    """Zarr store written by sim_rollout (its directory holds rollout.json and capsules/)."""
+    episode: str = ""
+    """Episode id to re-run (e.g. pick_place-s1000000)."""
+    capsules: str = ""
+    """Directory of initial capsules; empty: `capsules/` next to the store."""
+
+
+@command("export_checkpoint", "Copy a policy or critic checkpoint without optimizer state (the form that is shipped).")
+@dataclass(frozen=True)
+class ExportCheckpointConfig:
+    src: str = ""
+    """Checkpoint directory to export (e.g. a training run's --out)."""
+    out: str = ""
+    """Destination: weights and JSON only, no optimizer state (what is shipped)."""
+    eval: str = ""
+    """Optional JSON summary of eval_policy to record in the checkpoint's info."""
+    n_exec: int | None = None
+    """Record the receding horizon the policy is deployed with (actions of each chunk executed): what
+    `--act.n_exec` defaults to for it. None: the source's record, if any (else commands use 8)."""
+    noise_scale: float | None = None
+    """Record the scale of the policy noise it is deployed with: what `--act.noise_scale` defaults to for it.
+    None: the source's record, if any (else 1)."""
+
+    def __post_init__(self) -> None:
+        if self.n_exec is not None and self.n_exec < 1:
+            raise ValueError(f"--n_exec must be >= 1 (got {self.n_exec})")
+        check_noise_scale_option(self.noise_scale, "--noise_scale")
+
+
+@dataclass(frozen=True)
+class RobotAddress:
+    """Where the robot server listens, and the token it asks for."""
+
+    host: str = "127.0.0.1"
+    """Robot server address."""
+    port: int = 0
+    """Robot server port (required)."""
+    token: str = ""
+    """Shared token (required by servers bound beyond loopback)."""
+
+
+@command(
+    'real_recap',
+    "RECAP rollouts on a robot through the bridge: operator END labels, takeover, coaching, e-stop; npz + zarr.",
+)
+@dataclass(frozen=True)
+class RealRecapConfig:
+    ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES}
+
+    robot: RobotAddress = RobotAddress()  # --robot.host, --robot.port, --robot.token
+    episodes: int = 1
+    """Episodes to run."""
+    seed: int | None = None
+    """First seed passed to the robot's reset (a sim robot uses it; a real one may ignore it)."""
+    out: str = "runs/real_recap"
+    """Output directory: episodes.zarr and npz/ (one .npz per episode)."""
+    model: Models = Models()
+    act: Acting = Acting()
+    value_threshold: float | None = None
+    """Stop when the critic's value stays below this for --value_patience chunks (None: never)."""
+    value_patience: int = 3
+    """Consecutive low-value chunks before that stop."""
+    max_steps: int = 80
+    """Timeout in control steps."""
+    operator: Literal["keyboard", "script", "none"] = "keyboard"
+    """Operator input: the terminal's keys, a --script, or none."""
+    script: tuple[str, ...] = ()
+    """Scripted operator events STEP:KIND[:TEXT], KIND in end_success end_failure takeover_on takeover_off coach estop."""
+    teleop: bool = True
+    """During a takeover, act with the robot side's teleoperation device (the scripted expert of a sim robot)."""
+
+    def __post_init__(self) -> None:
+        if self.robot.port < 0:
+            raise ValueError(f"--robot.port must be a port number, got {self.robot.port}")
+        if self.episodes < 1 or self.max_steps < 1:
+            raise ValueError("--episodes and --max_steps must be >= 1")
+        if self.operator == "script" and not self.script:
+            raise ValueError("--operator script needs --script STEP:KIND[:TEXT] ...")
+
+
+@command("sim_robot_server", "Serve the tabletop sim as a robot over the bridge protocol (for real_recap without hardware).")
+@dataclass(frozen=True)
+class SimRobotServerConfig:
+    port: int = 5555
+    """Port to listen on."""
+    host: str = "127.0.0.1"
+    """Address to bind (anything but loopback needs --token)."""
+    token: str = ""
+    """Shared token clients must present."""
+    family: FAMILIES = "pick_place"
+    """Task family the sim robot runs."""
+    image_size: int = 64
+    """Camera image size."""
+    seconds: float = 0.0
+    """Serve this long, then stop (0: until Ctrl-C)."""
+    realtime: bool = True
+    """Step at the robot's control rate (10 Hz) like real hardware, so operator keys have time to act."""
+
+
+@command(
+    'gpu_check',
+    "Every check of the CUDA path in one run (GPU tests, verify, benchmarks, GPU actors, replay); one JSON report.",
+)
+@dataclass(frozen=True)
+class GpuCheckConfig:
+    out: str = "runs/gpu_check"
+    """Directory for every step's JSON summary and log, the rollout's episodes and the report (gpu_check.json)."""
+    episodes: int = 4
+    """sim_rollout episodes (2 actors with half a GPU each); the first one recorded is replayed."""
+    rounds: int = 100
+    """Timed rounds of bench_capsules and bench_policy."""
+    step_timeout_s: float = 1800.0
+    """A step still running after this many seconds is stopped and recorded as timed out."""
+    docs: str = ""
+    """Markdown file whose gpu_check section gets the report's figures (e.g. docs/BENCHMARKS.md); empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.rounds < 3:
+            raise ValueError("--episodes must be >= 1 and --rounds >= 3")
+        if self.step_timeout_s <= 0:
+            raise ValueError(f"--step_timeout_s must be positive, got {self.step_timeout_s}")
+
+
+@command("scan_env", "hidden-state scan of a gymnasium MuJoCo env: candidate capture declarations")
+@dataclass(frozen=True)
+class ScanEnvConfig:
+    env: str = "gymnasium:Pusher-v5"
+    """The env scanned: `suite:task` (its declarations are marked in the report) or `package.module:factory`
+    returning a gymnasium MuJoCo env."""
+    steps: int = 30
+    """Random-action steps between the resets."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+
+
+@command("train_state_policy", "behaviour-clone a small state -> action-chunk network into a TorchPolicy checkpoint")
+@dataclass(frozen=True)
+class TrainStatePolicyConfig:
+    data: str = "runs/demos/metaworld.zarr"
+    """Zarr store of demonstrations (`state`, `action`)."""
+    out: str = "runs/state_policy"
+    """Checkpoint directory written (a TorchPolicy checkpoint)."""
+    ALIASES: ClassVar[dict[str, str]] = {"horizon": "chunk_length"}  # old name
+    chunk_length: int = 8
+    """Actions per predicted chunk."""
+    hidden: int = 256
+    """Hidden width of the MLP (3 layers)."""
+    steps: int = 20000
+    """Optimizer steps."""
+    batch: int = 256
+    """Examples per step."""
+    lr: float = 1e-3
+    """AdamW learning rate (cosine decay to 0)."""
+    successes_only: bool = True
+    """Train on successful episodes only."""
+    seed: int = 0
+    """Seed of the initialisation and batch sampling."""
+    threads: int = 1
+    """torch threads (a small network trains fastest on one, and far faster than on two busy cores)."""
+
+    def __post_init__(self) -> None:
+        if min(self.chunk_length, self.hidden, self.steps, self.batch) < 1 or not self.lr > 0:
+            raise ValueError("--chunk_length, --hidden, --steps, --batch must be >= 1 and --lr > 0")
+
+
+# the learning layer's options, registered as commands here (learning/ knows nothing of the command line)
+_LEARNING_COMMANDS = {
+    "collect_demos": (CollectDemosConfig,
+                      "Scripted-expert demonstrations to a zarr store or .npz files (resumable)."),
+    "train_policy": (TrainPolicyConfig,
+                     "Train the flow policy on recorded episodes (resumable; closed-loop evaluation on held-out "
+                     "seeds)."),
+    "train_critic": (TrainCriticConfig, "Train the distributional value critic on recorded episodes (resumable)."),
+    "label_advantages": (LabelAdvantagesConfig,
+                         "RECAP advantage labels (N-step, per-task thresholds, interventions positive) as a sidecar "
+                         "next to a store."),
+    "recap": (RecapConfig,
+              "The RECAP loop in sim: BC baseline, then rollouts with takeovers, critic, advantage labels, "
+              "conditioned policy."),
+}
+for _name, (_config, _summary) in _LEARNING_COMMANDS.items():
+    command(_name, _summary)(_config)

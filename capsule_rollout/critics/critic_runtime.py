@@ -1,0 +1,134 @@
+"""`CriticRuntime`: the value critic as a rollout-host component with static buffers.
+
+Buffers: `state` = the subtask language embedding; `io` = observation slots (the
+images, the robot state, the episode step and, for a critic that reads the plan, the
+actions about to be executed) and the outputs (value `(B,)` and logits `(B, bins)`). `evaluate()` runs one
+buffer-to-buffer function through a `GraphRunner`, so it can run on lane C of a
+`TwoLaneContext` while the policy runs on lane P. It implements the rollout protocol's
+critic side (`critics.rollout_critic`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from capsule_rollout.capsules import BufferSpec, Role
+from capsule_rollout.critics.rollout_critic import CriticSpec
+from capsule_rollout.critics.value_critic import ACTOR_POLICY, ValueCritic
+from capsule_rollout.models.inputs import load_observation
+from capsule_rollout.models.runtime import ModelRuntime
+
+
+class CriticRuntime(ModelRuntime):
+    KIND = "value_critic"
+
+    def __init__(self, model: ValueCritic, *, name: str = "critic", device: str = "cpu", batch: int = 1,
+                 capture: bool | None = None, trace: bool | None = None) -> None:
+        """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`)."""
+        super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace)
+        self.core: torch.nn.Module = _CriticCore(self.model)
+        self.spec = CriticSpec(observation_keys=self.observation_keys)
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        c, b, dev = self.config, self.batch, str(self.device)
+        specs = [
+            BufferSpec("lang", (b, c.lang_dim), torch.float32, dev, doc="subtask embedding"),
+            BufferSpec("state", (b, c.state_dim), torch.float32, dev, Role.IO),
+            BufferSpec("step", (b,), torch.float32, dev, Role.IO, doc="control steps since the episode started"),
+            BufferSpec("value", (b,), torch.float32, dev, Role.IO),
+            BufferSpec("logits", (b, c.bins), torch.float32, dev, Role.IO),
+        ]
+        specs += [BufferSpec(f"image_{cam}", (b, c.image_size, c.image_size, 3), torch.uint8, dev, Role.IO)
+                  for cam in c.cameras]
+        if c.plan_steps:
+            specs.append(BufferSpec("plan", (b, c.plan_steps, c.action_dim), torch.float32, dev, Role.IO,
+                                    doc="actions about to be executed (NaN: none, the state's value)"))
+        return specs
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        super().bind(buffers)
+        b = self.buffers
+        example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["step"],
+                   self._plan_args())
+        self.core = self._compile(self.core, example, self._evaluate)
+
+    def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor], step=None) -> None:
+        """Validate an observation (`image_<camera>`, `state`; batch dim optional when batch=1) and copy
+        it into the io slots.
+
+        `step`: control steps since the episode started (an int, or `(B,)`); a critic
+        with a time input (`config.episode_limit`) needs it, one without ignores it.
+        """
+        if self.config.episode_limit:
+            if step is None:
+                raise ValueError(f"critic {self.name} reads the episode step (limit {self.config.episode_limit}); "
+                                 "pass step= with the observation")
+            t = torch.as_tensor(step, dtype=torch.float32).reshape(-1)
+            if t.shape[0] not in (1, self.batch) or not torch.isfinite(t).all() or bool((t < 0).any()):
+                raise ValueError(f"step must be a count >= 0 (an int or one per batch row), got {step!r}")
+        load_observation(self.buffers, obs, cameras=self.config.cameras, who="critic")
+        if self.config.episode_limit:
+            self.buffers["step"].copy_(t.expand(self.batch))
+        if self.config.plan_steps:
+            self.buffers["plan"].fill_(float("nan"))  # a new state: no plan until one is given
+
+    def load_plan(self, plan) -> None:
+        """The actions about to be executed from the loaded observation (a plan critic only): `(T, A)` or
+        `(B, T, A)` with T >= plan_steps (a policy's chunk; its first plan_steps are read)."""
+        c = self.config
+        if not c.plan_steps:
+            raise ValueError(f"critic {self.name} reads no plan (plan_steps 0)")
+        p = torch.as_tensor(plan, dtype=torch.float32)
+        if p.dim() == 2:
+            p = p[None]
+        if p.dim() != 3 or p.shape[0] not in (1, self.batch) or p.shape[1] < c.plan_steps or p.shape[2] != c.action_dim:
+            raise ValueError(f"critic {self.name}: plan must be (T, {c.action_dim}) or ({self.batch}, T, "
+                             f"{c.action_dim}) with T >= {c.plan_steps}; got {tuple(p.shape)}")
+        if not torch.isfinite(p[:, : c.plan_steps]).all():
+            raise ValueError(f"critic {self.name}: the plan holds NaN/inf actions")
+        self.buffers["plan"].copy_(p[:, : c.plan_steps].expand(self.batch, -1, -1))
+
+    def evaluate(self, obs: Mapping[str, np.ndarray | torch.Tensor] | None = None, step=None,
+                 plan=None) -> torch.Tensor:
+        """Values `(B,)` (a view of the output buffer). A plan critic values the state alone unless
+        `plan` (see `load_plan`) is given; `evaluate(plan=chunk)` after `evaluate(obs...)` values the
+        same observation with the plan."""
+        if obs is not None:
+            self.load_observation(obs, step)
+        if plan is not None:
+            self.load_plan(plan)
+        self.runner()
+        return self.buffers["value"]
+
+    def _plan_args(self) -> tuple[torch.Tensor, ...]:
+        return (self.buffers["plan"],) if self.config.plan_steps else ()
+
+    def _evaluate(self) -> None:
+        b = self.buffers
+        logits, value = self.core(tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"],
+                                  b["step"], self._plan_args())
+        b["logits"].copy_(logits)
+        b["value"].copy_(value)
+
+
+class _CriticCore(torch.nn.Module):
+    """Observation -> (logits, value): the network part of `evaluate` (traced on the CPU).
+
+    At run time the critic judges the policy that is acting: a critic with an actor input
+    is asked for the policy's value (`ACTOR_POLICY`)."""
+
+    def __init__(self, model: ValueCritic) -> None:
+        super().__init__()
+        self.model = model
+        self.cameras = model.config.cameras
+
+    def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor,
+                plan: tuple[torch.Tensor, ...]):
+        config = self.model.config
+        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.episode_limit else None,
+                                   torch.full_like(step, ACTOR_POLICY) if config.actor_input else None,
+                                   plan[0] if plan else None)
+        return logits, self.model.value(logits)

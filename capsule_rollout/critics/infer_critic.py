@@ -1,0 +1,61 @@
+"""`InferCritic`: any object with `value(obs) -> float` as a rollout critic.
+
+    critic.value(obs: dict[str, np.ndarray | str | int]) -> float
+
+`obs` holds each observation key the critic reads (as the env gives it, no batch dimension), `step` (control
+steps so far in the episode: values depend on the time left) and `prompt` when the host has handed a text
+over. The critic must be a function of that: the capsule holds only the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
+from capsule_rollout.critics.rollout_critic import CriticSpec
+from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
+
+KIND = "infer_critic"
+
+
+class InferCritic(BufferComponent):
+    def __init__(self, obj: Any, spec: CriticSpec, *, name: str = "critic") -> None:
+        super().__init__()
+        if not callable(getattr(obj, "value", None)):
+            raise TypeError(f"{type(obj).__name__} has no value(obs) method: an InferCritic wraps an object whose "
+                            "value(obs) answers a number")
+        self.obj, self.spec, self.name = obj, spec, name
+        self.device = torch.device("cpu")
+        self._obs: dict[str, Any] = {}
+        self._fingerprint = {"kind": KIND, "object": f"{type(obj).__module__}:{type(obj).__qualname__}",
+                             "reads": ",".join(spec.observation_keys)}
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        return [*prompt_specs(), BufferSpec("value", (1,), torch.float32, "cpu", Role.IO)]
+
+    def fingerprint(self) -> Mapping[str, str]:
+        return self._fingerprint
+
+    def set_language(self, text: str) -> None:
+        write_prompt(self.buffers, text, "an InferCritic")
+
+    def load_observation(self, obs: Mapping[str, Any], step: int) -> None:
+        missing = [k for k in self.spec.observation_keys if k not in obs]
+        if missing:
+            raise ValueError(f"observation lacks {missing}; the critic reads {list(self.spec.observation_keys)}")
+        self._obs = {k: np.asarray(obs[k]) for k in self.spec.observation_keys}
+        self._obs["step"] = int(step)
+        prompt = read_prompt(self.buffers)
+        if prompt is not None:
+            self._obs["prompt"] = prompt
+
+    def evaluate(self) -> torch.Tensor:
+        value = float(self.obj.value(dict(self._obs)))
+        if not np.isfinite(value):
+            raise ValueError(f"{type(self.obj).__name__}.value answered {value}")
+        self.buffers["value"].fill_(value)
+        return self.buffers["value"]

@@ -1,0 +1,461 @@
+"""`MujocoCapsuleEnv`: any gymnasium MuJoCo env as a rollout-protocol env with a bit-exact capsule.
+
+A third-party env keeps its state in many places; the adapter captures all of it
+in arena buffers (component "env"):
+
+- `mjdata`: the whole model-sized `MjData` buffer (every array MuJoCo sizes from
+  the model: qpos, qvel, act, ctrl, mocap, warm-start, and the derived arrays:
+  body and geom poses, sites, cameras, sensors, contact forces...) and `time`.
+  That is `mjSTATE_INTEGRATION` and more: an env that reads derived data before
+  `mj_step` (a reward from the torso position, a mocap action from `xpos`) sees
+  at a restore exactly what it saw at the snapshot, and no `mj_forward` runs
+  (which would recompute those arrays from the new positions, not the stale
+  ones `mj_step` leaves). Constraint and contact arrays (MjData's arena) are not
+  captured: `mj_step` recomputes them before using them.
+- `model`: the `MjModel` arrays a suite edits at run time (declared by name).
+- `rng`: every numpy PCG64 generator reachable from the env: each wrapper layer,
+  the env, nested envs and their spaces (found at construction).
+- `attrs`: Python attributes declared per suite with fixed shapes (goals,
+  initial positions, frame stacks, path counters, sets of remaining tasks) and
+  the counters of known wrappers (`TimeLimit`'s elapsed steps...). A wrapper
+  that keeps state the adapter does not know is refused at construction.
+- `obs_*`: the observation returned at the boundary and the camera images
+  (recomputing them after a restore does not reproduce them: frame stacks
+  shift, noise is drawn again).
+
+Restores copy bytes only: a precomputed list of `memmove`s into MjData, the
+model and each generator's C state, then the declared attributes.
+
+Images come from the adapter's own renderer with explicit cameras (a named model
+camera or fixed free-camera parameters), never from the suite's viewer, whose
+camera depends on the geometry at its first render, and which may move sites.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+import torch
+
+from capsule_rollout.capsules import BufferComponent, BufferSpec
+from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declarations are part of this module's API
+    KNOWN_WRAPPERS,
+    OBSERVATION_KEY,
+    WRAPPER_COUNTER_TYPES,
+    WRAPPER_PLUMBING,
+    Attr,
+    Camera,
+    CaptureSpec,
+    MujocoCapsuleError,
+    find_generators,
+    flatten,
+    layers_of,
+    mjdata_buffer,
+    resolve_attr,
+)
+from capsule_rollout.envs.offscreen_renderer import OffscreenRenderer
+from capsule_rollout.envs.rollout_env import ArraySpec, ObservationSpec, image_key
+
+
+class MujocoCapsuleEnv(BufferComponent):
+    """A gymnasium MuJoCo env (with its wrappers) as a `RolloutEnv` whose whole state a capsule holds."""
+
+    restorable = True
+
+    def __init__(self, env: gym.Env, capture: CaptureSpec, *, cameras: Sequence[str] = (), image_size: int = 64,
+                 max_steps: int | None = None) -> None:
+        super().__init__()
+        self.name = "env"
+        self.env, self.capture = env, capture
+        self.unwrapped = env.unwrapped
+        self.model: mujoco.MjModel = getattr(self.unwrapped, "model", None)
+        self.data: mujoco.MjData = getattr(self.unwrapped, "data", None)
+        if not isinstance(self.model, mujoco.MjModel) or not isinstance(self.data, mujoco.MjData):
+            raise MujocoCapsuleError(f"{type(self.unwrapped).__name__} has no `model` / `data` (MjModel / MjData): "
+                                     "the adapter captures MuJoCo envs only")
+        if self.model.nplugin:
+            raise MujocoCapsuleError(f"{capture.task}: models with plugins are not supported (MjData holds plugin "
+                                     "pointers)")
+        unknown = [c for c in cameras if c not in capture.cameras]
+        if unknown:
+            raise ValueError(f"{capture.task}: unknown camera(s) {unknown}; declared: {sorted(capture.cameras)}")
+        self.cameras, self.image_size = tuple(cameras), int(image_size)
+        self.max_steps = int(max_steps or capture.max_steps)
+        self.action_space = env.action_space
+        self.layers = layers_of(env)
+        self._wrapper_attrs = self._check_wrappers()
+        self._generators = find_generators(self.layers)
+        # gymnasium records the seed beside each env's generator (`np_random_seed`): captured with it
+        seeds = [(owner, "_np_random_seed", Attr(f"{path.rsplit('.', 1)[0]}._np_random_seed", "int"))
+                 for path, owner, name in self._generators
+                 if name == "_np_random" and isinstance(owner, gym.Env) and "_np_random_seed" in vars(owner)]
+        self._attrs = [(*resolve_attr(self.unwrapped, a.path), a) for a in capture.attributes] + self._wrapper_attrs + seeds
+        self._buffer_ptr, self._buffer_bytes = mjdata_buffer(self.data)
+        self._model_fields = [(name, getattr(self.model, name)) for name in capture.model_fields]
+        for name, arr in self._model_fields:
+            if not isinstance(arr, np.ndarray):
+                raise MujocoCapsuleError(f"{capture.task}: model field {name!r} is not an MjModel array")
+        raw = self._probe_observation()
+        self._obs_dim = raw.shape[0]
+        state_dim = self._state(raw_obs=None, flat=raw).shape[0]
+        extra = {OBSERVATION_KEY: ArraySpec((self._obs_dim,), np.float64)}
+        self.observation_spec = ObservationSpec.of(state_dim=state_dim, cameras=self.cameras,
+                                                   image_size=self.image_size, **extra)
+        self._renderer: OffscreenRenderer | None = None
+        # the framework's renderer draws without multisampling (with shadows off: ~100x faster on a CPU); a
+        # visual setting of the model only, read by no physics routine
+        self.model.vis.quality.offsamples = 0
+        self._mjv_cameras = {c: self._mjv_camera(capture.cameras[c]) for c in self.cameras}
+        self._fingerprint = self._make_fingerprint()
+        self._plan: list[tuple[int, int, int]] = []
+        # until an arena binds its buffers, the env runs on private ones of the same specs
+        self._bind_views({s.name: torch.zeros(s.shape, dtype=s.dtype) for s in self.buffer_specs()}, carry=False)
+
+    # -- discovery --------------------------------------------------------------------
+    def _check_wrappers(self) -> list[tuple[object, str, Attr]]:
+        counters = {**KNOWN_WRAPPERS, **self.capture.wrapper_state}
+        found = []
+        for layer in self.layers:
+            if not isinstance(layer, gym.Wrapper):
+                continue
+            kind = type(layer).__name__
+            names = counters.get(kind)
+            if names is None:
+                extra = sorted(set(vars(layer)) - WRAPPER_PLUMBING)
+                if extra:
+                    raise MujocoCapsuleError(
+                        f"wrapper {kind} keeps state the adapter does not know ({', '.join(extra)}): remove it "
+                        f"(gymnasium.make(..., disable_env_checker=True) leaves out PassiveEnvChecker; record "
+                        f"statistics with the rollout host instead of RecordEpisodeStatistics), or declare its "
+                        f"counters in the suite's CaptureSpec.wrapper_state")
+                continue
+            for name in names:
+                found.append((layer, name, Attr(f"{kind}.{name}", WRAPPER_COUNTER_TYPES.get(name, "int"))))
+        return found
+
+    def _probe_observation(self) -> np.ndarray:
+        space = getattr(self.env, "observation_space", None)
+        try:
+            sample = flatten(_zeros_like_space(space))
+        except TypeError:
+            raise MujocoCapsuleError(f"{self.capture.task}: observation space {space} is not made of Boxes and "
+                                     "Dicts; give the suite a `state` function") from None
+        return sample
+
+    def _mjv_camera(self, cam: Camera) -> mujoco.MjvCamera | str:
+        if cam.model_camera is not None:
+            if mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam.model_camera) < 0:
+                raise MujocoCapsuleError(f"{self.capture.task}: camera {cam.name!r} names model camera "
+                                         f"{cam.model_camera!r}, which the model lacks")
+            return cam.model_camera
+        free = mujoco.MjvCamera()
+        free.type = mujoco.mjtCamera.mjCAMERA_FREE
+        free.lookat[:] = cam.lookat
+        free.distance, free.azimuth, free.elevation = cam.distance, cam.azimuth, cam.elevation
+        return free
+
+    def _make_fingerprint(self) -> dict[str, str]:
+        saved = [(arr, arr.copy()) for _, arr in self._model_fields]
+        for arr, _ in saved:
+            arr[...] = 0  # run-time edits are state, not identity
+        size = mujoco.mj_sizeModel(self.model)
+        blob = np.zeros(size, np.uint8)
+        mujoco.mj_saveModel(self.model, None, blob)
+        for arr, value in saved:
+            arr[...] = value
+        declared = {"attributes": [repr(a) for a in self.capture.attributes], "model": list(self.capture.model_fields),
+                    "wrappers": [type(x).__name__ for x in self.layers],
+                    "generators": [p for p, _, _ in self._generators],
+                    "cameras": {c: repr(self.capture.cameras[c]) for c in self.cameras}, "size": self.image_size}
+        return {"task": self.capture.task, "mujoco": mujoco.__version__,
+                "model_sha256": hashlib.sha256(blob.tobytes()).hexdigest()[:32],
+                "capture_sha256": hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()[:16]}
+
+    # -- capsule component ------------------------------------------------------------
+    def buffer_specs(self) -> list[BufferSpec]:
+        specs = [
+            BufferSpec("mjdata", (self._buffer_bytes,), torch.uint8, doc="MjData's model-sized buffer, all arrays"),
+            BufferSpec("time", (1,), torch.float64, doc="MjData.time"),
+            BufferSpec("rng", (max(1, len(self._generators)), 5), torch.int64,
+                       doc="PCG64 words of every generator: state lo/hi, inc lo/hi, has_uint32|uinteger"),
+            BufferSpec("rng_present", (max(1, len(self._generators)),), torch.bool, doc="generator exists"),
+            BufferSpec("attrs", (max(1, sum(a.slots for *_, a in self._attrs)),), torch.float64,
+                       doc="declared Python attributes and wrapper counters"),
+            BufferSpec("attrs_present", (max(1, len(self._attrs)),), torch.bool, doc="attribute is not None"),
+            BufferSpec("counters", (2,), torch.int64, doc="control steps, reset called"),
+            BufferSpec("obs_observation", (self._obs_dim,), torch.float64, doc="boundary observation, flattened"),
+            BufferSpec("obs_state", (self.observation_spec.state_dim,), torch.float32, doc="boundary state vector"),
+        ]
+        specs += [BufferSpec(f"model_{name}", arr.shape, _torch_dtype(arr.dtype), doc=f"MjModel.{name}")
+                  for name, arr in self._model_fields]
+        specs += [BufferSpec(f"obs_{image_key(c)}", (self.image_size, self.image_size, 3), torch.uint8,
+                             doc=f"boundary image of camera {c}") for c in self.cameras]
+        return specs
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        super().bind(buffers)
+        self._bind_views(self.buffers, carry=True)
+
+    def _bind_views(self, buffers: Mapping[str, torch.Tensor], carry: bool) -> None:
+        b = {k: v.numpy() for k, v in buffers.items()}
+        if carry:  # what the env did before the arena existed (a reset, steps) carries over
+            for key in ("counters", "obs_observation", "obs_state", *(f"obs_{image_key(c)}" for c in self.cameras)):
+                b[key][...] = self._np[key]
+        self._np = b
+        self._counters = b["counters"]
+        self._time = b["time"]
+        # the static part of every restore: (destination, source, bytes) into MjData and MjModel
+        self._plan = [(self._buffer_ptr, b["mjdata"].ctypes.data, self._buffer_bytes)]
+        self._plan += [(arr.ctypes.data, b[f"model_{name}"].ctypes.data, arr.nbytes) for name, arr in self._model_fields]
+        # (owner, attribute, row, row address, index): addresses precomputed, none looked up per restore
+        self._rng_rows = [(owner, name, b["rng"][i], b["rng"][i].ctypes.data, i)
+                          for i, (_, owner, name) in enumerate(self._generators)]
+        # per generator slot: (the generator last seen there, its state's address, its aux address); one
+        # entry per slot, so the generators that seeded resets replace each other instead of piling up
+        self._rng_ptrs: dict[int, tuple[object, int, int]] = {}
+        offset, self._attr_views = 0, []
+        for i, (owner, name, attr) in enumerate(self._attrs):
+            view = b["attrs"][offset: offset + attr.slots]
+            if attr.kind == "array":
+                view = view.view(np.uint8)[: int(np.prod(attr.shape, dtype=np.int64)) * np.dtype(attr.dtype).itemsize]
+                view = view.view(attr.dtype).reshape(attr.shape)
+            self._attr_views.append((owner, name, attr, view, i))
+            offset += attr.slots
+        self._images = {c: b[f"obs_{image_key(c)}"] for c in self.cameras}
+        self._rng_present, self._attrs_present = b["rng_present"], b["attrs_present"]
+        self._attr_loads = [(owner, name, _LOADERS[attr.kind] if attr.kind in _LOADERS else
+                             (lambda v, attr=attr: _load(attr, v)), view, i)
+                            for owner, name, attr, view, i in self._attr_views]
+
+    def fingerprint(self) -> Mapping[str, str]:
+        return self._fingerprint
+
+    def before_snapshot(self) -> None:
+        b = self._np
+        if self.unwrapped.data is not self.data or self.unwrapped.model is not self.model:
+            raise MujocoCapsuleError(f"{self.capture.task} replaced its MjModel / MjData after construction; "
+                                     "the adapter needs them to live as long as the env")
+        ctypes.memmove(b["mjdata"].ctypes.data, self._buffer_ptr, self._buffer_bytes)
+        self._time[0] = self.data.time
+        for name, arr in self._model_fields:
+            b[f"model_{name}"][...] = arr
+        present = b["rng_present"]
+        for owner, name, _, row, i in self._rng_rows:
+            gen = getattr(owner, name, None)
+            present[i] = gen is not None
+            if gen is not None:
+                pcg, aux = self._pointers(gen, i)
+                ctypes.memmove(row, pcg, 32)
+                ctypes.memmove(row + 32, aux, 8)
+        flags = b["attrs_present"]
+        for owner, name, attr, view, i in self._attr_views:
+            value = getattr(owner, name)
+            flags[i] = value is not None
+            if value is not None:
+                _store(attr, value, view, self)
+
+    def after_restore(self) -> None:
+        memmove = ctypes.memmove
+        for dst, src, n in self._plan:
+            memmove(dst, src, n)
+        self.data.time = self._time[0]
+        present = self._rng_present
+        for owner, name, _, row, i in self._rng_rows:
+            if present[i]:
+                gen = getattr(owner, name)
+                if gen is None:
+                    gen = np.random.Generator(np.random.PCG64())
+                    setattr(owner, name, gen)
+                cached = self._rng_ptrs.get(i)
+                pcg, aux = (cached[1], cached[2]) if cached is not None and cached[0] is gen else self._pointers(gen, i)
+                memmove(pcg, row, 32)
+                memmove(aux, row + 32, 8)
+            elif getattr(owner, name) is not None:
+                setattr(owner, name, None)
+        flags = self._attrs_present
+        for owner, name, load, view, i in self._attr_loads:
+            setattr(owner, name, load(view) if flags[i] else None)
+
+    def _pointers(self, gen: np.random.Generator, slot: int) -> tuple[int, int]:
+        """Addresses of a PCG64 generator's 128-bit state + increment and of its (has_uint32, uinteger)."""
+        cached = self._rng_ptrs.get(slot)
+        if cached is not None and cached[0] is gen:
+            return cached[1], cached[2]
+        bg = gen.bit_generator
+        if type(bg).__name__ != "PCG64":
+            raise MujocoCapsuleError(f"{self.capture.task}: a {type(bg).__name__} generator cannot be captured; "
+                                     "only PCG64 (numpy's default_rng, gymnasium's np_random)")
+        # bitgen_t (numpy's C interface, behind the generator's "BitGenerator" capsule) starts with a pointer
+        # to the PCG64 state; far cheaper to reach than `bg.ctypes`, which builds ctypes callbacks per generator
+        address = ctypes.c_void_p.from_address(_capsule_pointer(bg.capsule, b"BitGenerator")).value
+        pcg = ctypes.c_void_p.from_address(address).value
+        if not _LAYOUT_CHECKED:  # a property of this numpy build: checked on the first generator only
+            _check_layout(bg, pcg, address + 8)
+        self._rng_ptrs[slot] = (gen, pcg, address + 8)
+        return pcg, address + 8
+
+    # -- rollout protocol -------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        return int(self._counters[0])
+
+    @property
+    def task(self) -> str:
+        return self.capture.task
+
+    @property
+    def instruction(self) -> str:
+        return self.capture.instruction
+
+    @property
+    def subtask_texts(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def subtask_index(self) -> int:
+        return 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if seed is not None and self.capture.seed is not None:
+            self.capture.seed(self.env, int(seed))
+        raw, info = self.env.reset(seed=seed, options=options)
+        self._counters[:] = (0, 1)
+        self._commit(raw)
+        return self.observe(), info
+
+    def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
+        if not self._counters[1]:
+            raise RuntimeError("call reset() before step()")
+        raw, reward, terminated, truncated, info = self.env.step(np.asarray(action, dtype=self.action_space.dtype))
+        self._counters[0] += 1
+        self._commit(raw)
+        if self.capture.terminate_on_success and self.success(info):
+            terminated = True
+        truncated = bool(truncated) or self.steps >= self.max_steps
+        return self.observe(), float(reward), bool(terminated), truncated, info
+
+    def observe(self) -> dict:
+        """The boundary observation (copies): `state`, `observation` and `image_<camera>`."""
+        b = self._np
+        obs = {"state": b["obs_state"].copy(), OBSERVATION_KEY: b["obs_observation"].copy()}
+        for c, img in self._images.items():
+            obs[image_key(c)] = img.copy()
+        return obs
+
+    def success(self, info: Mapping[str, Any]) -> bool:
+        return bool(self.capture.success(info)) if self.capture.success is not None else False
+
+    def render(self, camera: str) -> np.ndarray:
+        """An image of `camera` for the current MjData (the framework's renderer; reads MjData only)."""
+        if self._renderer is None:
+            self._renderer = OffscreenRenderer(self.model, self.image_size, self.image_size)
+        cam = self._mjv_cameras.get(camera) or self._mjv_camera(self.capture.cameras[camera])
+        return self._renderer.render(self.data, cam)
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+        self.env.close()
+
+    def _state(self, raw_obs: Any, flat: np.ndarray) -> np.ndarray:
+        fn = self.capture.state
+        return np.asarray(fn(flat if raw_obs is None else raw_obs) if fn is not None else flat, np.float32)
+
+    def _commit(self, raw: Any) -> None:
+        b = self._np
+        flat = flatten(raw)
+        b["obs_observation"][:] = flat
+        b["obs_state"][:] = self._state(raw, flat)
+        for c, img in self._images.items():
+            img[...] = self.render(c)
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+_LAYOUT_CHECKED = False
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _check_layout(bg, pcg: int, aux: int) -> None:
+    global _LAYOUT_CHECKED
+    words = np.frombuffer((ctypes.c_char * 32).from_address(pcg), np.uint64)
+    flags = np.frombuffer((ctypes.c_char * 8).from_address(aux), np.uint32)
+    st = bg.state
+    ok = (int(words[0]) | int(words[1]) << 64) == st["state"]["state"] and \
+         (int(words[2]) | int(words[3]) << 64) == st["state"]["inc"] and \
+         int(flags[0]) == st["has_uint32"] and int(flags[1]) == st["uinteger"]
+    _LAYOUT_CHECKED = ok
+    if not ok:
+        raise MujocoCapsuleError("this numpy's PCG64 C state layout is not the one the adapter copies "
+                                 f"(numpy {np.__version__}); generators cannot be captured here")
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def _zeros_like_space(space: gym.spaces.Space) -> Any:
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _zeros_like_space(v) for k, v in space.spaces.items()}
+    if isinstance(space, gym.spaces.Box):
+        return np.zeros(space.shape)
+    raise TypeError(space)
+
+
+def _store(attr: Attr, value: Any, view: np.ndarray, env: MujocoCapsuleEnv) -> None:
+    if attr.kind == "array":
+        arr = np.asarray(value)
+        if arr.shape != view.shape:
+            raise MujocoCapsuleError(f"{env.capture.task}: attribute {attr.path!r} has shape {arr.shape}, declared "
+                                     f"{view.shape}")
+        if _inside(arr, env._buffer_ptr, env._buffer_bytes):
+            raise MujocoCapsuleError(f"{env.capture.task}: attribute {attr.path!r} is a live view into MjData; "
+                                     "drop it from the declaration (MjData is captured whole)")
+        view[...] = arr
+    elif attr.kind in ("list", "set"):
+        index = {item: i for i, item in enumerate(attr.universe)}
+        try:
+            order = [index[item] for item in value]
+            if attr.kind == "set":  # a set's iteration order is not state: keep it canonical (universe order)
+                order.sort()
+        except KeyError as exc:
+            raise MujocoCapsuleError(f"{env.capture.task}: {attr.path!r} holds {exc.args[0]!r}, not in its "
+                                     f"declared universe {attr.universe}") from None
+        view[:] = -1
+        view[: len(order)] = order
+    else:
+        view[0] = value
+
+
+def _load(attr: Attr, view: np.ndarray) -> Any:
+    if attr.kind == "array":
+        return view.copy()
+    if attr.kind == "int":
+        return int(view[0])
+    if attr.kind == "float":
+        return float(view[0])
+    if attr.kind == "bool":
+        return bool(view[0])
+    items = [attr.universe[int(i)] for i in view if i >= 0]
+    return items if attr.kind == "list" else set(items)
+
+
+_LOADERS = {"array": np.copy, "int": lambda v: int(v[0]), "float": lambda v: float(v[0]), "bool": lambda v: bool(v[0])}
+
+
+def _inside(arr: np.ndarray, start: int, size: int) -> bool:
+    if not arr.nbytes:
+        return False
+    base = arr.__array_interface__["data"][0]
+    return start <= base < start + size

@@ -1,0 +1,115 @@
+"""`OffscreenRenderer`: fast CPU-friendly offscreen images of named cameras, on a GL context of its own."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+
+from capsule_rollout.envs.gl_backend import (
+    INSTALL_HINT,
+    RenderingUnavailableError,
+    context_class,
+    prepare_first_context,
+    select_backend,
+)
+
+MAX_GEOM = 10000  # scene capacity, as mujoco.Renderer's default
+
+
+class OffscreenRenderer:
+    """Renders `(H, W, 3) uint8` images; shadows and reflections off (about 100x faster on a CPU).
+
+    It makes its own GL context of the backend `gl_backend.select_backend()` names, so it works whatever
+    `MUJOCO_GL` was when mujoco was imported. Create it only when an image is needed; `close()` frees the
+    GL context.
+    """
+
+    def __init__(self, model: mujoco.MjModel, height: int, width: int) -> None:
+        if model.vis.global_.offwidth < width or model.vis.global_.offheight < height:
+            raise ValueError(
+                f"image {width}x{height} exceeds the model's offscreen buffer "
+                f"{model.vis.global_.offwidth}x{model.vis.global_.offheight}"
+            )
+        self._gl = self._mjr = None
+        backend = select_backend()
+        if backend is None:
+            raise RenderingUnavailableError(f"no offscreen OpenGL library found (neither EGL nor OSMesa): {INSTALL_HINT}")
+        prepare_first_context()
+        try:
+            self._gl = context_class(backend)(width, height)
+            self._gl.make_current()
+            self._mjr = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150.value)
+        except RenderingUnavailableError:
+            raise
+        except Exception as exc:  # GL context creation failed: say what to install
+            self.close()
+            raise RenderingUnavailableError(
+                f"offscreen rendering failed with the {backend} backend ({type(exc).__name__}: {exc}); "
+                + INSTALL_HINT
+            ) from None
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN.value, self._mjr)
+        self.backend, self.model, self.height, self.width = backend, model, height, width
+        self.scene = mujoco.MjvScene(model=model, maxgeom=MAX_GEOM)
+        self.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
+        self.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
+        self._option = mujoco.MjvOption()
+        self._rect = mujoco.MjrRect(0, 0, width, height)
+        self._cameras: dict[str | int, mujoco.MjvCamera] = {}
+
+    def _camera(self, camera: str | int | mujoco.MjvCamera) -> mujoco.MjvCamera:
+        """A camera as mujoco.Renderer takes one: a name, an id (-1: the free camera), or an `MjvCamera`."""
+        if isinstance(camera, mujoco.MjvCamera):
+            return camera
+        made = self._cameras.get(camera)
+        if made is None:
+            index = camera
+            if isinstance(camera, str):
+                index = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA.value, camera)
+                if index < 0:
+                    raise ValueError(f"the model has no camera {camera!r}")
+            if not -1 <= index < self.model.ncam:
+                raise ValueError(f"camera id {index} is outside [-1, {self.model.ncam})")
+            made = mujoco.MjvCamera()
+            made.fixedcamid = index
+            if index == -1:
+                made.type = mujoco.mjtCamera.mjCAMERA_FREE
+                mujoco.mjv_defaultFreeCamera(self.model, made)
+            else:
+                made.type = mujoco.mjtCamera.mjCAMERA_FIXED
+            self._cameras[camera] = made
+        return made
+
+    def render(self, data: mujoco.MjData, camera: str | int | mujoco.MjvCamera,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """Image of `camera` for the current `data` (call mj_forward after a state change)."""
+        if self._mjr is None:
+            raise RuntimeError("render called after close()")
+        mujoco.mjv_updateScene(self.model, data, self._option, None, self._camera(camera),
+                               mujoco.mjtCatBit.mjCAT_ALL.value, self.scene)
+        shape = (self.height, self.width, 3)
+        if out is not None and out.shape != shape:
+            raise ValueError(f"out has shape {out.shape}; this renderer makes {shape}")
+        buffer = out if out is not None and out.dtype == np.uint8 and out.flags.c_contiguous else np.empty(shape, np.uint8)
+        self._gl.make_current()
+        mujoco.mjr_render(self._rect, self.scene, self._mjr)
+        mujoco.mjr_readPixels(buffer, None, self._rect, self._mjr)
+        buffer[:] = np.flipud(buffer)  # GL's first row is the image's last
+        if out is not None and out is not buffer:
+            np.copyto(out, buffer, casting="unsafe")
+            return out
+        return buffer
+
+    def close(self) -> None:
+        if self._mjr is not None:
+            self._gl.make_current()
+            self._mjr.free()
+            self._mjr = None
+        if self._gl is not None:
+            self._gl.free()
+            self._gl = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the GL library may be gone already
+            pass

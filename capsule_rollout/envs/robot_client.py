@@ -1,0 +1,155 @@
+"""The rollout side of the robot bridge: `RobotClient` (observe, act, reset, e-stop) and its errors."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from capsule_rollout.envs.robot_protocol import (
+    ConnectionClosed,
+    Message,
+    encode,
+    read_frame,
+    require_fields,
+)
+
+
+class RobotDisconnected(ConnectionError):
+    """The robot side closed the connection or stopped answering."""
+
+
+class RobotError(RuntimeError):
+    """The robot answered with an error frame (`code` from the protocol's ERROR_CODES)."""
+
+    STOP_REASONS = {"heartbeat_timeout": "aborted", "unsafe_action": "safety"}
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"robot error {code}: {message}")
+        self.code, self.message = code, message
+
+    @property
+    def stop_reason(self) -> str:
+        """How a rollout episode ends on this error."""
+        return self.STOP_REASONS.get(self.code, "error")
+
+
+class RobotClient:
+    """The rollout side of the bridge: observe, send_action (returns what was sent), reset, e-stop.
+
+    A background thread sends heartbeats every `heartbeat_s` (None: never, e.g. to
+    test heartbeat loss). Requests are serialised by a lock.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, token: str = "", timeout_s: float = 5.0,
+                 heartbeat_s: float | None = 0.2) -> None:
+        self.address = (host, port)
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout_s)
+        except OSError as exc:
+            raise RobotDisconnected(f"cannot reach the robot at {host}:{port} ({exc})") from None
+        self._lock = threading.Lock()
+        self._seq = 0
+        try:
+            welcome = self._request(Message("hello", {"token": token, "client": "rollout"}))
+        except BaseException:
+            self._sock.close()
+            raise
+        self.robot = welcome.fields.get("robot", "")
+        self.control_hz = welcome.fields.get("control_hz")
+        self.cameras = tuple(welcome.fields.get("cameras", ()))
+        self.state_dim = welcome.fields.get("state_dim")
+        self.image_shape = tuple(welcome.fields.get("image_shape") or ())
+        self.action_low, self.action_high = welcome.arrays["action_low"], welcome.arrays["action_high"]
+        self._stop = threading.Event()
+        self._beat = None
+        if heartbeat_s:
+            self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat_s,), daemon=True)
+            self._beat.start()
+
+    def _recv_exactly(self, n: int) -> bytes:
+        chunks, got = [], 0
+        while got < n:
+            try:
+                chunk = self._sock.recv(n - got)
+            except TimeoutError:
+                raise RobotDisconnected(f"the robot at {self.address[0]}:{self.address[1]} stopped answering") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _request(self, msg: Message) -> Message:
+        with self._lock:
+            self._seq += 1
+            msg.seq = self._seq
+            try:
+                self._sock.sendall(encode(msg))
+                reply = read_frame(self._recv_exactly)
+            except ConnectionClosed:
+                raise RobotDisconnected(f"the robot at {self.address[0]}:{self.address[1]} closed the connection") \
+                    from None
+            except OSError as exc:
+                raise RobotDisconnected(f"connection to the robot lost ({exc})") from None
+        if reply.type == "error":
+            raise RobotError(str(reply.fields.get("code")), str(reply.fields.get("message")))
+        return reply
+
+    def _heartbeat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                self._request(Message("heartbeat", {"t": time.monotonic()}))
+            except (RobotDisconnected, RobotError):
+                return
+
+    # -- the interface the rollout host uses ------------------------------------------
+    def reset_to_initial(self, seed: int | None = None) -> str:
+        """Home the robot and set up the episode; returns the instruction."""
+        return self.reset(seed)["instruction"]
+
+    def reset(self, seed: int | None = None) -> dict:
+        """Like `reset_to_initial`, with everything the robot side said (task, subtasks)."""
+        return dict(self._request(Message("reset", {"seed": seed})).fields)
+
+    def teleop_action(self) -> np.ndarray:
+        """The operator's device action (leader arm; the scripted expert of a sim robot)."""
+        return self._request(Message("teleop")).arrays["action"]
+
+    def observe(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(observation like TabletopEnv's: image_<camera>, state, instruction; info: subtask, success, ...)."""
+        reply = self._request(Message("observe"))
+        require_fields(reply, {"instruction": str})
+        obs = dict(reply.arrays)
+        obs["instruction"] = reply.fields["instruction"]
+        return obs, dict(reply.fields)
+
+    def send_action(self, action: np.ndarray) -> np.ndarray:
+        """Send one action; returns the action actually sent (clipped, rate-limited)."""
+        reply = self._request(Message("action", {}, {"action": np.asarray(action, np.float32)}))
+        return reply.arrays["sent"]
+
+    def estop(self) -> None:
+        self._request(Message("estop"))
+
+    def close(self) -> None:
+        """Say bye and wait (up to a second) for the server to close: the robot is then free for the next client."""
+        self._stop.set()
+        try:
+            with self._lock:
+                self._sock.sendall(encode(Message("bye")))
+                self._sock.settimeout(1.0)
+                while self._sock.recv(65536):
+                    pass
+        except OSError:
+            pass
+        self._sock.close()
+
+    def __enter__(self) -> RobotClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

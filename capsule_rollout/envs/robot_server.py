@@ -1,0 +1,487 @@
+"""The robot side of the bridge over TCP (protocol: `envs.robot_protocol`): `RobotServer`.
+
+`RobotServer` owns the socket, the protocol and the safety layer; a `RobotBackend`
+(`envs.robot_backend`) is the part a user writes for their hardware. `SimRobotServer`
+is the server over the tabletop sim (`SimBackend`), speaking the real protocol.
+
+Safety, enforced by the server whatever the backend does:
+- actions are clipped to the advertised bounds and rate-limited (each component
+  moves at most `max_rate` from the previous action; by default the backend's, or
+  half the component's range); the ack returns what was actually sent;
+- a NaN/inf action is refused: the robot holds (`backend.hold()`), the episode
+  is safe-stopped and further actions are refused until the next reset;
+- a controller that completes no frame for `heartbeat_timeout_s` during an episode
+  makes the robot hold and the episode aborted: the watchdog runs on the robot
+  thread's own timer, whatever any connection is doing (a client dripping bytes
+  resets nothing); the client learns it on its next request (error
+  `heartbeat_timeout`), and what was recorded is kept; a controller that leaves
+  during an episode has the robot hold too, and the next client is told `not_ready`;
+- the server binds 127.0.0.1 by default; any other address needs a shared token,
+  which every client must present in `hello`.
+Connections are served concurrently, and the robot has one controller: the first
+client whose `hello` is accepted; another gets `busy` at once until it leaves.
+A frame must arrive whole within `frame_timeout_s` of its first byte (a connection
+must say hello within it too), and a controller silent for `idle_timeout_s` is
+dropped, so no connection can keep the robot. A broken frame gets an error frame
+and, when the stream cannot be trusted, the connection is closed; an exception in
+a handler becomes an error frame (the robot held) or a clean close; the server
+keeps accepting.
+"""
+
+from __future__ import annotations
+
+import hmac
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from capsule_rollout.envs.robot_backend import RobotBackend, SimBackend
+from capsule_rollout.envs.robot_protocol import (
+    PREFIX_BYTES,
+    ConnectionClosed,
+    Message,
+    ProtocolError,
+    decode_body,
+    encode,
+    error_message,
+    parse_prefix,
+)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class RobotServer:
+    """The robot side of the bridge: socket, protocol, safety layer (see the module docstring).
+
+    Threads: one accepts connections, one per connection reads its frames, and one,
+    the robot thread, makes every backend call (so a backend sees one thread, the
+    one that will close it) and runs the heartbeat watchdog on its own timer.
+    """
+
+    def __init__(self, backend: RobotBackend, *, host: str = "127.0.0.1", port: int = 0, token: str = "",
+                 max_rate: float | np.ndarray | None = None, heartbeat_timeout_s: float = 1.0,
+                 max_payload: int = 16 * 1024 * 1024, idle_timeout_s: float = 5.0, frame_timeout_s: float = 2.0,
+                 max_connections: int = 8):
+        if host not in LOOPBACK and not token:
+            raise ValueError(f"binding {host!r} exposes the robot beyond this machine: set a shared token "
+                             "(and give it to the clients), or bind 127.0.0.1")
+        for name, value in (("heartbeat_timeout_s", heartbeat_timeout_s), ("idle_timeout_s", idle_timeout_s),
+                            ("frame_timeout_s", frame_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections must be a positive int, got {max_connections!r}")
+        low = np.asarray(backend.action_low, np.float64)
+        high = np.asarray(backend.action_high, np.float64)
+        rate = backend.max_rate if max_rate is None else max_rate
+        if rate is None:
+            rate = 0.5 * (high - low)  # a component crosses half its range per control step at most
+        try:
+            self.max_rate = np.broadcast_to(np.asarray(rate, np.float64), low.shape).copy()
+        except ValueError:
+            raise ValueError(f"max_rate {rate!r} does not fit the robot's {low.shape[0]} action components") from None
+        if not np.all(self.max_rate > 0):
+            raise ValueError(f"max_rate must be > 0 for every action component, got {self.max_rate.tolist()}")
+        self.backend, self.token = backend, token
+        self.heartbeat_timeout_s, self.max_payload = heartbeat_timeout_s, max_payload
+        self.idle_timeout_s = idle_timeout_s  # a silent client is dropped, so it cannot keep the robot
+        self.frame_timeout_s = frame_timeout_s  # a whole frame (before hello: the hello) must arrive within this
+        self.max_connections = max_connections
+        self._sock = socket.create_server((host, port))
+        self._sock.settimeout(0.2)
+        self.address = self._sock.getsockname()[:2]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._conn_threads: list[threading.Thread] = []
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._lock = threading.Lock()
+        self._open = 0  # connections being served
+        self._next_id = 0
+        self._controller: int | None = None  # the connection that said hello: the robot has one controller
+        self.episode_owner: int | None = None  # the connection that reset the current episode
+        self.episode_state = "idle"  # idle | running | safe_stopped | aborted | estopped
+        self.last_action: np.ndarray | None = None
+        self.last_heard = time.monotonic()  # the controller's last complete frame
+        self.events: list[str] = []  # what the safety layer did, for logs and tests
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> RobotServer:
+        for target, name in ((self._robot_loop, "robot-server"), (self._accept_loop, "robot-server-accept")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in reversed(self._threads):  # accept loop first (and its connections), the robot last
+            thread.join(5)
+        self._sock.close()
+
+    def __enter__(self) -> RobotServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        """Both server threads are running (for health checks)."""
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
+    # -- the robot thread: every backend call, and the watchdog --------------------------
+    def _robot_loop(self) -> None:
+        tick = min(0.05, self.heartbeat_timeout_s / 4)
+        try:
+            while not self._stop.is_set():
+                try:
+                    job = self._jobs.get(timeout=tick)
+                except queue.Empty:
+                    job = None
+                if job is not None:
+                    job.run()
+                self._watchdog()
+        finally:
+            self._hold_if_running("server stopping")
+            self.backend.close()  # in the thread that used it (GL contexts are per thread)
+            while not self._jobs.empty():
+                self._jobs.get_nowait().cancel()
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the robot thread and return its result (or raise its exception)."""
+        job = _Job(fn)
+        self._jobs.put(job)
+        while not job.done.wait(0.1):
+            if self._stop.is_set() and not job.done.is_set():
+                raise ConnectionClosed("server stopping")
+        return job.result()
+
+    def _watchdog(self) -> None:
+        if self.episode_state == "running" and time.monotonic() - self.last_heard > self.heartbeat_timeout_s:
+            self.backend.hold()
+            self.episode_state = "aborted"
+            self.events.append("heartbeat lost: holding, episode aborted")
+
+    def _hold_if_running(self, why: str) -> None:
+        if self.episode_state == "running":
+            self.backend.hold()
+            self.episode_state = "aborted"
+            self.events.append(f"{why}: holding, episode aborted")
+
+    # -- connections ------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                cid, self._next_id = self._next_id, self._next_id + 1
+                self._open += 1
+            thread = threading.Thread(target=self._serve_connection, args=(conn, cid), name=f"robot-conn-{cid}",
+                                      daemon=True)
+            thread.start()
+            self._conn_threads = [t for t in self._conn_threads if t.is_alive()] + [thread]
+        for thread in self._conn_threads:  # they see the stop flag within _POLL_S
+            thread.join(2)
+
+    def _serve_connection(self, conn: socket.socket, cid: int) -> None:
+        controller = False
+        try:
+            with self._lock:
+                over = self._open > self.max_connections
+            if over:
+                _send(conn, error_message("busy", f"the robot server is at its {self.max_connections} connections",
+                                          fatal=True))
+                return
+            controller = self._converse(conn, cid)
+        except Exception as exc:  # a bug in a handler must not take the server down, nor leave the robot moving
+            self.events.append(f"handler failed: {type(exc).__name__}: {exc}")
+            _send(conn, error_message("robot_fault", f"server error ({type(exc).__name__}); connection closed",
+                                      fatal=True))
+            controller = controller or self._controller == cid
+        finally:
+            if controller or self._controller == cid:
+                self._release(cid)
+            _close_gracefully(conn)
+            with self._lock:
+                self._open -= 1
+
+    def _release(self, cid: int) -> None:
+        """The controller left: hold a running episode, then free the robot for the next client."""
+        self._call_quietly(lambda: self._hold_if_running("client disconnected"))
+        with self._lock:
+            if self._controller == cid:
+                self._controller = None
+
+    def _converse(self, conn: socket.socket, cid: int) -> bool:
+        """Serve one connection's frames until it leaves; returns whether it became the controller."""
+        conn.settimeout(_POLL_S)
+        reader = _FrameReader(conn, self._stop, self.frame_timeout_s, self.max_payload)
+        authed = False
+        last = time.monotonic()
+        while not self._stop.is_set():
+            limit = self.idle_timeout_s if authed else self.frame_timeout_s
+            try:
+                msg = reader.read(idle_deadline=last + limit)
+            except _Idle:
+                why = "idle connection closed" if authed else "no hello in time: connection closed"
+                _send(conn, error_message("idle_timeout", why, fatal=True))
+                return authed
+            except ConnectionClosed:
+                return authed
+            except ProtocolError as exc:
+                fatal = exc.fatal or exc.code in ("truncated", "frame_timeout")
+                _send(conn, error_message(exc.code, exc.message, fatal=fatal))
+                if fatal:
+                    return authed
+                continue
+            except OSError:
+                return authed
+            last = time.monotonic()
+            if authed:
+                self.last_heard = last
+            if msg.type == "bye":
+                return authed
+            if not authed:
+                reply = self._hello(msg, cid)
+                _send(conn, reply)
+                if reply.type == "error":
+                    return False
+                authed = True
+                continue
+            if not _send(conn, self._reply(msg, cid)):
+                return True
+
+    def _hello(self, msg: Message, cid: int) -> Message:
+        if msg.type != "hello":
+            return error_message("unauthorized", "send hello first", fatal=True, seq=msg.seq)
+        token = msg.fields.get("token", "")
+        if self.token and not (isinstance(token, str)
+                               and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self.token.encode())):
+            return error_message("unauthorized", "wrong or missing token", fatal=True, seq=msg.seq)
+        with self._lock:
+            if self._controller is not None:
+                return error_message("busy", "another client controls the robot; try again when it has left",
+                                     fatal=True, seq=msg.seq)
+            self._controller = cid
+        self.last_heard = time.monotonic()
+        b = self.backend
+        return Message("welcome", {"robot": b.name, "control_hz": b.control_hz, "cameras": list(b.cameras),
+                                   "state_dim": int(b.state_dim), "image_shape": [int(x) for x in b.image_shape]},
+                       {"action_low": np.asarray(b.action_low, np.float32),
+                        "action_high": np.asarray(b.action_high, np.float32)}, msg.seq)
+
+    def _reply(self, msg: Message, cid: int) -> bytes:
+        """The encoded answer to one request from the controller; never raises."""
+        if msg.type == "heartbeat":  # answered here: no backend call, no wait behind the robot
+            t = msg.fields.get("t", 0)
+            if isinstance(t, bool) or not isinstance(t, (int, float)):
+                return encode(error_message("bad_header", "heartbeat 't' must be a number", seq=msg.seq))
+            return encode(Message("heartbeat_ack", {"t": t}, {}, msg.seq))
+        try:
+            return encode(self._call(lambda: self._on_robot(msg, cid)))
+        except ConnectionClosed:
+            return encode(error_message("robot_fault", "the server is stopping", fatal=True, seq=msg.seq))
+        except Exception as exc:  # the backend returned what the protocol cannot carry: hold, tell the client
+            why = f"unsendable reply ({type(exc).__name__}: {exc})"  # bound now: `exc` is gone after the block
+            self._call_quietly(lambda: self._fault(why))
+            return encode(error_message("robot_fault", f"{type(exc).__name__}: {exc}", seq=msg.seq))
+
+    def _call_quietly(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._call(fn)
+        except ConnectionClosed:
+            pass  # the server is stopping: the robot thread holds the robot on its way out
+        except Exception as exc:  # noqa: BLE001 - already reporting a fault
+            self.events.append(f"while handling a fault: {type(exc).__name__}: {exc}")
+
+    def _on_robot(self, msg: Message, cid: int) -> Message:
+        """On the robot thread: dispatch, with every failure an error frame and the robot held on a fault."""
+        try:
+            return self._dispatch(msg, cid)
+        except ProtocolError as exc:
+            return error_message(exc.code, exc.message, fatal=exc.fatal, seq=msg.seq)
+        except Exception as exc:  # the backend failed: hold, tell the client
+            self._fault(f"{type(exc).__name__}: {exc}")
+            return error_message("robot_fault", f"{type(exc).__name__}: {exc}", seq=msg.seq)
+
+    def _fault(self, why: str) -> None:
+        self.backend.hold()
+        self._hold_if_running(f"robot fault ({why})")
+
+    def _dispatch(self, msg: Message, cid: int) -> Message:
+        b = self.backend
+        if msg.type == "reset":
+            seed = msg.fields.get("seed")
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+                raise ProtocolError("bad_header", "reset 'seed' must be a non-negative integer or null")
+            instruction = b.reset(seed)
+            self.episode_state, self.last_action, self.episode_owner = "running", None, cid
+            self.last_heard = time.monotonic()
+            return Message("reset_done", {"instruction": instruction, "task": b.task, "subtasks": b.subtasks()},
+                           {}, msg.seq)
+        if msg.type == "teleop":
+            if self.episode_state == "idle":
+                raise ProtocolError("not_ready", "reset before teleoperating")
+            action = np.asarray(b.teleop_action(), np.float32)
+            return Message("teleop_action", {}, {"action": action}, msg.seq)
+        if msg.type == "estop":
+            b.estop()
+            self.episode_state = "estopped"
+            self.events.append("e-stop")
+            return Message("estop_ack", {}, {}, msg.seq)
+        if msg.type == "observe":
+            if self.episode_state == "idle":
+                raise ProtocolError("not_ready", "reset before observing")
+            arrays, fields = b.observe()
+            return Message("observation", {**fields, "episode_state": self.episode_state}, arrays, msg.seq)
+        if msg.type == "action":
+            return self._action(msg, cid)
+        raise ProtocolError("unknown_type", f"a server does not handle {msg.type!r}")
+
+    def _action(self, msg: Message, cid: int) -> Message:
+        b = self.backend
+        state = self.episode_state
+        if state != "running" and self.episode_owner != cid:
+            raise ProtocolError("not_ready", f"no running episode (the last one is {state}); reset first")
+        if state == "aborted":
+            raise ProtocolError("heartbeat_timeout", "the episode was aborted (heartbeat lost); reset to continue")
+        if state != "running":
+            raise ProtocolError("not_ready", f"no running episode ({state}); reset first")
+        action = msg.arrays.get("action")
+        low, high = np.asarray(b.action_low, np.float64), np.asarray(b.action_high, np.float64)
+        if action is None or action.shape != low.shape:
+            raise ProtocolError("bad_array", f"action must be an array of shape {low.shape}")
+        a = action.astype(np.float64)
+        if not np.all(np.isfinite(a)):
+            b.hold()
+            self.episode_state = "safe_stopped"
+            self.events.append("non-finite action: safe stop")
+            raise ProtocolError("unsafe_action", f"action {a.tolist()} is not finite: the robot holds (safe stop)")
+        sent = np.clip(a, low, high)
+        if self.last_action is not None:
+            sent = np.clip(sent, self.last_action - self.max_rate, self.last_action + self.max_rate)
+        clipped = bool(np.any(sent != a))
+        b.apply(sent.astype(np.float32))
+        self.last_action = sent
+        return Message("action_ack", {"clipped": clipped, "safe_stop": False, "reason": ""},
+                       {"sent": sent.astype(np.float32)}, msg.seq)
+
+
+class SimRobotServer(RobotServer):
+    """A `RobotServer` over the tabletop sim (for tests, demos and `real_recap` without a robot)."""
+
+    def __init__(self, family: str = "pick_place", *, cameras=("front",), image_size: int = 64,
+                 realtime: bool = False, **kw) -> None:
+        super().__init__(SimBackend(family, cameras=cameras, image_size=image_size, realtime=realtime), **kw)
+
+
+_POLL_S = 0.05  # how often a connection thread looks at the clock and the stop flag
+
+
+class _Idle(Exception):
+    pass
+
+
+class _Job:
+    """One call for the robot thread."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.done = fn, threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting connection
+            self._error = exc
+        finally:
+            self.done.set()
+
+    def cancel(self) -> None:
+        self._error = ConnectionClosed("server stopping")
+        self.done.set()
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _FrameReader:
+    """Frames from a socket polled every `_POLL_S`: waiting for a frame to start ends at an idle
+    deadline (`_Idle`); once its first byte is in, the whole frame must arrive within `frame_timeout_s`
+    (a slow drip is cut off, `frame_timeout`), whatever the pace of the bytes."""
+
+    def __init__(self, conn: socket.socket, stop: threading.Event, frame_timeout_s: float, max_payload: int) -> None:
+        self.conn, self.stop = conn, stop
+        self.frame_timeout_s, self.max_payload = frame_timeout_s, max_payload
+
+    def read(self, idle_deadline: float) -> Message:
+        prefix, deadline = self._recv(PREFIX_BYTES, idle_deadline, idle=True)
+        if not prefix:
+            raise ConnectionClosed("peer closed the connection")
+        h_len, p_len = parse_prefix(prefix, max_payload=self.max_payload)
+        body, _ = self._recv(h_len + p_len, deadline)
+        return decode_body(body[:h_len], body[h_len:])
+
+    def _recv(self, n: int, deadline: float, idle: bool = False) -> tuple[bytes, float]:
+        """`n` bytes and the frame's deadline. With `idle`, `deadline` is the idle one until the first byte
+        arrives; from then on the frame must be whole within `frame_timeout_s`."""
+        buf = bytearray()
+        while len(buf) < n:
+            if self.stop.is_set():
+                raise ConnectionClosed("server stopping")
+            if time.monotonic() > deadline:
+                if idle and not buf:
+                    raise _Idle()
+                raise ProtocolError("frame_timeout", f"the frame did not arrive within {self.frame_timeout_s:g} s "
+                                    f"({len(buf)} of {n} bytes)", fatal=True)
+            try:
+                chunk = self.conn.recv(min(n - len(buf), 1 << 20))
+            except TimeoutError:
+                continue
+            if not chunk:
+                if idle and not buf:
+                    return b"", deadline
+                raise ProtocolError("truncated", f"connection ended {n - len(buf)} bytes before the frame's end")
+            if idle and not buf:  # the frame starts: its own deadline from now
+                deadline = time.monotonic() + self.frame_timeout_s
+            buf += chunk
+        return bytes(buf), deadline
+
+
+def _close_gracefully(conn: socket.socket) -> None:
+    """Close so that a last error frame reaches the peer: unread input would turn close() into a reset."""
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(0.2)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and conn.recv(65536):
+            pass
+    except OSError:
+        pass
+    conn.close()
+
+
+def _send(conn: socket.socket, msg: Message | bytes) -> bool:
+    """Send one frame (a message, or one already encoded); False when the peer is gone."""
+    try:
+        data = msg if isinstance(msg, bytes) else encode(msg)
+    except (ValueError, TypeError, OverflowError) as exc:
+        data = encode(error_message("robot_fault", f"reply could not be encoded ({type(exc).__name__})",
+                                    seq=msg.seq))
+    try:
+        conn.sendall(data)
+        return True
+    except OSError:
+        return False

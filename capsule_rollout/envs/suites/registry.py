@@ -1,0 +1,130 @@
+"""The registry of suites: env id -> a `MujocoCapsuleEnv` built from the suite's declarations."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from capsule_rollout.envs.mujoco_capsule import Camera, CaptureSpec, MujocoCapsuleEnv
+from capsule_rollout.envs.rollout_env import RolloutEnv
+from capsule_rollout.import_path import resolve
+
+
+class SuiteUnavailableError(ValueError):
+    """A suite's package is missing or cannot run on this MuJoCo; the message says what to install."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One registered suite: its declarations module and how users install it."""
+
+    name: str
+    module: str
+    """Module with `check()`, `tasks()`, `make(task) -> (gym.Env, CaptureSpec)`, `expert(env)`."""
+    install: str
+    summary: str
+
+    def load(self):
+        mod = importlib.import_module(self.module)
+        mod.check()
+        return mod
+
+
+SUITES: dict[str, Suite] = {s.name: s for s in (
+    Suite("gymnasium", "capsule_rollout.envs.suites.gymnasium_v5", "installed with the project",
+          "gymnasium's MuJoCo v5 envs (Ant, HalfCheetah, Hopper, Humanoid, Pusher, Reacher, ...)"),
+    Suite("metaworld", "capsule_rollout.envs.suites.metaworld_v3", 'pip install -e ".[metaworld]" (brings mujoco 3.3.0)',
+          "Meta-World v3 manipulation tasks with their scripted policies"),
+    Suite("robotics", "capsule_rollout.envs.suites.robotics", 'pip install -e ".[robotics]" (brings mujoco 3.3.0)',
+          "gymnasium-robotics Fetch and Franka Kitchen"),
+)}
+
+
+def parse_env_id(env_id: str) -> tuple[Suite | None, str]:
+    """(suite, task) for `suite:task`; (None, env_id) for an import path `package.module:factory`."""
+    prefix, sep, rest = env_id.partition(":")
+    if not sep or not rest:
+        raise ValueError(f"env id {env_id!r}: write `suite:task` (suites: {', '.join(SUITES)}) or an import "
+                         "path `package.module:factory`")
+    if prefix in SUITES:
+        return SUITES[prefix], rest
+    if "." not in prefix and importlib.util.find_spec(prefix) is None:  # neither a suite nor a module
+        close = difflib.get_close_matches(prefix, list(SUITES), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"env id {env_id!r}: no suite {prefix!r}{hint}; suites: {', '.join(SUITES)}, or give "
+                         "an import path `package.module:factory`")
+    return None, env_id
+
+
+def suite_tasks(name: str) -> list[str]:
+    return list(SUITES[name].load().tasks())
+
+
+def make_env(env_id: str, *, cameras: Sequence[str] | None = None, image_size: int = 64,
+             max_steps: int | None = None) -> RolloutEnv:
+    """The env `env_id` names, as a rollout-protocol env. `cameras`: None for the suite's default camera,
+    () for state only."""
+    suite, task = parse_env_id(env_id)
+    if suite is None:
+        return _from_import_path(env_id, cameras, image_size, max_steps)
+    module = suite.load()
+    known = list(module.tasks())
+    if task not in known:
+        close = difflib.get_close_matches(task, known, n=3)
+        raise ValueError(f"{suite.name} has no task {task!r}" + (f"; did you mean {', '.join(close)}?" if close else
+                                                                 f"; it has {len(known)}, e.g. {known[:4]}"))
+    env, capture = module.make(task)
+    chosen = tuple(capture.cameras)[:1] if cameras is None else tuple(cameras)
+    return MujocoCapsuleEnv(env, capture, cameras=chosen, image_size=image_size, max_steps=max_steps)
+
+
+def _from_import_path(path: str, cameras, image_size: int, max_steps: int | None) -> RolloutEnv:
+    made = resolve(path, "env")()
+    if isinstance(made, RolloutEnv) and not isinstance(made, gym.Env):
+        return made
+    if not isinstance(made, gym.Env):
+        raise ValueError(f"{path} returned {type(made).__name__}; it must return a RolloutEnv or a gymnasium env")
+    capture = CaptureSpec(task=path, cameras={"free": default_camera(made.unwrapped.model)},
+                          max_steps=_step_limit(made) or 1000, success=info_success)
+    chosen = ("free",) if cameras is None else tuple(cameras)
+    return MujocoCapsuleEnv(made, capture, cameras=chosen, image_size=image_size, max_steps=max_steps)
+
+
+def info_success(info: Mapping[str, Any]) -> bool:
+    """A user's env says success in its step info, as `success` or `is_success` (gymnasium-robotics' name)."""
+    return bool(info.get("success", info.get("is_success", False)))
+
+
+def _step_limit(env: gym.Env) -> int | None:
+    """The episode step limit: the env's spec, else a `TimeLimit` among its wrappers."""
+    if env.spec is not None and env.spec.max_episode_steps:
+        return int(env.spec.max_episode_steps)
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.TimeLimit):
+            return int(env._max_episode_steps)
+        env = env.env
+    return None
+
+
+def default_camera(model, name: str = "free", elevation: float = -25.0) -> Camera:
+    """A fixed free camera on the model's centre (from the compiled model, not the live geometry)."""
+    return Camera(name, lookat=tuple(float(x) for x in model.stat.center), distance=float(1.6 * model.stat.extent),
+                  azimuth=90.0, elevation=elevation)
+
+
+def expert_for(env: RolloutEnv) -> Callable[[], np.ndarray] | None:
+    """The suite's own scripted policy for `env` (acting on its boundary observation), or None."""
+    if not isinstance(env, MujocoCapsuleEnv):
+        return None
+    suite, _ = parse_env_id(env.task)
+    if suite is None:
+        return None
+    fn = getattr(suite.load(), "expert", None)
+    return fn(env) if fn is not None else None

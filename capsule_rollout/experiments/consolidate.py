@@ -1,0 +1,33 @@
+"""consolidate: a sharded store's episodes as one diffusion_policy-layout zarr store (`rollout.consolidate`)."""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from capsule_rollout.commands.configs import ConsolidateConfig
+from capsule_rollout.commands.result import ExperimentResult, checking_inputs
+from capsule_rollout.experiments.console import make_console
+from capsule_rollout.rollout.consolidate import consolidate_store
+from capsule_rollout.rollout.sharded_reader import open_episode_reader
+
+
+def run(config: ConsolidateConfig) -> ExperimentResult:
+    with checking_inputs():
+        total = len(open_episode_reader(config.store))
+    bar = tqdm(total=total, desc="consolidate", unit="ep", disable=not config.progress)
+    start = time.perf_counter()
+    try:
+        with checking_inputs():
+            summary = consolidate_store(config.store, config.out, resume=config.resume,
+                                        on_episode=lambda episode: bar.update(1))
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - start
+    make_console().print(
+        f"{summary.copied} episodes copied ({summary.resumed_from} there before) -> {summary.out}: "
+        f"{summary.episodes} episodes, {summary.steps} steps in {elapsed:.1f} s")
+    return ExperimentResult({"store": config.store, "out": str(summary.out), "episodes": summary.episodes,
+                             "copied": summary.copied, "resumed_from": summary.resumed_from, "steps": summary.steps,
+                             "seconds": elapsed})

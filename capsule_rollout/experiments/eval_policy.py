@@ -1,0 +1,107 @@
+"""eval_policy: a policy checkpoint's success on held-out seeds, next to the scripted expert's; per family
+with `--family all`, with paraphrased subtasks (`--phrasing`) and mid-episode coaching (`--coach`)."""
+
+from __future__ import annotations
+
+import time
+
+from capsule_rollout.commands.configs import EvalPolicyConfig
+from capsule_rollout.commands.result import ExperimentResult, checking_inputs
+from capsule_rollout.envs.tasks import FAMILY_NAMES
+from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.learning.coaching import COACHABLE, evaluate_coaching
+from capsule_rollout.learning.evaluation import evaluate_expert, evaluate_policy
+from capsule_rollout.policies.flow_policy import resolve_conditioning
+from capsule_rollout.rollout.host_factory import resolve_acting
+from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
+
+
+def run(config: EvalPolicyConfig) -> ExperimentResult:
+    console = make_console()
+    policy_dir = resolve_input(config.model.policy)
+    with checking_inputs():
+        conditioning = resolve_conditioning(policy_dir, config.act.advantage, config.act.beta)
+        n_exec, noise_scale = resolve_acting(policy_dir, config.act.n_exec, config.act.noise_scale)
+    seeds = list(config.seeds.range)
+    families = FAMILY_NAMES if config.family == "all" else (config.family,)
+    critics = [resolve_input(c) for c in config.model.critic]
+    results: dict[str, dict] = {}
+    where = init_ray() if config.actors else ""
+    try:
+        for family in families:
+            t0 = time.perf_counter()
+            policy = evaluate_policy(policy_dir, family=family, seeds=seeds, n_exec=n_exec,
+                                     advantage=config.act.advantage, beta=config.act.beta, critics=critics,
+                                     actors=config.actors, phrasing=config.phrasing, noise_scale=noise_scale)
+            policy["seconds"] = time.perf_counter() - t0
+            results[family] = {"policy": policy}
+    finally:
+        if where:
+            shutdown_ray(where)
+    if config.expert:
+        for family in families:
+            results[family]["expert"] = evaluate_expert(family=family, seeds=seeds)
+    if config.coach:
+        for family in families:
+            if family in COACHABLE:
+                results[family]["coaching"] = evaluate_coaching(
+                    policy_dir, family=family, seeds=seeds, n_exec=n_exec,
+                    advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)
+    summary = {"policy_checkpoint": config.model.policy, "family": config.family, "seeds": [seeds[0], seeds[-1]],
+               "n_exec": n_exec, "noise_scale": noise_scale, "advantage": conditioning.advantage,
+               "beta": conditioning.beta, "phrasing": config.phrasing, "families": results}
+    if len(families) == 1:  # one family: its figures at the top level too, as before `--family all`
+        summary.update(results[families[0]])
+    _print_summary(console, config, summary)
+    return ExperimentResult(summary)
+
+
+def _print_summary(console, config: EvalPolicyConfig, summary: dict) -> None:
+    advantage, beta, noise_scale = summary["advantage"], summary["beta"], summary["noise_scale"]
+    acting = "" if advantage == "none" else (
+        f" (advantage {advantage}" + (f", guidance beta {beta:g})" if beta else ")"))
+    scaled = "" if noise_scale == 1.0 else f", noise scale {noise_scale:g}"
+    worded = "" if config.phrasing == "canonical" else f", subtasks worded the {config.phrasing} way"
+    for family, result in summary["families"].items():
+        policy = result["policy"]
+        lo, hi = policy["ci95"]
+        console.print(f"{family}: policy{acting}{worded}, {summary['n_exec']} actions per chunk{scaled}: "
+                      f"{policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
+                      f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
+        _print_critics(console, config, policy)
+        if "expert" in result:
+            expert = result["expert"]
+            console.print(f"{family}: scripted expert: {expert['successes']}/{expert['episodes']} = "
+                          f"{expert['success_rate']:.0%}, mean steps to success {expert['mean_steps_to_success']}")
+        if "coaching" in result:
+            c = result["coaching"]
+            rate = "n/a" if c["follow_rate"] is None else \
+                f"{c['follow_rate']:.0%} (95% CI {c['follow_ci95'][0]:.0%}-{c['follow_ci95'][1]:.0%})"
+            console.print(f"{family}: coached mid-episode ({c['example']!r}) in {c['coached']} of {c['episodes']} "
+                          f"episodes: followed {c['followed']} = {rate}, kept the original plan {c['kept_plan']}, "
+                          f"neither {c['neither']}; released nearest the coached pad {c['released_nearest_coached']}, "
+                          f"still held at the end {c['held_at_end']}")
+    if config.coach and not any(f in COACHABLE for f in summary["families"]):
+        console.print(f"coaching: none of {list(summary['families'])} has a place-on-a-pad subtask "
+                      f"({', '.join(COACHABLE)} do)")
+
+
+def _print_critics(console, config: EvalPolicyConfig, policy: dict) -> None:
+    aucs = policy.get("critic_failure_aucs") or [policy.get("critic_failure_auc")]
+    state_only = policy.get("critic_failure_auc_state_only") or [None] * len(aucs)
+    for name, auc, alone in zip(config.model.critic, aucs, state_only):
+        _print_auc(console, f"critic {name}" + (" (with the policy's chunk)" if alone else ""), auc)
+        if alone:
+            _print_auc(console, f"critic {name} (the state alone)", alone)
+    if "critic_failure_auc_mean" in policy:
+        _print_auc(console, "the critics' mean value", policy["critic_failure_auc_mean"])
+    if "phase_alone_failure_auc" in policy:
+        _print_auc(console, "the task phase alone (its success rate)", policy["phase_alone_failure_auc"])
+
+
+def _print_auc(console, who: str, auc: dict) -> None:
+    shown = "n/a (needs both successes and failures)" if auc["auc"] is None else \
+        f"{auc['auc']:.2f} (95% CI {auc['ci95'][0]:.2f}-{auc['ci95'][1]:.2f})"
+    console.print(f"{who}: failure AUC from values at the mid-episode step {shown}; "
+                  f"{auc['failures']} failures, {auc['successes']} successes")

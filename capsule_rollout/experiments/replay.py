@@ -1,0 +1,28 @@
+"""replay: re-run a recorded episode from its initial capsule and check it bit for bit.
+
+The host is rebuilt from the run's `rollout.json` (same checkpoints or factories, same host config); the
+episode's initial capsule is loaded from disk and restored (a capsule whose fingerprint does not match the
+rebuilt host, e.g. other weights, is refused with the differing keys); the episode is played again and its
+actions, proposed actions, values, states and images are compared with the recording
+(`rollout.record.replay_episode`).
+"""
+
+from __future__ import annotations
+
+from capsule_rollout.commands.configs import ReplayConfig
+from capsule_rollout.commands.result import ExperimentResult
+from capsule_rollout.experiments.console import make_console
+from capsule_rollout.rollout.record import replay_episode
+from capsule_rollout.rollout.sharded_store import parse_store_root
+
+
+def run(config: ReplayConfig) -> ExperimentResult:
+    console = make_console()
+    if not config.episode:
+        raise ValueError("--episode is required: an episode id in the store (e.g. pick_place-s1000000)")
+    report = replay_episode(parse_store_root(config.store), config.episode, config.capsules or None)
+    console.print(f"replay {report.episode_id} (seed {report.seed}, {report.length} steps, {report.stop_reason}): "
+                  + ("[green]bit-identical[/green]" if report.exact else
+                     "[red]DIFFERS[/red] in " + ", ".join(k for k, ok in report.checks.items() if not ok)))
+    return ExperimentResult({"episode": report.episode_id, "exact": report.exact, "checks": report.checks,
+                             "reset_kind": report.reset_kind}, exit_code=0 if report.exact else 1)

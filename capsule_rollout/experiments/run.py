@@ -1,0 +1,71 @@
+"""`python -m capsule_rollout NAME [--field value ...] [--json PATH]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from capsule_rollout.commands import registry
+from capsule_rollout.commands.cli import (
+    ConfigError,
+    add_config_options,
+    build_config,
+    check_unknown,
+)
+from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
+
+
+def _usage() -> str:
+    lines = ["usage: python -m capsule_rollout NAME [--field value ...] [--json PATH]", "", "experiments:"]
+    for name in registry.names():
+        lines.append(f"  {name:<18} {registry.get(name).summary}")
+    lines.append("\n`python -m capsule_rollout NAME --help` lists an experiment's options.")
+    return "\n".join(lines)
+
+
+def parse(name: str, argv: list[str]) -> tuple[registry.Experiment, object, str | None]:
+    """Resolve the experiment and its config from the command line."""
+    experiment = registry.get(name)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m capsule_rollout {name}", description=experiment.summary, allow_abbrev=False
+    )
+    add_config_options(parser, experiment.config)
+    parser.add_argument("--json", metavar="PATH", default=None, help="write a machine-readable summary here")
+    namespace, unknown = parser.parse_known_args(argv)
+    check_unknown(unknown, parser)
+    values = vars(namespace)
+    json_path = values.pop("json")
+    config = build_config(type(experiment.config), values)
+    return experiment, config, json_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    try:
+        experiment, config, json_path = parse(argv[0], argv[1:])
+    except (registry.UnknownExperimentError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # argparse: --help (0) or a malformed value (2), already printed
+        return int(exc.code or 0)
+    try:
+        result: ExperimentResult = experiment.load_runner()(config)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if json_path:
+        path = write_json(json_path, result.summary)
+        print(f"summary written to {path}")
+    return result.exit_code
+
+
+def cli() -> None:
+    """The `capsule-rollout` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

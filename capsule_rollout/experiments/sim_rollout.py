@@ -1,0 +1,183 @@
+"""sim_rollout: the policy and critic on N Ray actors, every episode recorded once to zarr.
+
+Writes, under `--out` (a path or a file:// URL): `episodes.zarr` (the episodes: one zarr store
+written by the driver, or with `--shards true` a sharded store root, each actor writing its own
+shard and the driver a manifest entry per episode), `capsules/` (each seed's initial capsule, for
+`replay`), `rollout.json` (the host spec), `rollout.png` (success rate and value curves) and
+`episode.gif` (one episode).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+from tqdm import tqdm
+
+from capsule_rollout.commands.configs import SimRolloutConfig
+from capsule_rollout.commands.result import ExperimentResult, checking_inputs
+from capsule_rollout.envs.tasks import FAMILY_NAMES
+from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.rollout import episode_schema as S
+from capsule_rollout.rollout.host_factory import MIXED, HostSpec, resolve_acting
+from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
+from capsule_rollout.rollout.record import absolute_source, episode_id_of, open_run
+from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.rollout.sharded_store import ShardedStore, parse_store_root
+
+
+def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
+    crash = (config.crash[0], int(config.crash[1]), *config.crash[2:]) if config.crash else ()
+    policy = resolve_input(config.model.policy)
+    n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
+    return HostSpec(
+        family=config.family, env=config.env, policy=absolute_source(policy),
+        critic=absolute_source(resolve_input(config.model.critic)) if config.model.critic else "",
+        advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
+        host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
+                        value_patience=config.value_patience, pin_seeds=config.pin_seeds, lanes=config.lanes),
+        device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
+        capsule_dir=str((out / "capsules").resolve()), capsule_budget_mb=config.capsule_budget_mb,
+        crash=crash, pin_cores=config.pin_cores,
+    )
+
+
+def _open_run(config: SimRolloutConfig):
+    """Check the inputs and open the run's output: (out, spec, store, conditioning, recorded outcomes, recorder)."""
+    with checking_inputs():
+        out = parse_store_root(config.out)
+        spec = spec_from_config(config, out)
+        if config.attempts > 1 and spec.noise_scale == 0:
+            raise ValueError("--attempts: at noise scale 0 every retry plays the failed episode again; pass "
+                             "--act.noise_scale > 0 (e.g. 1) to retry with fresh noise")
+        conditioning = spec.conditioning()
+        store, done, recorder = open_run(out, spec, config.shards)
+    return out, spec, store, conditioning, done, recorder
+
+
+def run(config: SimRolloutConfig) -> ExperimentResult:
+    console = make_console()
+    out, spec, store, conditioning, done, recorder = _open_run(config)
+    task = config.env or config.family
+    if task == MIXED:  # a mix: every family on each seed, interleaved
+        items = [WorkItem(episode_id_of(f, s), s, family=f) for s in config.seeds.range for f in FAMILY_NAMES]
+    else:
+        items = [WorkItem(episode_id_of(task, s), s) for s in config.seeds.range]
+    if done:
+        console.print(f"{len(done)} episodes are already in {store}; running the rest")
+    where = init_ray() if config.actors else "in-process"
+    bar = tqdm(total=len(items) * config.repeats, desc=f"sim_rollout {task}", unit="ep",
+               disable=not config.progress)
+    steps_total = [0]
+    t0 = time.perf_counter()
+
+    def on_report(report, stats) -> None:
+        if report.episode is not None:
+            steps_total[0] += report.episode.meta.length
+        elapsed = time.perf_counter() - t0
+        if report.item is None or report.item.attempt == 0:
+            bar.update(1)
+        bar.set_postfix(success=f"{stats.successes}/{stats.episodes}", hz=f"{steps_total[0] / elapsed:.0f}")
+
+    try:
+        reports, stats = run_rollouts(spec, items, actors=config.actors, recorder=recorder,
+                                      cpus_per_actor=config.cpus_per_actor, gpus_per_actor=config.gpus_per_actor,
+                                      max_restarts=config.max_restarts, repeats=config.repeats,
+                                      attempts=config.attempts, episode_timeout_s=config.episode_timeout_s,
+                                      done=done, on_report=on_report, episodes_per_call=config.episodes_per_call)
+        orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0  # ignored by readers
+    finally:
+        bar.close()
+        recorder.close()
+        if config.actors:
+            shutdown_ray(where)
+    wall = time.perf_counter() - t0
+    episodes = [r.episode for r in reports if r.episode is not None]
+    summary = {**summarize_run(reports, stats), "advantage": conditioning.advantage, "beta": conditioning.beta,
+               "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
+               "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors, "wall_s": wall,
+               "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where}
+    if episodes:
+        summary["plot"] = str(_plot(episodes, out / "rollout.png"))
+        if config.video:
+            summary["video"] = str(_video(episodes, out / "episode.gif", store))
+    _table(console, summary)
+    return ExperimentResult(summary)
+
+
+def _table(console, s: dict) -> None:
+    table = Table(title="sim_rollout")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("episodes", s["episodes"]),
+        ("policy acts: actions per chunk, noise scale", f"{s['n_exec']}, {s['noise_scale']:g}"),
+        ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})"),
+        *((f"  {task}", f"{f['success_rate']:.0%} ({f['successes']}/{f['episodes']})")
+          for task, f in s["by_family"].items() if len(s["by_family"]) > 1),
+        ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(s["stop_reasons"].items()))),
+        ("reset (median)", f"{s['reset_ms_median']:.2f} ms" if s["reset_ms_median"] is not None else "-"),
+        ("resets by kind", ", ".join(f"{k} {v}" for k, v in sorted(s["reset_kinds"].items()))),
+        *((f"  actor {a}", ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+          for a, kinds in s["reset_kinds_by_actor"].items()),
+        ("steps/s, all actors (wall, incl. start-up)", f"{s['steps_per_s']:.0f}"),
+        ("control Hz per actor (median episode)", f"{s['control_hz_per_actor_median']:.0f}"
+         if s["control_hz_per_actor_median"] is not None else "-"),
+        ("Ray nodes that played episodes", len(s["episodes_by_node"]) or "-"),
+        ("actors / failures / timeouts / re-run",
+         f"{s['actors']} / {s['actor_failures']} / {s['timeouts']} / {s['resubmitted']}"),
+        ("store", s["store"]),
+    ]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    console.print(table)
+
+
+def _plot(episodes, path: Path) -> Path:
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    tasks = sorted({e.meta.task for e in episodes})
+    for task in tasks:  # one curve per family in a mixed run
+        mine = [e for e in episodes if e.meta.task == task]
+        wins = np.cumsum([e.meta.success for e in mine])
+        ax1.plot(np.arange(1, len(mine) + 1), wins / np.arange(1, len(mine) + 1), marker="o",
+                 label=f"{task} ({int(wins[-1])}/{len(mine)})")
+    if len(tasks) > 1:
+        ax1.legend(fontsize=8)
+    ax1.set(xlabel="episodes finished", ylabel="success rate so far", ylim=(-0.05, 1.05), title="success rate")
+    for e in episodes:
+        v = e.steps[S.VALUE]
+        t = np.flatnonzero(np.isfinite(v))
+        ax2.plot(t, v[t], color="tab:green" if e.meta.success else "tab:red", alpha=0.6, lw=1)
+    ax2.set(xlabel="control step", ylabel="critic value", ylim=(-1.05, 0.05),
+            title="value per chunk (green: success, red: failure)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _video(episodes, path: Path, store: Path) -> Path:
+    import imageio.v2 as imageio
+
+    chosen = next((e for e in episodes if e.meta.success), episodes[0])
+    if not chosen.image_keys:  # sharded: the actor kept the images in its shard
+        reader = open_episode_reader(store)
+        chosen = reader.episode(reader.episode_ids.index(chosen.meta.episode_id))
+    key = next((k for k in chosen.image_keys), None)
+    if key is None:
+        return path
+    frames = np.repeat(np.repeat(chosen.steps[key], 4, axis=1), 4, axis=2)  # 4x, nearest
+    imageio.mimsave(path, list(frames), duration=0.1, loop=0)
+    return path

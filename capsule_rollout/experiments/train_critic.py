@@ -1,0 +1,14 @@
+"""train_critic: the distributional value critic from a zarr store of episodes (`learning.fit_critic`)."""
+
+from __future__ import annotations
+
+from capsule_rollout.commands.configs import TrainCriticConfig
+from capsule_rollout.commands.result import ExperimentResult
+from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.learning.fit_critic import fit_critic
+
+
+def run(config: TrainCriticConfig) -> ExperimentResult:
+    init = resolve_input(config.init_policy) if config.init_policy else ""
+    return ExperimentResult(fit_critic(config, init_policy=init, log=make_console().print))

@@ -1,0 +1,97 @@
+"""verify_capsule: the bit-exactness report for every capsule-bearing component."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from rich.markup import escape
+from rich.table import Table
+
+from capsule_rollout.capsules import Steppable, VerifyReport, digest_backend, verify_steppable
+from capsule_rollout.capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
+from capsule_rollout.commands.configs import VerifyCapsuleConfig
+from capsule_rollout.commands.result import ExperimentResult, checking_inputs
+from capsule_rollout.critics.critic_steppable import CriticSteppable
+from capsule_rollout.critics.value_critic import ValueCritic, load_critic
+from capsule_rollout.envs.env_steppable import TabletopSteppable
+from capsule_rollout.envs.tasks import FAMILY_NAMES
+from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.models.checkpoint import META_FILE
+from capsule_rollout.policies.flow_policy import FlowPolicy, load_policy
+from capsule_rollout.policies.policy_steppable import PolicySteppable
+from capsule_rollout.rollout.rollout_steppable import RolloutSteppable
+
+
+def _devices(config: VerifyCapsuleConfig) -> list[str]:
+    has_cuda = torch.cuda.is_available()
+    if config.device == "cuda" and not has_cuda:
+        raise SystemExit("error: --device cuda but no CUDA device is visible; use --device cpu or auto")
+    if config.device == "cpu":
+        return ["cpu"]
+    if config.device == "cuda":
+        return ["cuda"]
+    return ["cpu", "cuda"] if has_cuda else ["cpu"]
+
+
+def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
+    """Factories of every component verified; each later package adds its own here. With `--env`, that env's
+    adapter alone."""
+    if config.env:
+        from capsule_rollout.envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
+        from capsule_rollout.envs.suites import make_env
+
+        make_env(config.env, cameras=config.cameras).close()  # a bad id or a missing suite: a usage error now
+        return [lambda: MujocoCapsuleSteppable(config.env, cameras=config.cameras)]
+    found: list[Callable[[], Steppable]] = []
+    for device in _devices(config):
+        found.append(lambda device=device: NoisyChunkSteppable(device))
+    found += [NumpyWalkerSteppable, CombinedStandIn]
+    # the env with both cameras: images must come back bit for bit too
+    found += [lambda family=family: TabletopSteppable(family) for family in FAMILY_NAMES]
+    # the shipped policy and critic when present (weights do not change what is checked)
+    # one model per kind, shared by every instance the harness builds (a fork needs equal weights)
+    torch.manual_seed(config.seed)
+    policy_dir, critic_dir = resolve_input(config.model.policy), resolve_input(config.model.critic)
+    policy = load_policy(policy_dir) if (Path(policy_dir) / META_FILE).exists() else FlowPolicy()
+    critic = load_critic(critic_dir) if (Path(critic_dir) / META_FILE).exists() else ValueCritic()
+    for device in _devices(config):
+        found.append(lambda device=device: PolicySteppable(policy, device=device))
+        found.append(lambda device=device: CriticSteppable(critic, device=device))
+    # the whole rollout boundary as one component: env + policy + critic + host state + hand-off
+    for device in _devices(config):
+        found.append(lambda device=device: RolloutSteppable(policy, critic, device=device))
+    return found
+
+
+def report_table(reports: list[VerifyReport]) -> Table:
+    table = Table(title="capsule bit-exactness")
+    for col in ("component", "device", "bit_exact", "max_abs_diff", "cosine", "capsule_bytes", "failures"):
+        table.add_column(col)
+    for r in reports:
+        table.add_row(
+            escape(r.name), r.device, "[green]yes[/]" if r.bit_exact else "[red]NO[/]", f"{r.max_abs_diff:.3g}",
+            f"{r.cosine:.6f}", str(r.capsule_bytes), escape("; ".join(r.failures)) or "-",
+        )
+    return table
+
+
+def run(config: VerifyCapsuleConfig) -> ExperimentResult:
+    with checking_inputs():
+        factories = targets(config)
+    reports = [verify_steppable(f, steps=config.steps, warmup=config.warmup, seed=config.seed) for f in factories]
+    make_console().print(report_table(reports))
+    all_exact = all(r.bit_exact for r in reports)
+    components = [
+        {k: v for k, v in r.to_json().items() if k in ("name", "bit_exact", "max_abs_diff", "cosine", "capsule_bytes")}
+        | {"device": r.device, "checks": r.checks, "failures": r.failures}
+        for r in reports
+    ]
+    # which digest backend checked each device's capsules, and why (Triton on CUDA when a first launch works)
+    backends = {d: digest_backend(d).to_json() for d in _devices(config)}
+    for device, choice in backends.items():
+        make_console().print(f"digests on {device}: {choice['backend']} ({escape(choice['reason'])})")
+    return ExperimentResult({"components": components, "all_bit_exact": all_exact, "digest_backends": backends},
+                            exit_code=0 if all_exact else 1)

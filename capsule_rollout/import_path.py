@@ -1,0 +1,52 @@
+"""`resolve(path)`: the object an import path `package.module:name` names, the one resolver every layer uses
+(envs, policies, critics, observers, runners and torch module factories given on a command line or in a
+checkpoint). Standard library only, so any layer may import it."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+from typing import Any
+
+
+class ImportPathError(ValueError):
+    """An import path that names nothing importable; the message says which part failed and what to write."""
+
+
+def resolve(path: str, what: str = "object") -> Any:
+    """The attribute `name` of module `package.module` for `path = "package.module:name"` (`name` may be dotted:
+    `module:Class.method`). `what` names the thing in errors ("env", "policy", "observer").
+
+    Raises `ImportPathError`: for a malformed path; for a module that does not exist; for a module that exists
+    but fails to import (the error it raised, with its cause: a missing dependency of the user's module is
+    reported as that, not as a missing module); for a missing attribute (with close names)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr or not all(p.isidentifier() for p in attr.split(".")):
+        raise ImportPathError(f"{what} {path!r}: give an import path `package.module:name`")
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:  # a parent package that fails to import, or a malformed name
+        spec, parent_error = None, exc
+    else:
+        parent_error = None
+    if spec is None:
+        if parent_error is not None and not isinstance(parent_error, ModuleNotFoundError):
+            raise ImportPathError(f"{what} {path!r}: importing {module_name!r} failed: "
+                                  f"{type(parent_error).__name__}: {parent_error}") from parent_error
+        raise ImportPathError(f"{what} {path!r}: no module {module_name!r} on the Python path (is its package "
+                              "installed, or its directory on PYTHONPATH?)")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # the module exists and raised while importing: that error is the cause
+        raise ImportPathError(f"{what} {path!r}: module {module_name!r} was found but failed to import: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    for i, part in enumerate(attr.split(".")):
+        if not hasattr(obj, part):
+            owner = module_name if i == 0 else f"{module_name}:{'.'.join(attr.split('.')[:i])}"
+            public = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, public, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ImportPathError(f"{what} {path!r}: {owner} has no attribute {part!r}{hint}")
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,52 @@
+"""The value ceiling's measurement: keep a capsule of the whole host at each chunk boundary up to a step,
+then judge the state there by branching (`rollout.branching.branch_value`, the routine the branch labels
+use too). The command, its summary and printing are `experiments/value_ceiling.py`."""
+
+from __future__ import annotations
+
+from capsule_rollout.learning.evaluation import task_phase
+from capsule_rollout.rollout.branching import branch_value
+from capsule_rollout.rollout.observer import EpisodeObserver
+from capsule_rollout.rollout.rollout_host import RolloutHost
+
+
+class BoundaryKeeper(EpisodeObserver):
+    """Keeps a capsule of the whole host at every chunk boundary up to `at_step` (the last is judged),
+    with the task phase there."""
+
+    name = "boundaries"
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+        self.last = None
+        self.enabled = True  # off while branching: the branches' boundaries are not kept
+
+    def episode_start(self, host: RolloutHost, seed: int) -> None:
+        if self.enabled:
+            self.last = None
+
+    def chunk_start(self, host: RolloutHost, obs: dict) -> None:
+        if self.enabled and host.env.steps <= self.at_step:
+            self.last = (host.env.steps, host.snapshot(label="boundary"), task_phase(host.env))
+
+
+def judge_state(host: RolloutHost, keeper: BoundaryKeeper, seed: int, at_step: int, *, branches: int,
+                critic: bool) -> dict | None:
+    """Play `seed`; from its capsule at the last boundary before `at_step`, replay it (it must end as it did)
+    and play `branches` continuations with other noise. None: the episode ended before that step."""
+    episode = host.run_episode(seed).episode
+    success, length = bool(episode.meta.success), episode.meta.length
+    if length <= at_step or keeper.last is None:
+        return None  # ended before the step: not judged there
+    step, capsule, phase = keeper.last
+    row = {"seed": seed, "success": success, "length": length, "step": step, "phase": phase}
+    if critic:
+        row["critic_value"] = float(episode.steps["value"][step])  # the host's critic, at that chunk
+
+    keeper.enabled = False
+    try:
+        value = branch_value(host, capsule, seed=seed, step=step, branches=branches, expect=(success, length))
+    finally:
+        keeper.enabled = True
+    row["branch_success"] = value.success_fraction
+    return row

@@ -1,0 +1,128 @@
+"""`InferPolicy`: any object with `infer(obs) -> action chunk` (openpi's `BasePolicy` shape) as a rollout policy.
+
+    policy.infer(obs: dict[str, np.ndarray | str], *, noise: np.ndarray) -> dict | np.ndarray
+
+`obs` holds each observation key the policy reads, as the env gives it (no batch dimension: `state` `(D,)`
+float32, `image_<camera>` `(H, W, 3)` uint8), and `prompt`, the current subtask's (or instruction's) text
+when the host has handed one over. The answer is the chunk `(T, A)`, either as it is or under `actions` in a
+dict (openpi answers `{"actions": ...}`).
+
+What a capsule holds for it: the counter-based noise generator's (seed, counter) and the prompt. `noise`,
+`(T, A)` standard normals drawn from that generator each call, is what makes a sampling policy restorable:
+a flow or diffusion policy that starts its chunk from `noise` (openpi's `Policy.infer(obs, noise=...)` does)
+replays bit for bit after a restore. An `infer` without a `noise` keyword has randomness the wrapper cannot
+see, so it is refused unless declared `deterministic=True` (the same obs always gives the same chunk);
+state the object keeps across calls (a history, a chunk broker) is not captured either: keep it out of the
+object, or make it a capsule component of its own. `reset()` of the object, when it has one, is called
+at every episode start.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
+from capsule_rollout.models.counter_rng import normal_
+from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
+from capsule_rollout.policies.rollout_policy import PolicySpec
+
+KIND = "infer_policy"
+PROMPT_KEY = "prompt"
+
+
+def accepts_noise(infer) -> bool:
+    """Whether `infer` takes a `noise` keyword (or any keyword)."""
+    try:
+        params = inspect.signature(infer).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: assume not
+        return False
+    return any(p.name == "noise" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) or p.kind == p.VAR_KEYWORD
+               for p in params)
+
+
+class InferPolicy(BufferComponent):
+    """Wraps `obj.infer` (see the module docstring). `observation_keys`: what `infer` gets from the env's
+    observation; `chunk_length` x `action_dim`: the chunk it answers (checked on every call)."""
+
+    def __init__(self, obj: Any, spec: PolicySpec, *, deterministic: bool = False, seed: int = 0,
+                 name: str = "policy") -> None:
+        super().__init__()
+        infer = getattr(obj, "infer", None)
+        if not callable(infer):
+            raise TypeError(f"{type(obj).__name__} has no infer(obs) method: an InferPolicy wraps an object whose "
+                            "infer(obs) answers an action chunk")
+        self._noise_kw = accepts_noise(infer)
+        if not self._noise_kw and not deterministic:
+            raise ValueError(
+                f"{type(obj).__name__}.infer takes no `noise` keyword, so whatever randomness it uses is not in the "
+                "capsule and a restore would not replay it: give infer a `noise` keyword and start sampling from it "
+                "(openpi's Policy.infer(obs, noise=...) does), or declare deterministic=True if the same "
+                "observation always gives the same chunk")
+        self.obj, self.spec, self.name, self.seed = obj, spec, name, int(seed)
+        self.device = torch.device("cpu")
+        self.deterministic = deterministic
+        self._obs: dict[str, Any] = {}
+        self._index = torch.arange(spec.chunk_length * spec.action_dim)
+        self._fingerprint = {"kind": KIND, "object": f"{type(obj).__module__}:{type(obj).__qualname__}",
+                             "chunk": f"{spec.chunk_length}x{spec.action_dim}",
+                             "reads": ",".join(spec.observation_keys), "noise": "keyword" if self._noise_kw else "none"}
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        T, A = self.spec.chunk_length, self.spec.action_dim
+        return [BufferSpec("rng", (2,), torch.int64, "cpu", doc="noise generator (seed, counter)"),
+                *prompt_specs(),
+                BufferSpec("chunk", (T, A), torch.float32, "cpu", Role.IO),
+                BufferSpec("noise", (T, A), torch.float32, "cpu", Role.SCRATCH)]
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        super().bind(buffers)
+        self.buffers["rng"].copy_(torch.tensor([self.seed, 0]))
+
+    def fingerprint(self) -> Mapping[str, str]:
+        return self._fingerprint
+
+    def reset(self, episode_seed: int) -> None:
+        self.buffers["rng"].copy_(torch.tensor([int(episode_seed), 0]))
+        reset = getattr(self.obj, "reset", None)
+        if callable(reset):
+            reset()
+
+    def set_language(self, text: str) -> None:
+        write_prompt(self.buffers, text, "an InferPolicy")
+
+    @property
+    def prompt(self) -> str | None:
+        return read_prompt(self.buffers)
+
+    def load_observation(self, obs: Mapping[str, Any]) -> None:
+        missing = [k for k in self.spec.observation_keys if k not in obs]
+        if missing:
+            raise ValueError(f"observation lacks {missing}; the policy reads {list(self.spec.observation_keys)}")
+        self._obs = {k: np.asarray(obs[k]) for k in self.spec.observation_keys}
+
+    def act(self) -> torch.Tensor:
+        """The next chunk `(T, A)`: `infer` on the loaded observation (and prompt), with this call's noise."""
+        b = self.buffers
+        obs = dict(self._obs)
+        prompt = self.prompt
+        if prompt is not None:
+            obs[PROMPT_KEY] = prompt
+        normal_(b["rng"], b["noise"], self._index)
+        answer = self.obj.infer(obs, noise=b["noise"].numpy().copy()) if self._noise_kw else self.obj.infer(obs)
+        chunk = answer.get("actions") if isinstance(answer, Mapping) else answer
+        if chunk is None:
+            raise ValueError(f"{type(self.obj).__name__}.infer answered a dict without `actions` "
+                             f"(keys {sorted(answer)})")
+        chunk = np.asarray(chunk, dtype=np.float32)
+        if chunk.shape == (1, *b["chunk"].shape):
+            chunk = chunk[0]
+        if chunk.shape != tuple(b["chunk"].shape):
+            raise ValueError(f"{type(self.obj).__name__}.infer answered a chunk of shape {chunk.shape}; this "
+                             f"policy acts with {tuple(b['chunk'].shape)} (chunk_length x action_dim)")
+        b["chunk"].copy_(torch.from_numpy(chunk))
+        return b["chunk"]

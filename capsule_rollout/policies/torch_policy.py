@@ -1,0 +1,132 @@
+"""`TorchPolicy`: any torch module `obs -> action chunk` as a rollout-protocol policy (component "policy").
+
+A user's network runs on the Ray actors without a runtime of its own:
+
+    module(inputs: dict[str, Tensor], noise: Tensor) -> Tensor   # (1, T, A) or (T, A)
+
+`inputs` holds each observation key the policy reads, with a batch dimension of 1
+(`state` `(1, D)` float32, `image_<camera>` `(1, H, W, 3)` uint8), in static
+buffers the wrapper fills; `noise` is `(1, T, A)` standard normals drawn by the
+counter-based generator (`common/counter_rng.py`) whose (seed, counter) is the
+wrapper's only committed state, so a capsule reproduces the noise exactly (a
+deterministic module just ignores it). Buffers: `state` = rng; `io` = one slot
+per observation key and the output chunk; `scratch` = the noise.
+
+Checkpoints (`save_torch_policy` / `load_torch_policy`) are the project's usual
+safetensors + JSON directories, with the module's class named by import path
+(`package.module:Class`) and its constructor's JSON kwargs: no pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
+from capsule_rollout.capsules.fingerprint import module_sha256
+from capsule_rollout.import_path import resolve
+from capsule_rollout.models.counter_rng import normal_
+from capsule_rollout.policies.rollout_policy import PolicySpec
+
+KIND = "torch_policy"
+
+
+class TorchPolicy(BufferComponent):
+    def __init__(self, module: torch.nn.Module, spec: PolicySpec, shapes: Mapping[str, tuple[tuple[int, ...], str]],
+                 *, device: str = "cpu", seed: int = 0, name: str = "policy") -> None:
+        """`shapes`: key -> (shape without batch, dtype name) of every observation key in `spec`."""
+        super().__init__()
+        missing = [k for k in spec.observation_keys if k not in shapes]
+        if missing:
+            raise ValueError(f"shapes lacks {missing}: give the shape and dtype of every key the policy reads")
+        self.name, self.spec, self.device, self.seed = name, spec, torch.device(device), int(seed)
+        self.module = module.to(self.device).eval()
+        self.shapes = {k: (tuple(shapes[k][0]), str(shapes[k][1])) for k in spec.observation_keys}
+        self._index = torch.arange(spec.chunk_length * spec.action_dim, device=self.device)
+        self._fingerprint = {"kind": KIND, "module": f"{type(module).__module__}:{type(module).__qualname__}",
+                             "weights_sha256": module_sha256(self.module),
+                             "chunk": f"{spec.chunk_length}x{spec.action_dim}"}
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        dev = str(self.device)
+        specs = [BufferSpec("rng", (2,), torch.int64, dev, doc="noise generator (seed, counter)"),
+                 BufferSpec("chunk", (self.spec.chunk_length, self.spec.action_dim), torch.float32, dev, Role.IO),
+                 BufferSpec("noise", (1, self.spec.chunk_length, self.spec.action_dim), torch.float32, dev,
+                            Role.SCRATCH)]
+        specs += [BufferSpec(f"in_{k}", (1, *shape), dtype, dev, Role.IO) for k, (shape, dtype) in self.shapes.items()]
+        return specs
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        super().bind(buffers)
+        self.buffers["rng"].copy_(torch.tensor([self.seed, 0]))
+        self._inputs = {k: self.buffers[f"in_{k}"] for k in self.shapes}
+
+    def fingerprint(self) -> Mapping[str, str]:
+        return self._fingerprint
+
+    def reset(self, episode_seed: int) -> None:
+        self.buffers["rng"].copy_(torch.tensor([int(episode_seed), 0]))
+
+    def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+        """Check every key's shape and dtype, then copy them into the input slots (nothing on failure)."""
+        checked = {}
+        for key, slot in self._inputs.items():
+            if key not in obs:
+                raise ValueError(f"observation lacks {key!r}; the policy reads {list(self._inputs)}")
+            value = torch.as_tensor(np.asarray(obs[key]) if not torch.is_tensor(obs[key]) else obs[key])
+            if value.dim() == slot.dim() - 1:
+                value = value[None]
+            if tuple(value.shape) != tuple(slot.shape) or (value.dtype == torch.uint8) != (slot.dtype == torch.uint8):
+                raise ValueError(f"{key}: expected {tuple(slot.shape[1:])} {slot.dtype}, got {tuple(value.shape)} "
+                                 f"{value.dtype}")
+            if value.dtype.is_floating_point and not torch.isfinite(value).all():
+                raise ValueError(f"{key} has non-finite values; refusing to act on it")
+            checked[key] = value
+        for key, value in checked.items():
+            self._inputs[key].copy_(value)
+
+    def act(self) -> torch.Tensor:
+        """The next chunk `(T, A)` for the loaded observation (a view of the output buffer)."""
+        b = self.buffers
+        normal_(b["rng"], b["noise"], self._index)
+        with torch.no_grad():
+            out = self.module(self._inputs, b["noise"])
+        b["chunk"].copy_(out.reshape(b["chunk"].shape))
+        return b["chunk"]
+
+
+def save_torch_policy(directory: str | Path, module: torch.nn.Module, *, factory: str, kwargs: dict,
+                      spec: PolicySpec, shapes: Mapping[str, tuple[tuple[int, ...], str]], step: int = 0,
+                      info: dict | None = None) -> Path:
+    """A checkpoint `load_torch_policy` rebuilds: `factory` (`package.module:Class`) called with `kwargs`."""
+    from capsule_rollout.models.checkpoint import save_checkpoint
+
+    config = {"factory": factory, "kwargs": kwargs, "chunk_length": spec.chunk_length, "action_dim": spec.action_dim,
+              "observation_keys": list(spec.observation_keys),
+              "shapes": {k: [list(s), d] for k, (s, d) in shapes.items()}}
+    return save_checkpoint(directory, kind=KIND, model=module, config=config, step=step, info=info)
+
+
+def is_torch_policy(directory: str | Path) -> bool:
+    import json
+
+    from capsule_rollout.models.checkpoint import META_FILE
+
+    path = Path(directory) / META_FILE
+    return path.exists() and json.loads(path.read_text()).get("kind") == KIND
+
+
+def load_torch_policy(directory: str | Path, *, device: str = "cpu", seed: int = 0) -> TorchPolicy:
+    from capsule_rollout.models.checkpoint import Checkpoint
+
+    ckpt = Checkpoint(directory, kind=KIND)
+    config = ckpt.config
+    cls = resolve(config["factory"], f"{directory}: module factory")
+    module = cls(**config["kwargs"])
+    ckpt.load_model(module)
+    spec = PolicySpec(config["chunk_length"], config["action_dim"], tuple(config["observation_keys"]))
+    shapes = {k: (tuple(s), d) for k, (s, d) in config["shapes"].items()}
+    return TorchPolicy(module, spec, shapes, device=device, seed=seed)
