@@ -197,10 +197,9 @@ class SimRolloutConfig:
     """Write a gif of one episode (the first success, else the first)."""
     progress: bool = True
     """Show a progress bar."""
-    crash: tuple[str, ...] = ()
-    """Fault injection (tests): EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]: that actor exits (or
-    hangs) once at that step; exit_after_record: once the episode is recorded in its shard, before the driver
-    commits it."""
+    observers: tuple[str, ...] = ()
+    """Episode observers built in every actor, each `package.module:factory` or `package.module:factory={JSON
+    kwargs}` (called as factory(**kwargs); its hooks: rollout.observer.EpisodeObserver)."""
 
     def __post_init__(self) -> None:
         if self.actors < 0 or self.seeds.count < 1 or self.value_patience < 1:
@@ -209,9 +208,6 @@ class SimRolloutConfig:
             raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
         if self.episodes_per_call < 1:
             raise ValueError(f"--episodes_per_call must be >= 1 (got {self.episodes_per_call})")
-        if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in
-                                                              ("exit", "hang", "exit_after_record"))):
-            raise ValueError("--crash takes EPISODE_ID STEP MARKER_FILE [exit|hang|exit_after_record]")
         if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
             raise ValueError(f"--episode_timeout_s must be > 0 (got {self.episode_timeout_s})")
         if self.capsule_budget_mb is not None and self.capsule_budget_mb < 0:

@@ -23,7 +23,7 @@ from capsule_rollout.envs.tasks import FAMILY_NAMES
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.host_factory import MIXED, HostSpec, resolve_acting
+from capsule_rollout.rollout.host_factory import MIXED, HostSpec, parse_observers, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.record import absolute_source, episode_id_of, open_run
 from capsule_rollout.rollout.rollout_actor import WorkItem
@@ -33,7 +33,6 @@ from capsule_rollout.rollout.sharded_store import ShardedStore, parse_store_root
 
 
 def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
-    crash = (config.crash[0], int(config.crash[1]), *config.crash[2:]) if config.crash else ()
     policy = resolve_input(config.model.policy)
     n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
     return HostSpec(
@@ -44,7 +43,7 @@ def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
                         value_patience=config.value_patience, pin_seeds=config.pin_seeds, lanes=config.lanes),
         device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
         capsule_dir=str((out / "capsules").resolve()), capsule_budget_mb=config.capsule_budget_mb,
-        crash=crash, pin_cores=config.pin_cores,
+        observers=parse_observers(config.observers), pin_cores=config.pin_cores,
     )
 
 

@@ -103,6 +103,8 @@ class EpisodeResult:
     error: str = ""
     transitions: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # observers' per-episode results (by observer name)
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+    """What ended the episode with an error (its text is `error`), for callers that act on its type."""
 
     @property
     def meta(self):

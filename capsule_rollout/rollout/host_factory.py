@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,8 +43,6 @@ ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
 """Written next to a run's store: the spec its episodes were played with (read back by `replay`)."""
 MIXED = "all"  # HostSpec.family of a mixed-family run: each work item names its family
-FAULT_AFTER_RECORD = "exit_after_record"  # handled by the actor (rollout.rollout_actor), not the host
-FAULT_MODES = ("exit", "hang", "cuda_error", FAULT_AFTER_RECORD)
 ACTING_INFO = "acting"
 """Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
 `export_checkpoint --n_exec --noise_scale`); what the commands' `--act.*` options default to for it."""
@@ -108,11 +105,6 @@ class HostSpec:
     steps when the chunk's value is below `threshold` (sim RECAP); empty: none."""
     observers: tuple[tuple[str, str], ...] = ()
     """(import path `module:factory`, JSON kwargs) of episode observers built in each process."""
-    crash: tuple = ()
-    """Fault injection for tests: (episode_id, step, marker file[, "exit" | "hang" | "cuda_error" |
-    "exit_after_record"]): at that step of that episode the process exits (hangs forever; raises what a dead
-    CUDA context raises) once; `exit_after_record` (step unused): the actor's process exits once the episode
-    is played and written to its shard, before the driver hears of it. The marker records that it happened."""
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_CHOICES:
@@ -124,8 +116,6 @@ class HostSpec:
             raise ValueError(f"family {MIXED!r} mixes the tabletop families; it cannot go with env {self.env!r}")
         if self.takeover and (len(self.takeover) != 2 or int(self.takeover[1]) < 1):
             raise ValueError(f"takeover is (threshold, steps >= 1), got {self.takeover}")
-        if self.crash and (len(self.crash) not in (3, 4) or (len(self.crash) == 4 and self.crash[3] not in FAULT_MODES)):
-            raise ValueError(f"crash is (episode_id, step, marker[, one of {FAULT_MODES}]), got {self.crash}")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -133,6 +123,7 @@ class HostSpec:
     @classmethod
     def from_json(cls, data: dict) -> HostSpec:
         data = dict(data)
+        data.pop("crash", None)  # written by earlier versions (a test hook, always empty in a run's file)
         host = data.pop("host", {})
         host = HostConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in host.items()})
         observers = tuple(tuple(o) for o in data.pop("observers", ()))
@@ -146,9 +137,9 @@ class HostSpec:
 
 
 def write_spec(directory: str | os.PathLike, spec: HostSpec) -> Path:
-    """Save `spec` as the run's `rollout.json` (fault injection left out)."""
+    """Save `spec` as the run's `rollout.json`."""
     path = Path(directory) / SPEC_FILE
-    path.write_text(json.dumps({**spec.to_json(), "crash": []}, indent=2) + "\n")
+    path.write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     return path
 
 
@@ -166,7 +157,8 @@ def check_same_run(out: Path, spec: HostSpec) -> None:
     except FileNotFoundError:
         return
     now = spec.to_json()
-    free = {"crash", "threads", "pin_cores", "capsule_budget_mb"}  # they do not change what is played
+    # they do not change what is played (observers watch the episodes)
+    free = {"threads", "pin_cores", "capsule_budget_mb", "observers"}
     differ = sorted(k for k in now if k not in free and recorded.get(k) != now[k])
     if differ:
         raise ValueError(f"{out} holds a run made with other settings ({', '.join(differ)} differ; see "
@@ -233,6 +225,21 @@ def _resolve(path: str):
     return resolve(path, "observer")
 
 
+def parse_observers(items) -> tuple[tuple[str, str], ...]:
+    """`package.module:factory` or `package.module:factory={JSON kwargs}` (the command line's form) as
+    `HostSpec.observers` entries; malformed JSON is refused naming the item."""
+    parsed = []
+    for item in items:
+        path, _, kwargs = item.partition("=")
+        try:
+            if not isinstance(json.loads(kwargs or "{}"), dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise ValueError(f"observer {item!r}: the kwargs after '=' must be a JSON object ({exc})") from None
+        parsed.append((path, kwargs))
+    return tuple(parsed)
+
+
 def make_observers(spec: HostSpec) -> list[EpisodeObserver]:
     return [_resolve(path)(**json.loads(kwargs or "{}")) for path, kwargs in spec.observers]
 
@@ -265,8 +272,6 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
 
         host.teleop = ScriptedExpert(env).act
         host.operator = ValueTakeover(float(spec.takeover[0]), int(spec.takeover[1])).bind(host)
-    if spec.crash:
-        _arm_fault(host, *spec.crash)
     return host
 
 
@@ -337,33 +342,3 @@ def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int) -> Path |
         path.parent.mkdir(parents=True, exist_ok=True)
         save_capsule(capsule, path, annotations={"host_spec": json.dumps(spec.to_json())})
     return path
-
-
-def _arm_fault(host: RolloutHost, episode_id: str, step: int, marker: str, mode: str = "exit") -> None:
-    """Exit (hang, raise a CUDA error) at `step` of `episode_id`, once (see HostSpec.crash)."""
-    if mode == FAULT_AFTER_RECORD:
-        return  # after the episode, in the actor (rollout.rollout_actor.RolloutActor)
-    inner = host.safety_check
-    original = host.run_episode
-    step = int(step)
-
-    def check(obs, action):
-        if host.env.steps == step and current[0] == episode_id and not Path(marker).exists():
-            Path(marker).write_text(f"{mode}\n")
-            if mode == "hang":
-                while True:
-                    time.sleep(3600)
-            if mode == "cuda_error":
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            os._exit(1)
-        if inner is not None:
-            inner(obs, action)
-
-    current = [""]
-
-    def run_episode(seed, *, episode_id=None, **kwargs):
-        current[0] = episode_id or ""
-        return original(seed, episode_id=episode_id, **kwargs)
-
-    host.safety_check = check
-    host.run_episode = run_episode

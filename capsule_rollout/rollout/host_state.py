@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec
-from capsule_rollout.rollout.handoff import NBYTES
+from capsule_rollout.rollout.handoff import NBYTES, SubtaskChannel
 
 LAYOUT = "3"
 """Version of this layout in the host's fingerprint: a capsule of another layout is refused by name."""
@@ -71,6 +71,29 @@ class HostState(BufferComponent):
         self.operator[:] = 0
         self.polled[...] = -1
         self.value[...] = np.nan
+
+    def save_subtask(self, channel: SubtaskChannel, planner) -> None:
+        """Keep the hand-off's subtask block and what the planner last published."""
+        block = self.buffers["subtask"]
+        block.copy_(channel.tensor)
+        # the version counter is this process's publish count, not state: keep "published or not"
+        seq = block[:8].view(torch.int64)
+        seq.fill_(2 if int(seq) > 0 else 0)
+        published = getattr(planner, "published", None)
+        self.published[...] = -1 if published is None else published
+
+    def load_subtask(self, channel: SubtaskChannel, planner) -> tuple[int, int]:
+        """Republish the kept subtask on `channel` and give `planner` back what it had published; returns (the
+        channel's version now, the subtask index)."""
+        block = SubtaskChannel()
+        block.tensor.copy_(self.buffers["subtask"])
+        sub = block.read()
+        if sub.version:
+            channel.publish(sub.text, sub.index, source=2 if sub.source == "coach" else 1)
+        if hasattr(planner, "published"):  # what the planner last published, as at the boundary
+            published = int(self.published)
+            planner.published = None if published < 0 else published
+        return channel.version(), max(sub.index, 0) if sub.version else 0
 
     def save_operator(self, operator) -> None:
         """Keep `operator`'s `capsule_state()` (nothing for a source without one)."""

@@ -295,7 +295,7 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                     time.sleep(0.2)
                     probes[pool[index].ready.remote()] = index
                 except (RayActorError, ActorDiedError) as exc:
-                    if "creation task" in str(exc) or index not in placed:  # the host could not be built
+                    if getattr(exc, "actor_init_failed", False) or index not in placed:  # the host could not be built
                         raise RuntimeError(f"a rollout actor could not start: {exc}") from exc
                     alive.discard(index)  # out of restarts
                     if not alive:
@@ -305,7 +305,7 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
             try:
                 got = ray.get(ref)
             except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
-                if "creation task" in str(exc):  # the host could not be built: retrying will not help
+                if getattr(exc, "actor_init_failed", False):  # the host could not be built: retrying will not help
                     raise RuntimeError(f"a rollout actor could not start: {exc}") from exc
                 stats.actor_failures += 1
                 why = f"ran past the {episode_timeout_s} s deadline" if ref in timed_out else f"{exc}"

@@ -130,7 +130,7 @@ def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None
     if episode_id not in ids:
         raise ValueError(f"episode {episode_id!r} is not in {store}; it has {len(ids)} episodes, e.g. {ids[:3]}")
     recorded = reader.episode(ids.index(episode_id))
-    spec = dataclasses.replace(read_spec(store.parent), crash=(), capsule_dir="")
+    spec = dataclasses.replace(read_spec(store.parent), capsule_dir="")
     meta = recorded.meta
     if spec.family == MIXED:  # a mixed-family run: the episode's own family
         spec = dataclasses.replace(spec, family=meta.task)

@@ -12,15 +12,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import ray
+import torch
 
 from capsule_rollout.capsules import CapsuleError, load_capsule
 from capsule_rollout.rollout import episode_schema as S
 from capsule_rollout.rollout.episode import Episode
 from capsule_rollout.rollout.host_factory import (
-    FAULT_AFTER_RECORD,
     MIXED,
     HostSpec,
     build_host,
@@ -32,8 +31,10 @@ from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.shard_manifest import ManifestEntry
 from capsule_rollout.rollout.sharded_store import ShardWriter
 
-CUDA_FATAL = ("CUDA error", "device-side assert", "illegal memory access", "CUBLAS_STATUS", "cudaError",
-              "unspecified launch failure")
+CUDA_FATAL: tuple[type[BaseException], ...] = tuple(
+    t for t in (getattr(torch, "AcceleratorError", None),) if t is not None)
+"""What torch raises when the CUDA context is dead (an illegal access, a device-side assert, a failed launch):
+the process cannot go on."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,13 @@ class ActorReport:
 
 
 
-def _is_cuda_fatal(error: str) -> bool:
-    return any(marker in error for marker in CUDA_FATAL)
+def _is_cuda_fatal(exc: BaseException | None) -> bool:
+    """Whether `exc`, or what caused it, is a dead CUDA context (by type)."""
+    while exc is not None:
+        if isinstance(exc, CUDA_FATAL):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 class RolloutActor:
@@ -170,8 +176,6 @@ class RolloutActor:
                 report.shard = entry
                 report.episode = Episode({k: v for k, v in episode.steps.items()
                                           if not k.startswith(S.IMAGE_PREFIX)}, episode.meta, episode.extra)
-        for item in items:
-            self._fault_after_record(item)
         return reports
 
     def _play(self, item: WorkItem) -> ActorReport:
@@ -179,26 +183,16 @@ class RolloutActor:
             result = self.host.run_episode(item.seed, episode_id=item.episode_id, attempt=item.attempt,
                                            repeat=item.repeat)
         except Exception as exc:  # a reset that raised: this episode failed, the actor goes on
-            error = f"{type(exc).__name__}: {exc}"
-            if _is_cuda_fatal(error):
+            if _is_cuda_fatal(exc):
                 os._exit(3)  # the CUDA context is dead: Ray restarts the process, the driver re-runs the item
-            return ActorReport(None, "failed", 0.0, 0.0, error, os.getpid(), item, {}, self.index, node=self.node)
-        if _is_cuda_fatal(result.error):
+            return ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(), item, {},
+                               self.index, node=self.node)
+        if _is_cuda_fatal(result.exception):
             os._exit(3)
         save_initial_capsule(self.host, self.spec, item.seed)
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
                            extra=result.extra, actor_index=self.index, node=self.node)
-
-    def _fault_after_record(self, item: WorkItem) -> None:
-        """Fault injection (`HostSpec.crash` in mode `exit_after_record`): exit once the episode is played and
-        written to this actor's shard, before the driver hears of it."""
-        crash = self.spec.crash
-        if len(crash) == 4 and crash[3] == FAULT_AFTER_RECORD and crash[0] == item.episode_id:
-            marker = Path(crash[2])
-            if not marker.exists():
-                marker.write_text(f"{FAULT_AFTER_RECORD}\n")
-                os._exit(1)
 
     def close_shard(self) -> None:
         """Close this process's shard writer (every episode it returned is committed to the shard already)."""

@@ -131,6 +131,8 @@ class RolloutHost:
         self._first_bad = spec.chunk_length  # first non-finite row of the queued chunk
         self.initial_capsule: Capsule | None = None  # the current episode's, restored or made at its reset
         self._end_request: bool | None = None  # operator END: success flag
+        self.episode_id = ""  # the episode being played (or played last), for observers
+        self._exception: BaseException | None = None  # what ended the current episode with an error
         self._lock = threading.Lock()
 
     @property
@@ -192,35 +194,14 @@ class RolloutHost:
 
     # -- capsule hooks for the hand-off block and the operator ------------------------
     def _before_snapshot(self) -> None:
-        self._save_subtask()
+        self.state.save_subtask(self.channel, self.planner)
         self.state.save_operator(self.control.operator)
 
     def _after_restore(self) -> None:
-        self._load_subtask()
-        self.state.load_operator(self.control.operator)
-
-    def _save_subtask(self) -> None:
-        block = self.state.buffers["subtask"]
-        block.copy_(self.channel.tensor)
-        # the version counter is this process's publish count, not state: keep "published or not"
-        seq = block[:8].view(torch.int64)
-        seq.fill_(2 if int(seq) > 0 else 0)
-        published = getattr(self.planner, "published", None)
-        self.state.published[...] = -1 if published is None else published
-
-    def _load_subtask(self) -> None:
-        """After a restore: republish the restored subtask, and treat it as already seen."""
-        block = SubtaskChannel()
-        block.tensor.copy_(self.state.buffers["subtask"])
-        sub = block.read()
-        if sub.version:
-            self.channel.publish(sub.text, sub.index, source=2 if sub.source == "coach" else 1)
-        self._seen_version = self.channel.version()
-        self._subtask_index = max(sub.index, 0) if sub.version else 0
-        if hasattr(self.planner, "published"):  # what the planner last published, as at the boundary
-            published = int(self.state.published)
-            self.planner.published = None if published < 0 else published
+        """Republish the restored subtask and treat it as already seen; the operator's state back."""
+        self._seen_version, self._subtask_index = self.state.load_subtask(self.channel, self.planner)
         self._first_bad = self._scan_queue()
+        self.state.load_operator(self.control.operator)
 
     def _scan_queue(self) -> int:
         """Index of the first queued action that is not finite (chunk length when all are)."""
@@ -420,6 +401,7 @@ class RolloutHost:
         except SafetyStop as exc:
             return StopReason.SAFETY, False, str(exc) or "safety check stopped the episode"
         except Exception as exc:  # recorded (as an error, or the reason it names); the host stays usable
+            self._exception = exc
             named = getattr(exc, "stop_reason", None)
             reason = StopReason(named) if named in STOP_REASONS else StopReason.ERROR
             return reason, False, f"{type(exc).__name__}: {exc}"
@@ -472,7 +454,7 @@ class RolloutHost:
     def _run(self, seed: int, episode_id: str, kind: str, reset_ms: float, capsule_id: str, obs: dict | None,
              max_steps: int | None, attempt: int, repeat: int) -> EpisodeResult:
         self._go(Phase.RUNNING)
-        env = self.env
+        env, self.episode_id, self._exception = self.env, episode_id, None
         if obs is None:  # restored: the observation of the committed state
             obs = env.observe()
         builder = EpisodeBuilder()
@@ -488,7 +470,8 @@ class RolloutHost:
         if n == 0:  # failed before the first step: there is nothing to record
             self._go(Phase.IDLE)
             return EpisodeResult(episode=None, reset_kind=kind, reset_ms=reset_ms, run_s=run_s, steps_per_s=0.0,
-                                 error=error or reason.value, transitions=list(self.transitions))
+                                 error=error or reason.value, transitions=list(self.transitions),
+                                 exception=self._exception)
         episode = builder.finish(
             episode_id=episode_id, seed=seed, task=self.task, instruction=env.instruction, success=success,
             stop_reason=reason.value, initial_capsule_id=capsule_id, subtasks=list(env.subtask_texts),
@@ -496,7 +479,7 @@ class RolloutHost:
         )
         result = EpisodeResult(episode=episode, reset_kind=kind, reset_ms=reset_ms, run_s=run_s,
                                steps_per_s=n / run_s if run_s > 0 else 0.0, error=error,
-                               transitions=list(self.transitions))
+                               transitions=list(self.transitions), exception=self._exception)
         for observer in self.observers:
             observer.episode_end(self, result)
         if self.recorder is not None:

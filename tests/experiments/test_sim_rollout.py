@@ -1,5 +1,6 @@
 """sim_rollout on local Ray (2 actors), a killed actor, and bit-exact replay."""
 
+import functools
 import json
 import os
 
@@ -10,6 +11,7 @@ from capsule_rollout.experiments.run import main
 from capsule_rollout.rollout.sharded_reader import open_episode_reader
 from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
+from tests.rollout import faults
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
@@ -26,7 +28,7 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
     victim = "pick_place-s1000002"
     args = ["sim_rollout", "--actors", "2", "--episodes", "5", "--out", str(out), "--policy", policy,
             "--critic", critic, "--n_exec", "2", "--no-progress", "--json", str(summary),
-            "--crash", victim, "3", str(marker)]
+            *faults.cli_option(victim, 3, marker)]
     assert main(args) == 0
     data = json.loads(summary.read_text())
     assert marker.exists()  # the actor really died mid-episode
@@ -42,13 +44,13 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
         assert main(["replay", "--store", data["store"], "--episode", episode, "--json", str(tmp_path / "r.json")]) == 0
         assert json.loads((tmp_path / "r.json").read_text())["exact"]
     # running again skips what is recorded
-    assert main(args[:-4] + ["--json", str(summary)]) == 0
+    assert main(args[:-2] + ["--json", str(summary)]) == 0
     assert json.loads(summary.read_text())["episodes"] == 0 and len(ZarrEpisodeReader(data["store"])) == 5
 
 
 @pytest.mark.parametrize("per_call", [1, 2])
 def test_sharded_rollout_keeps_each_episode_once_when_an_actor_dies_between_its_shard_and_the_manifest(
-        checkpoints, tmp_path, per_call):
+        checkpoints, tmp_path, per_call, monkeypatch):
     """per_call 2: the victim (the third seed) shares the second actor's call with the fourth; the actor dies once
     both are in its shard, before the driver hears of either, so both are orphans and both are re-run."""
     policy, critic = checkpoints
@@ -57,7 +59,12 @@ def test_sharded_rollout_keeps_each_episode_once_when_an_actor_dies_between_its_
     args = ["sim_rollout", "--actors", "2", "--episodes", "5", "--out", f"file://{out}", "--policy", policy,
             "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false", "--shards", "true",
             "--episodes_per_call", str(per_call), "--json", str(summary)]
-    assert main([*args, "--crash", victim, "0", str(marker), "exit_after_record"]) == 0
+    from capsule_rollout.experiments import sim_rollout
+    from capsule_rollout.rollout.ray_rollout import run_rollouts
+
+    victim_actor = type("VictimActor", (faults.ExitAfterRecord,), {"victim": victim, "marker": str(marker)})
+    monkeypatch.setattr(sim_rollout, "run_rollouts", functools.partial(run_rollouts, actor_cls=victim_actor))
+    assert main(args) == 0
     data = json.loads(summary.read_text())
     assert marker.read_text() == "exit_after_record\n"  # the actor died with the episode in its shard
     assert (data["actor_failures"], data["resubmitted"], data["orphans"], data["episodes"]) == (1, per_call, per_call, 5)
@@ -166,7 +173,7 @@ def test_repeats_reset_by_restore_and_a_hung_actor_is_killed_and_its_episode_rer
     victim = "pick_place-s1000001-r1"
     assert main(["sim_rollout", "--actors", "2", "--episodes", "3", "--repeats", "2", "--out", str(out),
                  "--policy", policy, "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false",
-                 "--episode_timeout_s", "20", "--crash", victim, "3", str(marker), "hang",
+                 "--episode_timeout_s", "20", *faults.cli_option(victim, 3, marker, "hang"),
                  "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     assert marker.read_text() == "hang\n"  # the actor really hung mid-episode
@@ -197,3 +204,21 @@ def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoint
         assert (tmp_path / "capsules" / "pick_place" / "s0000006.capsule").exists()
     finally:
         actor.close()
+
+
+def test_observers_on_the_command_line_are_checked_before_anything_runs(checkpoints, tmp_path, capsys):
+    policy, critic = checkpoints
+    base = ["sim_rollout", "--out", str(tmp_path / "run"), "--policy", policy, "--critic", critic, "--actors", "0"]
+    assert main([*base, "--observers", "tests.rollout.faults:step_fault={not json"]) == 2
+    assert "the kwargs after '=' must be a JSON object" in capsys.readouterr().err
+    assert main([*base, "--observers", "tests.rollout.faults:no_such_factory"]) == 2
+    assert "has no attribute 'no_such_factory'" in capsys.readouterr().err
+
+
+def test_a_run_spec_written_by_an_earlier_version_still_reads(tmp_path):
+    from capsule_rollout.rollout.host_factory import HostSpec, read_spec, write_spec
+
+    write_spec(tmp_path, HostSpec(observers=(("tests.rollout.faults:step_fault", "{}"),)))
+    data = json.loads((tmp_path / "rollout.json").read_text())
+    (tmp_path / "rollout.json").write_text(json.dumps({**data, "crash": []}))  # the old test hook's field
+    assert read_spec(tmp_path).observers == (("tests.rollout.faults:step_fault", "{}"),)

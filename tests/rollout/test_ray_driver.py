@@ -9,6 +9,7 @@ from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
 from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
 from tests.policies.tiny import save_tiny_checkpoints
+from tests.rollout import faults
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
@@ -40,7 +41,7 @@ def test_a_fatal_cuda_error_restarts_the_actor_and_reruns_the_episode(spec, tmp_
 
     victim = "pick_place-s1000001"
     marker = tmp_path / "cuda"
-    faulty = dataclasses.replace(spec, crash=(victim, 3, str(marker), "cuda_error"))
+    faulty = dataclasses.replace(spec, observers=(faults.observer_spec(victim, 3, marker, "cuda_error"),))
     with ZarrRecorder(tmp_path / "e.zarr") as recorder:
         reports, stats = run_rollouts(faulty, _items(3), actors=1, recorder=recorder)
     assert marker.exists() and stats.actor_failures == 1 and stats.resubmitted == 1
@@ -57,7 +58,7 @@ def test_a_hung_call_of_several_episodes_is_killed_at_its_deadline_and_all_of_th
 
     victim = "pick_place-s1000000"
     marker = tmp_path / "hung"
-    hanging = dataclasses.replace(spec, crash=(victim, 3, str(marker), "hang"))
+    hanging = dataclasses.replace(spec, observers=(faults.observer_spec(victim, 3, marker, "hang"),))
     with ZarrRecorder(tmp_path / "e.zarr") as recorder:
         reports, stats = run_rollouts(hanging, _items(4), actors=1, recorder=recorder, episodes_per_call=2,
                                       episode_timeout_s=10)
