@@ -75,7 +75,13 @@ def test_the_wheel_holds_one_namespace_with_the_shipped_checkpoints(wheel):
         for file in ("checkpoint.json", "weights.safetensors"):
             assert f"{NS}/experiments/checkpoints/{part}/{file}" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "capsule-rollout = capsule_rollout.experiments.run:cli" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    registered = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "capsule-rollout = capsule_rollout.experiments.run:cli" in registered
+    # the example plugs in as a user's package would: its checkpoint kinds and its suite
+    for line in ("flow_policy = capsule_rollout.tabletop.loaders:FLOW_POLICY",
+                 "value_critic = capsule_rollout.tabletop.loaders:VALUE_CRITIC",
+                 "tabletop = capsule_rollout.tabletop.suite"):
+        assert line in registered, registered
 
 
 def test_a_users_own_envs_and_models_import_beside_it(wheel, tmp_path):
@@ -90,9 +96,9 @@ def test_a_users_own_envs_and_models_import_beside_it(wheel, tmp_path):
         (repo / name / "__init__.py").write_text(f"WHO = 'the lab\\'s own {name}'\n")
     script = r"""
 import json, envs, models
-from capsule_rollout.envs.tabletop_env import TabletopEnv
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 from capsule_rollout.experiments.paths import resolve_input
-from capsule_rollout.policies.flow_policy import load_policy
+from capsule_rollout.tabletop.flow_policy import load_policy
 from capsule_rollout.rollout import rollout_host
 import capsule_rollout
 env = TabletopEnv("pick_place", cameras=())
@@ -137,7 +143,7 @@ import json, torch, lerobot
 from importlib.metadata import version
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 import capsule_rollout
-from capsule_rollout.envs.tabletop_env import TabletopEnv
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 from capsule_rollout.rollout.rollout_host import RolloutHost
 env = TabletopEnv("stack", cameras=())
 obs, _ = env.reset(seed=1)

@@ -9,8 +9,9 @@ import numpy as np
 
 from capsule_rollout.benchmarks.support import stats_us
 from capsule_rollout.commands.configs import BenchBridgeConfig
-from capsule_rollout.envs.robot_bridge import RobotClient, SimRobotServer
+from capsule_rollout.envs.robot_bridge import RobotClient
 from capsule_rollout.envs.robot_protocol import Message
+from capsule_rollout.tabletop.sim_robot import SimRobotServer
 
 
 def latency(config: BenchBridgeConfig) -> dict:

@@ -12,12 +12,12 @@ import torch
 from capsule_rollout.benchmarks.support import machine, stats_us, timed
 from capsule_rollout.capsules import Arena
 from capsule_rollout.commands.configs import BenchPolicyConfig
-from capsule_rollout.critics.critic_runtime import CriticRuntime
-from capsule_rollout.critics.value_critic import ValueCritic, load_critic
 from capsule_rollout.models.checkpoint import WEIGHTS_FILE
 from capsule_rollout.policies.execution_context import TwoLaneContext
-from capsule_rollout.policies.flow_policy import FlowPolicy, load_policy
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.flow_policy import FlowPolicy, load_policy
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.value_critic import ValueCritic, load_critic
 
 CONCURRENT_TARGET = 1.15  # two lanes within 1.15x the slower model alone
 GRAPH_TARGET = 3.0  # captured at least 3x faster than eager on a GPU

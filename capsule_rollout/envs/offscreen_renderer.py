@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import weakref
+
 import mujoco
 import numpy as np
 
@@ -14,6 +17,19 @@ from capsule_rollout.envs.gl_backend import (
 )
 
 MAX_GEOM = 10000  # scene capacity, as mujoco.Renderer's default
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # renderers not closed yet: closed at exit, while GL is still loaded
+
+
+def _close_open_renderers() -> None:
+    for renderer in list(_OPEN):
+        renderer.close()
+
+
+def _track(renderer: OffscreenRenderer) -> None:
+    if not _OPEN:  # the first open renderer: close whatever is left open when the process exits (registered
+        atexit.unregister(_close_open_renderers)  # once at a time; at the first renderer, never at import)
+        atexit.register(_close_open_renderers)
+    _OPEN.add(renderer)
 
 
 class OffscreenRenderer:
@@ -55,6 +71,7 @@ class OffscreenRenderer:
         self._option = mujoco.MjvOption()
         self._rect = mujoco.MjrRect(0, 0, width, height)
         self._cameras: dict[str | int, mujoco.MjvCamera] = {}
+        _track(self)
 
     def _camera(self, camera: str | int | mujoco.MjvCamera) -> mujoco.MjvCamera:
         """A camera as mujoco.Renderer takes one: a name, an id (-1: the free camera), or an `MjvCamera`."""
@@ -100,6 +117,7 @@ class OffscreenRenderer:
         return buffer
 
     def close(self) -> None:
+        _OPEN.discard(self)
         if self._mjr is not None:
             self._gl.make_current()
             self._mjr.free()

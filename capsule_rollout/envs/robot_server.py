@@ -1,8 +1,8 @@
 """The robot side of the bridge over TCP (protocol: `envs.robot_protocol`): `RobotServer`.
 
 `RobotServer` owns the socket, the protocol and the safety layer; a `RobotBackend`
-(`envs.robot_backend`) is the part a user writes for their hardware. `SimRobotServer`
-is the server over the tabletop sim (`SimBackend`), speaking the real protocol.
+(`envs.robot_backend`) is the part a user writes for their hardware. The example's `SimRobotServer`
+(`tabletop.sim_robot`) is the server over the tabletop sim, speaking the real protocol.
 
 Safety, enforced by the server whatever the backend does:
 - actions are clipped to the advertised bounds and rate-limited (each component
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from capsule_rollout.envs.robot_backend import RobotBackend, SimBackend
+from capsule_rollout.envs.robot_backend import RobotBackend
 from capsule_rollout.envs.robot_protocol import (
     PREFIX_BYTES,
     ConnectionClosed,
@@ -374,14 +374,6 @@ class RobotServer:
         self.last_action = sent
         return Message("action_ack", {"clipped": clipped, "safe_stop": False, "reason": ""},
                        {"sent": sent.astype(np.float32)}, msg.seq)
-
-
-class SimRobotServer(RobotServer):
-    """A `RobotServer` over the tabletop sim (for tests, demos and `real_recap` without a robot)."""
-
-    def __init__(self, family: str = "pick_place", *, cameras=("front",), image_size: int = 64,
-                 realtime: bool = False, **kw) -> None:
-        super().__init__(SimBackend(family, cameras=cameras, image_size=image_size, realtime=realtime), **kw)
 
 
 _POLL_S = 0.05  # how often a connection thread looks at the clock and the stop flag

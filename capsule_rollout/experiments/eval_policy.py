@@ -7,14 +7,14 @@ import time
 
 from capsule_rollout.commands.configs import EvalPolicyConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
-from capsule_rollout.envs.tasks import FAMILY_NAMES
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.coaching import COACHABLE, evaluate_coaching
 from capsule_rollout.learning.evaluation import evaluate_expert, evaluate_policy
-from capsule_rollout.policies.flow_policy import resolve_conditioning
+from capsule_rollout.policies.conditioning import resolve_conditioning
 from capsule_rollout.rollout.host_factory import resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
+from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 
 def run(config: EvalPolicyConfig) -> ExperimentResult:

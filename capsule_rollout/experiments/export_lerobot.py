@@ -26,7 +26,7 @@ def run(config: ExportLeRobotConfig) -> ExperimentResult:
     indices = F.select_episodes(reader.episode_ids, config.episodes)
     fps = config.fps
     if not fps:
-        from capsule_rollout.envs.tabletop_env import CONTROL_HZ
+        from capsule_rollout.tabletop.tabletop_env import CONTROL_HZ
 
         fps = CONTROL_HZ
     options = LeRobotWriterOptions(

@@ -8,10 +8,10 @@ import numpy as np
 from capsule_rollout.commands.configs import LabelAdvantagesConfig
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.critics.advantage import INDICATOR_POSITIVE
-from capsule_rollout.critics.value_critic import load_critic
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.advantage_labels import label_store
+from capsule_rollout.tabletop.value_critic import load_critic
 
 
 def run(config: LabelAdvantagesConfig) -> ExperimentResult:

@@ -6,8 +6,8 @@ import time
 
 from capsule_rollout.commands.configs import SimRobotServerConfig
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.envs.robot_bridge import SimRobotServer
 from capsule_rollout.experiments.console import make_console
+from capsule_rollout.tabletop.sim_robot import SimRobotServer
 
 
 def run(config: SimRobotServerConfig) -> ExperimentResult:

@@ -19,7 +19,6 @@ from tqdm import tqdm
 
 from capsule_rollout.commands.configs import SimRolloutConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
-from capsule_rollout.envs.tasks import FAMILY_NAMES
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.rollout import episode_schema as S
@@ -30,6 +29,7 @@ from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.sharded_reader import open_episode_reader
 from capsule_rollout.rollout.sharded_store import ShardedStore, parse_store_root
+from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 
 def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:

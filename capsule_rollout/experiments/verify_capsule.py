@@ -13,16 +13,16 @@ from capsule_rollout.capsules import Steppable, VerifyReport, digest_backend, ve
 from capsule_rollout.capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
 from capsule_rollout.commands.configs import VerifyCapsuleConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
-from capsule_rollout.critics.critic_steppable import CriticSteppable
-from capsule_rollout.critics.value_critic import ValueCritic, load_critic
-from capsule_rollout.envs.env_steppable import TabletopSteppable
-from capsule_rollout.envs.tasks import FAMILY_NAMES
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.models.checkpoint import META_FILE
-from capsule_rollout.policies.flow_policy import FlowPolicy, load_policy
-from capsule_rollout.policies.policy_steppable import PolicySteppable
-from capsule_rollout.rollout.rollout_steppable import RolloutSteppable
+from capsule_rollout.tabletop.critic_steppable import CriticSteppable
+from capsule_rollout.tabletop.env_steppable import TabletopSteppable
+from capsule_rollout.tabletop.flow_policy import FlowPolicy, load_policy
+from capsule_rollout.tabletop.policy_steppable import PolicySteppable
+from capsule_rollout.tabletop.rollout_steppable import RolloutSteppable
+from capsule_rollout.tabletop.tasks import FAMILY_NAMES
+from capsule_rollout.tabletop.value_critic import ValueCritic, load_critic
 
 
 def _devices(config: VerifyCapsuleConfig) -> list[str]:

@@ -17,14 +17,14 @@ import itertools
 import numpy as np
 
 from capsule_rollout.envs.operator_input import Kind, OperatorEvent
-from capsule_rollout.envs.phrasing import coaching_text
-from capsule_rollout.envs.scene import PADS
-from capsule_rollout.envs.tasks import FAMILIES, Goal, Subtask, TaskParams, family_index
 from capsule_rollout.learning.evaluation import eval_spec, run_items
 from capsule_rollout.learning.stats import wilson_interval
 from capsule_rollout.rollout.host_factory import build_host, make_observers
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.tabletop.phrasing import coaching_text
+from capsule_rollout.tabletop.scene import PADS
+from capsule_rollout.tabletop.tasks import FAMILIES, Goal, Subtask, TaskParams, family_index
 
 COACHABLE = tuple(f.name for f in FAMILIES if any(s.goal is not None and s.goal.kind == "pad"
                                                   for s in f.subtasks(TaskParams(0))))  # goal kinds only

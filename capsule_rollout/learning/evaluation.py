@@ -14,23 +14,24 @@ from collections.abc import Sequence
 import numpy as np
 
 from capsule_rollout.capsules import Arena
-from capsule_rollout.critics.critic_runtime import CriticRuntime
-from capsule_rollout.critics.value_critic import ValueCritic, load_critic
-from capsule_rollout.envs.scripted_expert import ScriptedExpert
-from capsule_rollout.envs.tabletop_env import CONTROL_HZ, TabletopEnv
 from capsule_rollout.learning.stats import (
     failure_auc_summary,
     mid_episode_step,
     phase_breakdown,
     wilson_interval,
 )
-from capsule_rollout.policies.flow_policy import Conditioning, FlowPolicy
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.flow_policy import FlowPolicy
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
+from capsule_rollout.tabletop.tabletop_env import CONTROL_HZ, TabletopEnv
+from capsule_rollout.tabletop.value_critic import ValueCritic, load_critic
 
 OBSERVER = "capsule_rollout.learning.evaluation:EvalObserver"
 

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 
 from capsule_rollout.critics.returns import executed_plans, value_targets
-from capsule_rollout.critics.value_critic import ACTOR_POLICY, KIND, CriticConfig, ValueCritic
 from capsule_rollout.learning.branch_values import BranchTable, branch_targets
 from capsule_rollout.learning.options import TrainCriticConfig
 from capsule_rollout.learning.policy_data import load_training_arrays
 from capsule_rollout.learning.training import Log, loop_config, open_run, run_config, start_fit
-from capsule_rollout.models.encoders import random_shift
-from capsule_rollout.policies.flow_policy import load_policy
+from capsule_rollout.tabletop.encoders import random_shift
+from capsule_rollout.tabletop.flow_policy import load_policy
+from capsule_rollout.tabletop.value_critic import ACTOR_POLICY, KIND, CriticConfig, ValueCritic
 
 
 def _model_config(config: TrainCriticConfig, ckpt) -> CriticConfig:

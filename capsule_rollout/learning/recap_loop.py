@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 
 from capsule_rollout.critics.advantage import INDICATOR_POSITIVE
-from capsule_rollout.critics.value_critic import load_critic
 from capsule_rollout.learning.advantage_labels import label_store
 from capsule_rollout.learning.branch_values import BranchPlan, branches_path, collect_branches, label_store_from_branches
 from capsule_rollout.learning.demos import collect_demos
@@ -60,7 +59,7 @@ from capsule_rollout.learning.options import (
 from capsule_rollout.learning.stats import failure_auc_summary, mid_episode_value, paired_comparison
 from capsule_rollout.learning.training import Log
 from capsule_rollout.models.checkpoint import update_info
-from capsule_rollout.policies.flow_policy import CONDITIONING_INFO, Conditioning
+from capsule_rollout.policies.conditioning import CONDITIONING_INFO, Conditioning
 from capsule_rollout.rollout.episode_schema import IMAGE_PREFIX
 from capsule_rollout.rollout.host_factory import ACTING_INFO, HostSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
@@ -68,6 +67,7 @@ from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.sharded_reader import open_episode_reader
 from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.tabletop.value_critic import load_critic
 
 
 def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Path, k: int,
@@ -89,7 +89,7 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
 
 
 def _episode_limit(config: RecapConfig) -> int:
-    from capsule_rollout.envs.tasks import FAMILIES, family_index
+    from capsule_rollout.tabletop.tasks import FAMILIES, family_index
 
     return FAMILIES[family_index(config.family)].max_steps
 

@@ -19,22 +19,16 @@ from pathlib import Path
 import torch
 
 from capsule_rollout.capsules import CapsuleStore, save_capsule
-from capsule_rollout.critics.critic_runtime import CriticRuntime
-from capsule_rollout.critics.value_critic import load_critic
 from capsule_rollout.envs.rollout_env import RolloutEnv
-from capsule_rollout.envs.tabletop_env import TabletopEnv
 from capsule_rollout.import_path import resolve
-from capsule_rollout.policies.flow_policy import Conditioning, load_policy, resolve_conditioning
-from capsule_rollout.policies.policy_runtime import PolicyRuntime, check_noise_scale
-from capsule_rollout.policies.torch_policy import load_torch_policy
+from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.plug_in import (
     FACTORY,
-    FLOW,
-    TORCH,
     as_rollout_critic,
     as_rollout_policy,
-    make_from_factory,
+    describe_source,
+    load_source,
     source_kind,
 )
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost, capsule_key
@@ -131,7 +125,10 @@ class HostSpec:
                    **{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def conditioning(self) -> Conditioning:
-        if source_kind(self.policy) != FLOW:  # only the flow policy takes RECAP conditioning (check_spec refuses any)
+        """How the policy acts (a checkpoint that takes RECAP conditioning: what it records, unless overridden;
+        any other policy: none, and check_spec refuses any asked for)."""
+        described = describe_source(self.policy)
+        if described is None or not described.takes_conditioning:
             return Conditioning()
         return resolve_conditioning(self.policy, self.advantage, self.beta)
 
@@ -166,21 +163,13 @@ def check_same_run(out: Path, spec: HostSpec) -> None:
 
 
 def check_spec(spec: HostSpec) -> None:
-    """Fail fast (before any process starts) on checkpoints that are missing or do not fit together."""
-    from capsule_rollout.critics.value_critic import KIND as CRITIC_KIND
-    from capsule_rollout.critics.value_critic import CriticConfig
-    from capsule_rollout.models.checkpoint import Checkpoint
-    from capsule_rollout.policies.flow_policy import KIND as POLICY_KIND
-    from capsule_rollout.policies.flow_policy import FlowPolicyConfig
-    from capsule_rollout.policies.torch_policy import KIND as TORCH_POLICY_KIND
-
+    """Fail fast (before any process starts) on sources that are missing or do not fit together."""
     if not spec.policy:
         raise ValueError("no policy: give a checkpoint directory or a factory's import path (--policy)")
-    kinds = {what: source_kind(path) for what, path in (("policy", spec.policy), ("critic", spec.critic)) if path}
     for what, path in (("policy", spec.policy), ("critic", spec.critic)):
         if not path:
             continue
-        if kinds[what] == FACTORY:
+        if source_kind(path) == FACTORY:
             resolve(path, what)  # a factory that cannot be imported fails here, before any process starts
         elif not Path(path).is_dir():
             raise FileNotFoundError(f"{what} checkpoint {path!r} not found: give a checkpoint directory (train_{what} "
@@ -198,26 +187,20 @@ def check_spec(spec: HostSpec) -> None:
     for path, kwargs in spec.observers:
         _resolve(path)
         json.loads(kwargs or "{}")
-    if kinds["policy"] != FLOW:
+    policy = describe_source(spec.policy)
+    critic = describe_source(spec.critic) if spec.critic else None
+    if policy is None or not policy.takes_conditioning:
         if spec.advantage == "positive" or spec.beta is not None:
-            raise ValueError(f"RECAP conditioning (--advantage, --beta) is the flow policy's; {spec.policy!r} takes "
-                             "none: leave them unset")
-        if spec.noise_scale != 1.0:
-            raise ValueError(f"noise_scale {spec.noise_scale} applies to the flow policy; {spec.policy!r} gets its noise "
-                             "as drawn: leave the noise scale unset (--act.noise_scale, export_checkpoint --noise_scale)")
-        if kinds["policy"] == TORCH:
-            chunk = Checkpoint(spec.policy, kind=TORCH_POLICY_KIND).config["chunk_length"]
-            if spec.host.n_exec > chunk:
-                raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({chunk})")
-        return  # a factory's chunk length is known once it is built: the host checks --n_exec then
-    policy = FlowPolicyConfig.from_json(Checkpoint(spec.policy, kind=POLICY_KIND).config["model"])
-    if spec.critic and kinds["critic"] != FACTORY:
-        critic = CriticConfig.from_json(Checkpoint(spec.critic, kind=CRITIC_KIND).config["model"])
-        if policy.image_size != critic.image_size:
-            raise ValueError(f"policy images are {policy.image_size}px, critic images "
-                             f"{critic.image_size}px: use checkpoints trained on the same images")
-    if spec.host.n_exec > policy.chunk_length:
+            raise ValueError(f"RECAP conditioning (--advantage, --beta): {spec.policy!r} takes none; leave them unset")
+    if (policy is None or not policy.takes_noise_scale) and spec.noise_scale != 1.0:
+        raise ValueError(f"noise_scale {spec.noise_scale}: {spec.policy!r} gets its noise as drawn; leave the noise "
+                         "scale unset (--act.noise_scale, export_checkpoint --noise_scale)")
+    if policy is not None and policy.chunk_length and spec.host.n_exec > policy.chunk_length:
         raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({policy.chunk_length})")
+    sizes = {d.image_size for d in (policy, critic) if d is not None and d.image_size}
+    if len(sizes) > 1:
+        raise ValueError(f"the policy and critic read images of {sorted(sizes)} px: use checkpoints trained on the "
+                         "same images")
     spec.conditioning()  # refuses a --beta the checkpoint cannot take
 
 
@@ -267,10 +250,12 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
     if parts.conditioning is not None:
         policy.set_conditioning(parts.conditioning.indicator, parts.conditioning.beta)
     if spec.takeover:
-        from capsule_rollout.envs.scripted_expert import ScriptedExpert
+        from capsule_rollout.envs.suites import expert_for
         from capsule_rollout.rollout.value_takeover import ValueTakeover
 
-        host.teleop = ScriptedExpert(env).act
+        host.teleop = expert_for(env)
+        if host.teleop is None:
+            raise ValueError(f"value-triggered takeovers need a scripted expert for {env.task!r}; its suite has none")
         host.operator = ValueTakeover(float(spec.takeover[0]), int(spec.takeover[1])).bind(host)
     return host
 
@@ -287,45 +272,26 @@ class _Parts:
 
 
 def _load_parts(spec: HostSpec) -> _Parts:
-    cameras: list[str] = []
-    sizes: set[int] = set()
-    conditioning = None
-    kind = source_kind(spec.policy)
-    if kind == FACTORY:
-        policy = make_from_factory(spec.policy, "policy")
-    elif kind == TORCH:
-        policy = load_torch_policy(spec.policy, device=spec.device)
-        for key in policy.spec.observation_keys:
-            if key.startswith("image_"):
-                cameras.append(key.removeprefix("image_"))
-                sizes.add(policy.shapes[key][0][0])
-    else:
-        conditioning = spec.conditioning()
-        flow = load_policy(spec.policy, spec.device)
-        policy = PolicyRuntime(flow, device=spec.device, guidance=conditioning.beta is not None,
-                               noise_scale=spec.noise_scale)
-        cameras += flow.config.cameras
-        sizes.add(flow.config.image_size)
-    critic = None
-    if spec.critic and source_kind(spec.critic) == FACTORY:
-        critic = make_from_factory(spec.critic, "critic")
-    elif spec.critic:
-        value = load_critic(spec.critic, spec.device)
-        critic = CriticRuntime(value, device=spec.device)
-        cameras += value.config.cameras
-        sizes.add(value.config.image_size)
+    conditioning = spec.conditioning()
+    policy = load_source(spec.policy, "policy", device=spec.device, conditioning=conditioning,
+                         noise_scale=spec.noise_scale)
+    critic = load_source(spec.critic, "critic", device=spec.device, conditioning=Conditioning(),
+                         noise_scale=1.0) if spec.critic else None
+    loaded = [part for part in (policy, critic) if part is not None]
+    cameras = tuple(dict.fromkeys(c for part in loaded for c in part.cameras))
+    sizes = {part.image_size for part in loaded if part.image_size}
     if len(sizes) > 1:
         raise ValueError(f"the policy and critic read images of {sorted(sizes)} px: use ones made for the same images")
-    return _Parts(policy, critic, tuple(dict.fromkeys(cameras)) or None, sizes.pop() if sizes else 64, conditioning)
+    return _Parts(policy.part, critic.part if critic else None, cameras or None, sizes.pop() if sizes else 64,
+                  policy.conditioning)
 
 
 def _make_env(spec: HostSpec, cameras: tuple[str, ...] | None, image_size: int) -> RolloutEnv:
-    """The spec's env: a suite env (`spec.env`; cameras None: its default one) or the tabletop family."""
-    if spec.env:
-        from capsule_rollout.envs.suites import make_env
+    """The spec's env: `spec.env` (a registered id or an import path; cameras None: its default one), else the
+    tabletop family's (`tabletop:<family>`, the example's suite)."""
+    from capsule_rollout.envs.suites import make_env
 
-        return make_env(spec.env, cameras=cameras or None, image_size=image_size)
-    return TabletopEnv(spec.family, cameras=cameras or ("front",), image_size=image_size)
+    return make_env(spec.env or f"tabletop:{spec.family}", cameras=cameras or None, image_size=image_size)
 
 
 def capsule_path(capsule_dir: str | os.PathLike, task: str, seed: int) -> Path:

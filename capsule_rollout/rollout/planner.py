@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Protocol
 
-from capsule_rollout.envs.phrasing import phrase
 from capsule_rollout.rollout.handoff import SubtaskChannel
+
+CANONICAL = "canonical"  # a subtask said in the env's own words
 
 
 class Planner(Protocol):
@@ -24,14 +26,19 @@ class ScriptedPlanner:
     decides when a subtask is done, and the next subtask's text is published. An env without
     subtasks has its instruction published once as the one subtask (nothing when it has none).
 
-    `phrasing` (`envs.phrasing.PHRASINGS`): each subtask said the task's own way ("canonical"), or in one
-    of its "train" / "heldout" paraphrases, chosen by the text (crc32), so a subtask is worded the same
-    every time it is published, after a restore too."""
+    `phrasing`: each subtask said the env's own way ("canonical"), or in another style the env knows:
+    `words(text, phrasing, index)` (the env's `phrase` method, e.g. the tabletop's "train" / "heldout"
+    paraphrases) with `index` chosen by the text (crc32), so a subtask is worded the same every time it is
+    published, after a restore too."""
 
-    def __init__(self, channel: SubtaskChannel, phrasing: str = "canonical") -> None:
+    def __init__(self, channel: SubtaskChannel, phrasing: str = CANONICAL,
+                 words: Callable[[str, str, int], str] | None = None) -> None:
         self.channel = channel
-        self.phrasing = phrasing
-        phrase("", phrasing)  # refuses an unknown phrasing here, not at the first publish
+        self.phrasing, self.words = phrasing, words
+        if words is not None:
+            words("", phrasing, 0)  # refuses an unknown phrasing here, not at the first publish
+        elif phrasing != CANONICAL:
+            raise ValueError(f"phrasing {phrasing!r}: this env words its subtasks one way only (it has no phrase())")
         self.published: int | None = None  # subtask index last published
 
     def reset(self, env) -> None:
@@ -45,5 +52,7 @@ class ScriptedPlanner:
         index = min(env.subtask_index, len(texts) - 1) if env.subtask_texts else 0
         if index != self.published:
             text = texts[index]
-            self.channel.publish(phrase(text, self.phrasing, index=zlib.crc32(text.encode())), index)
+            if self.words is not None and self.phrasing != CANONICAL:
+                text = self.words(text, self.phrasing, zlib.crc32(text.encode()))
+            self.channel.publish(text, index)
             self.published = index

@@ -1,8 +1,12 @@
 """Bringing your own policy and critic: what a host is built from, whoever made it.
 
-A policy source (`HostSpec.policy`, `--policy`) is a checkpoint directory (the project's flow policy, or a
-`TorchPolicy` checkpoint) or an import path `package.module:factory`, called with no arguments in every
-process that builds a host (on each Ray actor too) and returning one of:
+A policy source (`HostSpec.policy`, `--policy`) is a checkpoint directory or an import path
+`package.module:factory`. A checkpoint is loaded by the loader registered for its kind (`checkpoint.json`'s
+`kind`): `torch_policy` is built in; a package adds its own kinds through the entry-point group
+`capsule_rollout.checkpoints` (`kind = "package.module:LOADER"`, an object with `describe(path)` and
+`load(path, role=, device=, conditioning=, noise_scale=)`), as the tabletop example does for its flow policy and
+value critic. A factory is called with no arguments in every process that builds a host (on each Ray actor
+too) and returns one of:
 - a rollout-protocol policy (`policies.rollout_policy.RolloutPolicy`: a capsule component), used as it is;
 - an object with `infer(obs) -> chunk` (openpi's shape), wrapped by `policies.infer_policy.InferPolicy`;
 - a torch module `module(inputs, noise) -> chunk`, wrapped by `policies.torch_policy.TorchPolicy`.
@@ -18,8 +22,10 @@ is given).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -28,18 +34,102 @@ from capsule_rollout.critics.infer_critic import InferCritic
 from capsule_rollout.critics.rollout_critic import CriticSpec, RolloutCritic
 from capsule_rollout.envs.rollout_env import RolloutEnv, action_bounds
 from capsule_rollout.import_path import resolve
+from capsule_rollout.models.checkpoint import META_FILE, Checkpoint
+from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.policies.infer_policy import InferPolicy, accepts_noise
 from capsule_rollout.policies.rollout_policy import PolicySpec, RolloutPolicy
-from capsule_rollout.policies.torch_policy import TorchPolicy, is_torch_policy
+from capsule_rollout.policies.torch_policy import KIND as TORCH_POLICY_KIND
+from capsule_rollout.policies.torch_policy import TorchPolicy, load_torch_policy
 
-FLOW, TORCH, FACTORY = "flow", "torch", "factory"
+FACTORY, CHECKPOINT = "factory", "checkpoint"
+LOADERS_GROUP = "capsule_rollout.checkpoints"
 
 
 def source_kind(source: str) -> str:
-    """`factory` for an import path, else the checkpoint's kind (`torch` or `flow`)."""
+    """`factory` for an import path, else `checkpoint` (a directory, checked when it is described)."""
     if not Path(source).is_dir() and ":" in source and not source.startswith(("/", ".", "~")):
         return FACTORY
-    return TORCH if is_torch_policy(source) else FLOW
+    return CHECKPOINT
+
+
+@dataclass(frozen=True)
+class Described:
+    """What a checkpoint says about itself, read without loading its weights (checked before actors start)."""
+
+    chunk_length: int | None = None
+    image_size: int | None = None
+    takes_conditioning: bool = False  # RECAP conditioning (--advantage, --beta)
+    takes_noise_scale: bool = False  # a sampling temperature (--act.noise_scale)
+
+
+@dataclass
+class Loaded:
+    """A loaded part, with what the env must render for it."""
+
+    part: Any
+    cameras: tuple[str, ...] = ()
+    image_size: int | None = None
+    conditioning: Conditioning | None = None  # set on the policy once the host is built
+
+
+class CheckpointLoader(Protocol):
+    def describe(self, path: str) -> Described: ...
+
+    def load(self, path: str, *, role: str, device: str, conditioning: Conditioning,
+             noise_scale: float) -> Loaded: ...
+
+
+class TorchPolicyLoader:
+    """`torch_policy` checkpoints (`policies.torch_policy.save_torch_policy`): any torch module."""
+
+    def describe(self, path: str) -> Described:
+        return Described(chunk_length=int(Checkpoint(path, kind=TORCH_POLICY_KIND).config["chunk_length"]))
+
+    def load(self, path: str, *, role: str, device: str, conditioning: Conditioning, noise_scale: float) -> Loaded:
+        if role != "policy":
+            raise ValueError(f"{path} is a torch_policy checkpoint; it cannot serve as the {role}")
+        policy = load_torch_policy(path, device=device)
+        images = {k.removeprefix("image_"): policy.shapes[k][0][0] for k in policy.spec.observation_keys
+                  if k.startswith("image_")}
+        return Loaded(policy, tuple(images), max(images.values()) if images else None)
+
+
+BUILT_IN_LOADERS: dict[str, CheckpointLoader] = {TORCH_POLICY_KIND: TorchPolicyLoader()}
+
+
+def checkpoint_kind(path: str) -> str:
+    if not (Path(path) / META_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint (no {META_FILE}): give a checkpoint directory or a "
+                                "factory's import path `package.module:factory`")
+    return str(Checkpoint(path).meta.get("kind"))
+
+
+def loader_for(path: str) -> CheckpointLoader:
+    """The loader registered for the checkpoint's kind (built in, or an entry point of `LOADERS_GROUP`)."""
+    kind = checkpoint_kind(path)
+    if kind in BUILT_IN_LOADERS:
+        return BUILT_IN_LOADERS[kind]
+    found = {e.name: e for e in entry_points(group=LOADERS_GROUP)}
+    if kind not in found:
+        known = sorted({*BUILT_IN_LOADERS, *found})
+        raise ValueError(f"{path} is a {kind!r} checkpoint and no loader is registered for that kind (known: "
+                         f"{', '.join(known)}): install the package that provides it (entry-point group "
+                         f"{LOADERS_GROUP!r})")
+    return found[kind].load()
+
+
+def describe_source(source: str) -> Described | None:
+    """A checkpoint's description; None for a factory (known once it is built)."""
+    return None if source_kind(source) == FACTORY else loader_for(source).describe(source)
+
+
+def load_source(source: str, role: str, *, device: str, conditioning: Conditioning, noise_scale: float) -> Loaded:
+    """The policy or critic a source names: a factory's object (adapted later, with the env) or a checkpoint's
+    part, loaded by its kind's loader."""
+    if source_kind(source) == FACTORY:
+        return Loaded(make_from_factory(source, role))
+    return loader_for(source).load(source, role=role, device=device, conditioning=conditioning,
+                                   noise_scale=noise_scale)
 
 
 def make_from_factory(source: str, what: str) -> Any:

@@ -111,7 +111,8 @@ class RolloutHost:
         self.env, self.policy, self.critic, self.config = env, policy, critic, config
         self.store = store if store is not None else CapsuleStore()
         self.channel = channel if channel is not None else SubtaskChannel()
-        self.planner = planner if planner is not None else ScriptedPlanner(self.channel, phrasing=config.phrasing)
+        self.planner = planner if planner is not None else ScriptedPlanner(self.channel, config.phrasing,
+                                                                            getattr(env, "phrase", None))
         self.recorder = recorder
         self.safety_check = safety_check
         self.control = OperatorControl(operator, teleop, self.channel, self.request_end)

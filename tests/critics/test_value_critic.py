@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from capsule_rollout.capsules import Arena
-from capsule_rollout.critics.critic_runtime import CriticRuntime
 from capsule_rollout.critics.returns import normalized_returns
-from capsule_rollout.critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY, CriticConfig, ValueCritic
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY, CriticConfig, ValueCritic
 from tests.policies.tiny import TINY_CRITIC, obs_of, tiny_critic
 
 

@@ -14,8 +14,8 @@ from capsule_rollout.capsules import (
     save_capsule,
     snapshot,
 )
-from capsule_rollout.envs.tabletop_env import TabletopEnv
-from capsule_rollout.envs.tasks import family_index
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv
+from capsule_rollout.tabletop.tasks import family_index
 
 
 def _with_family(capsule: Capsule, family: str) -> Capsule:

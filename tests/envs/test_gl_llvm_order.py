@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("triton")
 
 SCRIPT = """
-from capsule_rollout.envs.tabletop_env import TabletopEnv
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 env = TabletopEnv("pick_place", cameras=("front",))
 env.reset(seed=0)
 import triton._C.libtriton  # what torch loads lazily, e.g. in torch.optim

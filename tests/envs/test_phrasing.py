@@ -6,12 +6,12 @@ import itertools
 import numpy as np
 import pytest
 
-from capsule_rollout.envs.phrasing import COACHING, HELDOUT, TRAIN, coaching_text, parse_subtask, phrase, phrasings
-from capsule_rollout.envs.scene import BLOCKS, PADS
-from capsule_rollout.envs.tasks import FAMILIES, RELATIONS, TaskParams
-from capsule_rollout.models.tokenizer import VOCAB
 from capsule_rollout.rollout.handoff import SubtaskChannel
 from capsule_rollout.rollout.planner import ScriptedPlanner
+from capsule_rollout.tabletop.phrasing import COACHING, HELDOUT, TRAIN, coaching_text, parse_subtask, phrase, phrasings
+from capsule_rollout.tabletop.scene import BLOCKS, PADS
+from capsule_rollout.tabletop.tasks import FAMILIES, RELATIONS, TaskParams
+from capsule_rollout.tabletop.tokenizer import VOCAB
 
 
 def _every_subtask_text() -> set[str]:
@@ -74,16 +74,19 @@ def test_other_texts_are_left_alone_and_bad_requests_are_refused():
 
 
 def test_the_planner_publishes_the_asked_phrasing_the_same_way_every_time():
-    class Env:  # what the planner reads
+    class Env:  # what the planner reads; the tabletop env words its subtasks through `phrase`
         subtask_texts = ("pick up the red block", "place it on the yellow pad")
         instruction = "put the red block on the yellow pad"
         subtask_index = 0
+
+        def phrase(self, text, phrasing, index=0):
+            return phrase(text, phrasing, index=index)
 
     env = Env()
     for phrasing in ("canonical", "heldout"):
         channel = SubtaskChannel()
         try:
-            planner = ScriptedPlanner(channel, phrasing=phrasing)
+            planner = ScriptedPlanner(channel, phrasing, env.phrase)
             planner.reset(env)
             first = channel.read().text
             planner.reset(env)
@@ -96,6 +99,8 @@ def test_the_planner_publishes_the_asked_phrasing_the_same_way_every_time():
     channel = SubtaskChannel()
     try:
         with pytest.raises(ValueError, match="phrasing must be one of"):
-            ScriptedPlanner(channel, phrasing="poetic")
+            ScriptedPlanner(channel, "poetic", env.phrase)
+        with pytest.raises(ValueError, match="words its subtasks one way only"):
+            ScriptedPlanner(channel, "heldout")  # an env without phrase()
     finally:
         channel.close()

@@ -14,8 +14,6 @@ from capsule_rollout.envs.robot_bridge import (
     RobotDisconnected,
     RobotError,
     RobotServer,
-    SimBackend,
-    SimRobotServer,
 )
 from capsule_rollout.envs.robot_protocol import (
     PREFIX,
@@ -27,6 +25,7 @@ from capsule_rollout.envs.robot_protocol import (
     encode,
     read_frame,
 )
+from capsule_rollout.tabletop.sim_robot import SimBackend, SimRobotServer
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +174,7 @@ def test_bench_bridge_smoke(tmp_path):
 
 
 def test_a_realtime_sim_robot_paces_actions_to_its_control_rate(monkeypatch):
-    import capsule_rollout.envs.robot_backend as bridge
+    import capsule_rollout.tabletop.sim_robot as bridge
 
     clock, sleeps = [100.0], []
 

@@ -6,18 +6,18 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from capsule_rollout import envs
+from capsule_rollout import tabletop
 from capsule_rollout.capsules import Arena, restore, snapshot, verify_steppable
-from capsule_rollout.envs.env_steppable import TabletopSteppable
 from capsule_rollout.envs.gl_backend import RenderingUnavailableError
-from capsule_rollout.envs.scripted_expert import ScriptedExpert
-from capsule_rollout.envs.tabletop_env import STATE_DIM, TabletopEnv
-from capsule_rollout.envs.tasks import FAMILY_NAMES
+from capsule_rollout.tabletop.env_steppable import TabletopSteppable
+from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
+from capsule_rollout.tabletop.tabletop_env import STATE_DIM, TabletopEnv
+from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 
-@pytest.mark.parametrize("env_id", sorted(envs.ENV_IDS))
+@pytest.mark.parametrize("env_id", sorted(tabletop.ENV_IDS))
 def test_registered_envs_pass_check_env(env_id):
-    assert env_id in envs.register_envs()
+    assert env_id in tabletop.register_envs()
     env = gymnasium.make(env_id)
     check_env(env.unwrapped, skip_render_check=False)
     obs, info = env.reset(seed=1)
@@ -200,7 +200,7 @@ def test_rendering_works_whatever_module_is_imported_first(tmp_path):
 
     script = (
         "import os, mujoco\n"
-        "import capsule_rollout.envs.env_steppable as s\n"
+        "import capsule_rollout.tabletop.env_steppable as s\n"
         "step = s.TabletopSteppable('pick_place')\n"
         "print(step.env.observe()['image_front'].std() > 0, os.environ.get('MUJOCO_GL'))\n"
     )

@@ -3,9 +3,9 @@
 import torch
 
 import capsule_rollout.benchmarks.policy as bench_policy
-from capsule_rollout.critics.critic_runtime import CriticRuntime
 from capsule_rollout.models.graph_runner import GraphRunner
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from tests.fake_cuda import FakeCuda
 from tests.policies.tiny import tiny_critic, tiny_policy
 

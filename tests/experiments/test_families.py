@@ -8,14 +8,14 @@ import types
 
 import pytest
 
-from capsule_rollout.envs.phrasing import COACHING, coaching_text
-from capsule_rollout.envs.scene import PADS
-from capsule_rollout.envs.scripted_expert import ScriptedExpert
-from capsule_rollout.envs.tabletop_env import TabletopEnv
-from capsule_rollout.envs.tasks import FAMILY_NAMES, Goal, Subtask
 from capsule_rollout.experiments.run import main
 from capsule_rollout.learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert, evaluate_coaching
 from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.tabletop.phrasing import COACHING, coaching_text
+from capsule_rollout.tabletop.scene import PADS
+from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv
+from capsule_rollout.tabletop.tasks import FAMILY_NAMES, Goal, Subtask
 from tests.policies.tiny import save_tiny_checkpoints
 
 

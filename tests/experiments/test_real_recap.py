@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from capsule_rollout.envs.operator_input import parse_script
-from capsule_rollout.envs.robot_bridge import SimRobotServer
 from capsule_rollout.experiments.run import main
 from capsule_rollout.rollout.npz_recorder import read_npz_episode
 from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.tabletop.sim_robot import SimRobotServer
 from tests.policies.tiny import save_tiny_checkpoints
 
 

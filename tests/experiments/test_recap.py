@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from capsule_rollout.critics.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 from capsule_rollout.experiments.run import main
 from capsule_rollout.learning.branch_values import BranchTable
 from capsule_rollout.learning.policy_data import episode_actor
 from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.tabletop.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 
 
 def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):

@@ -59,10 +59,10 @@ def test_train_critic_reports_held_out_error(demos, tmp_path):
 def test_train_critic_starts_its_encoders_from_a_policy(demos, tmp_path):
     import torch
 
-    from capsule_rollout.critics.value_critic import load_critic
     from capsule_rollout.models.checkpoint import save_checkpoint
-    from capsule_rollout.policies.flow_policy import KIND as POLICY_KIND
-    from capsule_rollout.policies.flow_policy import FlowPolicy
+    from capsule_rollout.tabletop.flow_policy import KIND as POLICY_KIND
+    from capsule_rollout.tabletop.flow_policy import FlowPolicy
+    from capsule_rollout.tabletop.value_critic import load_critic
 
     torch.manual_seed(3)
     policy = FlowPolicy()
@@ -91,9 +91,9 @@ def test_training_refuses_a_store_without_episodes_or_cameras(demos, tmp_path, c
 
 
 def test_label_advantages_writes_a_sidecar_that_training_reads(demos, tmp_path):
-    from capsule_rollout.critics.value_critic import KIND as CRITIC_KIND
-    from capsule_rollout.critics.value_critic import ValueCritic
     from capsule_rollout.models.checkpoint import save_checkpoint
+    from capsule_rollout.tabletop.value_critic import KIND as CRITIC_KIND
+    from capsule_rollout.tabletop.value_critic import ValueCritic
 
     critic = tmp_path / "critic"
     save_checkpoint(critic, kind=CRITIC_KIND, model=ValueCritic(), step=0,
@@ -133,7 +133,7 @@ def test_executed_plans_stay_within_their_episode():
 def test_a_plan_critic_trains_labels_and_judges_the_policys_chunks(demos, tmp_path):
     """train_critic --plan_steps: held-out error with and without the plan; its labels use the state's
     value (the store is untouched); eval_policy values each chunk start with the chunk about to run."""
-    from capsule_rollout.critics.value_critic import load_critic
+    from capsule_rollout.tabletop.value_critic import load_critic
 
     critic, summary = tmp_path / "critic", tmp_path / "c.json"
     assert main(["train_critic", "--data", str(demos), "--out", str(critic), "--steps", "2", "--plan_steps", "4",

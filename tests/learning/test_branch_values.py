@@ -334,7 +334,7 @@ def test_a_missing_or_foreign_branch_sidecar_is_refused_with_what_to_do(tmp_path
 
 def test_training_reads_episodes_in_id_order_whatever_order_they_were_recorded_in(tmp_path):
     from capsule_rollout.learning.policy_data import load_training_arrays
-    from capsule_rollout.models.tokenizer import Tokenizer
+    from capsule_rollout.tabletop.tokenizer import Tokenizer
 
     host = _host()
     try:

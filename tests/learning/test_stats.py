@@ -84,8 +84,8 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
     # several critics on the same episodes: each scored on the same states, and their mean value
     import torch
 
-    from capsule_rollout.critics.value_critic import KIND, load_critic
     from capsule_rollout.models.checkpoint import save_checkpoint
+    from capsule_rollout.tabletop.value_critic import KIND, load_critic
 
     other = load_critic(resolve_input("experiments/checkpoints/critic"))
     torch.manual_seed(0)

@@ -19,10 +19,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from capsule_rollout.capsules import Arena
-from capsule_rollout.critics.critic_runtime import CriticRuntime
-from capsule_rollout.critics.value_critic import ValueCritic
-from capsule_rollout.policies.flow_policy import FlowPolicy
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.flow_policy import FlowPolicy
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.value_critic import ValueCritic
 from tests.policies.tiny import TINY_CRITIC, TINY_POLICY
 
 # aten ops that copy a device value to the host, or whose output shape depends on data

@@ -5,7 +5,7 @@ import torch
 
 from capsule_rollout.models.checkpoint import META_FILE, WEIGHTS_FILE, Checkpoint, CheckpointError, save_checkpoint
 from capsule_rollout.models.trainer import LoopConfig, make_optimizer, train
-from capsule_rollout.policies.flow_policy import KIND, load_policy
+from capsule_rollout.tabletop.flow_policy import KIND, load_policy
 from tests.policies.tiny import TINY_POLICY, tiny_policy
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from capsule_rollout.capsules import Arena, restore, snapshot
-from capsule_rollout.critics.critic_runtime import CriticRuntime
 from capsule_rollout.policies.execution_context import TwoLaneContext
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from tests.policies.tiny import obs_of, tiny_critic, tiny_policy
 
 pytestmark = pytest.mark.gpu

@@ -3,9 +3,9 @@ import torch
 
 from capsule_rollout.capsules import Arena, restore, snapshot
 from capsule_rollout.models.counter_rng import make_state, normal_
-from capsule_rollout.models.tokenizer import Tokenizer
-from capsule_rollout.policies.flow_policy import ADV_POSITIVE, FlowPolicy, FlowPolicyConfig
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.flow_policy import ADV_POSITIVE, FlowPolicy, FlowPolicyConfig
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.tokenizer import Tokenizer
 from tests.policies.tiny import TINY_POLICY, obs_of, tiny_policy
 
 
@@ -207,8 +207,8 @@ def test_traced_cpu_path_stays_bit_identical_to_eager_over_many_calls():
 
 
 def test_traced_critic_equals_eager():
-    from capsule_rollout.critics.critic_runtime import CriticRuntime
-    from capsule_rollout.critics.value_critic import ValueCritic
+    from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+    from capsule_rollout.tabletop.value_critic import ValueCritic
 
     torch.manual_seed(0)
     critic = ValueCritic()

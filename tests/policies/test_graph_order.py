@@ -14,10 +14,10 @@ import torch
 
 import capsule_rollout.models.runtime as model_runtime
 from capsule_rollout.capsules import Arena
-from capsule_rollout.critics.critic_runtime import CriticRuntime
 from capsule_rollout.models.graph_runner import GraphRunner
 from capsule_rollout.policies.execution_context import TwoLaneContext
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from tests.fake_cuda import FakeCuda
 from tests.policies.tiny import obs_of, tiny_critic, tiny_policy
 

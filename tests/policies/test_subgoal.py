@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from capsule_rollout.policies.chunk_dataset import ChunkDataset, subgoal_targets
-from capsule_rollout.policies.flow_policy import FlowPolicy
+from capsule_rollout.tabletop.flow_policy import FlowPolicy
 from tests.policies.tiny import TINY_POLICY, tiny_policy
 
 

@@ -1,7 +1,7 @@
 """Tiny model configs so tests run in milliseconds."""
 
-from capsule_rollout.critics.value_critic import CriticConfig, ValueCritic
-from capsule_rollout.policies.flow_policy import FlowPolicy, FlowPolicyConfig
+from capsule_rollout.tabletop.flow_policy import FlowPolicy, FlowPolicyConfig
+from capsule_rollout.tabletop.value_critic import CriticConfig, ValueCritic
 
 TINY_POLICY = FlowPolicyConfig(image_size=16, channels=(8, 8, 8), vision_dim=16, lang_dim=16, cond_dim=32,
                                hidden=32, blocks=1, chunk_length=4, denoise_steps=3, time_dim=8)
@@ -32,9 +32,9 @@ def save_tiny_checkpoints(directory, seed: int = 0) -> tuple[str, str]:
     """Tiny policy and critic checkpoints (random weights) under `directory`; returns their paths."""
     from pathlib import Path
 
-    from capsule_rollout.critics.value_critic import KIND as CRITIC_KIND
     from capsule_rollout.models.checkpoint import save_checkpoint
-    from capsule_rollout.policies.flow_policy import KIND as POLICY_KIND
+    from capsule_rollout.tabletop.flow_policy import KIND as POLICY_KIND
+    from capsule_rollout.tabletop.value_critic import KIND as CRITIC_KIND
 
     directory = Path(directory)
     policy, critic = directory / "policy", directory / "critic"

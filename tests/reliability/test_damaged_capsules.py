@@ -15,8 +15,8 @@ import torch
 from capsule_rollout.capsules import Arena, CapsuleError, CapsuleStore, capsule_from_bytes, restore, snapshot
 from capsule_rollout.capsules.capsule_file import FILE_SUFFIX
 from capsule_rollout.capsules.standins import NoisyChunkStandIn, NumpyWalkerStandIn
-from capsule_rollout.envs.tabletop_env import TabletopEnv
-from capsule_rollout.envs.tasks import family_index
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv
+from capsule_rollout.tabletop.tasks import family_index
 from tests.reliability.capsule_damage import variants
 
 

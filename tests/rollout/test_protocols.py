@@ -7,13 +7,13 @@ import torch
 from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec, RolloutCritic
 from capsule_rollout.envs.rollout_env import ObservationSpec, RolloutEnv
-from capsule_rollout.envs.tabletop_env import TabletopEnv
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 from tests.policies.tiny import tiny_policy
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy, ReachEnv
 

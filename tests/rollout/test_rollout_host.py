@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from capsule_rollout.critics.critic_runtime import CriticRuntime
-from capsule_rollout.envs.scripted_expert import ScriptedExpert
-from capsule_rollout.envs.tabletop_env import TabletopEnv
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
 from capsule_rollout.rollout.npz_recorder import NpzRecorder, read_npz_episode
 from capsule_rollout.rollout.rollout_host import HostConfig, Phase, RolloutHost, SafetyStop, capsule_key
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 from tests.policies.tiny import tiny_critic, tiny_policy
 
 CYCLE = ["reset->running", "running->stop_infer", "stop_infer->record"]

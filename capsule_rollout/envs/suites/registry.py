@@ -1,4 +1,7 @@
-"""The registry of suites: env id -> a `MujocoCapsuleEnv` built from the suite's declarations."""
+"""The registry of suites: env id -> a rollout-protocol env (a `MujocoCapsuleEnv` built from the suite's
+declarations, or the suite's own `RolloutEnv`). Suites are built in (gymnasium, metaworld, robotics) or
+registered by an installed package under the entry-point group `capsule_rollout.suites` (`name =
+"package.module"`), as the tabletop example registers `tabletop`."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 
 import gymnasium as gym
@@ -27,7 +31,8 @@ class Suite:
 
     name: str
     module: str
-    """Module with `check()`, `tasks()`, `make(task) -> (gym.Env, CaptureSpec)`, `expert(env)`."""
+    """Module with `check()`, `tasks()`, `make(task) -> (gym.Env, CaptureSpec)` (or `make_rollout_env(task,
+    cameras=, image_size=, max_steps=) -> RolloutEnv`), and optionally `expert(env)`."""
     install: str
     summary: str
 
@@ -37,6 +42,15 @@ class Suite:
         return mod
 
 
+SUITES_GROUP = "capsule_rollout.suites"
+
+
+def _registered() -> list[Suite]:
+    """Suites installed packages register (their modules are imported only when used)."""
+    return [Suite(e.name, e.value, f"installed with {e.dist.name if e.dist else 'its package'}",
+                  f"registered by {e.dist.name if e.dist else e.value}") for e in entry_points(group=SUITES_GROUP)]
+
+
 SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("gymnasium", "capsule_rollout.envs.suites.gymnasium_v5", "installed with the project",
           "gymnasium's MuJoCo v5 envs (Ant, HalfCheetah, Hopper, Humanoid, Pusher, Reacher, ...)"),
@@ -44,6 +58,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           "Meta-World v3 manipulation tasks with their scripted policies"),
     Suite("robotics", "capsule_rollout.envs.suites.robotics", 'pip install -e ".[robotics]" (brings mujoco 3.3.0)',
           "gymnasium-robotics Fetch and Franka Kitchen"),
+    *_registered(),
 )}
 
 
@@ -80,6 +95,8 @@ def make_env(env_id: str, *, cameras: Sequence[str] | None = None, image_size: i
         close = difflib.get_close_matches(task, known, n=3)
         raise ValueError(f"{suite.name} has no task {task!r}" + (f"; did you mean {', '.join(close)}?" if close else
                                                                  f"; it has {len(known)}, e.g. {known[:4]}"))
+    if hasattr(module, "make_rollout_env"):  # the suite's own rollout-protocol env
+        return module.make_rollout_env(task, cameras=cameras, image_size=image_size, max_steps=max_steps)
     env, capture = module.make(task)
     chosen = tuple(capture.cameras)[:1] if cameras is None else tuple(cameras)
     return MujocoCapsuleEnv(env, capture, cameras=chosen, image_size=image_size, max_steps=max_steps)
@@ -120,7 +137,11 @@ def default_camera(model, name: str = "free", elevation: float = -25.0) -> Camer
 
 
 def expert_for(env: RolloutEnv) -> Callable[[], np.ndarray] | None:
-    """The suite's own scripted policy for `env` (acting on its boundary observation), or None."""
+    """The env's own scripted policy (`env.expert()`), or its suite's (acting on its boundary observation), or
+    None."""
+    own = getattr(env, "expert", None)
+    if callable(own):
+        return own()
     if not isinstance(env, MujocoCapsuleEnv):
         return None
     suite, _ = parse_env_id(env.task)

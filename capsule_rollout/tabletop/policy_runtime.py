@@ -14,7 +14,6 @@ gives one chunk per observation).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -24,14 +23,9 @@ from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_
 from capsule_rollout.models.inputs import load_observation
 from capsule_rollout.models.runtime import ModelRuntime
-from capsule_rollout.policies.flow_policy import ADV_NONE, FlowPolicy
+from capsule_rollout.policies.conditioning import check_noise_scale
 from capsule_rollout.policies.rollout_policy import PolicySpec
-
-
-def check_noise_scale(noise_scale: float) -> None:
-    """A noise scale is a finite number >= 0 (`PolicyRuntime`, and what commands record or are given)."""
-    if not (math.isfinite(noise_scale) and noise_scale >= 0):
-        raise ValueError(f"noise_scale must be a finite number >= 0, got {noise_scale}")
+from capsule_rollout.tabletop.flow_policy import ADV_NONE, FlowPolicy
 
 
 class PolicyRuntime(ModelRuntime):

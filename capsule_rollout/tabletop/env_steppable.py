@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from capsule_rollout.capsules import Arena
-from capsule_rollout.envs.tabletop_env import ACTION_DIM, TabletopEnv, image_key
+from capsule_rollout.tabletop.tabletop_env import ACTION_DIM, TabletopEnv, image_key
 
 
 class TabletopSteppable:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from capsule_rollout.envs.scene import BLOCK_HALF, CUP_HALF_HEIGHT
-from capsule_rollout.envs.tabletop_env import MAX_DELTA, TabletopEnv
-from capsule_rollout.envs.tasks import Subtask, World
+from capsule_rollout.tabletop.scene import BLOCK_HALF, CUP_HALF_HEIGHT
+from capsule_rollout.tabletop.tabletop_env import MAX_DELTA, TabletopEnv
+from capsule_rollout.tabletop.tasks import Subtask, World
 
 CARRY_Z = 0.15  # EE height for travel (m)
 CLEAR_Z = 0.11  # below this, rise before travelling sideways

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from capsule_rollout.critics.critic_runtime import CriticRuntime
-from capsule_rollout.critics.value_critic import ValueCritic
-from capsule_rollout.envs.tabletop_env import TabletopEnv, image_key
-from capsule_rollout.policies.flow_policy import FlowPolicy
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.flow_policy import FlowPolicy
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.tabletop_env import TabletopEnv, image_key
+from capsule_rollout.tabletop.value_critic import ValueCritic
 
 COACHING = ("pick up the blue block", "slow down and lift it higher", "put it on the red pad")
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import torch
 
 from capsule_rollout.capsules import Arena
-from capsule_rollout.critics.critic_runtime import CriticRuntime
-from capsule_rollout.critics.value_critic import ValueCritic
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.value_critic import ValueCritic
 
 
 class CriticSteppable:

@@ -17,9 +17,9 @@ import torch
 
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
-from capsule_rollout.critics.value_critic import ACTOR_POLICY, ValueCritic
 from capsule_rollout.models.inputs import load_observation
 from capsule_rollout.models.runtime import ModelRuntime
+from capsule_rollout.tabletop.value_critic import ACTOR_POLICY, ValueCritic
 
 
 class CriticRuntime(ModelRuntime):

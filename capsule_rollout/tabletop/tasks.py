@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from capsule_rollout.envs.scene import BLOCK_HALF, BLOCKS, PAD_RADIUS, PADS, SPAWN_HALF
+from capsule_rollout.tabletop.scene import BLOCK_HALF, BLOCKS, PAD_RADIUS, PADS, SPAWN_HALF
 
 LIFT_Z = 0.08  # a held block above this height counts as picked (m)
 RELATIONS = ("left of", "right of", "in front of", "behind")

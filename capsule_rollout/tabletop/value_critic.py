@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capsule_rollout.models.encoders import LanguageEncoder, VisionEncoder
 from capsule_rollout.models.json_config import JsonConfig
-from capsule_rollout.models.tokenizer import Tokenizer
+from capsule_rollout.tabletop.encoders import LanguageEncoder, VisionEncoder
+from capsule_rollout.tabletop.tokenizer import Tokenizer
 
 ACTOR_DEMONSTRATOR, ACTOR_POLICY = 0, 1  # who acts from a state on (CriticConfig.actor_input)
 

@@ -34,7 +34,8 @@ from capsule_rollout.capsules import BufferComponent, BufferSpec
 from capsule_rollout.capsules.rng_state import PCG64_WORDS, pack_pcg64, unpack_pcg64
 from capsule_rollout.envs.offscreen_renderer import OffscreenRenderer
 from capsule_rollout.envs.rollout_env import ObservationSpec, image_key
-from capsule_rollout.envs.scene import (
+from capsule_rollout.tabletop.phrasing import phrase
+from capsule_rollout.tabletop.scene import (
     BLOCK_HALF,
     BLOCKS,
     EE_HOME_Z,
@@ -46,7 +47,7 @@ from capsule_rollout.envs.scene import (
     SceneConfig,
     scene_xml,
 )
-from capsule_rollout.envs.tasks import FAMILIES, PARAM_SLOTS, Subtask, TaskParams, World, family_index
+from capsule_rollout.tabletop.tasks import FAMILIES, PARAM_SLOTS, Subtask, TaskParams, World, family_index
 
 CONTROL_HZ = 10
 SUBSTEPS = round(1.0 / CONTROL_HZ / TIMESTEP)
@@ -210,6 +211,16 @@ class TabletopEnv(gym.Env, BufferComponent):
     @property
     def subtask_texts(self) -> tuple[str, ...]:
         return tuple(s.text for s in self.subtasks)
+
+    def expert(self):
+        """The scripted expert's `act` for this env (a teleoperator for takeovers)."""
+        from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
+
+        return ScriptedExpert(self).act
+
+    def phrase(self, text: str, phrasing: str, index: int = 0) -> str:
+        """`text` said the `phrasing` way (`tabletop.phrasing`: canonical, train, heldout): the planner's words."""
+        return phrase(text, phrasing, index=index)
 
     def success(self, info: Mapping[str, Any]) -> bool:
         return bool(info["success"])

@@ -20,10 +20,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from capsule_rollout.models.encoders import LanguageEncoder, VisionEncoder
 from capsule_rollout.models.json_config import JsonConfig
-from capsule_rollout.models.tokenizer import Tokenizer
 from capsule_rollout.policies.rollout_policy import ADV_NEGATIVE, ADV_NONE, ADV_POSITIVE  # noqa: F401 (re-exported)
+from capsule_rollout.tabletop.encoders import LanguageEncoder, VisionEncoder
+from capsule_rollout.tabletop.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -204,50 +204,3 @@ def load_policy(directory: str, device: str = "cpu") -> FlowPolicy:
     from capsule_rollout.models.checkpoint import load_model
 
     return load_model(directory, kind=KIND, config_cls=FlowPolicyConfig, model_cls=FlowPolicy, device=device)
-
-
-ADVANTAGE_MODES = {"none": ADV_NONE, "positive": ADV_POSITIVE}
-CONDITIONING_INFO = "conditioning"  # checkpoint info key: {"advantage": "none" | "positive", "beta": float | None}
-
-
-@dataclass(frozen=True)
-class Conditioning:
-    """How a policy acts: the RECAP indicator and the classifier-free guidance weight (None: no guidance)."""
-
-    advantage: str = "none"
-    beta: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.advantage not in ADVANTAGE_MODES:
-            raise ValueError(f"advantage must be one of {sorted(ADVANTAGE_MODES)}, got {self.advantage!r}")
-        if self.beta is not None and (self.advantage != "positive" or not self.beta > 0):
-            raise ValueError(f"guidance weight {self.beta}: guidance needs advantage 'positive' and a weight > 0")
-
-    @property
-    def indicator(self) -> int:
-        return ADVANTAGE_MODES[self.advantage]
-
-    def to_json(self) -> dict:
-        return {"advantage": self.advantage, "beta": self.beta}
-
-
-def checkpoint_conditioning(directory: str) -> Conditioning:
-    """The conditioning a checkpoint records (RECAP training and `recap`'s guidance choice); none else."""
-    from capsule_rollout.models.checkpoint import Checkpoint
-
-    info = Checkpoint(directory, kind=KIND).meta.get("info", {}).get(CONDITIONING_INFO) or {}
-    return Conditioning(info.get("advantage", "none"), info.get("beta"))
-
-
-def resolve_conditioning(directory: str, advantage: str = "checkpoint", beta: float | None = None) -> Conditioning:
-    """What to act with: `advantage` "checkpoint" takes the checkpoint's record (with `beta`, when
-    given, overriding its weight); "none" / "positive" are explicit, with `beta` or no guidance."""
-    if advantage == "checkpoint":
-        recorded = checkpoint_conditioning(directory)
-        if beta is None:
-            return recorded
-        if recorded.advantage == "none":
-            raise ValueError(f"--beta {beta}: the checkpoint {directory} was not trained with advantage labels; "
-                             "pass --advantage positive to act with the indicator anyway")
-        return Conditioning("positive", beta)
-    return Conditioning(advantage, beta)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capsule_rollout.envs.scene import BLOCKS, PADS
-from capsule_rollout.envs.tasks import RELATIONS
+from capsule_rollout.tabletop.scene import BLOCKS, PADS
+from capsule_rollout.tabletop.tasks import RELATIONS
 
 KINDS = ("pick", "pad", "stack", "relation")
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import torch
 
 from capsule_rollout.capsules import Arena
-from capsule_rollout.policies.flow_policy import FlowPolicy
-from capsule_rollout.policies.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.flow_policy import FlowPolicy
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 
 
 class PolicySteppable:
