@@ -2,19 +2,22 @@
 
 One file (or byte string) per capsule. The safetensors header's `__metadata__`
 holds `format`, `format_version`, `meta` (JSON: identity, fingerprint, specs,
-digests) and `meta_sha256` (of the `meta` text). Reading checks, in order: header
+digests), `meta_sha256` (of the `meta` text) and, when written with a key, `signature` (HMAC-SHA256 over the
+`meta` text and every tensor's bytes). Reading checks, in order: header
 framing (size limit, truncation), strict JSON (no NaN or Infinity), format name and
 version, the metadata's sha256, the type of every metadata value, that tensors match
 the declared specs, and that every buffer matches its recorded digest. Every problem
 is a `CapsuleFormatError` or `CapsuleIntegrityError`. Only then is a `Capsule` built,
 so a refused file can never reach (let alone half-restore) a live arena. The digests
-detect damage, not tampering: whoever can write the file can recompute them. Files
-are written atomically.
+detect damage, not tampering: whoever can write the file can recompute them; a capsule from another machine
+is trusted through a key both sides hold (`save_capsule(..., key=)`, `load_capsule(..., key=)`: an unsigned or
+wrongly signed file is refused before anything is built). Files are written atomically.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -29,7 +32,7 @@ import torch
 
 from capsule_rollout.capsules.buffer_spec import DTYPE_NAMES, BufferSpec
 from capsule_rollout.capsules.capsule import Capsule, CapsuleMeta
-from capsule_rollout.capsules.errors import CapsuleFormatError, SpecError
+from capsule_rollout.capsules.errors import CapsuleFormatError, CapsuleSignatureError, SpecError
 from capsule_rollout.capsules.layout import plan_slabs
 
 FORMAT_NAME = "capsule-rollout/capsule"
@@ -38,11 +41,31 @@ MAX_HEADER_BYTES = 64 << 20
 FILE_SUFFIX = ".capsule"
 # `meta_sha256` (sha256 of the `meta` text) makes damage to identity fields (label, step...) detectable too;
 # files written before it existed lack it and are still read.
-METADATA_KEYS = frozenset({"format", "format_version", "meta", "meta_sha256"})
+METADATA_KEYS = frozenset({"format", "format_version", "meta", "meta_sha256", "signature"})
+SIGNATURE_SCHEME = "hmac-sha256"
 
 
-def capsule_to_bytes(capsule: Capsule, *, annotations: Mapping[str, str] | None = None) -> bytes:
-    """Serialize a capsule (digests included) to bytes."""
+def _key_bytes(key: bytes | str) -> bytes:
+    data = key.encode() if isinstance(key, str) else bytes(key)
+    if len(data) < 16:
+        raise ValueError(f"a capsule key of {len(data)} bytes is too short to sign with: use 16 or more "
+                         "(e.g. secrets.token_hex(32))")
+    return data
+
+
+def _signature(key: bytes | str, text: str, tensors: Mapping[str, torch.Tensor]) -> str:
+    """HMAC-SHA256 over the format name, the `meta` text and every tensor (name, dtype, shape, bytes)."""
+    mac = hmac.new(_key_bytes(key), FORMAT_NAME.encode() + b"\0" + text.encode(), hashlib.sha256)
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        mac.update(b"\0" + json.dumps([name, str(t.dtype), list(t.shape)]).encode() + b"\0")
+        mac.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return f"{SIGNATURE_SCHEME}:{mac.hexdigest()}"
+
+
+def capsule_to_bytes(capsule: Capsule, *, annotations: Mapping[str, str] | None = None,
+                     key: bytes | str | None = None) -> bytes:
+    """Serialize a capsule (digests included) to bytes; signed when a `key` is given."""
     meta = capsule.meta
     payload = {
         "capsule_id": meta.capsule_id,
@@ -60,11 +83,11 @@ def capsule_to_bytes(capsule: Capsule, *, annotations: Mapping[str, str] | None 
     # Views of one slab share storage, which safetensors refuses: save copies.
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in capsule.tensors().items()}
     text = json.dumps(payload, allow_nan=False)
-    return safetensors.torch.save(
-        tensors,
-        metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION), "meta": text,
-                  "meta_sha256": _meta_sha256(text)},
-    )
+    metadata = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION), "meta": text,
+                "meta_sha256": _meta_sha256(text)}
+    if key is not None:
+        metadata["signature"] = _signature(key, text, tensors)
+    return safetensors.torch.save(tensors, metadata=metadata)
 
 
 def read_header(data: bytes, source: str = "<bytes>", *, total_size: int | None = None) -> dict[str, Any]:
@@ -224,13 +247,16 @@ def parse_meta(meta: dict[str, Any], source: str = "<bytes>") -> tuple[CapsuleMe
     return capsule_meta, specs, dict(_str_map(meta, "digests", source))
 
 
-def capsule_from_bytes(data: bytes, *, source: str = "<bytes>") -> Capsule:
-    """Parse and fully validate a serialized capsule (see module docstring)."""
+def capsule_from_bytes(data: bytes, *, source: str = "<bytes>", key: bytes | str | None = None) -> Capsule:
+    """Parse and fully validate a serialized capsule (see module docstring); with a `key`, the file must carry
+    a signature made with it over what it holds now (`CapsuleSignatureError` otherwise)."""
     capsule_meta, specs, digests = parse_meta(read_header(data, source), source)
     try:
         tensors = safetensors.torch.load(bytes(data))
     except Exception as exc:  # the Rust reader raises its own error type
         raise CapsuleFormatError(f"{source}: unreadable tensor data ({exc})") from None
+    if key is not None:
+        _verify_signature(data, tensors, key, source)
     _check_tensors(tensors, specs, digests, source)
     slabs = []
     for layout in plan_slabs(specs):
@@ -242,6 +268,18 @@ def capsule_from_bytes(data: bytes, *, source: str = "<bytes>") -> Capsule:
     capsule = Capsule(capsule_meta, slabs, digests)
     capsule.check_integrity(source)
     return capsule
+
+
+def _verify_signature(data: bytes, tensors: Mapping[str, torch.Tensor], key: bytes | str, source: str) -> None:
+    (n,) = struct.unpack("<Q", data[:8])
+    block = json.loads(bytes(data[8 : 8 + n]))["__metadata__"]  # framing checked by read_header already
+    recorded = block.get("signature")
+    if recorded is None:
+        raise CapsuleSignatureError(f"{source}: the capsule is not signed, and a key was given to verify it: "
+                                    "refusing it (sign it where it was made: save_capsule(..., key=))")
+    if not hmac.compare_digest(str(recorded), _signature(key, block["meta"], tensors)):
+        raise CapsuleSignatureError(f"{source}: the capsule's signature does not match this key: it was signed "
+                                    "with another key, or changed since it was signed; refusing it")
 
 
 def _check_tensors(
@@ -266,11 +304,12 @@ def _check_tensors(
             )
 
 
-def save_capsule(capsule: Capsule, path: str | os.PathLike, *, annotations: Mapping[str, str] | None = None) -> Path:
-    """Write atomically (temp file, fsync, rename); returns the final path."""
+def save_capsule(capsule: Capsule, path: str | os.PathLike, *, annotations: Mapping[str, str] | None = None,
+                 key: bytes | str | None = None) -> Path:
+    """Write atomically (temp file, fsync, rename), signed with `key` when given; returns the final path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = capsule_to_bytes(capsule, annotations=annotations)
+    data = capsule_to_bytes(capsule, annotations=annotations, key=key)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -284,14 +323,15 @@ def save_capsule(capsule: Capsule, path: str | os.PathLike, *, annotations: Mapp
     return path
 
 
-def load_capsule(path: str | os.PathLike) -> Capsule:
-    """Read and validate a capsule file; raises CapsuleFormatError / CapsuleIntegrityError."""
+def load_capsule(path: str | os.PathLike, *, key: bytes | str | None = None) -> Capsule:
+    """Read and validate a capsule file; raises CapsuleFormatError / CapsuleIntegrityError, and with a `key`
+    CapsuleSignatureError for a file not signed with it."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise CapsuleFormatError(f"{path}: no such capsule file") from None
-    return capsule_from_bytes(data, source=str(path))
+    return capsule_from_bytes(data, source=str(path), key=key)
 
 
 def nbytes_from_header(meta: dict[str, Any], source: str = "<header>") -> int:

@@ -50,6 +50,11 @@ class CapsuleFormatError(CapsuleError):
     """A serialized capsule is truncated, malformed or of another format version."""
 
 
+class CapsuleSignatureError(CapsuleError):
+    """A capsule file asked to be verified with a key is unsigned, or signed with another key, or changed
+    since it was signed."""
+
+
 class CapsuleIntegrityError(CapsuleError):
     """A capsule's bytes do not match the digests recorded when it was taken."""
 

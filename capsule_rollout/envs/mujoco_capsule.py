@@ -63,6 +63,9 @@ from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declaratio
 from capsule_rollout.envs.offscreen_renderer import OffscreenRenderer
 from capsule_rollout.envs.rollout_env import ArraySpec, ObservationSpec, image_key
 
+PHYSICS_FIELDS = ("qpos", "qvel", "act", "ctrl", "qacc_warmstart", "mocap_pos", "mocap_quat", "qfrc_applied",
+                  "xfrc_applied")
+
 
 class MujocoCapsuleEnv(BufferComponent):
     """A gymnasium MuJoCo env (with its wrappers) as a `RolloutEnv` whose whole state a capsule holds."""
@@ -98,6 +101,10 @@ class MujocoCapsuleEnv(BufferComponent):
                  if name == "_np_random" and isinstance(owner, gym.Env) and "_np_random_seed" in vars(owner)]
         self._attrs = [(*resolve_attr(self.unwrapped, a.path), a) for a in capture.attributes] + self._wrapper_attrs + seeds
         self._buffer_ptr, self._buffer_bytes = mjdata_buffer(self.data)
+        # where the physics state lies in the captured buffer (bytes): a capsule with NaN / inf there is refused
+        self._physics = [(name, arr.ctypes.data - self._buffer_ptr, arr.nbytes) for name in PHYSICS_FIELDS
+                         if (arr := getattr(self.data, name)).nbytes and arr.dtype == np.float64
+                         and 0 <= arr.ctypes.data - self._buffer_ptr <= self._buffer_bytes - arr.nbytes]
         self._model_fields = [(name, getattr(self.model, name)) for name in capture.model_fields]
         for name, arr in self._model_fields:
             if not isinstance(arr, np.ndarray):
@@ -236,6 +243,15 @@ class MujocoCapsuleEnv(BufferComponent):
 
     def fingerprint(self) -> Mapping[str, str]:
         return self._fingerprint
+
+    def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
+        """Refuse non-finite physics (NaN or infinity in positions, velocities, controls...), whatever a capsule
+        file's digests say: MuJoCo would go unstable from it."""
+        raw = view["mjdata"]
+        bad = [name for name, offset, nbytes in self._physics
+               if not torch.isfinite(raw[offset : offset + nbytes].view(torch.float64)).all()]
+        if bad or not torch.isfinite(view["time"]).all():
+            raise ValueError(f"the capsule holds non-finite physics state ({', '.join(bad) or 'time'}): refusing it")
 
     def before_snapshot(self) -> None:
         b = self._np

@@ -13,6 +13,7 @@ from capsule_rollout.commands.cli import (
     check_unknown,
 )
 from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
+from capsule_rollout.rollout.writer_lock import StoreLockedError
 
 
 def _usage() -> str:
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         result: ExperimentResult = experiment.load_runner()(config)
-    except UsageError as exc:
+    except (UsageError, StoreLockedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if json_path:

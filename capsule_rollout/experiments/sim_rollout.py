@@ -21,6 +21,7 @@ from capsule_rollout.commands.configs import SimRolloutConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
 from capsule_rollout.rollout import episode_schema as S
 from capsule_rollout.rollout.host_factory import MIXED, HostSpec, parse_observers, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
@@ -33,11 +34,15 @@ from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 
 def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
+    if config.env and config.model.policy == SHIPPED_POLICY:
+        raise ValueError(f"--env {config.env}: give its policy (--policy: a checkpoint or `package.module:make_policy`); "
+                         "the shipped policy acts in the tabletop only")
+    critic = "" if config.env and config.model.critic == SHIPPED_CRITIC else config.model.critic  # tabletop's only
     policy = resolve_input(config.model.policy)
     n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
     return HostSpec(
         family=config.family, env=config.env, policy=absolute_source(policy),
-        critic=absolute_source(resolve_input(config.model.critic)) if config.model.critic else "",
+        critic=absolute_source(resolve_input(critic)) if critic else "",
         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
         host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
                         value_patience=config.value_patience, pin_seeds=config.pin_seeds, lanes=config.lanes),

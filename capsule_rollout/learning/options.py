@@ -50,9 +50,11 @@ class Models:
     """The checkpoints a command loads."""
 
     policy: str = SHIPPED_POLICY
-    """Policy checkpoint directory."""
+    """Policy checkpoint directory, or a factory's import path `package.module:make_policy` (on an --env that is
+    not the tabletop, give one: the shipped policy acts in the tabletop only)."""
     critic: str = SHIPPED_CRITIC
-    """Critic checkpoint directory; empty: no critic (values NaN, no low-value stop)."""
+    """Critic checkpoint directory or factory import path; empty: no critic (values NaN, no low-value stop). The
+    shipped critic values the tabletop only: with an --env, the default is no critic."""
 
 
 @dataclass(frozen=True)

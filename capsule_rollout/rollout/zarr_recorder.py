@@ -34,6 +34,7 @@ import zarr
 
 from capsule_rollout.rollout import episode_schema as S
 from capsule_rollout.rollout.episode import Episode, EpisodeError, validate_episode
+from capsule_rollout.rollout.writer_lock import WriterLock
 from capsule_rollout.rollout.zarr_commit import ShapeCommit, write_rows
 
 ENDS = "episode_ends"
@@ -80,6 +81,15 @@ class ZarrRecorder:
 
     def __init__(self, path: str | os.PathLike, *, max_pending: int = 256, batch_window: float = 0.5) -> None:
         self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = WriterLock(self.path, "zarr store")  # a second writer is refused, naming this one
+        try:
+            self._open(max_pending, batch_window)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self, max_pending: int, batch_window: float) -> None:
         self.root = zarr.open_group(str(self.path), mode="a", zarr_format=2)
         self._data = self.root.require_group("data")
         self._meta = self.root.require_group("meta")
@@ -160,6 +170,7 @@ class ZarrRecorder:
         self._queue.put(None)
         self._thread.join()
         self._pool.shutdown()
+        self._lock.release()
         self._raise_if_failed()
 
     def __enter__(self) -> ZarrRecorder:
@@ -202,6 +213,7 @@ class ZarrRecorder:
                     self._repair()  # drop the uncommitted tail
                 except Exception:  # noqa: BLE001 - reopening repairs as well
                     pass
+                self._lock.release()  # this recorder writes nothing more: another may open the store
             finally:
                 for _ in batch:
                     self._queue.task_done()

@@ -332,6 +332,8 @@ class TabletopEnv(gym.Env, BufferComponent):
         self.subtasks = self.family.subtasks(self.params)
 
     def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
+        if not torch.isfinite(view["physics"]).all():
+            raise ValueError("the capsule holds non-finite physics state (NaN or infinity): refusing it")
         family = int(view["task"][0])
         if family != self.family_id:
             held = FAMILIES[family].name if 0 <= family < len(FAMILIES) else f"family #{family}"

@@ -261,8 +261,8 @@ def test_damaged_identity_metadata_is_refused(capsule):
     assert len(flipped) == len(data)
     with pytest.raises(CapsuleFormatError, match="does not match its sha256"):
         capsule_from_bytes(flipped)
-    unknown = _rewrite_meta(data, lambda h: h["__metadata__"].update(signature="x"))
-    with pytest.raises(CapsuleFormatError, match="unknown entries \\['signature'\\]"):
+    unknown = _rewrite_meta(data, lambda h: h["__metadata__"].update(signer="x"))
+    with pytest.raises(CapsuleFormatError, match="unknown entries \\['signer'\\]"):
         capsule_from_bytes(unknown)
 
 
@@ -275,3 +275,42 @@ def test_a_spec_whose_name_is_not_its_key_is_refused(capsule):
     damaged = _rewrite_meta(capsule_to_bytes(capsule), _set_in_meta(("specs", "comp/h", "name"), "other"))
     with pytest.raises(CapsuleFormatError, match="spec 'comp/h' names buffer 'other'"):
         capsule_from_bytes(damaged)
+
+
+KEY = "lab-key-0123456789abcdef"
+
+
+def test_a_signed_capsule_loads_with_its_key_and_is_refused_with_another_or_unsigned(capsule, tmp_path):
+    from capsule_rollout.capsules import CapsuleSignatureError, load_capsule, save_capsule
+
+    signed = save_capsule(capsule, tmp_path / "signed.capsule", key=KEY)
+    assert load_capsule(signed, key=KEY).meta == capsule.meta
+    assert load_capsule(signed).meta == capsule.meta  # no key asked: digests only, as before
+    with pytest.raises(CapsuleSignatureError, match="does not match this key"):
+        load_capsule(signed, key="another-key-0123456789")
+    unsigned = save_capsule(capsule, tmp_path / "unsigned.capsule")
+    with pytest.raises(CapsuleSignatureError, match="not signed"):
+        load_capsule(unsigned, key=KEY)
+    with pytest.raises(ValueError, match="too short to sign with"):
+        save_capsule(capsule, tmp_path / "weak.capsule", key="short")
+
+
+def test_a_crafted_capsule_passes_the_digests_but_not_the_key(capsule):
+    """A forger who changes the state and lets the digests be recomputed (what the digests cannot catch), then
+    moves the original's signature over, is refused when the reader asks for the key."""
+    from capsule_rollout.capsules import Capsule, CapsuleSignatureError
+
+    signature = json.loads(_header(capsule_to_bytes(capsule, key=KEY)))["__metadata__"]["signature"]
+    slabs = [(layout, slab.clone()) for layout, slab in capsule.slabs()]
+    forged_capsule = Capsule(capsule.meta, slabs)
+    key = next(iter(capsule.specs))
+    forged_capsule.buffer(key).view(-1)[0] += 1  # the physics a forger wants
+    forged = _rewrite_meta(capsule_to_bytes(forged_capsule), lambda h: h["__metadata__"].update(signature=signature))
+    assert capsule_from_bytes(forged).meta.label == capsule.meta.label  # consistent digests: accepted without a key
+    with pytest.raises(CapsuleSignatureError, match="changed since it was signed"):
+        capsule_from_bytes(forged, key=KEY)
+
+
+def _header(data: bytes) -> bytes:
+    (n,) = struct.unpack("<Q", data[:8])
+    return data[8 : 8 + n]

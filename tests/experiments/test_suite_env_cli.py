@@ -57,3 +57,8 @@ def test_verify_scan_bench_and_bad_ids(tmp_path, capsys):
     assert bench["capsule_bytes"] > 0 and bench["restore"]["median"] > 0
     assert main(["verify_capsule", "--env", "gymnasium:Reachr-v5"]) == 2
     assert "did you mean Reacher-v5" in capsys.readouterr().err
+
+
+def test_a_foreign_env_needs_its_own_policy_and_gets_no_tabletop_critic(tmp_path, capsys):
+    assert main(["sim_rollout", "--env", ENV, "--out", str(tmp_path / "run"), "--actors", "0"]) == 2
+    assert "give its policy (--policy" in capsys.readouterr().err
