@@ -22,7 +22,7 @@ import numpy as np
 
 from capsule_rollout.critics.returns import normalized_returns
 
-INDICATOR_POSITIVE, INDICATOR_NEGATIVE = 1, 2  # as in policies.flow_policy (0 = none)
+INDICATOR_POSITIVE, INDICATOR_NEGATIVE = 1, 2  # as in policies.rollout_policy (0 = none)
 
 
 def n_step_advantages(rewards: np.ndarray, values: np.ndarray, *, success: bool, n: int, max_steps: int,

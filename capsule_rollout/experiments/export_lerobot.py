@@ -14,7 +14,7 @@ from capsule_rollout.rollout import lerobot_format as F
 from capsule_rollout.rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
 from capsule_rollout.rollout.zarr_reader import store_episodes
 
-# envs.tabletop_env's observation and action, dimension by dimension (its module docstring)
+# tabletop.tabletop_env's observation and action, dimension by dimension (its module docstring)
 TABLETOP_NAMES = {
     F.OBS_STATE: ["ee_x", "ee_y", "ee_z", "ee_vx", "ee_vy", "ee_vz", "suction_on", "holding"],
     F.ACTION: ["dx", "dy", "dz", "suction"],

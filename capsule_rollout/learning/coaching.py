@@ -37,7 +37,7 @@ class PadCoach(EpisodeObserver):
 
     def __init__(self, split: str = "heldout") -> None:
         coaching_text("red", split)  # a clear error for an unknown split
-        self.split = split  # which coaching texts it says (`envs.phrasing.COACHING`): the episode seed picks one
+        self.split = split  # which coaching texts it says (`tabletop.phrasing.COACHING`): the episode seed picks one
         self.env = None  # the env of the episode under way
         self.seed = 0
         self.coached: tuple[str, str, str, int] | None = None  # block, original pad, coached pad, step

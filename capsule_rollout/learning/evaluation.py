@@ -185,7 +185,7 @@ def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], 
                     noise_scale: float = 1.0) -> dict:
     """Success of `policy` (a checkpoint directory, or a model in memory) on `seeds`.
 
-    `advantage`/`beta`: how the policy acts (see `policies.flow_policy.resolve_conditioning`; a model in
+    `advantage`/`beta`: how the policy acts (see `policies.conditioning.resolve_conditioning`; a model in
     memory takes "none" / "positive" only). `actors`: Ray actors to play on (0: this process; needs
     checkpoint paths). `critics`: each values every chunk's first observation; the value at the
     mid-episode step (half the episode limit; episodes still running then) gives `critic_failure_auc`
@@ -195,7 +195,7 @@ def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], 
     `critic_phases` (per phase, the first critic's AUC within it). A critic that reads the plan
     (`plan_steps`) is valued with the policy's chunk; `critic_failure_auc_state_only` gives, per critic
     (None for the others), its AUC without the plan on the same states. They do not change what the
-    policy does. `phrasing`: how the planner words the subtasks (`envs.phrasing`). `noise_scale`: of the policy's
+    policy does. `phrasing`: how the planner words the subtasks (`tabletop.phrasing`). `noise_scale`: of the policy's
     chunk noise (`PolicyRuntime`).
     """
     reports, plan_critics = play(policy, family=family, seeds=seeds, n_exec=n_exec, noise_seed=noise_seed,

@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # envs.tasks.FAMILY_NAMES
+FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # tabletop.tasks.FAMILY_NAMES
 FAMILIES_OR_ALL = Literal["pick_place", "stack", "arrange", "sort", "all"]  # "all": every family, each on the seeds
-PHRASING = Literal["canonical", "train", "heldout"]  # envs.phrasing.PHRASINGS
-CAMERAS = ("front", "top")  # envs.tabletop_env.CAMERAS
+PHRASING = Literal["canonical", "train", "heldout"]  # tabletop.phrasing.PHRASINGS
+CAMERAS = ("front", "top")  # tabletop.tabletop_env.CAMERAS
 ADVANTAGE = Literal["checkpoint", "none", "positive"]  # rollout.host_factory.ADVANTAGE_CHOICES
 SHIPPED_POLICY = "experiments/checkpoints/policy"
 SHIPPED_CRITIC = "experiments/checkpoints/critic"
@@ -21,7 +21,7 @@ SHIPPED_CRITIC = "experiments/checkpoints/critic"
 
 
 def check_noise_scale_option(noise_scale: float | None, option: str = "noise_scale") -> None:
-    """An optional noise scale option: None, or a finite number >= 0 (`policies.policy_runtime.check_noise_scale`,
+    """An optional noise scale option: None, or a finite number >= 0 (`policies.conditioning.check_noise_scale`,
     kept here in the standard library for the command line)."""
     if noise_scale is not None and not (math.isfinite(noise_scale) and noise_scale >= 0):
         raise ValueError(f"{option} must be a finite number >= 0 (got {noise_scale})")
@@ -201,7 +201,7 @@ class TrainPolicyConfig:
     """Actions of each chunk executed before asking for the next (receding horizon)."""
     paraphrase: float = 0.0
     """Probability that a training example's subtask text is swapped for one of its training phrasings
-    (envs.phrasing.TRAIN, the recorded text among them); 0: the recorded texts only."""
+    (tabletop.phrasing.TRAIN, the recorded text among them); 0: the recorded texts only."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.paraphrase <= 1.0:

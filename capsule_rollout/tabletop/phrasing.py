@@ -1,12 +1,12 @@
 """Other ways to say a subtask: paraphrases for training, held-out ones for evaluation, coaching texts.
 
-A task family's subtasks have one canonical text each (`envs.tasks`: "pick up the red block",
+A task family's subtasks have one canonical text each (`tabletop.tasks`: "pick up the red block",
 "place it on the yellow pad", "put it on the green block", "put it left of the blue block").
 `parse_subtask` reads a canonical text back into its parts, and `phrase` says the same subtask
 another way. The phrasings come in two disjoint sets: `TRAIN` ones, which training may swap in for
 the canonical text (`train_policy --paraphrase P`), and `HELDOUT` ones, which a policy never sees in
 training and which `eval_policy --phrasing heldout` publishes instead of the canonical text. Every
-phrasing is built from the tokenizer's vocabulary (`models.tokenizer.VOCAB`).
+phrasing is built from the tokenizer's vocabulary (`tabletop.tokenizer.VOCAB`).
 
 Coaching texts (an operator sending the held block to another pad mid-episode) come in the same two
 sets: `COACHING["train"]`, which coached demonstrations say (`collect_demos --coach`), and
@@ -26,7 +26,7 @@ from capsule_rollout.tabletop.tasks import RELATIONS
 
 KINDS = ("pick", "pad", "stack", "relation")
 
-# index 0 of TRAIN is the canonical text (what `envs.tasks` writes)
+# index 0 of TRAIN is the canonical text (what `tabletop.tasks` writes)
 TRAIN: dict[str, tuple[str, ...]] = {
     "pick": ("pick up the {block} block", "grasp the {block} block", "lift the {block} block"),
     "pad": ("place it on the {ref} pad", "put it on the {ref} pad", "move it to the {ref} pad"),
