@@ -59,7 +59,7 @@ def _signature(key: bytes | str, text: str, tensors: Mapping[str, torch.Tensor])
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
         mac.update(b"\0" + json.dumps([name, str(t.dtype), list(t.shape)]).encode() + b"\0")
-        mac.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        mac.update(t.reshape(-1).view(torch.uint8).numpy())  # the bytes in place, not a copy
     return f"{SIGNATURE_SCHEME}:{mac.hexdigest()}"
 
 

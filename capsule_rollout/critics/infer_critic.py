@@ -17,6 +17,7 @@ import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
+from capsule_rollout.models.inputs import require_keys
 from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
 
 KIND = "infer_critic"
@@ -44,9 +45,7 @@ class InferCritic(BufferComponent):
         write_prompt(self.buffers, text, "an InferCritic")
 
     def load_observation(self, obs: Mapping[str, Any], step: int) -> None:
-        missing = [k for k in self.spec.observation_keys if k not in obs]
-        if missing:
-            raise ValueError(f"observation lacks {missing}; the critic reads {list(self.spec.observation_keys)}")
+        require_keys(obs, self.spec.observation_keys, "critic")
         self._obs = {k: np.asarray(obs[k]) for k in self.spec.observation_keys}
         self._obs["step"] = int(step)
         prompt = read_prompt(self.buffers)

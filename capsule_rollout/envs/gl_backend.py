@@ -41,14 +41,14 @@ def select_backend() -> str | None:
     return None
 
 
-def context_class(backend: str | None) -> type:
+def context_class(backend: str) -> type:
     """MuJoCo's GL context class for `backend` (imported now: `mujoco.egl` and `mujoco.osmesa` load their
     libraries at import)."""
     if backend == "egl":
         from mujoco.egl import GLContext
     elif backend == "osmesa":
         from mujoco.osmesa import GLContext
-    elif backend in ("glfw", "", None):
+    elif backend == "glfw":
         from mujoco.glfw import GLContext
     else:
         raise RenderingUnavailableError(f"MUJOCO_GL={backend!r} is not an offscreen backend this renderer "

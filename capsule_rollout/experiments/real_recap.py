@@ -43,8 +43,7 @@ def run(config: RealRecapConfig) -> ExperimentResult:
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale, threads=0,
                         host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
                                         value_patience=config.value_patience, max_steps=config.max_steps))
-        check_spec(spec)
-        conditioning = spec.conditioning()
+        conditioning = check_spec(spec)
     client = RobotClient(config.robot.host, config.robot.port, token=config.robot.token)
     operator = _operator(config)
     try:

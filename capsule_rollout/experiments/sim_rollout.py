@@ -25,7 +25,7 @@ from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
 from capsule_rollout.rollout import episode_schema as S
 from capsule_rollout.rollout.host_factory import MIXED, HostSpec, parse_observers, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
-from capsule_rollout.rollout.record import absolute_source, episode_id_of, open_run
+from capsule_rollout.rollout.record import CAPSULES, absolute_source, episode_id_of, open_run
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.sharded_reader import open_episode_reader
@@ -47,7 +47,7 @@ def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
         host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
                         value_patience=config.value_patience, pin_seeds=config.pin_seeds, lanes=config.lanes),
         device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
-        capsule_dir=str((out / "capsules").resolve()), capsule_budget_mb=config.capsule_budget_mb,
+        capsule_dir=str((out / CAPSULES).resolve()), capsule_budget_mb=config.capsule_budget_mb,
         observers=parse_observers(config.observers), pin_cores=config.pin_cores,
     )
 

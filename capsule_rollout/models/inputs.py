@@ -34,6 +34,13 @@ def observation_keys(cameras: tuple[str, ...]) -> tuple[str, ...]:
     return (*(f"image_{cam}" for cam in cameras), "state")
 
 
+def require_keys(obs: Mapping[str, object], keys: tuple[str, ...], who: str) -> None:
+    """Refuse an observation without every one of `keys`, naming what the `who` reads."""
+    missing = [key for key in keys if key not in obs]
+    if missing:
+        raise ValueError(f"observation lacks {missing}; the {who} reads {list(keys)}")
+
+
 def load_observation(
     buffers: Mapping[str, torch.Tensor],
     obs: Mapping[str, np.ndarray | torch.Tensor],
@@ -47,9 +54,7 @@ def load_observation(
     Shapes come from the buffers; the batch dimension may be left out when it is 1.
     Everything is checked before anything is copied.
     """
-    missing = [key for key in observation_keys(cameras) if key not in obs]
-    if missing:
-        raise ValueError(f"observation lacks {missing}; the {who} reads {list(observation_keys(cameras))}")
+    require_keys(obs, observation_keys(cameras), who)
     checked = {}
     for cam in cameras:
         key = f"image_{cam}"

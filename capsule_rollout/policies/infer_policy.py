@@ -28,6 +28,7 @@ import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_
+from capsule_rollout.models.inputs import require_keys
 from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
 from capsule_rollout.policies.rollout_policy import PolicySpec
 
@@ -43,6 +44,15 @@ def accepts_noise(infer) -> bool:
         return False
     return any(p.name == "noise" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) or p.kind == p.VAR_KEYWORD
                for p in params)
+
+
+def answer_chunk(answer: Any, obj: Any) -> np.ndarray:
+    """The chunk in an `infer` answer (the array, or a dict's `actions`), float32, a leading batch of 1 dropped."""
+    chunk = answer.get("actions") if isinstance(answer, Mapping) else answer
+    if chunk is None:
+        raise ValueError(f"{type(obj).__name__}.infer answered a dict without `actions` (keys {sorted(answer)})")
+    chunk = np.asarray(chunk, dtype=np.float32)
+    return chunk[0] if chunk.ndim == 3 and chunk.shape[0] == 1 else chunk
 
 
 class InferPolicy(BufferComponent):
@@ -100,9 +110,7 @@ class InferPolicy(BufferComponent):
         return read_prompt(self.buffers)
 
     def load_observation(self, obs: Mapping[str, Any]) -> None:
-        missing = [k for k in self.spec.observation_keys if k not in obs]
-        if missing:
-            raise ValueError(f"observation lacks {missing}; the policy reads {list(self.spec.observation_keys)}")
+        require_keys(obs, self.spec.observation_keys, "policy")
         self._obs = {k: np.asarray(obs[k]) for k in self.spec.observation_keys}
 
     def act(self) -> torch.Tensor:
@@ -114,13 +122,7 @@ class InferPolicy(BufferComponent):
             obs[PROMPT_KEY] = prompt
         normal_(b["rng"], b["noise"], self._index)
         answer = self.obj.infer(obs, noise=b["noise"].numpy().copy()) if self._noise_kw else self.obj.infer(obs)
-        chunk = answer.get("actions") if isinstance(answer, Mapping) else answer
-        if chunk is None:
-            raise ValueError(f"{type(self.obj).__name__}.infer answered a dict without `actions` "
-                             f"(keys {sorted(answer)})")
-        chunk = np.asarray(chunk, dtype=np.float32)
-        if chunk.shape == (1, *b["chunk"].shape):
-            chunk = chunk[0]
+        chunk = answer_chunk(answer, self.obj)
         if chunk.shape != tuple(b["chunk"].shape):
             raise ValueError(f"{type(self.obj).__name__}.infer answered a chunk of shape {chunk.shape}; this "
                              f"policy acts with {tuple(b['chunk'].shape)} (chunk_length x action_dim)")

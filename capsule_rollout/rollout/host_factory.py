@@ -25,6 +25,7 @@ from capsule_rollout.policies.conditioning import Conditioning, check_noise_scal
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.plug_in import (
     FACTORY,
+    Described,
     as_rollout_critic,
     as_rollout_policy,
     describe_source,
@@ -72,9 +73,10 @@ class HostSpec:
     """A registered env id (`metaworld:pick-place-v3`) or import path (`package.module:factory`) played instead of
     the tabletop family (`envs.suites.make_env`)."""
     policy: str = "experiments/checkpoints/policy"
-    """A flow-policy checkpoint, or a `TorchPolicy` one (`policies.torch_policy`: any torch module)."""
+    """A checkpoint directory (loaded by its kind's loader: the example's flow policy, a `TorchPolicy`...) or a
+    factory's import path `package.module:make_policy` (`rollout.plug_in`)."""
     critic: str = "experiments/checkpoints/critic"
-    """Critic checkpoint; empty: no critic (values recorded as NaN, no low-value stop)."""
+    """A critic checkpoint or factory import path; empty: no critic (values recorded as NaN, no low-value stop)."""
     host: HostConfig = field(default_factory=HostConfig)
     advantage: str = "checkpoint"
     """RECAP indicator: `checkpoint` (what the checkpoint records; none for a BC policy), `none`, `positive`."""
@@ -127,10 +129,13 @@ class HostSpec:
     def conditioning(self) -> Conditioning:
         """How the policy acts (a checkpoint that takes RECAP conditioning: what it records, unless overridden;
         any other policy: none, and check_spec refuses any asked for)."""
-        described = describe_source(self.policy)
-        if described is None or not described.takes_conditioning:
-            return Conditioning()
-        return resolve_conditioning(self.policy, self.advantage, self.beta)
+        return _conditioning(self, describe_source(self.policy))
+
+
+def _conditioning(spec: HostSpec, described: Described | None) -> Conditioning:
+    if described is None or not described.takes_conditioning:
+        return Conditioning()
+    return resolve_conditioning(spec.policy, spec.advantage, spec.beta)
 
 
 def write_spec(directory: str | os.PathLike, spec: HostSpec) -> Path:
@@ -162,8 +167,9 @@ def check_same_run(out: Path, spec: HostSpec) -> None:
                          f"{out / 'rollout.json'}): use another --out, or the same settings to resume it")
 
 
-def check_spec(spec: HostSpec) -> None:
-    """Fail fast (before any process starts) on sources that are missing or do not fit together."""
+def check_spec(spec: HostSpec) -> Conditioning:
+    """Fail fast (before any process starts) on sources that are missing or do not fit together; returns how the
+    policy acts (`HostSpec.conditioning`), read on the way."""
     if not spec.policy:
         raise ValueError("no policy: give a checkpoint directory or a factory's import path (--policy)")
     for what, path in (("policy", spec.policy), ("critic", spec.critic)):
@@ -201,7 +207,7 @@ def check_spec(spec: HostSpec) -> None:
     if len(sizes) > 1:
         raise ValueError(f"the policy and critic read images of {sorted(sizes)} px: use checkpoints trained on the "
                          "same images")
-    spec.conditioning()  # refuses a --beta the checkpoint cannot take
+    return _conditioning(spec, policy)  # refuses a --beta the checkpoint cannot take
 
 
 def _resolve(path: str):
@@ -237,8 +243,7 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
                          "pass dataclasses.replace(spec, family=<the family>)")
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    check_spec(spec)
-    parts = _load_parts(spec)
+    parts = _load_parts(spec, check_spec(spec))
     if env is None:
         env = _make_env(spec, parts.cameras, parts.image_size)
     policy = as_rollout_policy(parts.policy, env, device=spec.device)
@@ -271,8 +276,7 @@ class _Parts:
     conditioning: Conditioning | None  # a flow policy's RECAP conditioning, set once the host is built
 
 
-def _load_parts(spec: HostSpec) -> _Parts:
-    conditioning = spec.conditioning()
+def _load_parts(spec: HostSpec, conditioning: Conditioning) -> _Parts:
     policy = load_source(spec.policy, "policy", device=spec.device, conditioning=conditioning,
                          noise_scale=spec.noise_scale)
     critic = load_source(spec.critic, "critic", device=spec.device, conditioning=Conditioning(),

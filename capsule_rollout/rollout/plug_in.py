@@ -36,7 +36,7 @@ from capsule_rollout.envs.rollout_env import RolloutEnv, action_bounds
 from capsule_rollout.import_path import resolve
 from capsule_rollout.models.checkpoint import META_FILE, Checkpoint
 from capsule_rollout.policies.conditioning import Conditioning
-from capsule_rollout.policies.infer_policy import InferPolicy, accepts_noise
+from capsule_rollout.policies.infer_policy import InferPolicy, accepts_noise, answer_chunk
 from capsule_rollout.policies.rollout_policy import PolicySpec, RolloutPolicy
 from capsule_rollout.policies.torch_policy import KIND as TORCH_POLICY_KIND
 from capsule_rollout.policies.torch_policy import TorchPolicy, load_torch_policy
@@ -154,10 +154,7 @@ def _keys(obj: Any, env: RolloutEnv, observation_keys) -> tuple[str, ...]:
 
 def _probe_chunk_length(obj: Any, env: RolloutEnv, keys: tuple[str, ...]) -> int:
     arrays = env.observation_spec.arrays
-    answer = obj.infer({k: np.zeros(arrays[k].shape, arrays[k].dtype) for k in keys})
-    chunk = np.asarray(answer.get("actions") if isinstance(answer, dict) else answer)
-    if chunk.ndim == 3 and chunk.shape[0] == 1:
-        chunk = chunk[0]
+    chunk = answer_chunk(obj.infer({k: np.zeros(arrays[k].shape, arrays[k].dtype) for k in keys}), obj)
     if chunk.ndim != 2:
         raise ValueError(f"{type(obj).__name__}.infer answered shape {chunk.shape}; a chunk is (T, action_dim)")
     return int(chunk.shape[0])

@@ -31,10 +31,9 @@ from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.shard_manifest import ManifestEntry
 from capsule_rollout.rollout.sharded_store import ShardWriter
 
-CUDA_FATAL: tuple[type[BaseException], ...] = tuple(
-    t for t in (getattr(torch, "AcceleratorError", None),) if t is not None)
-"""What torch raises when the CUDA context is dead (an illegal access, a device-side assert, a failed launch):
-the process cannot go on."""
+CUDA_FATAL: tuple[type[BaseException], ...] = (torch.AcceleratorError,)
+"""What torch (>= 2.8, the project's floor) raises when the CUDA context is dead (an illegal access, a
+device-side assert, a failed launch): the process cannot go on."""
 
 
 @dataclass(frozen=True)
