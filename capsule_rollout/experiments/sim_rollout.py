@@ -112,7 +112,13 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
         if config.video:
             summary["video"] = str(_video(episodes, out / "episode.gif", store))
     _table(console, summary)
-    return ExperimentResult(summary)
+    lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded
+    summary["lost"] = len(lost)
+    if lost:
+        console.print(f"[red]{len(lost)} of {len(reports)} episodes were lost to errors[/red]; the first "
+                      f"({lost[0].item.episode_id if lost[0].item else '?'}): {lost[0].error}", markup=True,
+                      highlight=False)
+    return ExperimentResult(summary, exit_code=1 if lost else 0)
 
 
 def _table(console, s: dict) -> None:

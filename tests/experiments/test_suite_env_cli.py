@@ -62,3 +62,28 @@ def test_verify_scan_bench_and_bad_ids(tmp_path, capsys):
 def test_a_foreign_env_needs_its_own_policy_and_gets_no_tabletop_critic(tmp_path, capsys):
     assert main(["sim_rollout", "--env", ENV, "--out", str(tmp_path / "run"), "--actors", "0"]) == 2
     assert "give its policy (--policy" in capsys.readouterr().err
+
+
+class ZeroAction:
+    """A deterministic infer() policy whose chunks have the wrong length: every episode fails at its first act."""
+
+    deterministic = True
+    chunk_length = 4
+
+    def infer(self, obs):
+        return {"actions": [[0.0, 0.0]] * 3}
+
+
+def make_broken_policy():
+    return ZeroAction()
+
+
+def test_a_run_that_lost_episodes_to_errors_exits_non_zero_naming_the_first(tmp_path, capsys):
+    summary = tmp_path / "s.json"
+    code = main(["sim_rollout", "--env", ENV, "--policy", "tests.experiments.test_suite_env_cli:make_broken_policy",
+                 "--n_exec", "4", "--actors", "0", "--episodes", "2", "--out", str(tmp_path / "run"), "--no-progress",
+                 "--video", "false", "--json", str(summary)])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "2 of 2 episodes were lost to errors" in out and "answered a chunk of shape (3, 2)" in out
+    assert json.loads(summary.read_text())["lost"] == 2
