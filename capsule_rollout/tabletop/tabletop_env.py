@@ -332,7 +332,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         self.subtasks = self.family.subtasks(self.params)
 
     def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
-        if not torch.isfinite(view["physics"]).all():
+        if not np.isfinite(view["physics"].numpy()).all():
             raise ValueError("the capsule holds non-finite physics state (NaN or infinity): refusing it")
         family = int(view["task"][0])
         if family != self.family_id:
