@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_reader import open_episode_reader
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,10 +11,10 @@ import pytest
 
 NS = "capsule_rollout"  # the one import namespace; its layers are subpackages
 ROOT = Path(__file__).resolve().parents[1] / NS
-PACKAGES = ("capsules", "models", "envs", "policies", "critics", "rollout", "tabletop", "learning", "commands",
+PACKAGES = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning", "commands",
             "benchmarks", "experiments")
 # The core: knows nothing of the tabletop example, which plugs into it as a user's package does (entry points)
-CORE = ("capsules", "models", "envs", "policies", "critics", "rollout")
+CORE = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout")
 # package -> project modules it may import (a dotted entry allows that module only)
 ALLOWED = {
     "capsules": set(),
@@ -22,14 +22,16 @@ ALLOWED = {
     "envs": {"capsules"},
     "policies": {"capsules", "models"},
     "critics": {"capsules", "models"},
-    "rollout": {"capsules", "models", "envs", "policies", "critics"},
-    "tabletop": {"capsules", "models", "envs", "policies", "critics", "rollout"},
+    "stores": set(),  # episodes and their store formats: numpy, zarr, pyarrow; no other layer
+    "rollout": {"capsules", "models", "envs", "policies", "critics", "stores"},
+    "tabletop": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout"},
     # the training and RECAP loops still build on the example's flow policy and critic
-    "learning": {"capsules", "models", "envs", "policies", "critics", "rollout", "tabletop"},
-    "commands": {"capsules", "models", "envs", "policies", "critics", "rollout", "learning"},
-    "benchmarks": {"capsules", "models", "envs", "policies", "critics", "rollout", "tabletop", "learning", "commands"},
-    "experiments": {"capsules", "models", "envs", "policies", "critics", "rollout", "tabletop", "learning", "commands",
-                    "benchmarks"},
+    "learning": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop"},
+    "commands": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
+    "benchmarks": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
+                   "commands"},
+    "experiments": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
+                    "commands", "benchmarks"},
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
 # modules at the namespace's root that every layer may import: standard library only, importing no layer

@@ -16,9 +16,9 @@ from capsule_rollout.benchmarks.support import machine, stats_us, timed
 from capsule_rollout.capsules import Arena, restore, snapshot
 from capsule_rollout.commands.configs import BenchEnvConfig
 from capsule_rollout.rollout.demo_collector import record_episode
-from capsule_rollout.rollout.episode import EpisodeBuilder
-from capsule_rollout.rollout.npz_recorder import NpzRecorder
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.episode import EpisodeBuilder
+from capsule_rollout.stores.npz_recorder import NpzRecorder
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
 from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 

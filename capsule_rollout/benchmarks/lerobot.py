@@ -15,10 +15,10 @@ import numpy as np
 
 from capsule_rollout.benchmarks.support import machine
 from capsule_rollout.commands.configs import BenchLeRobotConfig
-from capsule_rollout.rollout.lerobot_reader import LeRobotDatasetReader
-from capsule_rollout.rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader, store_episodes
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader
+from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader, store_episodes
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 FPS = 10
 

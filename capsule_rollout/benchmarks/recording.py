@@ -13,14 +13,14 @@ import numpy as np
 
 from capsule_rollout.benchmarks.support import machine
 from capsule_rollout.commands.configs import BenchRecordingConfig
-from capsule_rollout.rollout.episode import Episode, EpisodeBuilder
 from capsule_rollout.rollout.host_config import EpisodeResult
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
 from capsule_rollout.rollout.rollout_actor import RolloutActor, WorkItem
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.sharded_store import ShardedStore
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.episode import Episode, EpisodeBuilder
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import ShardedStore
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 MODES = ("single", "sharded")
 

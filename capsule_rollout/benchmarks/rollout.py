@@ -20,7 +20,7 @@ from capsule_rollout.commands.configs import BenchRolloutConfig
 from capsule_rollout.rollout.handoff import SubtaskChannel
 from capsule_rollout.rollout.host_factory import HostSpec, build_host
 from capsule_rollout.rollout.rollout_host import HostConfig, episode_noise_seed
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 RESET_TARGET = 100.0  # restore at least 100x faster than a cold reset
 RECORD_TARGET = 1.05  # recording costs at most 5%

@@ -1,4 +1,4 @@
-"""consolidate: a sharded store's episodes as one diffusion_policy-layout zarr store (`rollout.consolidate`)."""
+"""consolidate: a sharded store's episodes as one diffusion_policy-layout zarr store (`stores.consolidate`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from tqdm import tqdm
 from capsule_rollout.commands.configs import ConsolidateConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
-from capsule_rollout.rollout.consolidate import consolidate_store
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.stores.consolidate import consolidate_store
+from capsule_rollout.stores.sharded_reader import open_episode_reader
 
 
 def run(config: ConsolidateConfig) -> ExperimentResult:

@@ -10,9 +10,9 @@ from capsule_rollout.commands.configs import ExportLeRobotConfig
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
-from capsule_rollout.rollout import lerobot_format as F
-from capsule_rollout.rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
-from capsule_rollout.rollout.zarr_reader import store_episodes
+from capsule_rollout.stores import lerobot_format as F
+from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
+from capsule_rollout.stores.zarr_reader import store_episodes
 
 # tabletop.tabletop_env's observation and action, dimension by dimension (its module docstring)
 TABLETOP_NAMES = {

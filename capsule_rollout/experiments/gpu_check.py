@@ -72,7 +72,7 @@ def replay_step(out: Path) -> Step | str:
     store = out / "sim_rollout" / "episodes.zarr"
     if not store.exists():
         return f"sim_rollout wrote no store at {store}"
-    from capsule_rollout.rollout.sharded_reader import open_episode_reader
+    from capsule_rollout.stores.sharded_reader import open_episode_reader
 
     ids = open_episode_reader(store).episode_ids
     if not ids:

@@ -10,9 +10,9 @@ from capsule_rollout.commands.configs import ImportLeRobotConfig
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
-from capsule_rollout.rollout import lerobot_format as F
-from capsule_rollout.rollout.lerobot_reader import LeRobotDatasetReader
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores import lerobot_format as F
+from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 
 def run(config: ImportLeRobotConfig) -> ExperimentResult:

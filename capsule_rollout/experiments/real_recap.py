@@ -25,9 +25,9 @@ from capsule_rollout.envs.robot_env import RobotEnv
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, check_spec, resolve_acting
-from capsule_rollout.rollout.npz_recorder import NpzRecorder
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.npz_recorder import NpzRecorder
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 
 def run(config: RealRecapConfig) -> ExperimentResult:

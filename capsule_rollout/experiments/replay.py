@@ -13,7 +13,7 @@ from capsule_rollout.commands.configs import ReplayConfig
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.rollout.record import replay_episode
-from capsule_rollout.rollout.sharded_store import parse_store_root
+from capsule_rollout.stores.sharded_store import parse_store_root
 
 
 def run(config: ReplayConfig) -> ExperimentResult:

@@ -13,7 +13,7 @@ from capsule_rollout.commands.cli import (
     check_unknown,
 )
 from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
-from capsule_rollout.rollout.writer_lock import StoreLockedError
+from capsule_rollout.stores.writer_lock import StoreLockedError
 
 
 def _usage() -> str:

@@ -22,14 +22,14 @@ from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
-from capsule_rollout.rollout import episode_schema as S
 from capsule_rollout.rollout.host_factory import MIXED, HostSpec, parse_observers, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.record import CAPSULES, absolute_source, episode_id_of, open_run
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.sharded_store import ShardedStore, parse_store_root
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import ShardedStore, parse_store_root
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 

@@ -19,8 +19,8 @@ from capsule_rollout.experiments.console import make_console
 from capsule_rollout.policies.rollout_policy import PolicySpec
 from capsule_rollout.policies.state_mlp import StateMLP
 from capsule_rollout.policies.torch_policy import save_torch_policy
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.sharded_reader import open_episode_reader
 
 
 def chunks(actions: np.ndarray, chunk_length: int) -> np.ndarray:

@@ -18,7 +18,7 @@ import torch
 from capsule_rollout.capsules.fingerprint import module_sha256
 from capsule_rollout.critics.advantage import AdvantageLabels, label_episodes
 from capsule_rollout.learning.policy_data import load_training_arrays
-from capsule_rollout.rollout.sharded_store import parse_store_root
+from capsule_rollout.stores.sharded_store import parse_store_root
 
 SIDECAR_VERSION = 1
 

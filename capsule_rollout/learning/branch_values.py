@@ -45,12 +45,12 @@ from capsule_rollout.critics.returns import normalized_returns
 from capsule_rollout.learning.advantage_labels import SIDECAR_VERSION, LabelledStore, load_npz, save_npz, write_sidecar
 from capsule_rollout.learning.policy_data import training_order
 from capsule_rollout.learning.training import Log
-from capsule_rollout.rollout import episode_schema as S
 from capsule_rollout.rollout.branching import BranchActor, BranchItem, BranchValue, ReplayDivergedError
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.sharded_store import parse_store_root
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import parse_store_root
 
 BRANCHES_VERSION = 2
 SELECTIONS = ("random", "unsure", "open")

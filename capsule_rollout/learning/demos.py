@@ -9,8 +9,8 @@ from tqdm import tqdm
 from capsule_rollout.learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert
 from capsule_rollout.learning.options import CollectDemosConfig
 from capsule_rollout.rollout.demo_collector import demo_episode_id, record_episode
-from capsule_rollout.rollout.npz_recorder import NpzRecorder
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.npz_recorder import NpzRecorder
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
 from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 

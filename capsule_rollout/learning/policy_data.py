@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.tabletop.tokenizer import Tokenizer
 from capsule_rollout.tabletop.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 

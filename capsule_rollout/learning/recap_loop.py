@@ -60,13 +60,13 @@ from capsule_rollout.learning.stats import failure_auc_summary, mid_episode_valu
 from capsule_rollout.learning.training import Log
 from capsule_rollout.models.checkpoint import update_info
 from capsule_rollout.policies.conditioning import CONDITIONING_INFO, Conditioning
-from capsule_rollout.rollout.episode_schema import IMAGE_PREFIX
 from capsule_rollout.rollout.host_factory import ACTING_INFO, HostSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.episode_schema import IMAGE_PREFIX
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from capsule_rollout.tabletop.value_critic import load_critic
 
 

@@ -1,4 +1,4 @@
-"""RolloutHost state machine, hand-off channel, episode recorders and the Ray layer.
+"""RolloutHost state machine, hand-off channel, branching, policy/critic sources and the Ray layer.
 
-The only package that imports ray.
+The only package that imports ray; episodes are recorded through `stores/`.
 """

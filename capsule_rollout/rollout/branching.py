@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from capsule_rollout.capsules import Capsule
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.episode import Episode
 from capsule_rollout.rollout.host_config import EpisodeResult
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.episode import Episode
 
 
 class ReplayDivergedError(RuntimeError):

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from capsule_rollout.rollout.episode import Episode, EpisodeBuilder
+from capsule_rollout.stores.episode import Episode, EpisodeBuilder
 
 
 def demo_episode_id(family: str, seed: int) -> str:

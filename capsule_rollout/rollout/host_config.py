@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from capsule_rollout.rollout.episode import Episode
+from capsule_rollout.stores.episode import Episode
 
 
 class Phase(str, enum.Enum):

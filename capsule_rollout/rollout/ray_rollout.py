@@ -14,7 +14,7 @@ their resets are restores; another actor restores it from `capsule_dir`.
 
 With a `ShardedStore` as the recorder, each actor (or, without Ray, this process) writes
 its episodes to its own shard and returns only the manifest entry, the metadata and the
-step arrays without images; the driver commits the entry (`rollout.sharded_store`: the
+step arrays without images; the driver commits the entry (`stores.sharded_store`: the
 manifest is the truth, so an actor killed between its shard write and the commit leaves
 an orphan no reader sees, and the episode is run again).
 
@@ -39,8 +39,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem, follow_up_id
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.shard_manifest import ManifestEntry
-from capsule_rollout.rollout.sharded_store import ShardedStore
+from capsule_rollout.stores.shard_manifest import ManifestEntry
+from capsule_rollout.stores.sharded_store import ShardedStore
 
 
 def init_ray(num_cpus: int | None = None) -> str:

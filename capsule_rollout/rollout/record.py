@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from capsule_rollout.capsules import load_capsule
-from capsule_rollout.rollout import episode_schema as S
 from capsule_rollout.rollout.host_factory import (
     MIXED,
     HostSpec,
@@ -34,8 +33,9 @@ from capsule_rollout.rollout.host_factory import (
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.sharded_store import open_recorder, recorded_outcomes
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import open_recorder, recorded_outcomes
 
 STORE = "episodes.zarr"
 CAPSULES = "capsules"

@@ -17,8 +17,6 @@ import ray
 import torch
 
 from capsule_rollout.capsules import CapsuleError, load_capsule
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.episode import Episode
 from capsule_rollout.rollout.host_factory import (
     MIXED,
     HostSpec,
@@ -28,8 +26,10 @@ from capsule_rollout.rollout.host_factory import (
 )
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.shard_manifest import ManifestEntry
-from capsule_rollout.rollout.sharded_store import ShardWriter
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.episode import Episode
+from capsule_rollout.stores.shard_manifest import ManifestEntry
+from capsule_rollout.stores.sharded_store import ShardWriter
 
 CUDA_FATAL: tuple[type[BaseException], ...] = (torch.AcceleratorError,)
 """What torch (>= 2.8, the project's floor) raises when the CUDA context is dead (an illegal access, a
@@ -64,7 +64,7 @@ def follow_up_id(base: str, attempt: int, repeat: int) -> str:
 class ActorReport:
     """What an actor returns per episode (the episode itself plus host figures)."""
 
-    episode: object  # rollout.episode.Episode (None when it failed before its first step); without images when
+    episode: object  # stores.episode.Episode (None when it failed before its first step); without images when
     # `shard` is set
     reset_kind: str
     reset_ms: float

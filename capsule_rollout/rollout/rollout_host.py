@@ -46,8 +46,6 @@ from capsule_rollout.envs.operator_input import OperatorSource
 from capsule_rollout.envs.rollout_env import STATE_KEY, RolloutEnv, action_bounds, image_key
 from capsule_rollout.policies.execution_context import TwoLaneContext
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
-from capsule_rollout.rollout.episode import EpisodeBuilder
-from capsule_rollout.rollout.episode_schema import STOP_REASONS, StopReason
 from capsule_rollout.rollout.handoff import SubtaskChannel
 from capsule_rollout.rollout.host_config import (  # noqa: F401 (capsule_key, episode_noise_seed: re-exported)
     ALLOWED_TRANSITIONS,
@@ -63,6 +61,8 @@ from capsule_rollout.rollout.host_state import HostState
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.operator_control import OperatorControl
 from capsule_rollout.rollout.planner import Planner, ScriptedPlanner
+from capsule_rollout.stores.episode import EpisodeBuilder
+from capsule_rollout.stores.episode_schema import STOP_REASONS, StopReason
 
 
 def _call_optional(component, method: str, *args) -> None:

@@ -54,7 +54,7 @@ def test_metaworld_seed_instruction_expert():
 
 def test_collect_demos_records_the_suites_scripted_policy(tmp_path):
     from capsule_rollout.experiments.run import main
-    from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+    from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 
     _need("metaworld")
     store, summary = tmp_path / "mw.zarr", tmp_path / "s.json"

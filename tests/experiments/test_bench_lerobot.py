@@ -10,7 +10,7 @@ pytest.importorskip("av")
 
 from capsule_rollout.benchmarks.lerobot import frame_fidelity  # noqa: E402
 from capsule_rollout.experiments.run import main  # noqa: E402
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder  # noqa: E402
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder  # noqa: E402
 from tests.rollout.fakes import fake_episode  # noqa: E402
 
 

@@ -3,8 +3,8 @@ import json
 import numpy as np
 
 from capsule_rollout.experiments.run import main
-from capsule_rollout.rollout.npz_recorder import NpzRecorder, read_npz_episode
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.npz_recorder import NpzRecorder, read_npz_episode
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 
 
 def test_collect_to_zarr_then_resume(tmp_path):

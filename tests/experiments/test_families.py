@@ -10,7 +10,7 @@ import pytest
 
 from capsule_rollout.experiments.run import main
 from capsule_rollout.learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert, evaluate_coaching
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from capsule_rollout.tabletop.phrasing import COACHING, coaching_text
 from capsule_rollout.tabletop.scene import PADS
 from capsule_rollout.tabletop.scripted_expert import ScriptedExpert

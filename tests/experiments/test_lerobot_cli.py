@@ -9,8 +9,8 @@ pytest.importorskip("av")
 
 from capsule_rollout.experiments.export_lerobot import TABLETOP_NAMES  # noqa: E402
 from capsule_rollout.experiments.run import main  # noqa: E402
-from capsule_rollout.rollout.lerobot_writer import LeRobotExportError  # noqa: E402
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader  # noqa: E402
+from capsule_rollout.stores.lerobot_writer import LeRobotExportError  # noqa: E402
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader  # noqa: E402
 from tests.rollout.fakes import assert_same_episode  # noqa: E402
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from capsule_rollout.experiments.run import main
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.sharded_store import manifest_entries
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import manifest_entries
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

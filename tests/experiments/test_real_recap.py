@@ -7,8 +7,8 @@ import pytest
 
 from capsule_rollout.envs.operator_input import parse_script
 from capsule_rollout.experiments.run import main
-from capsule_rollout.rollout.npz_recorder import read_npz_episode
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.npz_recorder import read_npz_episode
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from capsule_rollout.tabletop.sim_robot import SimRobotServer
 from tests.policies.tiny import save_tiny_checkpoints
 

@@ -8,7 +8,7 @@ import pytest
 from capsule_rollout.experiments.run import main
 from capsule_rollout.learning.branch_values import BranchTable
 from capsule_rollout.learning.policy_data import episode_actor
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from capsule_rollout.tabletop.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 
 

@@ -9,10 +9,10 @@ import pytest
 
 from capsule_rollout.experiments.run import main
 from capsule_rollout.learning.policy_data import load_training_arrays
-from capsule_rollout.rollout.shard_manifest import MANIFEST_FILE
-from capsule_rollout.rollout.sharded_reader import ShardedEpisodeReader, open_episode_reader
-from capsule_rollout.rollout.sharded_store import ShardedStore, ShardWriter
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.shard_manifest import MANIFEST_FILE
+from capsule_rollout.stores.sharded_reader import ShardedEpisodeReader, open_episode_reader
+from capsule_rollout.stores.sharded_store import ShardedStore, ShardWriter
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from capsule_rollout.tabletop.tokenizer import Tokenizer
 from tests.policies.tiny import save_tiny_checkpoints
 from tests.rollout.fakes import assert_same_episode

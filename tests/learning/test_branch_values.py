@@ -26,8 +26,8 @@ from capsule_rollout.learning.branch_values import (
 from capsule_rollout.rollout.branching import ReplayDivergedError, branch_seed
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from tests.rollout.protocol_fakes import DOF, GreedyPolicy
 from tests.rollout.test_branching import CoinEnv, _flip_wins
 

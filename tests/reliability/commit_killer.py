@@ -22,7 +22,7 @@ import shutil
 import sys
 import threading
 
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from tests.rollout.fakes import fake_episode
 
 WRITE_MODES = set("wax+")

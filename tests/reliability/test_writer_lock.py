@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from capsule_rollout.experiments.run import main
-from capsule_rollout.rollout.writer_lock import LOCK_FILE, StoreLockedError
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.writer_lock import LOCK_FILE, StoreLockedError
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from tests.rollout.fakes import fake_episode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ def test_in_one_process_too_and_the_refused_writer_touches_nothing(tmp_path, cap
 
 def test_a_writer_killed_holding_the_lock_leaves_none_behind(tmp_path):
     store = tmp_path / "e.zarr"
-    script = ("import os, signal, sys\nfrom capsule_rollout.rollout.zarr_recorder import ZarrRecorder\n"
+    script = ("import os, signal, sys\nfrom capsule_rollout.stores.zarr_recorder import ZarrRecorder\n"
               "from tests.rollout.fakes import fake_episode\n"
               "r = ZarrRecorder(sys.argv[1]); r.write(fake_episode(0)); r.flush()\n"
               "os.kill(os.getpid(), signal.SIGKILL)\n")

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import zarr
 
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from tests.reliability import read_store
 from tests.rollout.fakes import fake_episode
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from capsule_rollout.rollout.episode import EpisodeBuilder
+from capsule_rollout.stores.episode import EpisodeBuilder
 
 
 def fake_episode(index: int, length: int = 7, *, cameras=("front",), image_size: int = 16, state_dim: int = 8,

@@ -10,7 +10,7 @@ from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.sharded_store import ShardedStore
+from capsule_rollout.stores.sharded_store import ShardedStore
 from tests.rollout.faults import ExitAfterRecord
 
 policy, critic, root, episodes, victim, marker = sys.argv[1:7]

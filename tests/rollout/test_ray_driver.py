@@ -6,8 +6,8 @@ from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from tests.policies.tiny import save_tiny_checkpoints
 from tests.rollout import faults
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from capsule_rollout.rollout.npz_recorder import NpzRecorder, read_npz_episode
 from capsule_rollout.rollout.rollout_host import HostConfig, Phase, RolloutHost, SafetyStop, capsule_key
+from capsule_rollout.stores.npz_recorder import NpzRecorder, read_npz_episode
 from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from capsule_rollout.tabletop.scripted_expert import ScriptedExpert

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from capsule_rollout.capsules import restore, verify_steppable
-from capsule_rollout.rollout import episode_schema as S
 from capsule_rollout.rollout.host_factory import HostSpec, build_host
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
+from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.tabletop.rollout_steppable import RolloutSteppable
 from tests.policies.tiny import save_tiny_checkpoints, tiny_critic, tiny_policy
 

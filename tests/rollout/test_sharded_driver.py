@@ -14,9 +14,9 @@ from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.sharded_store import ShardedStore
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import ShardedStore
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""`ShardedEpisodeReader`: a sharded store (`rollout.sharded_store`) read as one store, and
+"""`ShardedEpisodeReader`: a sharded store (`stores.sharded_store`) read as one store, and
 `open_episode_reader`, which opens either kind of store.
 
 The reader sees exactly the episodes the manifest names, in manifest order, with the API of
@@ -17,16 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from capsule_rollout.rollout.episode import Episode, EpisodeMeta
-from capsule_rollout.rollout.shard_manifest import MANIFEST_FILE, ManifestEntry, ManifestError
-from capsule_rollout.rollout.sharded_store import (
+from capsule_rollout.stores.episode import Episode, EpisodeMeta
+from capsule_rollout.stores.shard_manifest import MANIFEST_FILE, ManifestEntry, ManifestError
+from capsule_rollout.stores.sharded_store import (
     SHARDS_DIR,
     is_sharded_store,
     manifest_entries,
     parse_store_root,
     shard_path,
 )
-from capsule_rollout.rollout.zarr_reader import EpisodeReader, ZarrEpisodeReader
+from capsule_rollout.stores.zarr_reader import EpisodeReader, ZarrEpisodeReader
 
 
 def open_episode_reader(location: str | os.PathLike) -> EpisodeReader:

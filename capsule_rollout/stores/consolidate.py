@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from capsule_rollout.rollout.episode import Episode
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.sharded_store import is_sharded_store, parse_store_root
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader, store_episodes
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.episode import Episode
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import is_sharded_store, parse_store_root
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader, store_episodes
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 
 class ConsolidateError(ValueError):

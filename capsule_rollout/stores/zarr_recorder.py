@@ -2,13 +2,13 @@
 
 Layout (zarr format 2, diffusion_policy's replay-buffer layout): `data/<key>`
 time-major arrays of all steps, `meta/episode_ends` (int64, cumulative step counts)
-and flat per-episode arrays `meta/<field>` (see `rollout.episode_schema`).
+and flat per-episode arrays `meta/<field>` (see `stores.episode_schema`).
 
 Commit protocol: the writer gathers episodes for up to `batch_window` seconds (or
 until `flush`) and appends them as one batch (one write per array; zarr's per-call
 cost is milliseconds). It writes the batch's rows past the current end of every
 array (data, per-episode metadata, `episode_ends`), where no reader looks, and then
-grows every array's shape at once with one rename (`rollout.zarr_commit`): that
+grows every array's shape at once with one rename (`stores.zarr_commit`): that
 rename is the commit. A process killed at any point leaves the store with the
 episodes before the batch or with all of them, for every reader (this project's,
 plain zarr 2 or 3, diffusion_policy's `ReplayBuffer`, which wants every data array
@@ -32,10 +32,10 @@ import numcodecs
 import numpy as np
 import zarr
 
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.episode import Episode, EpisodeError, validate_episode
-from capsule_rollout.rollout.writer_lock import WriterLock
-from capsule_rollout.rollout.zarr_commit import ShapeCommit, write_rows
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.episode import Episode, EpisodeError, validate_episode
+from capsule_rollout.stores.writer_lock import WriterLock
+from capsule_rollout.stores.zarr_commit import ShapeCommit, write_rows
 
 ENDS = "episode_ends"
 IMAGE_CHUNK_BYTES = 1 << 20  # about 85 frames of 64x64x3 per chunk

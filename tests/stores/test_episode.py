@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.episode import Episode, EpisodeBuilder, EpisodeError, validate_episode
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.episode import Episode, EpisodeBuilder, EpisodeError, validate_episode
 from tests.rollout.fakes import fake_episode
 
 

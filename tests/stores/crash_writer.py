@@ -7,7 +7,7 @@ append of episode N, after its data arrays are written but before its end is).
 import os
 import sys
 
-from capsule_rollout.rollout import zarr_recorder
+from capsule_rollout.stores import zarr_recorder
 from tests.rollout.fakes import fake_episode
 
 path, mode = sys.argv[1], sys.argv[2]

@@ -1,5 +1,5 @@
 """Episode readers: `EpisodeReader`, what every reader offers (random windows for training included), and
-`ZarrEpisodeReader`, the complete episodes of one zarr store (a sharded store's: `rollout.sharded_reader`)."""
+`ZarrEpisodeReader`, the complete episodes of one zarr store (a sharded store's: `stores.sharded_reader`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.episode import Episode, EpisodeMeta
-from capsule_rollout.rollout.zarr_recorder import ENDS, committed_episodes
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.episode import Episode, EpisodeMeta
+from capsule_rollout.stores.zarr_recorder import ENDS, committed_episodes
 
 
 class EpisodeReader:

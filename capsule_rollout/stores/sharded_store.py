@@ -2,9 +2,9 @@
 
 Layout of a store root:
 
-    <root>/manifest.jsonl       what is in the store, in order (`rollout.shard_manifest`)
+    <root>/manifest.jsonl       what is in the store, in order (`stores.shard_manifest`)
     <root>/shards/<name>.zarr   one shard per writer process: a zarr format 2 store in the layout of
-                                `rollout.zarr_recorder`, written by a `ZarrRecorder`
+                                `stores.zarr_recorder`, written by a `ZarrRecorder`
 
 Each writer process (a Ray actor, or the driver's own process without Ray) appends complete episodes
 to its own shard with `ShardWriter` (the recorder's commit: atomic per episode, safe against a killed
@@ -34,8 +34,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from capsule_rollout.rollout.episode import Episode
-from capsule_rollout.rollout.shard_manifest import (
+from capsule_rollout.stores.episode import Episode
+from capsule_rollout.stores.shard_manifest import (
     MANIFEST_FILE,
     SHARD_NAME,
     ManifestEntry,
@@ -44,8 +44,8 @@ from capsule_rollout.rollout.shard_manifest import (
     create_manifest,
     read_manifest,
 )
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
-from capsule_rollout.rollout.zarr_recorder import RecorderError, ZarrRecorder
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_recorder import RecorderError, ZarrRecorder
 
 SHARDS_DIR = "shards"
 SHARD_SUFFIX = ".zarr"

@@ -28,7 +28,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
-from capsule_rollout.rollout import episode_schema as S
+from capsule_rollout.stores import episode_schema as S
 
 CODEBASE_VERSION = "v3.0"
 INFO_PATH = "meta/info.json"

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from capsule_rollout.rollout import episode_schema as S
+from capsule_rollout.stores import episode_schema as S
 
 
 class EpisodeError(ValueError):
@@ -41,7 +41,7 @@ class EpisodeMeta:
 
 @dataclass
 class Episode:
-    steps: dict[str, np.ndarray]  # time-major, see rollout.episode_schema
+    steps: dict[str, np.ndarray]  # time-major, see stores.episode_schema
     meta: EpisodeMeta
     extra: dict = field(default_factory=dict)  # not persisted
 

@@ -11,17 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capsule_rollout.rollout.shard_manifest import MANIFEST_FILE, ManifestEntry, ManifestError
-from capsule_rollout.rollout.sharded_reader import ShardedEpisodeReader, open_episode_reader
-from capsule_rollout.rollout.sharded_store import (
+from capsule_rollout.stores.shard_manifest import MANIFEST_FILE, ManifestEntry, ManifestError
+from capsule_rollout.stores.sharded_reader import ShardedEpisodeReader, open_episode_reader
+from capsule_rollout.stores.sharded_store import (
     ShardedStore,
     ShardWriter,
     UnsupportedStoreError,
     is_sharded_store,
     parse_store_root,
 )
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from tests.rollout.fakes import assert_same_episode, fake_episode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def _record(root, episodes, writers=2, skip=()):
 
 
 def _child(*args):
-    return subprocess.run([sys.executable, "-m", "tests.rollout.shard_killer", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tests.stores.shard_killer", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

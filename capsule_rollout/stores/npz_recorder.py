@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.episode import Episode, EpisodeError, EpisodeMeta, validate_episode
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.episode import Episode, EpisodeError, EpisodeMeta, validate_episode
 
 META_PREFIX = "meta."
 

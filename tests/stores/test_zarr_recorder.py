@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout.episode import Episode, EpisodeError
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
-from capsule_rollout.rollout.zarr_recorder import RecorderError, ZarrRecorder
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.episode import Episode, EpisodeError
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_recorder import RecorderError, ZarrRecorder
 from tests.rollout.fakes import assert_same_episode, fake_episode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ def test_a_writer_failure_is_reported_and_committed_episodes_survive(tmp_path, m
 
 def _child(path, *args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, str(ROOT / "tests/rollout/crash_writer.py"), str(path), *args],
+    return subprocess.Popen([sys.executable, str(ROOT / "tests/stores/crash_writer.py"), str(path), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import zarr
 
-from capsule_rollout.rollout.consolidate import ConsolidateError, consolidate_store
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.sharded_store import ShardedStore, ShardWriter
-from capsule_rollout.rollout.zarr_reader import ZarrEpisodeReader
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder
+from capsule_rollout.stores.consolidate import ConsolidateError, consolidate_store
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import ShardedStore, ShardWriter
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 from tests.reliability.read_store import read_diffusion_policy, read_plain
 from tests.rollout.fakes import assert_same_episode, fake_episode
 

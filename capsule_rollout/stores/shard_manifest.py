@@ -1,13 +1,13 @@
 """The manifest of a sharded episode store: which episodes are in the store, and where each one lies.
 
-A sharded store (`rollout.sharded_store`) keeps its episodes in several zarr shards, one per writer
+A sharded store (`stores.sharded_store`) keeps its episodes in several zarr shards, one per writer
 process; the manifest is the store's single source of truth: an episode is in the store exactly when
 a manifest line names it, and readers see the episodes in manifest order. An episode a shard holds
 that no line names (an orphan: its actor died after writing it, before the driver committed it) is
 not in the store.
 
 Format: `manifest.jsonl`, UTF-8 JSON lines. The first line is a header
-`{"format": "rollout.sharded_store", "version": 1}`; each further line is one entry
+`{"format": "stores.sharded_store", "version": 1}`; each further line is one entry
 `{"episode_id", "shard", "index", "length", "success"}` (the episode's shard, its index among the
 shard's committed episodes, its step count and outcome; the last two let a resumed run walk past
 recorded episodes without opening a shard).
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 MANIFEST_FILE = "manifest.jsonl"
-FORMAT = "rollout.sharded_store"
+FORMAT = "stores.sharded_store"
 VERSION = 1
 SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _FIELDS = {"episode_id": str, "shard": str, "index": int, "length": int, "success": bool}

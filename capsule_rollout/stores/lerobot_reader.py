@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout import lerobot_format as F
-from capsule_rollout.rollout.episode import Episode, EpisodeMeta, validate_episode
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores import lerobot_format as F
+from capsule_rollout.stores.episode import Episode, EpisodeMeta, validate_episode
 
 
 class LeRobotDatasetReader:

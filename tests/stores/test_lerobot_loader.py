@@ -15,9 +15,9 @@ pytest.importorskip("pyarrow")
 pytest.importorskip("av")
 
 from capsule_rollout.experiments.run import main  # noqa: E402
-from capsule_rollout.rollout import episode_schema as S  # noqa: E402
-from capsule_rollout.rollout.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store  # noqa: E402
-from capsule_rollout.rollout.zarr_reader import store_episodes  # noqa: E402
+from capsule_rollout.stores import episode_schema as S  # noqa: E402
+from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store  # noqa: E402
+from capsule_rollout.stores.zarr_reader import store_episodes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -3,8 +3,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from capsule_rollout.rollout.episode import Episode, EpisodeError
-from capsule_rollout.rollout.npz_recorder import NpzRecorder, read_npz_episode
+from capsule_rollout.stores.episode import Episode, EpisodeError
+from capsule_rollout.stores.npz_recorder import NpzRecorder, read_npz_episode
 from tests.rollout.fakes import assert_same_episode, fake_episode
 
 

@@ -1,5 +1,5 @@
 """Run by LeRobot's own venv (not the project's): open an exported dataset with `LeRobotDataset` and dump
-what it returns, for tests/rollout/test_lerobot_loader.py to compare with the store.
+what it returns, for tests/stores/test_lerobot_loader.py to compare with the store.
 
 usage: python lerobot_probe.py ROOT BACKEND HORIZON OUT.npz   (BACKEND: torchcodec, pyav, or - for images)
 Exit code 3: the backend cannot run here (the message says why).

@@ -12,19 +12,19 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 av = pytest.importorskip("av")
 
-from capsule_rollout.rollout import episode_schema as S  # noqa: E402
-from capsule_rollout.rollout import lerobot_format as F  # noqa: E402
-from capsule_rollout.rollout.episode import Episode  # noqa: E402
-from capsule_rollout.rollout.lerobot_reader import LeRobotDatasetReader  # noqa: E402
-from capsule_rollout.rollout.lerobot_stats import STAT_KEYS, ImageHistogram, vector_stats  # noqa: E402
-from capsule_rollout.rollout.lerobot_writer import (  # noqa: E402
+from capsule_rollout.stores import episode_schema as S  # noqa: E402
+from capsule_rollout.stores import lerobot_format as F  # noqa: E402
+from capsule_rollout.stores.episode import Episode  # noqa: E402
+from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader  # noqa: E402
+from capsule_rollout.stores.lerobot_stats import STAT_KEYS, ImageHistogram, vector_stats  # noqa: E402
+from capsule_rollout.stores.lerobot_writer import (  # noqa: E402
     LeRobotExportError,
     LeRobotWriterOptions,
     export_lerobot,
     open_store,
 )
-from capsule_rollout.rollout.zarr_reader import store_episodes  # noqa: E402
-from capsule_rollout.rollout.zarr_recorder import ZarrRecorder  # noqa: E402
+from capsule_rollout.stores.zarr_reader import store_episodes  # noqa: E402
+from capsule_rollout.stores.zarr_recorder import ZarrRecorder  # noqa: E402
 from tests.rollout.fakes import assert_same_episode, fake_episode  # noqa: E402
 
 FPS = 10

@@ -20,12 +20,12 @@ from types import MappingProxyType
 
 import numpy as np
 
-from capsule_rollout.rollout import episode_schema as S
-from capsule_rollout.rollout import lerobot_format as F
-from capsule_rollout.rollout import lerobot_stats
-from capsule_rollout.rollout.episode import Episode
-from capsule_rollout.rollout.sharded_reader import open_episode_reader
-from capsule_rollout.rollout.zarr_reader import EpisodeReader
+from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores import lerobot_format as F
+from capsule_rollout.stores import lerobot_stats
+from capsule_rollout.stores.episode import Episode
+from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.zarr_reader import EpisodeReader
 
 VIDEO_CODECS = ("h264", "libsvtav1", "hevc")  # LeRobot's software encoders (its own default is libsvtav1)
 ROW_GROUP_BYTES = 32 << 20  # frames buffered before a parquet row group is written

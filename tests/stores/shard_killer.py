@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from capsule_rollout.rollout.sharded_store import ShardedStore, ShardWriter
+from capsule_rollout.stores.sharded_store import ShardedStore, ShardWriter
 from tests.rollout.fakes import fake_episode
 
 mode, root, first, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
