@@ -53,3 +53,29 @@ def test_the_same_through_sim_rollout_and_replay(tmp_path):
                 "--json", str(tmp_path / "r.json")], tmp_path)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert json.loads((tmp_path / "r.json").read_text())["exact"] is True
+
+
+def test_eval_policy_takes_the_users_env_and_policy_by_import_path_on_ray_too(tmp_path):
+    """The evaluation entry point plays a foreign env and policy through the one loop: the same successes per
+    seed in this process and on 2 Ray actors."""
+    results = {}
+    for actors in (0, 2):
+        out = _run(["-m", "capsule_rollout", "eval_policy", "--env", f"{EXAMPLE}:make_env", "--model.policy",
+                    f"{EXAMPLE}:make_policy", "--seeds.first", "0", "--episodes", "4", "--actors", str(actors),
+                    "--json", str(tmp_path / f"e{actors}.json")], tmp_path)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        results[actors] = json.loads((tmp_path / f"e{actors}.json").read_text())["policy"]
+    assert results[0]["episodes"] == 4 and results[0]["success_by_seed"] == results[2]["success_by_seed"]
+    assert results[0]["sim_seconds"] is None  # the env tells no control rate: no simulated-time figures
+    out = _run(["-m", "capsule_rollout", "eval_policy", "--env", f"{EXAMPLE}:make_env", "--coach", "true"], tmp_path)
+    assert out.returncode == 2 and "--env: give the policy to evaluate" in out.stderr, out.stderr[-2000:]
+
+
+def test_value_ceiling_judges_the_users_env_and_policy(tmp_path):
+    out = _run(["-m", "capsule_rollout", "value_ceiling", "--env", f"{EXAMPLE}:make_env", "--model.policy",
+                f"{EXAMPLE}:make_policy", "--seeds.first", "0", "--episodes", "2", "--branches", "2",
+                "--at_step", "5", "--json", str(tmp_path / "v.json")], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    summary = json.loads((tmp_path / "v.json").read_text())
+    assert summary["env"] == f"{EXAMPLE}:make_env" and summary["judged_episodes"] == len(summary["episodes"])
+    assert all(0.0 <= row["branch_success"] <= 1.0 and row["step"] <= 5 for row in summary["episodes"])

@@ -11,10 +11,10 @@ import pytest
 
 NS = "capsule_rollout"  # the one import namespace; its layers are subpackages
 ROOT = Path(__file__).resolve().parents[1] / NS
-PACKAGES = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning", "commands",
+PACKAGES = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "tabletop", "commands",
             "benchmarks", "experiments")
 # The core: knows nothing of the tabletop example, which plugs into it as a user's package does (entry points)
-CORE = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout")
+CORE = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning")
 # package -> project modules it may import (a dotted entry allows that module only)
 ALLOWED = {
     "capsules": set(),
@@ -24,9 +24,9 @@ ALLOWED = {
     "critics": {"capsules", "models"},
     "stores": set(),  # episodes and their store formats: numpy, zarr, pyarrow; no other layer
     "rollout": {"capsules", "models", "envs", "policies", "critics", "stores"},
-    "tabletop": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout"},
-    # the training and RECAP loops still build on the example's flow policy and critic
-    "learning": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop"},
+    # learning's loops run over the protocols (a RECAP recipe supplies the trainers); the example builds on them
+    "learning": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout"},
+    "tabletop": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
     "commands": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
     "benchmarks": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
                    "commands"},

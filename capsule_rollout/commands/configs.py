@@ -79,13 +79,14 @@ class ScoredModels:
     """A policy checkpoint, and the critics scored on its episodes."""
 
     policy: str = SHIPPED_POLICY
-    """Policy checkpoint directory."""
+    """Policy checkpoint directory, or a factory's import path `package.module:make_policy`."""
     critic: tuple[str, ...] = ()
     """Also report these critics' failure AUC from their values at the mid-episode step (half the episode
-    limit) on these episodes, each and (with more than one) their mean value's (none: no critic)."""
+    limit) on these episodes, each and (with more than one) their mean value's (none: no critic); checkpoint
+    directories, or with --env one checkpoint or factory import path."""
 
 
-@command("eval_policy", "Success rate of a policy checkpoint on held-out seeds, next to the scripted expert's.")
+@command("eval_policy", "Success rate of a policy on held-out seeds (next to the tabletop's scripted expert's).")
 @dataclass(frozen=True)
 class EvalPolicyConfig:
     ALIASES: ClassVar[dict[str, str]] = {**MODEL_ALIASES, **ACT_ALIASES, **SEED_ALIASES}
@@ -93,10 +94,14 @@ class EvalPolicyConfig:
     model: ScoredModels = ScoredModels()
     family: FAMILIES_OR_ALL = "pick_place"
     """Task family; all: every family, each on the same seeds, with success per family."""
+    env: str = ""
+    """A registered env (`gymnasium:Pusher-v5`, `metaworld:pick-place-v3`...) or an import path
+    `package.module:factory` evaluated instead of a tabletop family (needs --model.policy; --family, --phrasing,
+    --coach and the expert comparison are the tabletop's)."""
     seeds: Seeds = Seeds(count=50)  # held out
     act: Acting = Acting()
     expert: bool = True
-    """Also run the scripted expert on the same seeds, for comparison."""
+    """Also run the tabletop's scripted expert on the same seeds, for comparison (not with --env)."""
     actors: int = 0
     """Ray actors to play the episodes on (0: in this process); results do not depend on it."""
     phrasing: PHRASING = "canonical"
@@ -110,6 +115,14 @@ class EvalPolicyConfig:
     def __post_init__(self) -> None:
         if self.seeds.count < 1 or self.actors < 0:
             raise ValueError("--seeds.count (--episodes) must be >= 1, --actors >= 0")
+        if self.env:
+            if self.model.policy == SHIPPED_POLICY:
+                raise ValueError("--env: give the policy to evaluate (--model.policy, a checkpoint or an import "
+                                 "path `package.module:make_policy`); the shipped one is the tabletop's")
+            if self.coach or self.phrasing != "canonical" or self.family == "all":
+                raise ValueError("--coach, --phrasing and --family all are the tabletop's: drop them with --env")
+            if len(self.model.critic) > 1:
+                raise ValueError("--env: score one critic at a time (--model.critic), on the host's critic lane")
 
 
 @command(
@@ -123,6 +136,9 @@ class ValueCeilingConfig:
     model: Models = Models(critic="")  # a critic is scored on the same mid-episode states
     family: FAMILIES = "pick_place"
     """Task family."""
+    env: str = ""
+    """A registered env or an import path `package.module:factory` played instead of a tabletop family (needs
+    --model.policy; without the tabletop, states carry no task phase)."""
     seeds: Seeds = Seeds(count=50)  # held out
     act: Acting = Acting()
     branches: int = 16
@@ -133,6 +149,9 @@ class ValueCeilingConfig:
     def __post_init__(self) -> None:
         if min(self.seeds.count, self.branches) < 1:
             raise ValueError("--seeds.count (--episodes) and --branches must be >= 1")
+        if self.env and self.model.policy == SHIPPED_POLICY:
+            raise ValueError("--env: give the policy whose states are judged (--model.policy, a checkpoint or an "
+                             "import path `package.module:make_policy`); the shipped one is the tabletop's")
         if self.at_step is not None and self.at_step < 0:
             raise ValueError(f"--at_step must be >= 0 (got {self.at_step})")
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+ACTOR_DEMONSTRATOR, ACTOR_POLICY = 0, 1
+"""Who acted in a recorded episode (and so who acts from its states on, for a critic that is told): a
+demonstrator (`collect_demos` and other recorders that restore no capsule) or the policy (a `RolloutHost`
+recorded it from its initial capsule, operator takeovers included)."""
+
 
 def normalized_returns(rewards: np.ndarray, success: bool, max_steps: int, *,
                        failure_penalty: float | None = None) -> np.ndarray:

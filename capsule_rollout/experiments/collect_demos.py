@@ -1,11 +1,13 @@
-"""collect_demos: scripted-expert episodes to a zarr store or .npz files (`learning.demos`)."""
+"""collect_demos: scripted-expert episodes to a zarr store or .npz files (`learning.demos`; the tabletop's
+expert in `tabletop.demos`)."""
 
 from __future__ import annotations
 
 from capsule_rollout.commands.configs import CollectDemosConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
-from capsule_rollout.learning.demos import collect_demos, demo_source
+from capsule_rollout.learning.demos import collect_demos
+from capsule_rollout.tabletop.demos import demo_source
 
 
 def run(config: CollectDemosConfig) -> ExperimentResult:

@@ -1,5 +1,7 @@
-"""eval_policy: a policy checkpoint's success on held-out seeds, next to the scripted expert's; per family
-with `--family all`, with paraphrased subtasks (`--phrasing`) and mid-episode coaching (`--coach`)."""
+"""eval_policy: a policy's success on held-out seeds. On the tabletop (the example), next to the scripted
+expert's, per family with `--family all`, with paraphrased subtasks (`--phrasing`) and mid-episode coaching
+(`--coach`); on any env of the rollout protocols with `--env` (a checkpoint or a factory's import path for the
+policy and critic, on Ray actors too: `learning.evaluation.evaluate_spec`)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,20 @@ from capsule_rollout.commands.configs import EvalPolicyConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
-from capsule_rollout.learning.coaching import COACHABLE, evaluate_coaching
-from capsule_rollout.learning.evaluation import evaluate_expert, evaluate_policy
+from capsule_rollout.learning.evaluation import evaluate_spec
 from capsule_rollout.policies.conditioning import resolve_conditioning
-from capsule_rollout.rollout.host_factory import resolve_acting
+from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
+from capsule_rollout.rollout.record import absolute_source
+from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.tabletop.coaching import COACHABLE, evaluate_coaching
+from capsule_rollout.tabletop.evaluation import evaluate_expert, evaluate_policy
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 
 def run(config: EvalPolicyConfig) -> ExperimentResult:
+    if config.env:
+        return _run_env(config)
     console = make_console()
     policy_dir = resolve_input(config.model.policy)
     with checking_inputs():
@@ -53,6 +60,34 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
                "beta": conditioning.beta, "phrasing": config.phrasing, "families": results}
     if len(families) == 1:  # one family: its figures at the top level too, as before `--family all`
         summary.update(results[families[0]])
+    _print_summary(console, config, summary)
+    return ExperimentResult(summary)
+
+
+def _run_env(config: EvalPolicyConfig) -> ExperimentResult:
+    """`--env`: the policy (and one critic) on a registered env or a factory's env, through the one loop."""
+    console = make_console()
+    policy = absolute_source(resolve_input(config.model.policy))
+    critic = absolute_source(resolve_input(config.model.critic[0])) if config.model.critic else ""
+    seeds = list(config.seeds.range)
+    with checking_inputs():
+        n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
+        spec = HostSpec(env=config.env, policy=policy, critic=critic, advantage=config.act.advantage,
+                        beta=config.act.beta, noise_scale=noise_scale,
+                        host=HostConfig(n_exec=n_exec, record_images=False))
+        conditioning = check_spec(spec)
+    where = init_ray() if config.actors else ""
+    try:
+        t0 = time.perf_counter()
+        policy_result = evaluate_spec(spec, seeds, task=config.env, actors=config.actors)
+        policy_result["seconds"] = time.perf_counter() - t0
+    finally:
+        if where:
+            shutdown_ray(where)
+    summary = {"policy": policy_result, "policy_source": config.model.policy, "env": config.env,
+               "seeds": [seeds[0], seeds[-1]], "n_exec": n_exec, "noise_scale": noise_scale,
+               "advantage": conditioning.advantage, "beta": conditioning.beta,
+               "families": {config.env: {"policy": policy_result}}}
     _print_summary(console, config, summary)
     return ExperimentResult(summary)
 

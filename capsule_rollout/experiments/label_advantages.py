@@ -11,12 +11,12 @@ from capsule_rollout.critics.advantage import INDICATOR_POSITIVE
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.advantage_labels import label_store
-from capsule_rollout.tabletop.value_critic import load_critic
+from capsule_rollout.tabletop.critic_labels import StoreValues
 
 
 def run(config: LabelAdvantagesConfig) -> ExperimentResult:
     console = make_console()
-    critic = load_critic(resolve_input(config.critic))
+    critic = StoreValues(resolve_input(config.critic))
     done = label_store(critic, config.data, n=config.n, max_steps=config.max_steps,
                        positive_fraction=config.positive_fraction, out=config.out or None, critic_name=config.critic)
     labels, steps = done.labels, int(len(done.values))

@@ -7,15 +7,18 @@ from capsule_rollout.commands.configs import RecapConfig
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.learning.recap_loop import recap_loop, resumable_store
+from capsule_rollout.learning.recipe import load_recipe
 
 
 def run(config: RecapConfig) -> ExperimentResult:
     console = make_console()
     try:
-        resumable_store(config)
-    except ValueError as exc:
+        recipe = load_recipe(config.recipe)
+        resumable_store(config, recipe)
+    except ValueError as exc:  # a bad --recipe (an ImportPathError is one) or a store of other cameras
         raise SystemExit(f"error: {exc}") from None
-    return ExperimentResult(recap_loop(config, log=console.print, report=lambda it: _report(console, it)))
+    return ExperimentResult(recap_loop(config, log=console.print, report=lambda it: _report(console, it),
+                                       recipe=recipe))
 
 
 def _report(console, it: dict) -> None:

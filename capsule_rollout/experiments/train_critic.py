@@ -1,4 +1,4 @@
-"""train_critic: the distributional value critic from a zarr store of episodes (`learning.fit_critic`)."""
+"""train_critic: the distributional value critic from a zarr store of episodes (`tabletop.fit_critic`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from capsule_rollout.commands.configs import TrainCriticConfig
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
-from capsule_rollout.learning.fit_critic import fit_critic
+from capsule_rollout.tabletop.fit_critic import fit_critic
 
 
 def run(config: TrainCriticConfig) -> ExperimentResult:

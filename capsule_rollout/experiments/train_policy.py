@@ -1,4 +1,4 @@
-"""train_policy: flow-matching behaviour cloning from a zarr store of episodes (`learning.fit_policy`)."""
+"""train_policy: flow-matching behaviour cloning from a zarr store of episodes (`tabletop.fit_policy`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 from capsule_rollout.commands.configs import TrainPolicyConfig
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.experiments.console import make_console
-from capsule_rollout.learning.fit_policy import fit_policy
+from capsule_rollout.tabletop.fit_policy import fit_policy
 
 
 def run(config: TrainPolicyConfig, advantage: np.ndarray | None = None) -> ExperimentResult:

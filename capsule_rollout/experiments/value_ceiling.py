@@ -32,11 +32,12 @@ from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
 from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.tabletop.evaluation import task_phase
 
 
 def run(config: ValueCeilingConfig) -> ExperimentResult:
     console = make_console()
-    keeper = BoundaryKeeper(0)
+    keeper = BoundaryKeeper(0, phase=None if config.env else task_phase)  # phases: the tabletop's
     policy = resolve_input(config.model.policy)
     if config.act.noise_scale == 0:
         raise UsageError("--act.noise_scale 0: every branch would play the same continuation; pass a scale > 0")
@@ -44,7 +45,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     scale = 1.0 if config.act.noise_scale is None else config.act.noise_scale
     with checking_inputs():
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, scale)
-        spec = HostSpec(family=config.family, policy=policy,
+        spec = HostSpec(family=config.family, env=config.env, policy=policy,
                         critic=resolve_input(config.model.critic) if config.model.critic else "",
                         host=HostConfig(n_exec=n_exec, record_images=False),
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)
@@ -66,7 +67,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     seconds = time.perf_counter() - t0
     oracle = failure_auc_summary([(r["branch_success"], r["success"]) for r in rows])
     summary = {"policy_checkpoint": config.model.policy, "critic_checkpoint": config.model.critic or None,
-               "family": config.family, "seeds": [config.seeds.first, config.seeds.range[-1]],
+               "family": None if config.env else config.family, "env": config.env or None, "seeds": [config.seeds.first, config.seeds.range[-1]],
                "at_step": at_step, "branches": config.branches, "advantage": conditioning.advantage,
                "beta": conditioning.beta, "judged_episodes": len(rows), "branch_failure_auc": oracle,
                "mean_branch_success": float(np.mean([r["branch_success"] for r in rows])) if rows else None,
@@ -77,6 +78,8 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     if config.model.critic:
         summary["critic_failure_auc"] = failure_auc_summary([(r["critic_value"], r["success"]) for r in rows])
         console.print(f"failure AUC of the critic on the same states: {_shown(summary['critic_failure_auc'])}")
+    if config.env:  # a foreign env tells no task phases
+        return ExperimentResult(summary=summary)
     breakdown = phase_breakdown(rows, ["branch_success", *(["critic_value"] if config.model.critic else [])])
     summary["phase_alone_failure_auc"] = breakdown["phase_alone"]
     summary["phases"] = breakdown["phases"]

@@ -1,8 +1,9 @@
 """RECAP advantage labels over a store, and the sidecar file they live in beside it.
 
-The critic is evaluated on every recorded step (batched, no augmentation); N-step advantages, per-task
-thresholds and indicators come from `critics.advantage`. The store itself is never written: the labels go
-to `<store>.advantage.npz`, with the episode ids they belong to, so training can check they match.
+The critic (a `StoreCritic`; the example's is `tabletop.critic_labels.StoreValues`) is evaluated on every
+recorded step; N-step advantages, per-task thresholds and indicators come from `critics.advantage`. The store
+itself is never written: the labels go to `<store>.advantage.npz`, with the episode ids they belong to, so
+training can check they match.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
-import torch
 
-from capsule_rollout.capsules.fingerprint import module_sha256
 from capsule_rollout.critics.advantage import AdvantageLabels, label_episodes
 from capsule_rollout.learning.policy_data import load_training_arrays
 from capsule_rollout.stores.sharded_store import parse_store_root
@@ -29,20 +29,17 @@ def sidecar_path(store: str | os.PathLike) -> Path:
     return store.with_name(store.name.removesuffix(".zarr") + ".advantage.npz")
 
 
-def critic_values(critic, data: dict, batch: int = 256) -> np.ndarray:
-    """V(o_t) for every step of the arrays from `load_training_arrays`."""
-    cams = critic.config.cameras
-    out = []
-    with torch.no_grad():
-        for lo in range(0, len(data["states"]), batch):
-            sl = slice(lo, lo + batch)
-            lang = critic.embed_language(torch.from_numpy(data["tokens"][sl]))
-            images = {c: torch.from_numpy(np.ascontiguousarray(data["images"][c][sl])) for c in cams}
-            step = torch.from_numpy(data["episode_steps"][sl])
-            actor = torch.from_numpy(data["actors"][sl])  # each step valued for whoever acted in its episode
-            out.append(critic.value(critic.logits(images, torch.from_numpy(data["states"][sl]), lang, step,
-                                                  actor)).numpy())
-    return np.concatenate(out) if out else np.zeros(0, np.float32)
+class StoreCritic(Protocol):
+    """A critic that values a store's recorded steps (what `label_store` labels with): the cameras and
+    tokenizer its inputs need (for `learning.policy_data.load_training_arrays`), V(o_t) for every step of
+    those arrays, and a digest of its weights (written into the sidecar)."""
+
+    cameras: tuple[str, ...]
+    tokenizer: Any  # encode_batch(texts) -> int array
+
+    def store_values(self, data: dict) -> np.ndarray: ...
+
+    def weights_sha256(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -53,11 +50,11 @@ class LabelledStore:
     episodes: int
 
 
-def label_store(critic, store: str, *, n: int, max_steps: int, positive_fraction: float,
+def label_store(critic: StoreCritic, store: str, *, n: int, max_steps: int, positive_fraction: float,
                 out: str | os.PathLike | None = None, critic_name: str = "") -> LabelledStore:
     """Label every step of `store` with `critic` and write the sidecar (atomically)."""
-    data = load_training_arrays(store, critic.config.cameras, critic.tokenizer)
-    values = critic_values(critic, data)
+    data = load_training_arrays(store, critic.cameras, critic.tokenizer)
+    values = np.asarray(critic.store_values(data), np.float32)
     ends = data["episode_ends"]
     starts = np.concatenate([[0], ends[:-1]])
     metas = data["metas"]
@@ -66,7 +63,7 @@ def label_store(critic, store: str, *, n: int, max_steps: int, positive_fraction
                             tasks=[m.task for m in metas], interventions=cut(data["intervention"]),
                             n=n, max_steps=max_steps, positive_fraction=positive_fraction)
     meta = {"source": "critic", "store": str(store), "critic": critic_name,
-            "critic_weights_sha256": module_sha256(critic), "n": n, "max_steps": max_steps,
+            "critic_weights_sha256": critic.weights_sha256(), "n": n, "max_steps": max_steps,
             "positive_fraction": positive_fraction, "thresholds": labels.thresholds,
             "realised_positive_fraction": labels.positive_fraction}
     path = write_sidecar(store, advantage=labels.advantage, indicator=labels.indicator, values=values,

@@ -1,46 +1,39 @@
-"""Demonstrations: the scripted policy's episodes (the tabletop's expert, or a suite's own) to a store."""
+"""Demonstrations: a scripted policy's episodes (a suite's own, or the example's `tabletop.demos`) to a store."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from capsule_rollout.learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert
 from capsule_rollout.learning.options import CollectDemosConfig
 from capsule_rollout.rollout.demo_collector import demo_episode_id, record_episode
 from capsule_rollout.stores.npz_recorder import NpzRecorder
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
-from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
-from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 
 
-def demo_source(config: CollectDemosConfig):
-    """The env and a factory of its scripted policy for a seed: the tabletop's expert, or the suite's own."""
-    if not config.env:
-        if config.coach and config.family not in COACHABLE:
-            raise ValueError(f"--coach sends the held block to another pad: family {config.family!r} has no "
-                             f"place-on-a-pad subtask (coachable: {', '.join(COACHABLE)})")
-        env = TabletopEnv(
-            config.family, cameras=("front",) if config.cameras is None else config.cameras, image_size=config.image_size,
-            max_steps=COACHED_MAX_STEPS if config.coach else None,
-        )
+@dataclass
+class DemoSource:
+    """What `collect_demos` records: an env, the task name its episode ids carry, and a factory of the scripted
+    policy for a seed (`seed -> (act, proposed)`: `act()` the next action, `proposed()` the action it meant
+    before any noise, or None); `plan_done()`, when given, says after an episode whether the plan the
+    demonstrator followed was completed (a coached plan, which the env's own success does not measure)."""
 
-        def tabletop_expert(seed: int):
-            expert = ScriptedExpert(env, noise=config.noise, seed=seed)
-            if not config.coach:
-                return expert.act, (lambda: expert.intended)
-            coach = PadCoach(split="train")
-            coach.bind(env, seed)
-            return coached_expert(env, expert, coach), (lambda: expert.intended)
+    env: object
+    task: str
+    make_expert: Callable[[int], tuple[Callable, Callable | None]]
+    plan_done: Callable[[], bool] | None = None
 
-        # coached episodes are other episodes than the plain ones of the same seeds: ids of their own
-        return env, f"{config.family}-coached" if config.coach else config.family, tabletop_expert
-    if config.coach:
-        raise ValueError("--coach applies to the tabletop's expert only")
+
+def suite_demo_source(config: CollectDemosConfig) -> DemoSource:
+    """The env of `config.env` (a registered id or `package.module:factory`) and the suite's own scripted
+    policy; ValueError when it ships none (the command line reports it as a usage error)."""
     from capsule_rollout.envs.suites import expert_for, make_env
 
-    # bad input raises ValueError (the command line reports it as a usage error)
+    if config.coach:
+        raise ValueError("--coach applies to the tabletop's expert only")
     env = make_env(config.env, cameras=config.cameras, image_size=config.image_size)
     act = expert_for(env)
     if act is None:
@@ -49,15 +42,16 @@ def demo_source(config: CollectDemosConfig):
     if config.noise:
         env.close()
         raise ValueError("--noise applies to the tabletop's expert only")
-    return env, env.task, lambda seed: (act, None)
+    return DemoSource(env, env.task, lambda seed: (act, None))
 
 
-def collect_demos(config: CollectDemosConfig, source=None) -> dict:
-    """Record the scripted policy's episodes for `config`'s seeds (those the store holds are skipped).
+def collect_demos(config: CollectDemosConfig, source: DemoSource) -> dict:
+    """Record `source`'s scripted episodes for `config`'s seeds (those the store holds are skipped).
 
-    `source`: `demo_source(config)`, made by the caller (so that bad input is reported before anything runs).
+    `source`: made by the caller (so that bad input is reported before anything runs): `suite_demo_source`,
+    or an example's own (`tabletop.demos.demo_source`).
     """
-    env, task, make_expert = demo_source(config) if source is None else source
+    env, task, make_expert = source.env, source.task, source.make_expert
     recorder = ZarrRecorder(config.out) if config.format == "zarr" else NpzRecorder(config.out)
     episodes = successes = steps = skipped = plans_done = 0
     seeds = range(config.seed, config.seed + config.episodes)
@@ -74,8 +68,8 @@ def collect_demos(config: CollectDemosConfig, source=None) -> dict:
             recorder.write(episode)
             episodes += 1
             successes += episode.meta.success
-            if config.coach:  # the coached plan done (the env's own goal is the original pad: never its success)
-                plans_done += env.subtask_index >= len(env.subtasks)
+            if source.plan_done is not None:  # e.g. a coached plan (the env's own goal is not its success)
+                plans_done += source.plan_done()
             steps += episode.length
             elapsed = time.perf_counter() - start
             bar.set_postfix(success=f"{successes / episodes:.0%}", steps_per_s=f"{steps / elapsed:.0f}")
@@ -98,7 +92,7 @@ def collect_demos(config: CollectDemosConfig, source=None) -> dict:
         "env": config.env,
         "noise": config.noise,
         "coached": config.coach,
-        "plan_completed": plans_done if config.coach else None,  # --coach: episodes that followed the coaching
+        "plan_completed": plans_done if source.plan_done is not None else None,  # e.g. followed the coaching
         "store": str(config.out),
         "format": config.format,
     }

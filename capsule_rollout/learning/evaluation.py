@@ -1,9 +1,10 @@
-"""Closed-loop evaluation of a policy (and the scripted expert) on held-out seeds.
+"""Closed-loop evaluation over the rollout protocols: playing a list of seeds through the one episode loop
+(`RolloutHost`, in this process or on Ray actors) and summarising the episodes.
 
-Every episode is played by the one episode loop, `RolloutHost` (in this process or on
-Ray actors), seeded per (task, seed): a seed's result does not depend on which seeds
-ran before it or where. `EvalObserver` attaches to the host and records, per episode,
-the failure kind and, at the mid-episode step, each critic's value and the task phase.
+Every episode is seeded per (task, seed): a seed's result does not depend on which seeds ran before it or
+where. What an env adds to the summary comes from an episode observer that writes `extra["eval"]` (`EVAL`):
+the failure kind of each failed episode and, where critics ran, their values at the mid-episode step and the
+task phase there (the example's `tabletop.evaluation.EvalObserver` is one).
 """
 
 from __future__ import annotations
@@ -13,35 +14,28 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from capsule_rollout.capsules import Arena
-from capsule_rollout.learning.stats import (
-    failure_auc_summary,
-    mid_episode_step,
-    phase_breakdown,
-    wilson_interval,
-)
-from capsule_rollout.policies.conditioning import Conditioning
+from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown, wilson_interval
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.ray_rollout import run_rollouts
+from capsule_rollout.rollout.record import episode_id_of
 from capsule_rollout.rollout.rollout_actor import WorkItem
-from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
-from capsule_rollout.tabletop.critic_runtime import CriticRuntime
-from capsule_rollout.tabletop.flow_policy import FlowPolicy
-from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
-from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
-from capsule_rollout.tabletop.tabletop_env import CONTROL_HZ, TabletopEnv
-from capsule_rollout.tabletop.value_critic import ValueCritic, load_critic
+from capsule_rollout.rollout.rollout_host import RolloutHost
 
-OBSERVER = "capsule_rollout.learning.evaluation:EvalObserver"
+EVAL = "eval"
+"""The key of an evaluation observer's per-episode record in a report's `extra`."""
 
 
-def _summary(results: list[tuple[bool, int, str]]) -> dict:
+def outcome_summary(results: list[tuple[bool, int, str]], control_hz: float | None) -> dict:
+    """Success (rate, 95% interval, steps to success), simulated time and failure kinds of (success, control
+    steps, failure kind) per episode, in seed order; `control_hz`: the env's control steps per second (None
+    when unknown: no simulated-time figures)."""
     n = len(results)
     wins = sum(ok for ok, _, _ in results)
     steps = [s for ok, s, _ in results if ok]
     low, high = wilson_interval(wins, n)
-    sim_seconds = sum(s for _, s, _ in results) / CONTROL_HZ  # every episode's control steps, success or not
+    # every episode's control steps, success or not
+    sim_seconds = sum(s for _, s, _ in results) / control_hz if control_hz else None
     return {
         "episodes": n,
         "successes": wins,
@@ -49,187 +43,52 @@ def _summary(results: list[tuple[bool, int, str]]) -> dict:
         "ci95": [low, high],
         "mean_steps_to_success": float(np.mean(steps)) if steps else None,
         "sim_seconds": sim_seconds,
-        "successes_per_sim_hour": 3600 * wins / sim_seconds if sim_seconds else 0.0,
+        "successes_per_sim_hour": (3600 * wins / sim_seconds if sim_seconds else 0.0) if control_hz else None,
         "failures": dict(Counter(kind for ok, _, kind in results if not ok)),
         "success_by_seed": [int(ok) for ok, _, _ in results],  # in seed order, for paired comparisons
     }
 
 
-class _FailureTracker:
-    """Classifies a failed episode: wrong block held, never picked, or picked but not placed."""
+class MidValueObserver(EpisodeObserver):
+    """The evaluation record of any env (`extra["eval"]`): the host critic's value at the mid-episode step (the
+    last chunk started at or before `mid_step`, default half the episode limit), for its failure AUC. Envs
+    that tell failure kinds and task phases bring an observer of their own (the example's
+    `tabletop.evaluation.EvalObserver`)."""
 
-    def __init__(self, env: TabletopEnv) -> None:
-        self.env = env
-        self.targets = {sub.block for sub in env.subtasks}
-        self.wrong_block = False
-        self.max_subtask = 0
+    name = EVAL
 
-    def step(self) -> None:
-        holding = self.env.world().holding
-        self.wrong_block |= holding is not None and holding not in self.targets
-        self.max_subtask = max(self.max_subtask, self.env.subtask_index)
-
-    def kind(self) -> str:
-        if self.wrong_block:
-            return "held_wrong_block"
-        return "never_picked" if self.max_subtask == 0 else "picked_not_placed"
-
-
-def task_phase(env: TabletopEnv) -> str:
-    """Where in its task an episode is: the subtask and what the gripper holds (its block, another, nothing)."""
-    index = min(env.subtask_index, len(env.subtasks) - 1)
-    holding = env.world().holding
-    held = ("nothing" if holding is None else
-            "its block" if holding == env.subtasks[index].block else "another block")
-    return f"subtask {index} ({env.subtasks[index].kind}), holding {held}"
-
-
-class EvalObserver(EpisodeObserver):
-    """Per episode (in `result.extra["eval"]`): the failure kind and, at the mid-episode step (the last
-    chunk started at or before `mid_step`, default half the episode limit), the host critic's and every
-    extra critic's value there and the task phase. A critic that reads the plan is asked again once the
-    chunk is known, with it; its value of the state alone is kept beside."""
-
-    name = "eval"
-
-    def __init__(self, critics: Sequence[str] = (), mid_step: int | None = None, *,
-                 critic_models: Sequence[ValueCritic] = ()) -> None:
-        models = [*(load_critic(path) for path in critics), *critic_models]
-        self.extra = [CriticRuntime(model, name=f"critic{i + 1}") for i, model in enumerate(models)]
-        if self.extra:
-            Arena(self.extra).allocate()
+    def __init__(self, mid_step: int | None = None) -> None:
         self.mid_step = mid_step
-        self._language = ""
 
     def episode_start(self, host: RolloutHost, seed: int) -> None:
-        self.tracker = _FailureTracker(host.env)
         self.at = host.env.max_steps // 2 if self.mid_step is None else self.mid_step
-        self.values: dict[int, list[float]] = {}  # chunk start step -> each critic's value
-        self.state_values: dict[int, list[float]] = {}  # and without the plan (plan critics)
-        self.phases: dict[int, str] = {}
-        self._obs = None
-
-    def chunk_start(self, host: RolloutHost, obs: dict) -> None:
-        self._obs = obs
-        text = host.channel.read().text
-        if text and text != self._language:
-            for runtime in self.extra:
-                runtime.set_language(text)
-            self._language = text
+        self.values: dict[int, float] = {}  # chunk start step -> the host critic's value there
 
     def chunk(self, host: RolloutHost, chunk: np.ndarray) -> None:
-        step = host.env.steps
-        critics = ([host.critic] if host.critic is not None else []) + self.extra
-        if not critics:
-            return
-        alone = ([host.value] if host.critic is not None else []) + [float(rt.evaluate(self._obs, step)[0])
-                                                                      for rt in self.extra]
-        with_plan = [float(rt.evaluate(plan=chunk)[0]) if getattr(rt.config, "plan_steps", 0) else v
-                     for rt, v in zip(critics, alone)]
-        self.values[step] = with_plan
-        self.state_values[step] = alone
-        if step <= self.at:
-            self.phases[step] = task_phase(host.env)
-
-    def step(self, host: RolloutHost, tick) -> None:
-        self.tracker.step()
+        if host.critic is not None:
+            self.values[host.env.steps] = host.value
 
     def episode_end(self, host: RolloutHost, result) -> None:
-        out = {"failure_kind": self.tracker.kind(), "steps": host.env.steps}
-        if self.values:
-            starts = np.full(host.env.steps, np.nan)  # per control step, finite where a chunk started
-            starts[[s for s in self.values if s < host.env.steps]] = 0.0
-            at = mid_episode_step(starts, self.at)
-            if at is not None:
-                out.update(mid_step=at, mid_values=self.values[at], mid_state_values=self.state_values[at],
-                           phase=self.phases[at])
+        out: dict = {"steps": host.env.steps}
+        starts = [s for s in self.values if s <= self.at and s < host.env.steps]
+        if starts and host.env.steps > self.at:  # still running at the mid step: judged there
+            at = max(starts)
+            out.update(mid_step=at, mid_values=[self.values[at]], mid_state_values=[self.values[at]], phase="")
         result.extra[self.name] = out
 
 
-def eval_spec(policy: str, *, family: str, n_exec: int = 8, noise_seed: int = 0, advantage: str = "checkpoint",
-              beta: float | None = None, critics: Sequence[str] = (), mid_step: int | None = None,
-              threads: int = 1, phrasing: str = "canonical", noise_scale: float = 1.0) -> HostSpec:
-    """The host spec of an evaluation: the first critic runs on the host's critic lane, the others in
-    the observer."""
+def evaluate_spec(spec: HostSpec, seeds: Sequence[int], *, task: str, actors: int = 0,
+                  mid_step: int | None = None, control_hz: float | None = None) -> dict:
+    """Success of the host `spec` describes (any env, policy and critic the rollout protocols take) on `seeds`,
+    one episode each (ids `<task>-s<seed>`), on `actors` Ray actors or in this process; with a critic, its
+    failure AUC from its values at the mid-episode step (`MidValueObserver`)."""
+    import dataclasses
     import json
 
-    kwargs = json.dumps({"critics": list(critics[1:]), "mid_step": mid_step})
-    return HostSpec(family=family, policy=policy, critic=critics[0] if critics else "",
-                    host=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False, phrasing=phrasing),
-                    advantage=advantage, beta=beta, noise_scale=noise_scale, threads=threads,
-                    observers=((OBSERVER, kwargs),))
-
-
-def local_eval_host(model: FlowPolicy, *, family: str, n_exec: int = 8, noise_seed: int = 0,
-                    conditioning: Conditioning = Conditioning(), critics: Sequence[ValueCritic] = (),
-                    mid_step: int | None = None, phrasing: str = "canonical", noise_scale: float = 1.0) -> RolloutHost:
-    """An evaluation host around models in memory (a training loop's policy)."""
-    cameras = tuple(dict.fromkeys((*model.config.cameras, *(c for critic in critics for c in critic.config.cameras))))
-    for critic in critics:
-        if critic.config.image_size != model.config.image_size:
-            raise ValueError(f"critic image size {critic.config.image_size} != policy image size "
-                             f"{model.config.image_size}: evaluate them on one env with one size")
-    env = TabletopEnv(family, cameras=cameras, image_size=model.config.image_size)
-    runtime = PolicyRuntime(model, guidance=conditioning.beta is not None, noise_scale=noise_scale)
-    host = RolloutHost(env=env, policy=runtime, critic=CriticRuntime(critics[0]) if critics else None,
-                       config=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False,
-                                         phrasing=phrasing),
-                       observers=[EvalObserver(critic_models=critics[1:], mid_step=mid_step)])
-    runtime.set_conditioning(conditioning.indicator, conditioning.beta)
-    return host
-
-
-def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
-                    noise_seed: int = 0, advantage: str = "checkpoint", beta: float | None = None,
-                    critics: Sequence[str | ValueCritic] = (), actors: int = 0, phrasing: str = "canonical",
-                    noise_scale: float = 1.0) -> dict:
-    """Success of `policy` (a checkpoint directory, or a model in memory) on `seeds`.
-
-    `advantage`/`beta`: how the policy acts (see `policies.conditioning.resolve_conditioning`; a model in
-    memory takes "none" / "positive" only). `actors`: Ray actors to play on (0: this process; needs
-    checkpoint paths). `critics`: each values every chunk's first observation; the value at the
-    mid-episode step (half the episode limit; episodes still running then) gives `critic_failure_auc`
-    for the first; with more than one, `critic_failure_aucs` (each, on the same states) and
-    `critic_failure_auc_mean` (their mean value, an ensemble); and, on the same states,
-    `phase_alone_failure_auc` (each state scored by its task phase's success rate, see `task_phase`) and
-    `critic_phases` (per phase, the first critic's AUC within it). A critic that reads the plan
-    (`plan_steps`) is valued with the policy's chunk; `critic_failure_auc_state_only` gives, per critic
-    (None for the others), its AUC without the plan on the same states. They do not change what the
-    policy does. `phrasing`: how the planner words the subtasks (`tabletop.phrasing`). `noise_scale`: of the policy's
-    chunk noise (`PolicyRuntime`).
-    """
-    reports, plan_critics = play(policy, family=family, seeds=seeds, n_exec=n_exec, noise_seed=noise_seed,
-                                 advantage=advantage, beta=beta, critics=critics, actors=actors, phrasing=phrasing,
-                                 noise_scale=noise_scale)
-    return summarize(reports, n_critics=len(critics), plan_critics=plan_critics)
-
-
-def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8, noise_seed: int = 0,
-         advantage: str = "checkpoint", beta: float | None = None, critics: Sequence[str | ValueCritic] = (),
-         actors: int = 0, phrasing: str = "canonical", noise_scale: float = 1.0) -> tuple[list, list[int]]:
-    """The evaluation's episodes (`ActorReport`s in seed order, each with `extra["eval"]`), and which
-    critics read the plan; see `evaluate_policy`."""
-    items = [WorkItem(f"{family}-s{seed:07d}", seed) for seed in seeds]
-    if isinstance(policy, FlowPolicy):
-        if actors:
-            raise ValueError("evaluating a model in memory runs in this process (actors=0); save a checkpoint "
-                             "to evaluate on Ray actors")
-        if advantage == "checkpoint":
-            advantage = "none"
-        models = [c if isinstance(c, ValueCritic) else load_critic(c) for c in critics]
-        host = local_eval_host(policy, family=family, n_exec=n_exec, noise_seed=noise_seed,
-                               conditioning=Conditioning(advantage, beta), critics=models, phrasing=phrasing,
-                               noise_scale=noise_scale)
-        reports = run_items(HostSpec(family=family), items, host=host)
-        plan_critics = [i for i, m in enumerate(models) if m.config.plan_steps]
-    else:
-        if any(not isinstance(c, str) for c in critics):
-            raise ValueError("with a checkpoint policy, give critics as checkpoint directories")
-        spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage,
-                         beta=beta, critics=list(critics), phrasing=phrasing, noise_scale=noise_scale)
-        reports = run_items(spec, items, actors=actors)
-        plan_critics = [i for i, c in enumerate(critics) if load_critic(c).config.plan_steps]
-    return reports, plan_critics
+    observer = (f"{__name__}:MidValueObserver", json.dumps({"mid_step": mid_step}))
+    spec = dataclasses.replace(spec, observers=(*spec.observers, observer))
+    reports = run_items(spec, [WorkItem(episode_id_of(task, seed), int(seed)) for seed in seeds], actors=actors)
+    return summarize(reports, control_hz=control_hz, n_critics=1 if spec.critic else 0)
 
 
 def run_items(spec: HostSpec, items: list[WorkItem], *, actors: int = 0, host: RolloutHost | None = None) -> list:
@@ -248,11 +107,13 @@ def run_items(spec: HostSpec, items: list[WorkItem], *, actors: int = 0, host: R
     return [by_id[item.episode_id] for item in items]
 
 
-def summarize(reports: list, *, n_critics: int = 0, plan_critics: Sequence[int] = ()) -> dict:
-    """The evaluation summary from the episodes' reports (in seed order)."""
-    results = [(bool(r.episode.meta.success), int(r.episode.meta.length), r.extra["eval"]["failure_kind"])
-               for r in reports]
-    summary = _summary(results)
+def summarize(reports: list, *, control_hz: float | None, n_critics: int = 0, plan_critics: Sequence[int] = ()) -> dict:
+    """The evaluation summary from the episodes' reports (in seed order), each with `extra["eval"]` (`EVAL`):
+    `failure_kind` (any label; "" when the env classifies no failures) and, where critics ran, `mid_values`,
+    `mid_state_values` and `phase` at the mid-episode step (see the example's `tabletop.evaluation`)."""
+    results = [(bool(r.episode.meta.success), int(r.episode.meta.length),
+                 r.extra.get(EVAL, {}).get("failure_kind") or "failed") for r in reports]
+    summary = outcome_summary(results, control_hz)
     if not n_critics:
         return summary
     mids = [(np.array(r.extra["eval"]["mid_values"]), bool(r.episode.meta.success), r.extra["eval"]["phase"],
@@ -266,29 +127,20 @@ def summarize(reports: list, *, n_critics: int = 0, plan_critics: Sequence[int] 
             failure_auc_summary([(float(alone[i]), ok) for v, ok, _, alone in mids if v is not None])
             if i in plan_critics else None for i in range(n_critics)]
     # the first critic against what the task phase alone gives, and within each phase
+    if not any(p for v, _, p, _ in mids if v is not None):  # no phases told: nothing to compare with
+        return _several(summary, aucs, judged, mids, n_critics)
     phases = phase_breakdown([{"phase": p, "success": ok, "critic_value": float(v[0])}
                               for v, ok, p, _ in mids if v is not None], ["critic_value"])
     summary["phase_alone_failure_auc"] = phases["phase_alone"]
     summary["critic_phases"] = phases["phases"]
+    return _several(summary, aucs, judged, mids, n_critics)
+
+
+def _several(summary: dict, aucs: list, judged: list, mids: list, n_critics: int) -> dict:
+    """With more than one critic: each one's AUC, their mean value's, and every mid-episode value."""
     if n_critics > 1:
         summary["critic_failure_aucs"] = aucs
         summary["critic_failure_auc_mean"] = failure_auc_summary([(float(v.mean()), ok) for v, ok in judged])
         # per episode (seed order): each critic's mid-episode value, None where the episode had ended
         summary["critic_mid_values"] = [None if v is None else v.tolist() for v, _, _, _ in mids]
     return summary
-
-
-def evaluate_expert(*, family: str, seeds: list[int], noise: float = 0.0) -> dict:
-    env = TabletopEnv(family, cameras=())
-    results = []
-    for seed in seeds:
-        env.reset(seed=seed)
-        expert = ScriptedExpert(env, noise=noise, seed=seed)
-        tracker = _FailureTracker(env)
-        while True:
-            _, _, terminated, truncated, info = env.step(expert.act())
-            tracker.step()
-            if terminated or truncated:
-                break
-        results.append((bool(info["success"]), env.steps, tracker.kind()))
-    return _summary(results)

@@ -297,6 +297,10 @@ class RecapConfig:
 
     iterations: int = 2
     """RECAP iterations after the behaviour-cloning baseline (iteration 0)."""
+    recipe: str = "tabletop"
+    """How the policy and critic are trained and judged (`learning.recipe`): a registered recipe (entry-point
+    group `capsule_rollout.recipes`; `tabletop`: the example's flow policy and value critic) or an import path
+    `package.module:Recipe`."""
     family: FAMILIES = "pick_place"
     """Task family."""
     out: str = "runs/recap"

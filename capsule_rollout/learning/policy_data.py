@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from capsule_rollout.critics.returns import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.sharded_reader import open_episode_reader
-from capsule_rollout.tabletop.tokenizer import Tokenizer
-from capsule_rollout.tabletop.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 
 
 def training_order(episode_ids: list[str]) -> list[int]:
@@ -17,9 +16,9 @@ def training_order(episode_ids: list[str]) -> list[int]:
     return sorted(range(len(episode_ids)), key=lambda i: episode_ids[i])
 
 
-def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer: Tokenizer) -> dict:
+def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer) -> dict:
     """Images, states, actions, per-step subtask tokens and episode steps, episode ends and metadata of a store,
-    its episodes in `training_order`."""
+    its episodes in `training_order`. `tokenizer`: the model's, with `encode_batch(texts) -> int array`."""
     reader = open_episode_reader(path)
     if not len(reader):
         raise ValueError(f"{path} holds no complete episode; collect some with `collect_demos` first")

@@ -26,6 +26,9 @@ Control arm (`--control`): the same number of fine-tuning steps on the same data
 without labels, from the previous control policy; evaluated on the same seeds and
 compared seed by seed (exact McNemar test), so a gain can be told apart from what
 more training on more data gives by itself.
+The loop knows no policy family: how demonstrations are collected, how the policy and critic are trained,
+what env is played and how an evaluation is judged come from a recipe (`learning.recipe`, `--recipe`; the
+example's is `tabletop.recipe.TabletopRecipe`, the default).
 JSON per iteration: success rate with a 95% interval, mean steps to success,
 successes per hour of simulated time, interventions per rollout episode, the
 critic's failure AUC, the guidance choice, the control arm, and the control steps
@@ -34,6 +37,7 @@ simulated to collect the iteration's data (rollouts, branches).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,19 +47,8 @@ import numpy as np
 from capsule_rollout.critics.advantage import INDICATOR_POSITIVE
 from capsule_rollout.learning.advantage_labels import label_store
 from capsule_rollout.learning.branch_values import BranchPlan, branches_path, collect_branches, label_store_from_branches
-from capsule_rollout.learning.demos import collect_demos
-from capsule_rollout.learning.evaluation import evaluate_policy
-from capsule_rollout.learning.fit_critic import fit_critic
-from capsule_rollout.learning.fit_policy import fit_policy
-from capsule_rollout.learning.options import (
-    CollectDemosConfig,
-    LabelAdvantagesConfig,
-    Loop,
-    RecapConfig,
-    Seeds,
-    TrainCriticConfig,
-    TrainPolicyConfig,
-)
+from capsule_rollout.learning.options import LabelAdvantagesConfig, RecapConfig
+from capsule_rollout.learning.recipe import RecapRecipe, load_recipe
 from capsule_rollout.learning.stats import failure_auc_summary, mid_episode_value, paired_comparison
 from capsule_rollout.learning.training import Log
 from capsule_rollout.models.checkpoint import update_info
@@ -67,17 +60,16 @@ from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.stores.episode_schema import IMAGE_PREFIX
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
-from capsule_rollout.tabletop.value_critic import load_critic
 
 
-def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Path, k: int,
+def _rollouts(config: RecapConfig, recipe: RecapRecipe, policy_dir: Path, critic_dir: Path, store: Path, k: int,
               beta: float | None) -> tuple[dict, HostSpec, list[str]]:
     """Iteration k's rollouts on the actor pool: policy k-1 acting with the positive indicator, critic k-1
     triggering the simulated operator's takeovers; each episode recorded once (a resumed run skips what
     the store holds). Returns their summary, the spec that played them and their ids."""
-    spec = HostSpec(family=config.family, policy=str(policy_dir), critic=str(critic_dir),
-                    advantage="positive", beta=beta, host=HostConfig(n_exec=config.n_exec, noise_seed=k),
-                    takeover=(config.takeover_threshold, config.takeover_steps))
+    spec = dataclasses.replace(recipe.rollout_spec(config), policy=str(policy_dir), critic=str(critic_dir),
+                               advantage="positive", beta=beta, host=HostConfig(n_exec=config.n_exec, noise_seed=k),
+                               takeover=(config.takeover_threshold, config.takeover_steps))
     first = config.rollout_first_seed(k)
     items = [WorkItem(f"recap{k}-{config.family}-s{seed:07d}", seed)
              for seed in range(first, first + config.rollout_episodes)]
@@ -85,18 +77,7 @@ def _rollouts(config: RecapConfig, policy_dir: Path, critic_dir: Path, store: Pa
         todo = [it for it in items if it.episode_id not in recorder]  # a resumed run: recorded before it stopped
         run_rollouts(spec, todo, actors=config.actors, recorder=recorder)
     ids = [it.episode_id for it in items]
-    return _rollout_summary(store, ids, _episode_limit(config) // 2), spec, ids
-
-
-def _episode_limit(config: RecapConfig) -> int:
-    from capsule_rollout.tabletop.tasks import FAMILIES, family_index
-
-    return FAMILIES[family_index(config.family)].max_steps
-
-
-def _cameras(*sets: tuple[str, ...]) -> tuple[str, ...]:
-    """Every camera any of the models sees, in first-seen order (what the episodes record)."""
-    return tuple(dict.fromkeys(c for cams in sets for c in cams))
+    return _rollout_summary(store, ids, recipe.episode_limit(config) // 2), spec, ids
 
 
 def _rollout_summary(store: Path, ids: list[str], at_step: int) -> dict:
@@ -126,13 +107,13 @@ def _rollout_summary(store: Path, ids: list[str], at_step: int) -> dict:
             "critic_failure_auc_rollouts": failure_auc_summary(mids)}
 
 
-def resumable_store(config: RecapConfig) -> tuple[Path, tuple[str, ...]]:
+def resumable_store(config: RecapConfig, recipe: RecapRecipe) -> tuple[Path, tuple[str, ...]]:
     """The run's store (made), and the cameras it records; a resumed run's store must record every camera
     this run's models see (ValueError otherwise)."""
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     store = out / "episodes.zarr"
-    cameras = _cameras(TrainPolicyConfig.cameras, config.critic_cameras)
+    cameras = recipe.cameras(config)
     if store.exists() and len(reader := open_episode_reader(store)):  # a resumed run: same cameras?
         missing = [c for c in cameras if f"{IMAGE_PREFIX}{c}" not in reader.keys]
         if missing:
@@ -141,54 +122,46 @@ def resumable_store(config: RecapConfig) -> tuple[Path, tuple[str, ...]]:
     return store, cameras
 
 
-def recap_loop(config: RecapConfig, log: Log = print, report: Callable[[dict], None] | None = None) -> dict:
-    """The RECAP loop of `config` (see the module docstring); `report(iteration)` is called as each one ends.
-    Returns the summary (every iteration's figures)."""
-    store, cameras = resumable_store(config)
+def recap_loop(config: RecapConfig, log: Log = print, report: Callable[[dict], None] | None = None,
+               recipe: RecapRecipe | None = None) -> dict:
+    """The RECAP loop of `config` (see the module docstring) with `recipe` (default: `load_recipe(config.recipe)`);
+    `report(iteration)` is called as each one ends. Returns the summary (every iteration's figures)."""
+    recipe = load_recipe(config.recipe) if recipe is None else recipe
+    store, cameras = resumable_store(config, recipe)
     out = store.parent
     seeds, select = list(config.eval.range), list(config.select.range)
-    demos = collect_demos(CollectDemosConfig(episodes=config.demo_episodes, out=str(store), family=config.family,
-                                             noise=config.demo_noise, seed=config.demo_first_seed,
-                                             cameras=cameras, progress=config.progress))
+    demos = recipe.collect_demos(config, store, cameras)
     log(f"{config.demo_episodes} demonstrations ({demos['skipped_already_recorded']} already recorded) "
         f"-> {store}")
-    common = dict(data=str(store), n_exec=config.n_exec, eval=Seeds(count=0), eval_family=config.family, shift=0)
     timing = {"rollouts_s": 0.0, "branches_s": 0.0, "training_s": 0.0, "evaluation_s": 0.0}
     where = init_ray() if config.actors else ""
     try:
-        return _loop(config, log, report or (lambda it: None), out, store, seeds, select, common, timing)
+        return _loop(config, recipe, log, report or (lambda it: None), out, store, seeds, select, timing)
     finally:
         if where:
             shutdown_ray(where)
 
 
-def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Path, store: Path, seeds: list[int],
-          select: list[int], common: dict, timing: dict) -> dict:
+def _loop(config: RecapConfig, recipe: RecapRecipe, log: Log, report: Callable[[dict], None], out: Path, store: Path,
+          seeds: list[int], select: list[int], timing: dict) -> dict:
 
     def critic_for(k: int, branch_values: str = "") -> Path:
         path = out / f"critic_{k}"
         t0 = time.perf_counter()
-        loop = Loop(steps=config.critic_steps, batch_size=TrainCriticConfig.loop.batch_size,
-                    eval_every=config.critic_steps, seed=config.seed, progress=config.progress)
-        fit_critic(TrainCriticConfig(data=str(store), out=str(path), loop=loop, cameras=config.critic_cameras,
-                                     actor_input=config.critic_actor_input, plan_steps=config.critic_plan_steps,
-                                     max_steps=LabelAdvantagesConfig.max_steps, branch_values=branch_values),
-                   log=log)
+        recipe.fit_critic(config, store, path, branch_values=branch_values, log=log)
         timing["training_s"] += time.perf_counter() - t0
         return path
 
-    def fit(steps: int, **kwargs) -> None:
+    def fit(out: Path, steps: int, init: Path | None = None, advantage_labels: Path | None = None) -> None:
         t0 = time.perf_counter()
-        loop = Loop(steps=steps, batch_size=config.batch_size, seed=config.seed, progress=config.progress)
-        fit_policy(TrainPolicyConfig(loop=loop, **kwargs, **common), log=log)
+        recipe.fit_policy(config, store, out, steps=steps, init=init, advantage_labels=advantage_labels, log=log)
         timing["training_s"] += time.perf_counter() - t0
 
     def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None,
                  beta: float | None = None, on: list[int] = seeds) -> dict:
         t0 = time.perf_counter()
-        result = evaluate_policy(str(policy_dir), family=config.family, seeds=on, n_exec=config.n_exec,
-                                 advantage="positive" if conditioned else "none", beta=beta if conditioned else None,
-                                 critics=[str(critic_dir)] if critic_dir else (), actors=config.actors)
+        result = recipe.evaluate(config, policy_dir, on, conditioned=conditioned,
+                                 beta=beta if conditioned else None, critic=critic_dir)
         timing["evaluation_s"] += time.perf_counter() - t0
         return result
 
@@ -210,7 +183,7 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
     beta = None  # the BC policy never saw the indicator: it acts unguided
     policy_dir = control_dir = out / "policy_0"
     log(f"[bold]iteration 0[/bold]: behaviour cloning on {config.demo_episodes} noisy demos")
-    fit(out=str(policy_dir), steps=config.bc_steps)
+    fit(policy_dir, config.bc_steps)
     critic_dir = critic_for(0)
     result = evaluate(policy_dir, False, critic_dir)
     iterations.append({"iteration": 0, **_metrics(result), "interventions_per_episode": 0.0,
@@ -220,14 +193,14 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
         log(f"[bold]iteration {k}[/bold]: rollouts, critic, advantage labels, conditioned policy")
         started, before = time.perf_counter(), dict(timing)
         t0 = time.perf_counter()
-        rollouts, spec, ids = _rollouts(config, policy_dir, critic_dir, store, k, beta)
+        rollouts, spec, ids = _rollouts(config, recipe, policy_dir, critic_dir, store, k, beta)
         timing["rollouts_s"] += time.perf_counter() - t0
         branched = _branch(config, spec, store, ids, timing, log) if config.advantage_source != "critic" else None
         distil = config.advantage_source == "distilled"
         critic_dir = critic_for(k, branch_values=str(branches_path(store)) if distil else "")
         labels = None
         if config.advantage_source != "branches":
-            labels = label_store(load_critic(critic_dir), str(store), n=config.n,
+            labels = label_store(recipe.store_critic(critic_dir), str(store), n=config.n,
                                  max_steps=LabelAdvantagesConfig.max_steps,
                                  positive_fraction=config.positive_fraction, critic_name=str(critic_dir))
             sidecar, indicator, labelled = labels.sidecar, labels.labels.indicator, 1.0
@@ -237,7 +210,7 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
             indicator, labelled = from_branches.indicator, from_branches.labelled_fraction
             branched["branch_fraction"] = from_branches.branch_fraction  # steps labelled from branch values
         new_policy = out / f"policy_{k}"
-        fit(out=str(new_policy), steps=config.policy_steps, init=str(policy_dir), advantage_labels=str(sidecar))
+        fit(new_policy, config.policy_steps, init=policy_dir, advantage_labels=Path(sidecar))
         policy_dir = new_policy
         beta, guidance = choose_beta(policy_dir)
         # the checkpoint records how it acts: sim_rollout, eval_policy and real_recap run it so by default
@@ -259,7 +232,7 @@ def _loop(config: RecapConfig, log: Log, report: Callable[[dict], None], out: Pa
         if config.control:
             # same data, same steps, no labels: what more training on more data gives by itself
             new_control = out / f"control_{k}"
-            fit(out=str(new_control), steps=config.policy_steps, init=str(control_dir))
+            fit(new_control, config.policy_steps, init=control_dir)
             control_dir = new_control
             control = evaluate(control_dir, False)
             it["control"] = {**_metrics(control), "policy": str(control_dir),

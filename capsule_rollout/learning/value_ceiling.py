@@ -4,7 +4,8 @@ use too). The command, its summary and printing are `experiments/value_ceiling.p
 
 from __future__ import annotations
 
-from capsule_rollout.learning.evaluation import task_phase
+from collections.abc import Callable
+
 from capsule_rollout.rollout.branching import branch_value
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
@@ -12,12 +13,14 @@ from capsule_rollout.rollout.rollout_host import RolloutHost
 
 class BoundaryKeeper(EpisodeObserver):
     """Keeps a capsule of the whole host at every chunk boundary up to `at_step` (the last is judged),
-    with the task phase there."""
+    with the task phase there: `phase(env)`, a label of where in its task the episode is (the example's
+    `tabletop.evaluation.task_phase`); without one, every state's phase is ""."""
 
     name = "boundaries"
 
-    def __init__(self, at_step: int) -> None:
+    def __init__(self, at_step: int, phase: Callable[[object], str] | None = None) -> None:
         self.at_step = at_step
+        self.phase = phase or (lambda env: "")
         self.last = None
         self.enabled = True  # off while branching: the branches' boundaries are not kept
 
@@ -27,7 +30,7 @@ class BoundaryKeeper(EpisodeObserver):
 
     def chunk_start(self, host: RolloutHost, obs: dict) -> None:
         if self.enabled and host.env.steps <= self.at_step:
-            self.last = (host.env.steps, host.snapshot(label="boundary"), task_phase(host.env))
+            self.last = (host.env.steps, host.snapshot(label="boundary"), self.phase(host.env))
 
 
 def judge_state(host: RolloutHost, keeper: BoundaryKeeper, seed: int, at_step: int, *, branches: int,

@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# who acts from a state on (CriticConfig.actor_input), as the recorded episodes say
+from capsule_rollout.critics.returns import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 from capsule_rollout.models.json_config import JsonConfig
 from capsule_rollout.tabletop.encoders import LanguageEncoder, VisionEncoder
 from capsule_rollout.tabletop.tokenizer import Tokenizer
-
-ACTOR_DEMONSTRATOR, ACTOR_POLICY = 0, 1  # who acts from a state on (CriticConfig.actor_input)
 
 
 @dataclass(frozen=True)

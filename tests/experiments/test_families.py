@@ -9,8 +9,8 @@ import types
 import pytest
 
 from capsule_rollout.experiments.run import main
-from capsule_rollout.learning.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert, evaluate_coaching
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.tabletop.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert, evaluate_coaching
 from capsule_rollout.tabletop.phrasing import COACHING, coaching_text
 from capsule_rollout.tabletop.scene import PADS
 from capsule_rollout.tabletop.scripted_expert import ScriptedExpert

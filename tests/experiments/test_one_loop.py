@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from capsule_rollout.experiments.run import main
-from capsule_rollout.learning.evaluation import play
 from capsule_rollout.models.checkpoint import update_info
 from capsule_rollout.policies.conditioning import CONDITIONING_INFO, Conditioning
 from capsule_rollout.rollout.host_factory import DEFAULT_N_EXEC, resolve_acting
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+from capsule_rollout.tabletop.evaluation import play
 from capsule_rollout.tabletop.sim_robot import SimRobotServer
 from tests.policies.tiny import save_tiny_checkpoints
 

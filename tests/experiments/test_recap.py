@@ -1,6 +1,7 @@
 """A tiny-budget run of the RECAP loop end to end (the figures are measured by the real run, not here)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -169,3 +170,22 @@ def test_recap_open_branch_selection_screens_then_deepens_and_resumes(tmp_path, 
     assert "branching " not in capsys.readouterr().out
     assert main([*args[:-4], "--branch_screen", "1", "--actors", "0"]) == 2  # must be able to disagree
     assert "--branch_screen" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe, message", [
+    ("nosuch", "no RECAP recipe 'nosuch' (registered: tabletop)"),
+    ("capsule_rollout.tabletop.recipe:NoSuchRecipe", "has no attribute 'NoSuchRecipe'"),
+])
+def test_recap_refuses_an_unknown_recipe_before_anything_runs(tmp_path, recipe, message):
+    out = tmp_path / "recap"
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["recap", "--out", str(out), "--recipe", recipe, "--no-progress"])
+    assert not (out / "episodes.zarr").exists()  # nothing was collected
+
+
+def test_a_recipe_is_found_by_its_registered_name_or_import_path():
+    from capsule_rollout.learning.recipe import load_recipe
+    from capsule_rollout.tabletop.recipe import TabletopRecipe
+
+    assert isinstance(load_recipe("tabletop"), TabletopRecipe)  # the example's entry point
+    assert isinstance(load_recipe("capsule_rollout.tabletop.recipe:TabletopRecipe"), TabletopRecipe)

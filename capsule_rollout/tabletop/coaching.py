@@ -17,11 +17,12 @@ import itertools
 import numpy as np
 
 from capsule_rollout.envs.operator_input import Kind, OperatorEvent
-from capsule_rollout.learning.evaluation import eval_spec, run_items
+from capsule_rollout.learning.evaluation import run_items
 from capsule_rollout.learning.stats import wilson_interval
 from capsule_rollout.rollout.host_factory import build_host, make_observers
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.tabletop.evaluation import eval_spec
 from capsule_rollout.tabletop.phrasing import coaching_text
 from capsule_rollout.tabletop.scene import PADS
 from capsule_rollout.tabletop.tasks import FAMILIES, Goal, Subtask, TaskParams, family_index

@@ -7,7 +7,6 @@ import numpy as np
 import torch
 
 from capsule_rollout.learning.advantage_labels import load_sidecar
-from capsule_rollout.learning.evaluation import evaluate_policy
 from capsule_rollout.learning.options import TrainPolicyConfig
 from capsule_rollout.learning.policy_data import action_labels, load_training_arrays
 from capsule_rollout.learning.training import Log, loop_config, open_run, run_config, start_fit
@@ -15,6 +14,7 @@ from capsule_rollout.models.checkpoint import Checkpoint
 from capsule_rollout.policies.chunk_dataset import ChunkDataset, subgoal_targets
 from capsule_rollout.policies.conditioning import CONDITIONING_INFO, Conditioning
 from capsule_rollout.tabletop.encoders import random_shift
+from capsule_rollout.tabletop.evaluation import evaluate_policy
 from capsule_rollout.tabletop.flow_policy import ADV_NONE, KIND, FlowPolicy, FlowPolicyConfig
 from capsule_rollout.tabletop.phrasing import phrasings as phrase_all
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
