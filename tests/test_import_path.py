@@ -52,3 +52,18 @@ def test_an_env_module_missing_a_dependency_is_reported_as_that_not_as_an_unknow
         make_env("labpkg.needs_dep:make_env")
     with pytest.raises(ValueError, match="no suite 'metawrld' \\(did you mean 'metaworld'\\?\\)"):
         parse_env_id("metawrld:pick-place-v3")
+
+
+@pytest.mark.parametrize("command", ["sim_rollout", "eval_policy"])
+def test_an_env_module_that_fails_to_import_is_one_line_before_anything_runs(lab, command, tmp_path, capsys):
+    """The entry points check a factory's env module with the rest of their inputs: exit 2, the import error."""
+    from capsule_rollout.experiments.run import main
+
+    policy = "labpkg.good:make_env"  # importable: the env is what fails
+    option = "--policy" if command == "sim_rollout" else "--model.policy"
+    code = main([command, "--env", "labpkg.needs_dep:make_env", option, policy, "--out", str(tmp_path / "o")]
+                if command == "sim_rollout" else [command, "--env", "labpkg.needs_dep:make_env", option, policy])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "module 'labpkg.needs_dep' was found but failed to import: ModuleNotFoundError" in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()

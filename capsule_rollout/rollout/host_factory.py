@@ -186,6 +186,8 @@ def check_spec(spec: HostSpec) -> Conditioning:
         suite, _ = parse_env_id(spec.env)
         if suite is not None:
             suite.load()  # a missing or incompatible suite fails here, before any process starts
+        else:
+            resolve(spec.env, "env")  # so does a factory's module that fails to import (the error it raised)
     if spec.host.value_threshold is not None and not spec.critic:
         raise ValueError("--value_threshold needs a critic (--critic)")
     if spec.takeover and not spec.critic:
