@@ -68,14 +68,14 @@ ERROR_CODES = (
     "bad_header",  # header not a JSON object of the documented shape
     "bad_array",  # an array spec that does not match the payload
     "unknown_type",  # a message type this side does not handle
-    "unauthorized",  # missing or wrong token, or a message before hello
+    "unauthorized",  # missing or wrong token (answered after a per-address backoff), or a message before hello
     "unsafe_action",  # a NaN/inf action: the robot holds (safe stop)
     "heartbeat_timeout",  # the client went quiet: the robot holds, the episode is aborted
     "not_ready",  # e.g. an action before reset, or after another client's episode ended
     "robot_fault",  # the robot side failed to carry out a request
-    "busy",  # another client controls the robot: fatal, try again once it has left
-    "frame_timeout",  # a frame (or, before hello, the hello) did not arrive in full in time: fatal
-    "idle_timeout",  # no frame for the server's idle limit: the connection is closed
+    "busy",  # another client controls the robot, or the server is full: fatal, try again later
+    "frame_timeout",  # a frame did not arrive in full in time: fatal
+    "idle_timeout",  # no frame for the server's idle limit, or no hello in its time: the connection is closed
 )
 
 

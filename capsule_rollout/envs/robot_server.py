@@ -18,11 +18,16 @@ Safety, enforced by the server whatever the backend does:
   during an episode has the robot hold too, and the next client is told `not_ready`;
 - the server binds 127.0.0.1 by default; any other address needs a shared token,
   which every client must present in `hello`.
+Admission (`envs.robot_admission`): a connection must say a valid hello within `auth_timeout_s` of
+connecting; until then it waits, threadless, in a pool of at most `max_pending` (the oldest closed to make
+room) and never counts against `max_connections`, the limit on admitted connections. A wrong token's
+refusal comes `auth_backoff_s` after its check, doubling with each failure in a row from that address up
+to `auth_backoff_max_s`, and that address's next hello waits for it; other addresses are checked at once.
+`status()` reports these limits and counts.
 Connections are served concurrently, and the robot has one controller: the first
 client whose `hello` is accepted; another gets `busy` at once until it leaves.
-A frame must arrive whole within `frame_timeout_s` of its first byte (a connection
-must say hello within it too), and a controller silent for `idle_timeout_s` is
-dropped, so no connection can keep the robot. A broken frame gets an error frame
+A frame must arrive whole within `frame_timeout_s` of its first byte, and a controller silent for
+`idle_timeout_s` is dropped, so no connection can keep the robot. A broken frame gets an error frame
 and, when the stream cannot be trusted, the connection is closed; an exception in
 a handler becomes an error frame (the robot held) or a clean close; the server
 keeps accepting.
@@ -30,7 +35,6 @@ keeps accepting.
 
 from __future__ import annotations
 
-import hmac
 import queue
 import socket
 import threading
@@ -40,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from capsule_rollout.envs.robot_admission import Admission, PeerBackoff
 from capsule_rollout.envs.robot_backend import RobotBackend
 from capsule_rollout.envs.robot_protocol import (
     PREFIX_BYTES,
@@ -58,24 +63,29 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 class RobotServer:
     """The robot side of the bridge: socket, protocol, safety layer (see the module docstring).
 
-    Threads: one accepts connections, one per connection reads its frames, and one,
-    the robot thread, makes every backend call (so a backend sees one thread, the
-    one that will close it) and runs the heartbeat watchdog on its own timer.
+    Threads: one accepts connections and reads their hellos (`Admission`), one per admitted connection
+    reads its frames, and one, the robot thread, makes every backend call (so a backend sees one thread,
+    the one that will close it) and runs the heartbeat watchdog on its own timer.
     """
 
     def __init__(self, backend: RobotBackend, *, host: str = "127.0.0.1", port: int = 0, token: str = "",
                  max_rate: float | np.ndarray | None = None, heartbeat_timeout_s: float = 1.0,
                  max_payload: int = 16 * 1024 * 1024, idle_timeout_s: float = 5.0, frame_timeout_s: float = 2.0,
-                 max_connections: int = 8):
+                 max_connections: int = 8, auth_timeout_s: float = 2.0, max_pending: int = 32,
+                 auth_backoff_s: float = 0.25, auth_backoff_max_s: float = 4.0):
         if host not in LOOPBACK and not token:
             raise ValueError(f"binding {host!r} exposes the robot beyond this machine: set a shared token "
                              "(and give it to the clients), or bind 127.0.0.1")
         for name, value in (("heartbeat_timeout_s", heartbeat_timeout_s), ("idle_timeout_s", idle_timeout_s),
-                            ("frame_timeout_s", frame_timeout_s)):
+                            ("frame_timeout_s", frame_timeout_s), ("auth_timeout_s", auth_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
-            raise ValueError(f"max_connections must be a positive int, got {max_connections!r}")
+        for name, count in (("max_connections", max_connections), ("max_pending", max_pending)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{name} must be a positive int, got {count!r}")
+        if not 0 <= auth_backoff_s <= auth_backoff_max_s:
+            raise ValueError(f"need 0 <= auth_backoff_s <= auth_backoff_max_s, got {auth_backoff_s!r} and "
+                             f"{auth_backoff_max_s!r} seconds")
         low = np.asarray(backend.action_low, np.float64)
         high = np.asarray(backend.action_high, np.float64)
         rate = backend.max_rate if max_rate is None else max_rate
@@ -90,17 +100,18 @@ class RobotServer:
         self.backend, self.token = backend, token
         self.heartbeat_timeout_s, self.max_payload = heartbeat_timeout_s, max_payload
         self.idle_timeout_s = idle_timeout_s  # a silent client is dropped, so it cannot keep the robot
-        self.frame_timeout_s = frame_timeout_s  # a whole frame (before hello: the hello) must arrive within this
-        self.max_connections = max_connections
+        self.frame_timeout_s = frame_timeout_s  # a whole frame must arrive within this of its first byte
+        self.max_connections = max_connections  # admitted connections served at once
         self._sock = socket.create_server((host, port))
-        self._sock.settimeout(0.2)
         self.address = self._sock.getsockname()[:2]
         self._stop = threading.Event()
+        self._admission = Admission(self._sock, self._stop, self._admit, token=token, auth_timeout_s=auth_timeout_s,
+                                    max_pending=max_pending, backoff=PeerBackoff(auth_backoff_s, auth_backoff_max_s))
         self._threads: list[threading.Thread] = []
         self._conn_threads: list[threading.Thread] = []
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._lock = threading.Lock()
-        self._open = 0  # connections being served
+        self._open = 0  # admitted connections being served
         self._next_id = 0
         self._controller: int | None = None  # the connection that said hello: the robot has one controller
         self.episode_owner: int | None = None  # the connection that reset the current episode
@@ -133,6 +144,14 @@ class RobotServer:
     def alive(self) -> bool:
         """Both server threads are running (for health checks)."""
         return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
+    def status(self) -> dict:
+        """Health, the episode, admitted connections and their limit, and admission: connections waiting to say
+        hello, their limit and time, closed ones by cause, failed tokens by peer address (any thread)."""
+        with self._lock:
+            connections, controller = self._open, self._controller is not None
+        return {"alive": self.alive, "episode_state": self.episode_state, "controller": controller,
+                "connections": connections, "max_connections": self.max_connections, **self._admission.status()}
 
     # -- the robot thread: every backend call, and the watchdog --------------------------
     def _robot_loop(self) -> None:
@@ -175,41 +194,45 @@ class RobotServer:
 
     # -- connections ------------------------------------------------------------------------
     def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._lock:
-                cid, self._next_id = self._next_id, self._next_id + 1
-                self._open += 1
-            thread = threading.Thread(target=self._serve_connection, args=(conn, cid), name=f"robot-conn-{cid}",
-                                      daemon=True)
-            thread.start()
-            self._conn_threads = [t for t in self._conn_threads if t.is_alive()] + [thread]
+        self._admission.run()
         for thread in self._conn_threads:  # they see the stop flag within _POLL_S
             thread.join(2)
 
-    def _serve_connection(self, conn: socket.socket, cid: int) -> None:
-        controller = False
+    def _admit(self, conn: socket.socket, hello: Message, peer: str) -> Message | None:
+        """On the accept thread, a hello with the right token: the connection becomes the controller, served on
+        a thread of its own, or gets the `busy` error to be answered with."""
+        with self._lock:
+            if self._open >= self.max_connections:
+                return error_message("busy", f"the robot server is serving its {self.max_connections} connections",
+                                     fatal=True, seq=hello.seq)
+            if self._controller is not None:
+                return error_message("busy", "another client controls the robot; try again when it has left",
+                                     fatal=True, seq=hello.seq)
+            cid, self._next_id = self._next_id, self._next_id + 1
+            self._controller, self._open = cid, self._open + 1
+            self.last_heard = time.monotonic()
+        thread = threading.Thread(target=self._serve_connection, args=(conn, cid, hello.seq),
+                                  name=f"robot-conn-{cid}", daemon=True)
         try:
+            thread.start()
+        except BaseException:
             with self._lock:
-                over = self._open > self.max_connections
-            if over:
-                _send(conn, error_message("busy", f"the robot server is at its {self.max_connections} connections",
-                                          fatal=True))
-                return
-            controller = self._converse(conn, cid)
+                self._controller, self._open = None, self._open - 1
+            raise
+        self._conn_threads = [t for t in self._conn_threads if t.is_alive()] + [thread]
+        return None
+
+    def _serve_connection(self, conn: socket.socket, cid: int, hello_seq: int) -> None:
+        try:
+            conn.settimeout(_POLL_S)
+            if _send(conn, self._welcome(hello_seq)):
+                self._converse(conn, cid)
         except Exception as exc:  # a bug in a handler must not take the server down, nor leave the robot moving
             self.events.append(f"handler failed: {type(exc).__name__}: {exc}")
             _send(conn, error_message("robot_fault", f"server error ({type(exc).__name__}); connection closed",
                                       fatal=True))
-            controller = controller or self._controller == cid
         finally:
-            if controller or self._controller == cid:
-                self._release(cid)
+            self._release(cid)
             _close_gracefully(conn)
             with self._lock:
                 self._open -= 1
@@ -221,63 +244,36 @@ class RobotServer:
             if self._controller == cid:
                 self._controller = None
 
-    def _converse(self, conn: socket.socket, cid: int) -> bool:
-        """Serve one connection's frames until it leaves; returns whether it became the controller."""
-        conn.settimeout(_POLL_S)
+    def _converse(self, conn: socket.socket, cid: int) -> None:
+        """Serve the controller's frames until it leaves."""
         reader = _FrameReader(conn, self._stop, self.frame_timeout_s, self.max_payload)
-        authed = False
         last = time.monotonic()
         while not self._stop.is_set():
-            limit = self.idle_timeout_s if authed else self.frame_timeout_s
             try:
-                msg = reader.read(idle_deadline=last + limit)
+                msg = reader.read(idle_deadline=last + self.idle_timeout_s)
             except _Idle:
-                why = "idle connection closed" if authed else "no hello in time: connection closed"
-                _send(conn, error_message("idle_timeout", why, fatal=True))
-                return authed
+                _send(conn, error_message("idle_timeout", "idle connection closed", fatal=True))
+                return
             except ConnectionClosed:
-                return authed
+                return
             except ProtocolError as exc:
                 fatal = exc.fatal or exc.code in ("truncated", "frame_timeout")
                 _send(conn, error_message(exc.code, exc.message, fatal=fatal))
                 if fatal:
-                    return authed
+                    return
                 continue
             except OSError:
-                return authed
-            last = time.monotonic()
-            if authed:
-                self.last_heard = last
-            if msg.type == "bye":
-                return authed
-            if not authed:
-                reply = self._hello(msg, cid)
-                _send(conn, reply)
-                if reply.type == "error":
-                    return False
-                authed = True
-                continue
-            if not _send(conn, self._reply(msg, cid)):
-                return True
+                return
+            last = self.last_heard = time.monotonic()
+            if msg.type == "bye" or not _send(conn, self._reply(msg, cid)):
+                return
 
-    def _hello(self, msg: Message, cid: int) -> Message:
-        if msg.type != "hello":
-            return error_message("unauthorized", "send hello first", fatal=True, seq=msg.seq)
-        token = msg.fields.get("token", "")
-        if self.token and not (isinstance(token, str)
-                               and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self.token.encode())):
-            return error_message("unauthorized", "wrong or missing token", fatal=True, seq=msg.seq)
-        with self._lock:
-            if self._controller is not None:
-                return error_message("busy", "another client controls the robot; try again when it has left",
-                                     fatal=True, seq=msg.seq)
-            self._controller = cid
-        self.last_heard = time.monotonic()
+    def _welcome(self, seq: int) -> Message:
         b = self.backend
         return Message("welcome", {"robot": b.name, "control_hz": b.control_hz, "cameras": list(b.cameras),
                                    "state_dim": int(b.state_dim), "image_shape": [int(x) for x in b.image_shape]},
                        {"action_low": np.asarray(b.action_low, np.float32),
-                        "action_high": np.asarray(b.action_high, np.float32)}, msg.seq)
+                        "action_high": np.asarray(b.action_high, np.float32)}, seq)
 
     def _reply(self, msg: Message, cid: int) -> bytes:
         """The encoded answer to one request from the controller; never raises."""

@@ -24,4 +24,5 @@ def run(config: SimRobotServerConfig) -> ExperimentResult:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             pass
-    return ExperimentResult({"address": [host, port], "events": server.events})
+        status = server.status()  # admission limits and counts (waiting, timed out, evicted, failed tokens)
+    return ExperimentResult({"address": [host, port], "events": server.events, "status": status})

@@ -46,7 +46,9 @@ def test_bad_arguments():
 def test_sim_robot_server_experiment_serves_and_stops(tmp_path):
     out = tmp_path / "s.json"
     assert main(["sim_robot_server", "--port", "0", "--seconds", "0.3", "--image_size", "16", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["address"][0] == "127.0.0.1"
+    summary = json.loads(out.read_text())
+    assert summary["address"][0] == "127.0.0.1"
+    assert summary["status"]["alive"] and summary["status"]["auth_timeout_s"] == 2.0
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -239,13 +238,13 @@ def time_to_first_reply(address, *, timeout_s: float = CLIENT_TIMEOUT_S) -> tupl
     return waited, "welcome"
 
 
-def health_check(server: RobotServer, *, attempt: Callable[[], RobotClient] | None = None) -> tuple[bool, float]:
+def health_check(server: RobotServer, *, token: str = "") -> tuple[bool, float]:
     """The server threads run and a proper client can reset, observe and act; (ok, seconds to welcome)."""
     if not server.alive:
         return False, float("inf")
     start = time.monotonic()
     try:
-        with RobotClient(*server.address, timeout_s=CLIENT_TIMEOUT_S) as robot:
+        with RobotClient(*server.address, token=token, timeout_s=CLIENT_TIMEOUT_S) as robot:
             waited = time.monotonic() - start
             robot.reset_to_initial(seed=1)
             obs, info = robot.observe()

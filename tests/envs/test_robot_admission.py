@@ -1,0 +1,112 @@
+"""Admission to the robot bridge: the per-address token backoff on its own clock, and a server's pending
+pool, hello deadline, admitted-connection limit and status on loopback."""
+
+import socket
+
+import pytest
+
+from capsule_rollout.envs.robot_admission import PeerBackoff
+from capsule_rollout.envs.robot_bridge import RobotClient
+from capsule_rollout.envs.robot_protocol import ConnectionClosed, Message, encode, read_frame
+from capsule_rollout.tabletop.sim_robot import SimRobotServer
+
+
+def test_backoff_doubles_to_its_cap_serialises_a_peer_and_forgets():
+    backoff = PeerBackoff(0.5, 3.0, forget_s=60.0, max_peers=2)
+    assert [backoff.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert backoff.delay(10_000) == 3.0  # no overflow however long a peer keeps at it
+    assert backoff.ready_at("a", 100.0) == 100.0  # a new peer is checked at once
+    assert backoff.failed("a", 100.0) == 0.5
+    assert backoff.ready_at("a", 100.1) == 100.5  # its next hello waits for the answer to be due
+    assert backoff.failed("a", 100.5) == 1.0 and backoff.ready_at("a", 100.6) == 101.5
+    assert backoff.ready_at("b", 100.6) == 100.6  # another address is not slowed
+    summary = backoff.summary(100.6)
+    assert summary["failed_tokens"] == 2 and summary["peers_backing_off"] == 1
+    assert summary["most_failures_in_a_row"] == 2 and summary["longest_backoff_s"] == pytest.approx(0.9)
+    backoff.succeeded("a")  # the right token: starts again from nothing
+    assert backoff.failed("a", 102.0) == 0.5
+    assert backoff.failed("a", 103.0) == 1.0 and backoff.failed("a", 170.0) == 0.5  # a minute quiet: forgotten
+    backoff.failed("b", 171.0)
+    backoff.failed("c", 172.0)  # at most two peers kept: the least recent ("a") is dropped
+    assert backoff.ready_at("a", 170.1) == 170.1 and backoff.summary(172.0)["peers_with_failures"] == 2
+
+
+def test_bad_admission_limits_are_refused_with_the_fix():
+    for kw, match in (({"max_pending": 0}, "max_pending must be a positive int"),
+                      ({"auth_timeout_s": 0}, "auth_timeout_s must be > 0"),
+                      ({"auth_backoff_s": 2.0, "auth_backoff_max_s": 1.0}, "auth_backoff_s <= auth_backoff_max_s")):
+        with pytest.raises(ValueError, match=match):
+            SimRobotServer(image_size=16, **kw)
+
+
+def _frames(sock: socket.socket) -> list[Message]:
+    """Every frame the server sends until it closes the connection."""
+    def recv_exactly(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return buf
+
+    out = []
+    while True:
+        try:
+            out.append(read_frame(recv_exactly))
+        except (ConnectionClosed, ConnectionResetError):
+            return out
+
+
+def test_pending_connections_have_their_own_pool_and_deadline_and_status_shows_them():
+    with SimRobotServer(image_size=16, max_connections=1, max_pending=2, auth_timeout_s=0.5) as srv:
+        silent = [socket.create_connection(srv.address, timeout=5) for _ in range(3)]
+        try:
+            evicted = _frames(silent[0])  # the third pushed the oldest out, with a reason
+            assert [(m.fields["code"], "oldest" in m.fields["message"]) for m in evicted] == [("busy", True)]
+            # the pool is full of silent connections, and the one admitted slot is free: a client gets in
+            with RobotClient(*srv.address, timeout_s=2.0) as robot:
+                robot.reset_to_initial(seed=0)
+                status = srv.status()
+                assert status["connections"] == 1 and status["controller"] and status["max_connections"] == 1
+                assert status["max_pending"] == 2 and status["auth_timeout_s"] == 0.5 and status["evicted"] == 2
+            assert [m.fields["code"] for m in _frames(silent[1])] == ["busy"]  # made room for the client
+            timed_out = _frames(silent[2])  # said nothing within auth_timeout_s
+            assert [m.fields["code"] for m in timed_out] == ["idle_timeout"]
+            assert "0.5 s" in timed_out[0].fields["message"]
+        finally:
+            for sock in silent:
+                sock.close()
+        assert srv.status()["auth_timeouts"] >= 1
+
+
+def test_a_hello_pipelined_with_its_first_request_is_served():
+    with SimRobotServer(image_size=16) as srv, socket.create_connection(srv.address, timeout=5) as sock:
+        sock.sendall(encode(Message("hello", {"token": ""}, seq=1)) + encode(Message("reset", {"seed": 0}, seq=2)))
+        sock.shutdown(socket.SHUT_WR)
+        assert [m.type for m in _frames(sock)] == ["welcome", "reset_done"]
+
+
+def test_while_an_address_backs_off_its_hellos_go_unchecked_and_other_addresses_are_served():
+    with SimRobotServer(image_size=16, token="t0ken", auth_timeout_s=0.3, auth_backoff_s=5.0,
+                        auth_backoff_max_s=5.0) as srv:
+        guess = socket.create_connection(srv.address, timeout=10, source_address=("127.0.0.2", 0))
+        guess.sendall(encode(Message("hello", {"token": "wrong"})))  # its refusal is due 5 s after the check
+        try:
+            with socket.create_connection(srv.address, timeout=10, source_address=("127.0.0.2", 0)) as right:
+                right.sendall(encode(Message("hello", {"token": "t0ken"})))  # the right token, same address
+                refused = _frames(right)
+            assert [m.fields["code"] for m in refused] == ["unauthorized"]
+            assert "not checked" in refused[0].fields["message"]
+            with RobotClient(*srv.address, token="t0ken", timeout_s=2.0) as robot:  # from 127.0.0.1: at once
+                robot.reset_to_initial(seed=0)
+            status = srv.status()
+            assert status["failed_tokens"] == 1 and status["peers_backing_off"] == 1 and status["not_checked"] == 1
+        finally:
+            guess.close()
+
+
+def test_a_backend_server_reports_its_status_before_any_client():
+    with SimRobotServer(image_size=16) as srv:
+        status = srv.status()
+    assert status["alive"] and not status["controller"] and status["pending"] == 0 and status["failed_tokens"] == 0
