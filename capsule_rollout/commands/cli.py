@@ -1,193 +1,185 @@
-"""Frozen config dataclasses <-> command-line options.
+"""Frozen config dataclasses <-> command-line options, parsed by tyro (imported only when a command line is).
 
-Each field's help is its attribute docstring (the string literal right after the
-field). Nested dataclass fields (option groups) become dotted options (`--robot.host`); an
-error from a group's own checks names the group's options. A config class
-may keep old option names working for one release: `ALIASES = {"old": "new.dotted"}`
-(a ClassVar on the top-level config) adds `--old` as a second name of `--new.dotted`.
+tyro takes each field's help from its docstring, spells nested dataclass fields (option groups) dotted
+(`--robot.host`), lists `--help` by group and suggests similar options for a mistyped one. Here: a bool
+option takes a value or none (`--shards`, `--shards true`, `--no-shards`), `none` clears an optional field,
+a mistyped choice gets "did you mean", an error from a group's own checks names the group's options, and a
+top-level config may keep old option names working for one release: `ALIASES = {"old": "new.dotted"}` (a
+ClassVar) adds `--old` as a second name of `--new.dotted`.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
 import dataclasses
 import difflib
+import functools
 import inspect
-import textwrap
-import types
 import typing
-from functools import cache
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
+
+BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
-class ConfigError(ValueError):
-    """A command line does not describe a valid config; the message says how to fix it."""
+class ConfigError(Exception):
+    """A command line does not describe a valid config; the message says how to fix it (one line)."""
 
 
-@cache
-def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings of a dataclass, keyed by field name."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        body = tree.body[0].body
-        for node, nxt in zip(body, body[1:]):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            return rest[0], True
-    return tp, False
-
-
-def _scalar_parser(tp: Any, option: str):
-    if typing.get_origin(tp) is typing.Literal:
-        choices = typing.get_args(tp)
-
-        def parse_choice(text: str):
-            for c in choices:
-                if str(c) == text:
-                    return c
-            close = difflib.get_close_matches(text, [str(c) for c in choices], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise argparse.ArgumentTypeError(f"{text!r} is not one of {[str(c) for c in choices]}{hint}")
-
-        return parse_choice
-    if tp is bool:
-
-        def parse_bool(text: str) -> bool:
-            low = text.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (use true/false)")
-
-        return parse_bool
-    if tp in (int, float, str):
-        return tp
-    raise TypeError(f"option {option}: unsupported config field type {tp!r}")
-
-
-def flat_fields(config: Any, prefix: str = "") -> list[tuple[str, Any, Any, str]]:
-    """(dotted name, type, value, doc) for every leaf field of a config instance."""
-    cls = type(config)
-    hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
+def flat_fields(config: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted name, type, value) for every leaf field of a config instance."""
+    hints = typing.get_type_hints(type(config))
     out = []
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if dataclasses.is_dataclass(hints[f.name]):
             out += flat_fields(value, f"{prefix}{f.name}.")
         else:
-            out.append((f"{prefix}{f.name}", hints[f.name], value, docs.get(f.name, "")))
+            out.append((f"{prefix}{f.name}", hints[f.name], value))
     return out
 
 
-def _metavar(tp: Any) -> str:
-    if typing.get_origin(tp) is typing.Literal:
-        return "{" + ",".join(str(c) for c in typing.get_args(tp)) + "}"
-    return getattr(tp, "__name__", "VALUE").upper()
-
-
-def aliases(config_cls: type) -> dict[str, list[str]]:
-    """Dotted field name -> its old option names (`ALIASES` of the config class), checked."""
-    out: dict[str, list[str]] = {}
-    for old, new in getattr(config_cls, "ALIASES", {}).items():
-        out.setdefault(new, []).append(old)
+def old_names(config: Any) -> dict[str, tuple[str, ...]]:
+    """Dotted option -> its old names (`--old`), from the top-level config class's `ALIASES`, checked."""
+    leaves = {name for name, _, _ in flat_fields(config)}
+    out: dict[str, tuple[str, ...]] = {}
+    for old, new in getattr(type(config), "ALIASES", {}).items():
+        if new not in leaves:
+            raise TypeError(f"{type(config).__name__}.ALIASES: {new!r} (for --{old}) is not an option")
+        out[new] = (*out.get(new, ()), f"--{old}")
     return out
 
 
-def add_config_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
-    """Add one option per (leaf) field of the config `defaults`, help from its docstring."""
-    old_names = aliases(type(defaults))
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for name, tp, default, doc in flat_fields(defaults):
-        where = parser
-        if "." in name:  # an option group: its options listed together under the group's docstring
-            head = name.split(".", 1)[0]
-            if head not in groups:
-                group_doc = inspect.getdoc(type(getattr(defaults, head))) or ""
-                groups[head] = parser.add_argument_group(f"--{head}.* options", group_doc)
-            where = groups[head]
-        names = [name, *old_names.pop(name, [])]
-        options = [f"--{n}" for n in names]
-        option = options[0]
-        base, optional = _unwrap_optional(tp)
-        doc = doc.replace("%", "%%")  # argparse formats help with %
-        if len(names) > 1:
-            doc += f" (old name{'s' if len(names) > 2 else ''} {', '.join(options[1:])} still accepted)"
-        help_text = f"{doc} (default: {default!r})"
-        if base is bool and not optional:
-            where.add_argument(*options, dest=name, nargs="?", const=True, type=_scalar_parser(bool, option),
-                                default=default, metavar="BOOL", help=f"{doc} (default: {default})")
-            where.add_argument(*(f"--no-{n}" for n in names), dest=name, action="store_false",
-                                help=argparse.SUPPRESS)
-        elif typing.get_origin(base) is tuple:
-            elem = typing.get_args(base)[0]
-            where.add_argument(
-                *options, dest=name, nargs="*", type=_scalar_parser(elem, option), default=default,
-                help=help_text, metavar=_metavar(elem),
-            )
-        else:
-            parse = _scalar_parser(base, option)
-            if optional:
-                inner = parse
-
-                def parse(text: str, inner=inner):  # noqa: E731 - "none" clears an optional field
-                    return None if text.lower() == "none" else inner(text)
-
-            where.add_argument(*options, dest=name, type=parse, default=default, help=help_text,
-                                metavar=_metavar(base))
-    if old_names:
-        raise TypeError(f"{type(defaults).__name__}.ALIASES names fields that do not exist: {sorted(old_names)}")
+def negations(argv: list[str], config: Any) -> list[str]:
+    """`--no-flag` (any bool option, by its name or an old one) as `--flag false`, the form tyro parses here."""
+    bools = {name for name, tp, _ in flat_fields(config) if tp is bool}
+    bools |= {old for old, new in getattr(type(config), "ALIASES", {}).items() if new in bools}
+    out = []
+    for arg in argv:
+        name = arg[5:].replace("-", "_") if arg.startswith(("--no-", "--no_")) else None
+        out += [f"--{name}", "false"] if name in bools else [arg]
+    return out
 
 
-def build_config(cls: type, values: dict[str, Any]) -> Any:
-    """Rebuild a (possibly nested) config from flat dotted values; validation runs here."""
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            prefix = f"{f.name}."
+def _help(helptext: Any, old: tuple[str, ...] = (), group: type | None = None) -> Callable[[], str | None]:
+    """A field's help as one paragraph (its docstring's line breaks are the source's), naming its old names; a
+    group's: its class's docstring, then what the field that holds it says."""
+
+    def text() -> str | None:
+        doc = helptext() if callable(helptext) else helptext
+        if group is not None:
+            doc = " ".join(filter(None, [inspect.getdoc(group), doc and f"({doc})"]))
+        if not doc:
+            return None
+        return " ".join(doc.split()) + (f" (old name{'s' * (len(old) > 1)} {', '.join(old)} still accepted)" if old else "")
+
+    return text
+
+
+def _registry(config: Any):
+    """tyro's rules for these configs: bools, `none`, choices with a hint; old names and group errors."""
+    import tyro
+    from tyro.constructors import ConstructorRegistry, PrimitiveConstructorSpec, StructTypeInfo
+
+    registry = ConstructorRegistry()
+
+    @registry.primitive_rule
+    def boolean(info):
+        if info.type is not bool:
+            return None
+
+        def parse(args: list[str]) -> bool:
+            if not args:  # a bare --flag
+                return True
+            if args[0].lower() not in BOOLS:
+                raise ValueError(f"{args[0]!r} is not a boolean (use true/false)")
+            return BOOLS[args[0].lower()]
+
+        return PrimitiveConstructorSpec(nargs=(0, 1), metavar="[BOOL]", instance_from_str=parse,
+                                        is_instance=lambda x: isinstance(x, bool),
+                                        str_from_instance=lambda x: [str(x).lower()])
+
+    @registry.primitive_rule
+    def none(info):
+        if info.type is not type(None):
+            return None
+
+        def parse(args: list[str]) -> None:
+            if args[0].lower() != "none":
+                raise ValueError(f"{args[0]!r} is not none")
+
+        return PrimitiveConstructorSpec(nargs=1, metavar="{none}", instance_from_str=parse,
+                                        is_instance=lambda x: x is None, str_from_instance=lambda x: ["none"])
+
+    @registry.primitive_rule
+    def choice(info):
+        if typing.get_origin(info.type) is not typing.Literal:
+            return None
+        choices = typing.get_args(info.type)
+        names = [str(c) for c in choices]
+
+        def parse(args: list[str]) -> Any:
+            if args[0] in names:
+                return choices[names.index(args[0])]
+            close = difflib.get_close_matches(args[0], names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{args[0]!r} is not one of {names}{hint}")
+
+        return PrimitiveConstructorSpec(nargs=1, metavar="{" + ",".join(names) + "}", instance_from_str=parse,
+                                        is_instance=lambda x: x in choices, str_from_instance=lambda x: [str(x)])
+
+    renamed = old_names(config)
+    prefixes: dict[int, tuple[Any, str]] = {}  # id(a group's default) -> (that default, kept alive; "act." ...)
+    delegating = []  # not empty while tyro's own dataclass rule answers for the rule below
+
+    @registry.struct_rule
+    def group(info: StructTypeInfo):
+        if delegating or not dataclasses.is_dataclass(info.type):
+            return None
+        delegating.append(info.type)
+        try:
+            spec = ConstructorRegistry.get_struct_spec(info)
+        finally:
+            delegating.pop()
+        prefix = prefixes.get(id(info.default), (None, ""))[1]  # "" at the top level
+        fields = []
+        for f in spec.fields:
+            name = prefix + f.name
+            if dataclasses.is_dataclass(f.default):  # a group: a default of its own tells this rule where it is
+                own = dataclasses.replace(f.default)
+                prefixes[id(own)] = (own, name + ".")
+                fields.append(dataclasses.replace(f, default=own, helptext=_help(f.helptext, group=type(own))))
+            elif name in renamed:
+                fields.append(dataclasses.replace(f, type=Annotated[f.type, tyro.conf.arg(aliases=renamed[name])],
+                                                  helptext=_help(f.helptext, renamed[name])))
+            else:
+                fields.append(dataclasses.replace(f, helptext=_help(f.helptext)))
+
+        @functools.wraps(spec.instantiate)  # the group's docstring stays its description in --help
+        def instantiate(**kwargs):
             try:
-                kwargs[f.name] = build_config(tp, {k[len(prefix):]: v for k, v in values.items()
-                                                   if k.startswith(prefix)})
-            except ConfigError as exc:  # a group's check names its fields: say which options they are
-                raise ConfigError(f"--{prefix}*: {exc}") from None
-        elif f.name in values:
-            value = values[f.name]
-            kwargs[f.name] = tuple(value) if isinstance(value, list) else value
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+                return spec.instantiate(**kwargs)
+            except ValueError as exc:  # a group's check names its fields: say which options they are
+                raise ConfigError(f"--{prefix}*: {exc}" if prefix else str(exc)) from None
+
+        return dataclasses.replace(spec, instantiate=instantiate, fields=tuple(fields))
+
+    return registry
 
 
-def check_unknown(unknown: list[str], parser: argparse.ArgumentParser) -> None:
-    """Turn leftover arguments into an error with a "did you mean" hint."""
-    if not unknown:
-        return
-    known = [s for action in parser._actions for s in action.option_strings]
-    bad = unknown[0]
-    flag = bad.split("=", 1)[0]
-    close = difflib.get_close_matches(flag, known, n=2)
-    hint = f"; did you mean {' or '.join(close)}?" if close else "; see --help for the options"
-    what = "option" if bad.startswith("-") else "argument"
-    raise ConfigError(f"unknown {what} {bad!r}{hint}")
+def parse_config(defaults: Any, argv: list[str], prog: str, description: str) -> tuple[Any, str | None]:
+    """The config (from `defaults`, a frozen dataclass instance, and the command line) and `--json PATH`.
+
+    A malformed command line or `--help` exits (2 or 0) after tyro prints its message; a config whose
+    checks refuse the values raises `ConfigError`."""
+    import tyro
+
+    def command(config=defaults, json=None):
+        return config, json
+
+    command.__annotations__ = {  # built here: the config class is this command's (the module's are strings)
+        "config": Annotated[type(defaults), tyro.conf.arg(name="")],  # its options unprefixed: --steps
+        "json": Annotated[str | None, tyro.conf.arg(metavar="PATH", help="write a machine-readable summary here")],
+    }
+    description += "\n\nA bool option: --flag, --flag true|false or --no-flag; `none` clears an optional value."
+    return tyro.cli(command, args=negations(argv, defaults), prog=prog, description=description,
+                    use_underscores=True, config=(tyro.conf.FlagConversionOff,), registry=_registry(defaults))

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from capsule_rollout.commands import registry
-from capsule_rollout.commands.cli import (
-    ConfigError,
-    add_config_options,
-    build_config,
-    check_unknown,
-)
+from capsule_rollout.commands.cli import ConfigError, parse_config
 from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
 from capsule_rollout.stores.writer_lock import StoreLockedError
 
@@ -27,16 +21,7 @@ def _usage() -> str:
 def parse(name: str, argv: list[str]) -> tuple[registry.Experiment, object, str | None]:
     """Resolve the experiment and its config from the command line."""
     experiment = registry.get(name)
-    parser = argparse.ArgumentParser(
-        prog=f"python -m capsule_rollout {name}", description=experiment.summary, allow_abbrev=False
-    )
-    add_config_options(parser, experiment.config)
-    parser.add_argument("--json", metavar="PATH", default=None, help="write a machine-readable summary here")
-    namespace, unknown = parser.parse_known_args(argv)
-    check_unknown(unknown, parser)
-    values = vars(namespace)
-    json_path = values.pop("json")
-    config = build_config(type(experiment.config), values)
+    config, json_path = parse_config(experiment.config, argv, f"python -m capsule_rollout {name}", experiment.summary)
     return experiment, config, json_path
 
 
@@ -50,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except (registry.UnknownExperimentError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except SystemExit as exc:  # argparse: --help (0) or a malformed value (2), already printed
+    except SystemExit as exc:  # tyro: --help (0) or a malformed command line (2), already printed
         return int(exc.code or 0)
     try:
         result: ExperimentResult = experiment.load_runner()(config)

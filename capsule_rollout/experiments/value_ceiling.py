@@ -67,7 +67,8 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     seconds = time.perf_counter() - t0
     oracle = failure_auc_summary([(r["branch_success"], r["success"]) for r in rows])
     summary = {"policy_checkpoint": config.model.policy, "critic_checkpoint": config.model.critic or None,
-               "family": None if config.env else config.family, "env": config.env or None, "seeds": [config.seeds.first, config.seeds.range[-1]],
+               "family": None if config.env else config.family, "env": config.env or None,
+               "seeds": [config.seeds.first, config.seeds.range[-1]],
                "at_step": at_step, "branches": config.branches, "advantage": conditioning.advantage,
                "beta": conditioning.beta, "judged_episodes": len(rows), "branch_failure_auc": oracle,
                "mean_branch_success": float(np.mean([r["branch_success"] for r in rows])) if rows else None,

@@ -1,11 +1,15 @@
+import dataclasses
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
+from typing import ClassVar
 
+import docstring_parser
 import pytest
 
 from capsule_rollout.commands import registry
-from capsule_rollout.commands.cli import flat_fields
+from capsule_rollout.commands.cli import flat_fields, parse_config
 from capsule_rollout.experiments.run import main, parse
 
 
@@ -23,9 +27,10 @@ def test_unknown_experiment_suggests_the_closest(capsys):
 
 def test_unknown_option_suggests_the_closest(capsys):
     assert main(["bench_capsules", "--round", "3"]) == 2
-    assert "did you mean --rounds" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Unrecognized options: --round" in err and "Perhaps you meant" in err and "--rounds INT" in err
     assert main(["verify_capsule", "stray"]) == 2
-    assert "unknown argument 'stray'" in capsys.readouterr().err
+    assert "Unrecognized options: stray" in capsys.readouterr().err
 
 
 def test_bad_values_get_clear_errors(capsys):
@@ -33,25 +38,42 @@ def test_bad_values_get_clear_errors(capsys):
     assert "--steps must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse("verify_capsule", ["--device", "tpu"])
-    assert "'tpu' is not one of" in capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.replace("│", " ").split())  # tyro's message box wraps lines
+    assert "'tpu' is not one of" in err and "did you mean 'cpu'" in err
+    assert main(["bench_capsules", "--quick", "maybe"]) == 2
+    assert "'maybe' is not a boolean" in capsys.readouterr().err
     assert main(["bench_capsules", "--sizes_kib", "4", "8"]) == 2
     assert "one buffer count per size" in capsys.readouterr().err
+
+
+def field_docs(config, prefix=""):
+    """Dotted option -> its field's docstring, read as tyro reads it (docstring_parser)."""
+    docs = {p.arg_name: p.description or "" for p in docstring_parser.parse_from_object(type(config)).params}
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out |= field_docs(value, f"{prefix}{f.name}.")
+        else:
+            out[f"{prefix}{f.name}"] = docs.get(f.name, "")
+    return out
 
 
 def test_every_config_field_is_documented_and_shown_in_help():
     for name in registry.names():
         config = registry.get(name).config
-        leaves = flat_fields(config)  # nested configs give dotted options, e.g. --robot.port
-        undocumented = {leaf for leaf, _, _, doc in leaves if not doc}
+        docs = field_docs(config)  # nested configs give dotted options, e.g. --robot.port
+        assert set(docs) == {leaf for leaf, _, _ in flat_fields(config)}
+        undocumented = {leaf for leaf, doc in docs.items() if not doc}
         assert not undocumented, f"{name}: undocumented fields {undocumented}"
         help_text = subprocess.run(
             [sys.executable, "-m", "capsule_rollout", name, "--help"], capture_output=True, text=True, check=True
         ).stdout
-        for leaf, _, _, doc in leaves:
+        for leaf, doc in docs.items():
             assert f"--{leaf}" in help_text
             assert doc.split()[0] in help_text
+            assert all(word in help_text for word in doc.split() if "%" in word), f"{name}: a % in {leaf}'s doc"
         assert "--json" in help_text
-        assert "option_strings" not in help_text, f"{name}: a % in a field doc broke argparse's help formatting"
 
 
 def test_values_and_tuples_are_parsed():
@@ -88,8 +110,41 @@ def test_option_groups_are_dotted_and_the_old_names_still_work(capsys):
     assert "--act.*: n_exec must be >= 1" in capsys.readouterr().err
     assert main(["train_critic", "--loop.batch_size", "0"]) == 2
     assert "--loop.*:" in capsys.readouterr().err
+    assert main(["recap", "--select.count", "-1"]) == 2  # two groups of one class: the error names the right one
+    assert "--select.*: first and count must be >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse("eval_policy", ["--help"])
     help_text = capsys.readouterr().out
-    assert "--act.* options" in help_text and "How the policy acts" in help_text
-    assert "--model.policy STR, --policy STR" in help_text  # the old name beside the new one
+    assert "act options" in help_text and "How the policy acts" in help_text
+    assert "--policy STR, --model.policy STR" in help_text  # the old name beside the new one
+    assert "(old name --policy still accepted)" in " ".join(help_text.replace("│", " ").split())  # box lines wrap
+
+
+def test_equals_forms_none_and_bools_everywhere():
+    _, config, json_path = parse("sim_rollout", ["--value_threshold=0.5", "--act.beta=2", "--shards=true", "--video",
+                                                 "false", "--no-progress", "--pin_seeds", "3", "4", "--json=s.json"])
+    assert (config.value_threshold, config.act.beta, config.shards, config.video, config.progress) == (0.5, 2.0, True,
+                                                                                                      False, False)
+    assert config.pin_seeds == (3, 4) and json_path == "s.json"
+    _, config, _ = parse("sim_rollout", ["--value_threshold", "0.5", "--value_threshold", "none", "--beta", "None"])
+    assert config.value_threshold is None and config.act.beta is None  # the last one given counts; none clears it
+    assert parse("verify_capsule", ["--cameras", "none"])[1].cameras is None
+    assert parse("real_recap", ["--operator", "none", "--no-teleop"])[1].operator == "none"  # a choice named none
+
+
+def test_aliases_must_name_an_option():
+    @dataclass(frozen=True)
+    class Broken:
+        ALIASES: ClassVar[dict[str, str]] = {"old": "nowhere"}
+        x: int = 1
+        """A field."""
+
+    with pytest.raises(TypeError, match="'nowhere' \\(for --old\\) is not an option"):
+        parse_config(Broken(), [], "prog", "summary")
+
+
+def test_listing_commands_leaves_the_cli_library_unimported():
+    probe = ("import sys; from capsule_rollout.experiments.run import main, parse; main([]); before = 'tyro' in sys.modules;"
+             " parse('verify_capsule', []); print(before, 'tyro' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2:] == ["False", "True"]
