@@ -9,6 +9,7 @@ from capsule_rollout.envs.robot_admission import PeerBackoff
 from capsule_rollout.envs.robot_bridge import RobotClient
 from capsule_rollout.envs.robot_protocol import ConnectionClosed, Message, encode, read_frame
 from capsule_rollout.tabletop.sim_robot import SimRobotServer
+from tests.reliability.bridge_squat import socket_reader
 
 
 def test_backoff_doubles_to_its_cap_serialises_a_peer_and_forgets():
@@ -41,16 +42,7 @@ def test_bad_admission_limits_are_refused_with_the_fix():
 
 def _frames(sock: socket.socket) -> list[Message]:
     """Every frame the server sends until it closes the connection."""
-    def recv_exactly(n):
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                break
-            buf += chunk
-        return buf
-
-    out = []
+    out, recv_exactly = [], socket_reader(sock)
     while True:
         try:
             out.append(read_frame(recv_exactly))

@@ -78,6 +78,21 @@ def silent_connections(address, n: int) -> list[socket.socket]:
     return [socket.create_connection(address, timeout=CLIENT_TIMEOUT_S) for _ in range(n)]
 
 
+def socket_reader(sock: socket.socket):
+    """`read_frame`'s reader over a socket: n bytes, or fewer where the peer closed."""
+
+    def recv_exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return buf
+
+    return recv_exactly
+
+
 def wrong_token(address, *, source: str = ATTACKER) -> tuple[float, str]:
     """One hello with a wrong token from `source`: (seconds from the hello to the answer, the answer: an error
     code, with ':checked' when the server said the token was wrong, or 'welcome' or 'no reply')."""
@@ -86,16 +101,7 @@ def wrong_token(address, *, source: str = ATTACKER) -> tuple[float, str]:
             sock.sendall(encode(Message("hello", {"token": "guess", "client": "brute"})))
             start = time.monotonic()
 
-            def recv_exactly(n: int) -> bytes:
-                buf = b""
-                while len(buf) < n:
-                    chunk = sock.recv(n - len(buf))
-                    if not chunk:
-                        break
-                    buf += chunk
-                return buf
-
-            reply = read_frame(recv_exactly)
+            reply = read_frame(socket_reader(sock))
             waited = time.monotonic() - start
     except (OSError, ConnectionClosed, ProtocolError):
         return float("nan"), "no reply"
