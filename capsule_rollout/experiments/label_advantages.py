@@ -3,20 +3,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from capsule_rollout.commands.configs import LabelAdvantagesConfig
-from capsule_rollout.commands.result import ExperimentResult
+from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.critics.advantage import INDICATOR_POSITIVE
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.advantage_labels import label_store
-from capsule_rollout.tabletop.critic_labels import StoreValues
+from capsule_rollout.learning.recipe import load_recipe
 
 
 def run(config: LabelAdvantagesConfig) -> ExperimentResult:
     console = make_console()
-    critic = StoreValues(resolve_input(config.critic))
+    with checking_inputs():
+        critic = load_recipe(config.recipe).store_critic(Path(resolve_input(config.critic)))
     done = label_store(critic, config.data, n=config.n, max_steps=config.max_steps,
                        positive_fraction=config.positive_fraction, out=config.out or None, critic_name=config.critic)
     labels, steps = done.labels, int(len(done.values))

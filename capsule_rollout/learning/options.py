@@ -274,6 +274,9 @@ class LabelAdvantagesConfig:
     """Zarr store of episodes to label (never modified)."""
     critic: str = "experiments/checkpoints/critic"
     """Critic checkpoint whose values the advantages use."""
+    recipe: str = "tabletop"
+    """The critic's family, whose recipe values a store's steps (`learning.recipe`: a registered name or an import
+    path `package.module:Recipe`; `tabletop`: the example's value critic)."""
     n: int = 10
     """N of the N-step advantage, in control steps."""
     max_steps: int = 80

@@ -189,3 +189,8 @@ def test_a_recipe_is_found_by_its_registered_name_or_import_path():
 
     assert isinstance(load_recipe("tabletop"), TabletopRecipe)  # the example's entry point
     assert isinstance(load_recipe("capsule_rollout.tabletop.recipe:TabletopRecipe"), TabletopRecipe)
+
+
+def test_label_advantages_takes_the_critics_recipe(capsys):
+    assert main(["label_advantages", "--recipe", "nosuch"]) == 2
+    assert "no RECAP recipe 'nosuch'" in capsys.readouterr().err
