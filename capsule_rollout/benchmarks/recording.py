@@ -44,6 +44,7 @@ class PrebuiltHost:
 
     def __init__(self, episode: Episode) -> None:
         self.episode, self.capsule_source = episode, None
+        self.step_limit = episode.meta.length  # what the driver derives its deadlines from
 
     def run_episode(self, seed: int, *, episode_id: str | None = None, attempt: int = 0,
                     repeat: int = 0) -> EpisodeResult:

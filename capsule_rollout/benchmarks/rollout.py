@@ -30,7 +30,7 @@ LOOP_TARGET = 0.97  # the host with serial lanes at least 0.97x a hand-written l
 
 def host_spec(config: BenchRolloutConfig, policy: str, critic: str) -> HostSpec:
     """The host every measurement builds: these checkpoint directories, one torch thread."""
-    return HostSpec(family=config.family, policy=policy, critic=critic,
+    return HostSpec(env=f"tabletop:{config.family}", policy=policy, critic=critic,
                     host=HostConfig(n_exec=config.n_exec, max_steps=config.max_steps), threads=1)
 
 

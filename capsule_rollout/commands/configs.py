@@ -196,8 +196,10 @@ class SimRolloutConfig:
     pin_seeds: tuple[int, ...] = ()
     """Seeds whose initial capsules stay pinned in every actor's store (a fixed evaluation set)."""
     episode_timeout_s: float | None = None
-    """An episode running longer than this is abandoned: its actor is killed and restarted, the episode
-    re-run (None: no deadline)."""
+    """Seconds an episode may run before it is abandoned (its actor killed and restarted, the episode re-run).
+    None: derived from what the actors report, 3 x (the step limit x the measured seconds per step + the most
+    time an episode took besides its steps: reset, writes), at least 30 s, and at least 600 s for an actor's
+    first call (rollout/deadlines.py); 0: no deadline (a warning)."""
     lanes: Literal["two", "serial"] = "two"
     """Policy and critic on two lanes at once, or one after the other."""
     cpus_per_actor: float = 1.0
@@ -227,8 +229,9 @@ class SimRolloutConfig:
             raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
         if self.episodes_per_call < 1:
             raise ValueError(f"--episodes_per_call must be >= 1 (got {self.episodes_per_call})")
-        if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
-            raise ValueError(f"--episode_timeout_s must be > 0 (got {self.episode_timeout_s})")
+        if self.episode_timeout_s is not None and not self.episode_timeout_s >= 0:
+            raise ValueError(f"--episode_timeout_s must be >= 0 (0: no deadline; none: derived), "
+                             f"got {self.episode_timeout_s}")
         if self.capsule_budget_mb is not None and self.capsule_budget_mb < 0:
             raise ValueError(f"--capsule_budget_mb must be >= 0 (got {self.capsule_budget_mb})")
 

@@ -22,7 +22,7 @@ from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
-from capsule_rollout.rollout.host_factory import MIXED, HostSpec, parse_observers, resolve_acting
+from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec, parse_observers, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.record import CAPSULES, absolute_source, episode_id_of, open_run
 from capsule_rollout.rollout.rollout_actor import WorkItem
@@ -31,6 +31,8 @@ from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import ShardedStore, parse_store_root
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
+
+ALL = "all"  # --family all: every tabletop family on each seed
 
 
 def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
@@ -41,7 +43,8 @@ def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
     policy = resolve_input(config.model.policy)
     n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
     return HostSpec(
-        family=config.family, env=config.env, policy=absolute_source(policy),
+        env=config.env or f"tabletop:{ANY_TASK if config.family == ALL else config.family}",
+        policy=absolute_source(policy),
         critic=absolute_source(resolve_input(critic)) if critic else "",
         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
         host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
@@ -69,8 +72,8 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     console = make_console()
     out, spec, store, conditioning, done, recorder = _open_run(config)
     task = config.env or config.family
-    if task == MIXED:  # a mix: every family on each seed, interleaved
-        items = [WorkItem(episode_id_of(f, s), s, family=f) for s in config.seeds.range for f in FAMILY_NAMES]
+    if task == ALL:  # a mix: every family on each seed, interleaved (the spec: `tabletop:*`)
+        items = [WorkItem(episode_id_of(f, s), s, task=f) for s in config.seeds.range for f in FAMILY_NAMES]
     else:
         items = [WorkItem(episode_id_of(task, s), s) for s in config.seeds.range]
     if done:
@@ -130,7 +133,7 @@ def _table(console, s: dict) -> None:
         ("policy acts: actions per chunk, noise scale", f"{s['n_exec']}, {s['noise_scale']:g}"),
         ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})"),
         *((f"  {task}", f"{f['success_rate']:.0%} ({f['successes']}/{f['episodes']})")
-          for task, f in s["by_family"].items() if len(s["by_family"]) > 1),
+          for task, f in s["by_task"].items() if len(s["by_task"]) > 1),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(s["stop_reasons"].items()))),
         ("reset (median)", f"{s['reset_ms_median']:.2f} ms" if s["reset_ms_median"] is not None else "-"),
         ("resets by kind", ", ".join(f"{k} {v}" for k, v in sorted(s["reset_kinds"].items()))),

@@ -45,7 +45,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     scale = 1.0 if config.act.noise_scale is None else config.act.noise_scale
     with checking_inputs():
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, scale)
-        spec = HostSpec(family=config.family, env=config.env, policy=policy,
+        spec = HostSpec(env=config.env or f"tabletop:{config.family}", policy=policy,
                         critic=resolve_input(config.model.critic) if config.model.critic else "",
                         host=HostConfig(n_exec=n_exec, record_images=False),
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)

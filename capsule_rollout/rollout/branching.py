@@ -147,6 +147,11 @@ class BranchItem(WorkItem):
     branches: int = 1
     first: int = 0
 
+    @property
+    def plays(self) -> int:
+        """The episode, the replay check and `branches` continuations from each boundary in `steps`."""
+        return 2 + self.branches * len(self.steps)
+
 
 class BranchActor(RolloutActor):
     """A rollout actor that plays `BranchItem`s: the episode again, then the branches (`branch_episode`).
@@ -172,7 +177,7 @@ class BranchActor(RolloutActor):
                            reset_ms=result.reset_ms, steps_per_s=result.steps_per_s, error=result.error,
                            actor_pid=os.getpid(), item=item,
                            extra={"branch_values": [v.to_json() for v in values], "branch_steps": played},
-                           actor_index=self.index, node=self.node)
+                           actor_index=self.index, node=self.node, steps=played)
 
 
 def _ending(success: bool, length: int) -> str:

@@ -37,7 +37,9 @@ from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost, capsul
 ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
 """Written next to a run's store: the spec its episodes were played with (read back by `replay`)."""
-MIXED = "all"  # HostSpec.family of a mixed-family run: each work item names its family
+ANY_TASK = "*"
+"""`suite:*` as `HostSpec.env`: a run over several of the suite's tasks, each work item naming its own
+(`WorkItem.task`); an actor keeps one host per task."""
 ACTING_INFO = "acting"
 """Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
 `export_checkpoint --n_exec --noise_scale`); what the commands' `--act.*` options default to for it."""
@@ -66,16 +68,14 @@ def resolve_acting(policy: str, n_exec: int | None = None, noise_scale: float | 
 class HostSpec:
     """Everything a rollout process needs to build its host (sent to each actor)."""
 
-    family: str = "pick_place"
-    """The tabletop task family (when `env` is empty); "all": a mixed-family run, where each work item names its
-    family and an actor keeps one host per family."""
     env: str = ""
-    """A registered env id (`metaworld:pick-place-v3`) or import path (`package.module:factory`) played instead of
-    the tabletop family (`envs.suites.make_env`)."""
-    policy: str = "experiments/checkpoints/policy"
+    """The env (`envs.suites.make_env`): a registered id `suite:task` (`gymnasium:Pusher-v5`, the example's
+    `tabletop:pick_place`), `suite:*` (several of the suite's tasks, each work item naming its own), or a
+    factory's import path `package.module:make_env`; empty only where the host is handed its env (a robot)."""
+    policy: str = ""
     """A checkpoint directory (loaded by its kind's loader: the example's flow policy, a `TorchPolicy`...) or a
     factory's import path `package.module:make_policy` (`rollout.plug_in`)."""
-    critic: str = "experiments/checkpoints/critic"
+    critic: str = ""
     """A critic checkpoint or factory import path; empty: no critic (values recorded as NaN, no low-value stop)."""
     host: HostConfig = field(default_factory=HostConfig)
     advantage: str = "checkpoint"
@@ -108,8 +108,6 @@ class HostSpec:
         check_noise_scale(self.noise_scale)
         if self.capsule_budget_mb is not None and not self.capsule_budget_mb >= 0:
             raise ValueError(f"capsule_budget_mb must be >= 0 or None, got {self.capsule_budget_mb}")
-        if self.family == MIXED and self.env:
-            raise ValueError(f"family {MIXED!r} mixes the tabletop families; it cannot go with env {self.env!r}")
         if self.takeover and (len(self.takeover) != 2 or int(self.takeover[1]) < 1):
             raise ValueError(f"takeover is (threshold, steps >= 1), got {self.takeover}")
 
@@ -120,6 +118,9 @@ class HostSpec:
     def from_json(cls, data: dict) -> HostSpec:
         data = dict(data)
         data.pop("crash", None)  # written by earlier versions (a test hook, always empty in a run's file)
+        family = data.pop("family", None)  # earlier versions: a tabletop family ("all": every one) when no env
+        if family and not data.get("env"):
+            data["env"] = f"tabletop:{ANY_TASK if family == 'all' else family}"
         host = data.pop("host", {})
         host = HostConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in host.items()})
         observers = tuple(tuple(o) for o in data.pop("observers", ()))
@@ -238,11 +239,11 @@ def make_observers(spec: HostSpec) -> list[EpisodeObserver]:
 def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver] | None = None,
                env: RolloutEnv | None = None, operator=None, teleop=None) -> RolloutHost:
     """The host a spec describes. `observers`: instead of the spec's (e.g. objects built in-process);
-    `env`: instead of the spec's tabletop family (a `RobotEnv`, a third-party env); `operator`, `teleop`:
+    `env`: instead of the spec's (a `RobotEnv`, an env made in this process); `operator`, `teleop`:
     see `RolloutHost`."""
-    if spec.family == MIXED and env is None:
-        raise ValueError("a mixed-family spec (family 'all') builds one host per family: "
-                         "pass dataclasses.replace(spec, family=<the family>)")
+    if env is None and is_multi_task(spec.env):
+        raise ValueError(f"a spec over several tasks ({spec.env!r}) builds one host per task: pass "
+                         "dataclasses.replace(spec, env=env_for_task(spec.env, <the task>))")
     if spec.threads:
         torch.set_num_threads(spec.threads)
     parts = _load_parts(spec, check_spec(spec))
@@ -293,11 +294,23 @@ def _load_parts(spec: HostSpec, conditioning: Conditioning) -> _Parts:
 
 
 def _make_env(spec: HostSpec, cameras: tuple[str, ...] | None, image_size: int) -> RolloutEnv:
-    """The spec's env: `spec.env` (a registered id or an import path; cameras None: its default one), else the
-    tabletop family's (`tabletop:<family>`, the example's suite)."""
+    """The spec's env (a registered id or an import path; cameras None: its default one)."""
     from capsule_rollout.envs.suites import make_env
 
-    return make_env(spec.env or f"tabletop:{spec.family}", cameras=cameras or None, image_size=image_size)
+    if not spec.env:
+        raise ValueError("no env: give a registered id `suite:task` or a factory's import path "
+                         "`package.module:make_env` (HostSpec.env, --env)")
+    return make_env(spec.env, cameras=cameras or None, image_size=image_size)
+
+
+def is_multi_task(env: str) -> bool:
+    """Whether `env` is `suite:*`: a run over several of the suite's tasks."""
+    return env.endswith(f":{ANY_TASK}")
+
+
+def env_for_task(env: str, task: str) -> str:
+    """The env id of one task of a `suite:*` run (`env` itself otherwise, whatever `task` says)."""
+    return f"{env[: -len(ANY_TASK)]}{task}" if is_multi_task(env) and task else env
 
 
 def capsule_path(capsule_dir: str | os.PathLike, task: str, seed: int) -> Path:

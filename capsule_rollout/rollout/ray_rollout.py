@@ -4,7 +4,8 @@ The driver places N actors (CPU / GPU fractions each), hands work items (seed,
 episode id, attempt, repeat) only to actors Ray has placed and that answered,
 and writes each returned episode to the recorder. It is fault tolerant: an actor
 that dies (or hangs past the episode deadline, and is killed) is restarted by Ray
-(`max_restarts`), the episode it was running is handed out again, and an episode
+(`max_restarts`), the episode it was running is handed out again (the deadline is on by default, derived
+from the step limit and step time the actors report: `rollout.deadlines`), and an episode
 id that is already in the store is never written twice, so every episode lands
 exactly once. A reset that raises fails that episode, not the run; a fatal CUDA
 error ends the actor's process (its context is unusable) and the episode is re-run
@@ -21,12 +22,15 @@ an orphan no reader sees, and the episode is run again).
 `run_rollouts(..., actors=0)` plays the same items in this process (no Ray): the
 same actor code, for tests, evaluation in a training loop, and small runs.
 `init_ray()` joins the cluster named by `RAY_ADDRESS` (e.g. under `ray job submit`)
-or starts an embedded local one.
+or starts an embedded local one, with a watchdog that ends that session's processes
+if this process dies without `shutdown_ray` (even by SIGKILL: `rollout.ray_watchdog`).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -36,15 +40,20 @@ import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from capsule_rollout.rollout.deadlines import call_deadlines
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem, follow_up_id
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.stores.shard_manifest import ManifestEntry
 from capsule_rollout.stores.sharded_store import ShardedStore
 
+_watchdog: subprocess.Popen | None = None  # of the local Ray `init_ray` started here
+
 
 def init_ray(num_cpus: int | None = None) -> str:
-    """`ray.init` on `RAY_ADDRESS` when set (a running cluster), else a local embedded one."""
+    """`ray.init` on `RAY_ADDRESS` when set (a running cluster), else a local embedded one, whose processes a
+    watchdog ends if this process dies before `shutdown_ray` (Linux)."""
+    global _watchdog
     if ray.is_initialized():
         return "existing"
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -53,14 +62,25 @@ def init_ray(num_cpus: int | None = None) -> str:
         ray.init(address=address, log_to_driver=True)
         return address
     # address="local": always a new embedded cluster (never a stale one recorded in /tmp/ray)
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    if sys.platform.startswith("linux"):  # the watchdog reads /proc
+        _watchdog = subprocess.Popen(
+            [sys.executable, "-m", "capsule_rollout.rollout.ray_watchdog", str(os.getpid()),
+             context.address_info["session_dir"], os.path.dirname(ray.__file__)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
     return "local"
 
 
 def shutdown_ray(where: str) -> None:
-    """Stop Ray if `init_ray` started it here (`where == "local"`); leave a joined cluster running."""
+    """Stop Ray if `init_ray` started it here (`where == "local"`), and its watchdog; leave a joined cluster
+    running."""
+    global _watchdog
     if where == "local":
         ray.shutdown()
+        if _watchdog is not None:
+            _watchdog.terminate()  # Ray has stopped its processes: nothing for the watchdog to do
+            _watchdog.wait()
+            _watchdog = None
 
 
 @dataclass
@@ -74,6 +94,7 @@ class DriverStats:
     failed_before_first_step: int = 0
     actors_placed: int = 0
     follow_ups: int = 0
+    episode_deadline_s: float | None = None  # the deadline per episode of the last call handed out (None: none)
 
 
 class _Plan:
@@ -101,10 +122,10 @@ class _Plan:
         base, out = item.base_id, []
         if not success and item.attempt + 1 < self.attempts:
             out.append(WorkItem(follow_up_id(base, item.attempt + 1, item.repeat), item.seed, item.attempt + 1,
-                                item.repeat, base, item.family))
+                                item.repeat, base, item.task))
         if item.attempt == 0 and item.repeat + 1 < self.repeats:
             out.append(WorkItem(follow_up_id(base, 0, item.repeat + 1), item.seed, 0, item.repeat + 1, base,
-                                item.family))
+                                item.task))
         return out
 
     def follow(self, item: WorkItem, success: bool, actor: int) -> int:
@@ -194,11 +215,14 @@ def run_rollouts(
     `repeats`: rollouts per seed from its initial state; `attempts`: tries of a rollout that fails
     (each a restore of the initial capsule with noise of its own). `done`: episode id -> success of
     episodes already recorded (a resumed run walks past them). An item whose actor dies, or runs
-    past `episode_timeout_s`, is handed out again (up to `max_attempts` tries). `actor_cls`: the actor class
-    (a `RolloutActor` subclass with the same constructor: a benchmark's synthetic actor).
+    past its deadline (the driver kills the actor), is handed out again (up to `max_attempts` tries).
+    `episode_timeout_s`: the deadline of an item; None (the default): derived from the step limit and the
+    seconds per step the actors report (`rollout.deadlines`); 0: no deadline (a warning on stderr).
+    `actor_cls`: the actor class (a `RolloutActor` subclass with the same constructor: a benchmark's
+    synthetic actor).
 
     `episodes_per_call`: items handed to an actor in one Ray call (its reports come back together; the
-    deadline of the call is `episode_timeout_s` per item, and if the actor dies every item of the call is
+    deadline of the call is the sum of its items', and if the actor dies every item of the call is
     handed out again). More than 1 spreads Ray's per-call cost in the driver over several episodes: for
     short episodes and many actors.
     """
@@ -208,8 +232,8 @@ def run_rollouts(
         raise ValueError(f"repeats and attempts must be >= 1, got {repeats}, {attempts}")
     if episodes_per_call < 1:
         raise ValueError(f"episodes_per_call must be >= 1, got {episodes_per_call}")
-    if episode_timeout_s is not None and not episode_timeout_s > 0:
-        raise ValueError(f"episode_timeout_s must be > 0 or None, got {episode_timeout_s}")
+    if episode_timeout_s is not None and not episode_timeout_s >= 0:
+        raise ValueError(f"episode_timeout_s must be >= 0 (0: no deadline) or None (derived), got {episode_timeout_s}")
     items = list(items)
     ids = [it.episode_id for it in items]
     if len(set(ids)) != len(ids):
@@ -218,6 +242,9 @@ def run_rollouts(
     shard_root = recorder.shard_root if isinstance(recorder, ShardedStore) else ""
     if actors == 0:
         return _run_local(spec, plan, recorder, host, on_report, shard_root, actor_cls)
+    if episode_timeout_s == 0:
+        print("warning: episode deadlines are off (episode_timeout_s 0): an actor that hangs stalls the run",
+              file=sys.stderr)
     return _run_ray(spec, plan, actors=actors, recorder=recorder, shard_root=shard_root, actor_cls=actor_cls,
                     cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, max_restarts=max_restarts,
                     max_attempts=max_attempts, episode_timeout_s=episode_timeout_s,
@@ -257,10 +284,12 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                                                    scheduling_strategy="SPREAD")
     pool = [remote_cls.remote(spec, i, shard_root=shard_root) for i in range(actors)]
     idle: deque[int] = deque()
-    in_flight: dict = {}  # object ref -> (actor index, items, deadline or None)
+    in_flight: dict = {}  # object ref -> (actor index, items, deadline or None, its seconds)
     probes: dict = {ray_actor.ready.remote(): i for i, ray_actor in enumerate(pool)}  # placed and built?
     alive = set(range(actors))
     placed: set[int] = set()
+    warm: set[int] = set()  # actors that finished a call since they were placed or restarted
+    deadlines = call_deadlines(episode_timeout_s)
     tries: dict[str, int] = {}
     timed_out: set = set()
     stats = DriverStats()
@@ -273,8 +302,10 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                 batch = [plan.take(index) for _ in range(min(episodes_per_call, len(plan)))]
                 for item in batch:
                     tries[item.episode_id] = tries.get(item.episode_id, 0) + 1
-                deadline = None if episode_timeout_s is None else time.monotonic() + episode_timeout_s * len(batch)
-                in_flight[pool[index].run_batch.remote(batch)] = (index, batch, deadline)
+                seconds = deadlines.call_s(batch, first_call=index not in warm)
+                stats.episode_deadline_s = None if seconds is None else seconds / len(batch)
+                deadline = None if seconds is None else time.monotonic() + seconds
+                in_flight[pool[index].run_batch.remote(batch)] = (index, batch, deadline, seconds)
             if not in_flight and not probes:
                 raise RuntimeError(f"every rollout actor is gone; {len(plan)} episodes were not run")
             wait = _next_deadline(in_flight, placed & alive, probes, started, placement_timeout_s)
@@ -301,14 +332,15 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                     if not alive:
                         raise RuntimeError(f"every rollout actor died; {len(plan)} episodes were not run") from None
                 continue
-            index, batch, _ = in_flight.pop(ref)
+            index, batch, _, seconds = in_flight.pop(ref)
             try:
                 got = ray.get(ref)
             except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
                 if getattr(exc, "actor_init_failed", False):  # the host could not be built: retrying will not help
                     raise RuntimeError(f"a rollout actor could not start: {exc}") from exc
                 stats.actor_failures += 1
-                why = f"ran past the {episode_timeout_s} s deadline" if ref in timed_out else f"{exc}"
+                warm.discard(index)
+                why = f"ran past its {seconds:.0f} s deadline" if ref in timed_out else f"{exc}"
                 for item in reversed(batch):  # re-run them first, in order, on the next actors that are ready
                     if tries[item.episode_id] >= max_attempts:
                         raise RuntimeError(f"episode {item.episode_id} failed {max_attempts} times; "
@@ -318,6 +350,9 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
                 probes[pool[index].ready.remote()] = index  # Ray restarts this one meanwhile
                 continue
             idle.append(index)
+            if index in warm:  # a first call's compile is what its allowance is for: not a measure of later ones
+                deadlines.observe(got)
+            warm.add(index)
             _record(got, recorder, stats)
             for item, report in zip(batch, got, strict=True):
                 stats.follow_ups += plan.follow(item, _success(report), index)
@@ -334,7 +369,7 @@ def _next_deadline(in_flight, placed, probes, started, placement_timeout_s) -> f
     """Seconds until the next deadline (a call's, or placement's while no actor is placed)."""
     now = time.monotonic()
     waits = []
-    deadlines = [d for _, _, d in in_flight.values() if d is not None]
+    deadlines = [d for _, _, d, _ in in_flight.values() if d is not None]
     if deadlines:
         waits.append(min(deadlines) - now)
     if not placed and probes:
@@ -348,7 +383,7 @@ def _expire(in_flight, probes, pool, timed_out, stats, placed, started, placemen
         raise RuntimeError(f"no rollout actor was placed within {placement_timeout_s:.0f} s: each asks for "
                            f"{cpus} CPU and {gpus} GPU; the cluster has {ray.available_resources()} free. "
                            "Ask for less (--cpus_per_actor, --gpus_per_actor) or fewer --actors")
-    for ref, (index, _batch, deadline) in list(in_flight.items()):
+    for ref, (index, _batch, deadline, _seconds) in list(in_flight.items()):
         if deadline is not None and now >= deadline and ref not in timed_out:
             timed_out.add(ref)
             stats.timeouts += 1
@@ -373,7 +408,7 @@ def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
         "success_rate": (sum(e.meta.success for e in episodes) / len(episodes)) if episodes else 0.0,
         "first_attempt_success_rate": (sum(e.meta.success for e in first) / len(first)) if first else 0.0,
         "seeds_solved": len({(e.meta.task, e.meta.seed) for e in episodes if e.meta.success}),
-        "by_family": {task: {"episodes": len(wins), "successes": sum(wins), "success_rate": sum(wins) / len(wins)}
+        "by_task": {task: {"episodes": len(wins), "successes": sum(wins), "success_rate": sum(wins) / len(wins)}
                       for task, wins in sorted(by_task.items())},
         "stop_reasons": dict(reasons),
         "failed_before_first_step": stats.failed_before_first_step,
@@ -385,6 +420,7 @@ def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
         "control_hz_per_actor_median": float(np.median([r.steps_per_s for r in reports])) if reports else None,
         "actor_failures": stats.actor_failures,
         "timeouts": stats.timeouts,
+        "episode_deadline_s": stats.episode_deadline_s,
         "resubmitted": stats.resubmitted,
         "duplicates_skipped": stats.duplicates_skipped,
     }

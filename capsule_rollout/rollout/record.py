@@ -21,12 +21,12 @@ import numpy as np
 
 from capsule_rollout.capsules import load_capsule
 from capsule_rollout.rollout.host_factory import (
-    MIXED,
     HostSpec,
     build_host,
     capsule_path,
     check_same_run,
     check_spec,
+    env_for_task,
     read_spec,
     write_spec,
 )
@@ -132,8 +132,7 @@ def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None
     recorded = reader.episode(ids.index(episode_id))
     spec = dataclasses.replace(read_spec(store.parent), capsule_dir="")
     meta = recorded.meta
-    if spec.family == MIXED:  # a mixed-family run: the episode's own family
-        spec = dataclasses.replace(spec, family=meta.task)
+    spec = dataclasses.replace(spec, env=env_for_task(spec.env, meta.task))  # a `suite:*` run: the episode's task
     path = capsule_path(capsules or store.parent / CAPSULES, meta.task, meta.seed)
     if not path.exists():
         raise FileNotFoundError(f"initial capsule {path} not found (a recorded run saves one per seed)")

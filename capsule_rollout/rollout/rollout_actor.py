@@ -1,16 +1,18 @@
 """`RolloutActor`: one rollout host in a process (a Ray actor's, or the driver's with `actors=0`), and what
-it is handed and returns: `WorkItem` (seed, episode id, attempt, repeat, family) and `ActorReport`.
+it is handed and returns: `WorkItem` (seed, episode id, attempt, repeat, task) and `ActorReport`.
 
-The actor plays one item per call (or K, `run_batch`), builds the host for the item's family when a
-mixed-family run first needs it, records its episode to its own shard when the store is sharded, and turns
-a fatal CUDA error into the end of its process (the context is unusable; the driver re-runs the episode on a
-fresh one). The driver that places actors and hands them items is `rollout.ray_rollout`.
+The actor plays one item per call (or K, `run_batch`), builds the host for the item's task when a run over
+several of a suite's tasks (`HostSpec.env` `suite:*`) first needs it, records its episode to its own shard
+when the store is sharded, and turns a fatal CUDA error into the end of its process (the context is unusable;
+the driver re-runs the episode on a fresh one). The driver that places actors and hands them items is
+`rollout.ray_rollout`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from dataclasses import dataclass, field
 
 import ray
@@ -18,10 +20,11 @@ import torch
 
 from capsule_rollout.capsules import CapsuleError, load_capsule
 from capsule_rollout.rollout.host_factory import (
-    MIXED,
     HostSpec,
     build_host,
     capsule_path,
+    env_for_task,
+    is_multi_task,
     save_initial_capsule,
 )
 from capsule_rollout.rollout.observer import EpisodeObserver
@@ -46,13 +49,18 @@ class WorkItem:
     """Which rollout from the seed's initial state (noise of its own)."""
     base: str = ""
     """The episode id of the seed's first rollout (follow-ups are named after it); empty: `episode_id`."""
-    family: str = ""
-    """The tabletop family this episode plays: needed in a mixed-family run (`HostSpec.family` "all"), where each
-    actor keeps a host per family; empty: the spec's family."""
+    task: str = ""
+    """The task this episode plays: needed in a run over several of a suite's tasks (`HostSpec.env` `suite:*`),
+    where each actor keeps a host per task; empty: the spec's env."""
 
     @property
     def base_id(self) -> str:
         return self.base or self.episode_id
+
+    @property
+    def plays(self) -> int:
+        """Episodes of at most the host's step limit this item plays (its deadline scales with it): 1."""
+        return 1
 
 
 def follow_up_id(base: str, attempt: int, repeat: int) -> str:
@@ -76,7 +84,9 @@ class ActorReport:
     actor_index: int = -1
     shard: ManifestEntry | None = None  # where the actor wrote the episode (sharded recording), for the driver to commit
     node: str = ""  # the Ray node the actor runs on (its node id; empty in-process)
-
+    steps: int = 0  # control steps the item played (a branch item: its replays and branches too)
+    busy_s: float = 0.0  # the actor's seconds on the item: host built, reset, steps, its share of the shard write
+    step_limit: int = 0  # the host's step limit of one episode (0: no host); with `steps`, `busy_s`: the deadlines
 
 
 def _is_cuda_fatal(exc: BaseException | None) -> bool:
@@ -107,34 +117,35 @@ class RolloutActor:
             if gpu_ids:
                 os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", str(int(float(gpu_ids[0]))))
         self._observers = observers
-        self.hosts: dict[str, RolloutHost] = {}  # family -> its host (several in a mixed-family run)
+        self.hosts: dict[str, RolloutHost] = {}  # task -> its host (several in a `suite:*` run)
         if host is not None:
-            self._adopt(host.task if spec.family == MIXED else spec.family, host)
-        elif spec.family != MIXED:
-            self._adopt(spec.family, build_host(spec, observers=observers))
+            self._adopt(host.task, host)
+        elif not is_multi_task(spec.env):
+            self._adopt("", build_host(spec, observers=observers))
         else:
-            self.host = None  # each family's host is built when its first item comes
+            self.host = None  # each task's host is built when its first item comes
 
-    def _adopt(self, family: str, host: RolloutHost) -> RolloutHost:
+    def _adopt(self, task: str, host: RolloutHost) -> RolloutHost:
         if self.spec.capsule_dir and host.capsule_source is None:
             host.capsule_source = self._saved_capsule
-        self.hosts[family] = self.host = host
+        self.hosts[task] = self.host = host
         return host
 
     def _host_for(self, item: WorkItem) -> RolloutHost:
-        """The host that plays `item`: its family's (built on first use in a mixed-family run)."""
-        if self.spec.env:
+        """The host that plays `item`: its task's (built on first use in a `suite:*` run)."""
+        if not is_multi_task(self.spec.env):
             return self.host  # one env: every item plays on it
-        family = item.family or self.spec.family
-        if family == MIXED:
-            raise ValueError(f"{item.episode_id}: a mixed-family run needs each work item's family")
-        if family not in self.hosts:
-            self._adopt(family, build_host(dataclasses.replace(self.spec, family=family), observers=self._observers))
-        return self.hosts[family]
+        if not item.task:
+            raise ValueError(f"{item.episode_id}: a run over several tasks ({self.spec.env}) needs each work "
+                             "item's task")
+        if item.task not in self.hosts:
+            self._adopt(item.task, build_host(dataclasses.replace(self.spec, env=env_for_task(self.spec.env, item.task)),
+                                              observers=self._observers))
+        return self.hosts[item.task]
 
     def ready(self) -> int:
-        """Answers once the actor is placed and its host built (the driver waits for it); a mixed-family
-        actor builds each family's host with that family's first item."""
+        """Answers once the actor is placed and its host built (the driver waits for it); in a `suite:*` run
+        the actor builds each task's host with that task's first item."""
         return os.getpid()
 
     pid = ready
@@ -158,21 +169,28 @@ class RolloutActor:
         (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`)."""
         reports = []
         for item in items:
+            t0 = time.perf_counter()
             try:
                 self.host = self._host_for(item)
             except Exception as exc:  # a host that cannot be built: this episode failed, the actor goes on
-                reports.append(ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(),
-                                           item, {}, self.index, node=self.node))
-                continue
-            reports.append(self._play(item))
+                report = ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(), item,
+                                     {}, self.index, node=self.node)
+            else:
+                report = self._play(item)
+            report.busy_s = time.perf_counter() - t0
+            report.step_limit = self.host.step_limit if self.host is not None else 0
+            reports.append(report)
         recorded = [r for r in reports if r.episode is not None]
         if self.shard_root and recorded:
             if self._shard is None:
                 self._shard = ShardWriter(self.shard_root, prefix=f"a{self.index:03d}")
+            t0 = time.perf_counter()
             entries = self._shard.write_many([r.episode for r in recorded])
+            share = (time.perf_counter() - t0) / len(recorded)
             for report, entry in zip(recorded, entries, strict=True):
                 episode = report.episode
                 report.shard = entry
+                report.busy_s += share
                 report.episode = Episode({k: v for k, v in episode.steps.items()
                                           if not k.startswith(S.IMAGE_PREFIX)}, episode.meta, episode.extra)
         return reports
@@ -191,7 +209,8 @@ class RolloutActor:
         save_initial_capsule(self.host, self.spec, item.seed)
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
-                           extra=result.extra, actor_index=self.index, node=self.node)
+                           extra=result.extra, actor_index=self.index, node=self.node,
+                           steps=result.episode.meta.length if result.episode is not None else 0)
 
     def close_shard(self) -> None:
         """Close this process's shard writer (every episode it returned is committed to the shard already)."""

@@ -141,10 +141,6 @@ class RolloutHost:
         return self.env.task
 
     @property
-    def family(self) -> str:  # the tabletop's name for the task id
-        return self.env.task
-
-    @property
     def value(self) -> float:
         """The critic's value of the current chunk (NaN without a critic or before the first chunk)."""
         return float(self.state.value)
@@ -406,6 +402,11 @@ class RolloutHost:
             named = getattr(exc, "stop_reason", None)
             reason = StopReason(named) if named in STOP_REASONS else StopReason.ERROR
             return reason, False, f"{type(exc).__name__}: {exc}"
+
+    @property
+    def step_limit(self) -> int:
+        """The most control steps an episode takes (the config's `max_steps`, capped by the env's limit)."""
+        return self._limit()
 
     def _limit(self, max_steps: int | None = None) -> int:
         env_limit = self.env.max_steps

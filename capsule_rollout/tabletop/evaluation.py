@@ -129,7 +129,7 @@ def eval_spec(policy: str, *, family: str, n_exec: int = 8, noise_seed: int = 0,
     import json
 
     kwargs = json.dumps({"critics": list(critics[1:]), "mid_step": mid_step})
-    return HostSpec(family=family, policy=policy, critic=critics[0] if critics else "",
+    return HostSpec(env=f"tabletop:{family}", policy=policy, critic=critics[0] if critics else "",
                     host=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False, phrasing=phrasing),
                     advantage=advantage, beta=beta, noise_scale=noise_scale, threads=threads,
                     observers=((OBSERVER, kwargs),))
@@ -195,7 +195,7 @@ def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int
         host = local_eval_host(policy, family=family, n_exec=n_exec, noise_seed=noise_seed,
                                conditioning=Conditioning(advantage, beta), critics=models, phrasing=phrasing,
                                noise_scale=noise_scale)
-        reports = run_items(HostSpec(family=family), items, host=host)
+        reports = run_items(HostSpec(env=f"tabletop:{family}"), items, host=host)
         plan_critics = [i for i, m in enumerate(models) if m.config.plan_steps]
     else:
         if any(not isinstance(c, str) for c in critics):

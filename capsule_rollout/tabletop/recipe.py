@@ -37,7 +37,7 @@ class TabletopRecipe:
         return FAMILIES[family_index(config.family)].max_steps
 
     def rollout_spec(self, config: RecapConfig) -> HostSpec:
-        return HostSpec(family=config.family)
+        return HostSpec(env=f"tabletop:{config.family}")
 
     def collect_demos(self, config: RecapConfig, store: Path, cameras: tuple[str, ...]) -> dict:
         demos = CollectDemosConfig(episodes=config.demo_episodes, out=str(store), family=config.family,

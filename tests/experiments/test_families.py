@@ -153,7 +153,7 @@ def test_sim_rollout_plays_a_mix_of_families_and_replays_each(actors, tmp_path, 
                  "--no-video", "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     assert data["episodes"] == 2 * len(FAMILY_NAMES)
-    assert {f: v["episodes"] for f, v in data["by_family"].items()} == {f: 2 for f in FAMILY_NAMES}
+    assert {f: v["episodes"] for f, v in data["by_task"].items()} == {f: 2 for f in FAMILY_NAMES}
     assert data["reset_kinds"] == {"cold": len(FAMILY_NAMES), "restore": len(FAMILY_NAMES)}
     reader = ZarrEpisodeReader(out / "episodes.zarr")
     assert sorted(reader.meta(i).task for i in range(len(reader))) == sorted(FAMILY_NAMES * 2)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from capsule_rollout.experiments.run import main
+from capsule_rollout.stores.checksums import checksum
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import save_tiny_checkpoints
@@ -107,6 +108,8 @@ def test_replay_detects_a_changed_recording_and_bad_arguments(checkpoints, tmp_p
     tampered = np.asarray(actions[:]).copy()
     tampered[0, 0] += 0.5
     actions[:] = tampered
+    sums = group["meta/checksums"]  # a consistent edit (its checksum too): the replay, not the store, tells
+    sums[0, sums.attrs["columns"].index("action")] = checksum(tampered)
     assert main(["replay", "--store", str(store), "--episode", "pick_place-s1000000"]) == 1
     with pytest.raises(ValueError, match="not in"):
         main(["replay", "--store", str(store), "--episode", "nope"])
@@ -155,7 +158,7 @@ def test_attempts_retry_a_failed_episode_by_restoring_its_initial_capsule(checkp
     assert not np.array_equal(episodes["pick_place-s1000001"].steps["action"][:4],
                               episodes["pick_place-s1000001-a2"].steps["action"][:4])  # noise of its own
     # the restored attempt is bit-exact against a cold reset of the same seed and attempt on a fresh host
-    host = build_host(HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2)))
+    host = build_host(HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2)))
     cold = host.run_episode(1000001, attempt=2)
     host.close()
     assert cold.reset_kind == "cold"
@@ -193,8 +196,9 @@ def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoint
     from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 
     policy, critic = checkpoints
-    spec = HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=3, pin_seeds=(5,)),
-                    capsule_dir=str(tmp_path / "capsules"), capsule_budget_mb=0.003)  # one 2.4 KB capsule
+    spec = HostSpec(env="tabletop:pick_place", policy=policy, critic=critic,
+                    host=HostConfig(n_exec=2, max_steps=3, pin_seeds=(5,)), capsule_dir=str(tmp_path / "capsules"),
+                    capsule_budget_mb=0.003)  # one 2.4 KB capsule
     actor = RolloutActor(spec)
     try:
         kinds = [actor.run(WorkItem(f"e{s}-{r}", s, repeat=r)).reset_kind for r in (0, 1) for s in (5, 6, 7)]
@@ -222,3 +226,7 @@ def test_a_run_spec_written_by_an_earlier_version_still_reads(tmp_path):
     data = json.loads((tmp_path / "rollout.json").read_text())
     (tmp_path / "rollout.json").write_text(json.dumps({**data, "crash": []}))  # the old test hook's field
     assert read_spec(tmp_path).observers == (("tests.rollout.faults:step_fault", "{}"),)
+    # before the tabletop was an example package, a spec named a tabletop family ("all": every one), not an env
+    for family, env in (("stack", "tabletop:stack"), ("all", "tabletop:*")):
+        (tmp_path / "rollout.json").write_text(json.dumps({**data, "env": "", "family": family}))
+        assert read_spec(tmp_path).env == env

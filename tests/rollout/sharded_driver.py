@@ -14,7 +14,7 @@ from capsule_rollout.stores.sharded_store import ShardedStore
 from tests.rollout.faults import ExitAfterRecord
 
 policy, critic, root, episodes, victim, marker = sys.argv[1:7]
-spec = HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
+spec = HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
 victim_actor = type("VictimActor", (ExitAfterRecord,), {"victim": victim, "marker": marker})
 items = [WorkItem(f"pick_place-s{s:07d}", s) for s in range(1_000_000, 1_000_000 + int(episodes))]
 with ShardedStore(root) as store:

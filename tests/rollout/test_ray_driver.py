@@ -2,6 +2,8 @@
 
 import pytest
 
+from capsule_rollout.commands.configs import SimRolloutConfig
+from capsule_rollout.rollout.deadlines import FLOOR_S
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
@@ -17,7 +19,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     policy, critic = save_tiny_checkpoints(tmp_path_factory.mktemp("ckpt"))
-    return HostSpec(policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
+    return HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
 
 
 def _items(n):
@@ -34,6 +36,8 @@ def test_the_actors_that_fit_do_all_the_work(spec, ray_session):
     reports, stats = run_rollouts(spec, _items(4), actors=2, cpus_per_actor=cpus * 0.6)  # only one fits
     assert stats.actors_placed == 1 and stats.episodes == 4
     assert len({r.actor_pid for r in reports}) == 1
+    assert stats.episode_deadline_s >= FLOOR_S  # no timeout given: derived (the actor's later calls: the floor)
+    assert all(r.steps == 6 and r.step_limit == 6 and r.busy_s > 0 for r in reports)  # what it is derived from
 
 
 def test_a_fatal_cuda_error_restarts_the_actor_and_reruns_the_episode(spec, tmp_path):
@@ -63,8 +67,21 @@ def test_a_hung_call_of_several_episodes_is_killed_at_its_deadline_and_all_of_th
         reports, stats = run_rollouts(hanging, _items(4), actors=1, recorder=recorder, episodes_per_call=2,
                                       episode_timeout_s=10)
     assert marker.read_text() == "hang\n" and stats.timeouts == 1 and stats.actor_failures == 1
+    assert stats.episode_deadline_s == 10  # a number: that deadline per episode
     assert stats.resubmitted == 2 and stats.episodes == 4  # the victim and the other episode of its call
     assert sorted(r.item.episode_id for r in reports) == [it.episode_id for it in _items(4)]
     assert sorted(ZarrEpisodeReader(tmp_path / "e.zarr").episode_ids) == [it.episode_id for it in _items(4)]
     with pytest.raises(ValueError, match="episodes_per_call must be >= 1"):
         run_rollouts(spec, _items(1), actors=1, episodes_per_call=0)
+
+
+def test_a_zero_timeout_turns_deadlines_off_with_a_one_line_warning(spec, capsys):
+    reports, stats = run_rollouts(spec, _items(2), actors=1, episode_timeout_s=0)
+    assert stats.episodes == 2 and stats.episode_deadline_s is None
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "deadlines are off" in line]
+    assert warnings == ["warning: episode deadlines are off (episode_timeout_s 0): an actor that hangs stalls the run"]
+    with pytest.raises(ValueError, match=r"episode_timeout_s must be >= 0 \(0: no deadline\)"):
+        run_rollouts(spec, _items(1), actors=1, episode_timeout_s=-1)
+    assert SimRolloutConfig(episode_timeout_s=0).episode_timeout_s == 0
+    with pytest.raises(ValueError, match="--episode_timeout_s must be >= 0"):
+        SimRolloutConfig(episode_timeout_s=-5)

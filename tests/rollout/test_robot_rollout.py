@@ -37,7 +37,7 @@ def test_episodes_over_the_bridge_with_takeover_from_the_robot_side(robot):
                  operator=ScriptedOperator({3: OperatorEvent(Kind.TAKEOVER_ON), 6: OperatorEvent(Kind.TAKEOVER_OFF),
                                             9: OperatorEvent(Kind.END_SUCCESS)}))
     r = host.run_episode(5)
-    assert r.reset_kind == "physical" and host.family == "pick_place"
+    assert r.reset_kind == "physical" and host.task == "pick_place"
     assert (r.meta.stop_reason, r.meta.success, r.meta.length) == ("operator_end", True, 10)
     assert r.episode.steps["intervention"].tolist() == [False] * 3 + [True] * 3 + [False] * 4
     assert r.episode.steps["image_front"].shape == (10, 16, 16, 3) and r.meta.subtask_texts[0].startswith("pick")

@@ -18,7 +18,7 @@ SEED = 1_000_123
 @pytest.fixture
 def host(tmp_path):
     policy, critic = save_tiny_checkpoints(tmp_path)
-    host = build_host(HostSpec(policy=policy, critic=critic, device="cuda",
+    host = build_host(HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, device="cuda",
                                host=HostConfig(n_exec=4, max_steps=12)))
     yield host
     host.close()
@@ -36,7 +36,7 @@ def test_an_episode_restored_gives_identical_actions(host):
 
 def test_100_restores_keep_addresses_graphs_and_memory(host):
     host.run_episode(SEED)  # cold reset, warm-up and capture
-    capsule = host.store.get(capsule_key(host.family, SEED))
+    capsule = host.store.get(capsule_key(host.task, SEED))
     lanes, pol, cri = host.lanes, host.policy, host.critic
     restore(host.arena, capsule)
     lanes.run(pol.runner, cri.runner)
