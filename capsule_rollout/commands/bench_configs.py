@@ -221,3 +221,34 @@ class BenchRecordingConfig:
             raise ValueError(f"--cpus_per_actor must be > 0, got {self.cpus_per_actor}")
         if not self.episodes_per_call or min(self.episodes_per_call) < 1:
             raise ValueError(f"--episodes_per_call must be counts >= 1, got {list(self.episodes_per_call)}")
+
+
+@command("bench_checksums", "What the stores' checksums cost: recording steps/s and read MB/s with and without them.")
+@dataclass(frozen=True)
+class BenchChecksumsConfig:
+    episodes: int = 40
+    """Episodes recorded per measurement (one `write` each, as a driver does; timed to the recorder's close)."""
+    steps: int = 100
+    """Control steps per synthetic episode."""
+    image_size: int = 64
+    """Camera image side, in pixels."""
+    cameras: int = 2
+    """Cameras per step."""
+    images: tuple[str, ...] = ("random", "smooth")
+    """Image kinds measured: random bytes (incompressible: the least work per byte besides the checksum, its
+    worst case) and smooth gradients that move (compress like renders)."""
+    rounds: int = 7
+    """Rounds; each records with and without checksums and reads with and without verifying, back to back (which
+    goes first alternates by round). Figures are medians over rounds, ratios medians of the rounds' ratios."""
+    read_repeats: int = 3
+    """Reads of each kind per round, interleaved; the fastest counts (the least disturbed by other work)."""
+    out: str = ""
+    """Directory the measured stores are written to (removed at the end); empty: a temp directory."""
+
+    def __post_init__(self) -> None:
+        if min(self.episodes, self.steps, self.image_size, self.rounds, self.read_repeats) < 1 or self.cameras < 0:
+            raise ValueError("--episodes, --steps, --image_size, --rounds and --read_repeats must be >= 1, "
+                             "--cameras >= 0")
+        bad = [kind for kind in self.images if kind not in ("random", "smooth")]
+        if bad or not self.images:
+            raise ValueError(f"--images must name random and/or smooth, got {list(self.images)}")

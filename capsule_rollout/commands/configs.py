@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 from capsule_rollout.commands.bench_configs import (  # noqa: F401 - the benchmarks' configs
     BenchBridgeConfig,
     BenchCapsulesConfig,
+    BenchChecksumsConfig,
     BenchEnvConfig,
     BenchLeRobotConfig,
     BenchPolicyConfig,
@@ -22,6 +23,7 @@ from capsule_rollout.commands.store_configs import (  # noqa: F401 - the store t
     ConsolidateConfig,
     ExportLeRobotConfig,
     ImportLeRobotConfig,
+    VerifyStoreConfig,
 )
 from capsule_rollout.learning.options import (  # noqa: F401 - the learning layer's options are commands' configs too
     ADVANTAGE,

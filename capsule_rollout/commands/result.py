@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capsule_rollout.stores.store_damage import StoreDamageError
+
 
 @dataclass
 class ExperimentResult:
@@ -24,10 +26,11 @@ class UsageError(ValueError):
 
 @contextmanager
 def checking_inputs():
-    """Turn ValueError / FileNotFoundError raised while an experiment checks its inputs into a UsageError."""
+    """Turn ValueError / FileNotFoundError raised while an experiment checks its inputs into a UsageError (a
+    damaged store is no usage error: `StoreDamageError` passes through)."""
     try:
         yield
-    except UsageError:
+    except (UsageError, StoreDamageError):
         raise
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from exc

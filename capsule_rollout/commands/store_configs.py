@@ -1,5 +1,5 @@
-"""Configs of the commands that convert episode stores: consolidate, export_lerobot, import_lerobot
-(standard library only: the CLI stays fast)."""
+"""Configs of the commands that convert or check episode stores: consolidate, export_lerobot, import_lerobot,
+verify_store (standard library only: the CLI stays fast)."""
 
 from __future__ import annotations
 
@@ -82,3 +82,21 @@ class ImportLeRobotConfig:
     def __post_init__(self) -> None:
         if not self.src or not self.out:
             raise ValueError("--src (a LeRobot dataset directory) and --out (a zarr store) are required")
+
+
+@command("verify_store", "Check every episode of a store against its checksums: ok, damaged (array, why) or unverified.")
+@dataclass(frozen=True)
+class VerifyStoreConfig:
+    store: str = "runs/sim_rollout/episodes.zarr"
+    """Store to check: a zarr store, a sharded store root, a LeRobot v3.0 export or a directory of .npz episodes
+    (a path or file:///path). Exits 1 when anything is damaged; nothing is changed."""
+    show: int = 20
+    """Damaged and unverified episodes listed on the console (all of them in --json)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if not self.store:
+            raise ValueError("--store is required: the store to check")
+        if self.show < 0:
+            raise ValueError(f"--show must be >= 0, got {self.show}")

@@ -7,6 +7,7 @@ import sys
 from capsule_rollout.commands import registry
 from capsule_rollout.commands.cli import ConfigError, parse_config
 from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
+from capsule_rollout.stores.store_damage import StoreDamageError
 from capsule_rollout.stores.writer_lock import StoreLockedError
 
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, StoreLockedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except StoreDamageError as exc:  # recorded data that does not read back as written: not a usage error
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if json_path:
         path = write_json(json_path, result.summary)
         print(f"summary written to {path}")

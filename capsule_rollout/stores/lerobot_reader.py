@@ -22,14 +22,26 @@ import numpy as np
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores.episode import Episode, EpisodeMeta, validate_episode
+from capsule_rollout.stores.lerobot_checksums import DatasetChecksums
+from capsule_rollout.stores.store_damage import StoreDamageError, episode_label
 
 
 class LeRobotDatasetReader:
-    """Read-only view of a LeRobot v3.0 dataset directory; `episode(i)` is a validated `Episode`."""
+    """Read-only view of a LeRobot v3.0 dataset directory; `episode(i)` is a validated `Episode`.
+
+    A dataset `export_lerobot` wrote carries checksums (`stores.lerobot_checksums`): its metadata files are
+    checked on opening, each episode's frame columns and video files when it is read, and what differs or is
+    missing raises `StoreDamageError` naming the dataset, the episode and the feature or file.
+    """
 
     def __init__(self, root: str | os.PathLike, *, id_prefix: str | None = None) -> None:
         self.av, self.pa, self.pq, self.Image = F.require_optional()
         self.root = Path(root)
+        self.checksums = DatasetChecksums(self.root)
+        damaged = {rel: why for rel in (self.checksums.files or {}) if rel.startswith("meta/")
+                   and (why := self.checksums.check_file(rel)) is not None}
+        if damaged:
+            raise StoreDamageError(self.root, "every episode", damaged)
         info_path = self.root / F.INFO_PATH
         if not info_path.is_file():
             raise F.LeRobotFormatError(f"{self.root} is not a LeRobot dataset: it has no {F.INFO_PATH}")
@@ -57,16 +69,29 @@ class LeRobotDatasetReader:
         return len(self.rows)
 
     def episode_id(self, index: int) -> str:
-        row = self.rows[index]
+        return self._row_id(self.rows[index])
+
+    def _row_id(self, row: dict) -> str:
         return str(row.get(S.EPISODE_ID) or f"{self.id_prefix}-e{row[F.EPISODE_INDEX]:06d}")
+
+    def _damage(self, row: dict, problems: dict[str, str]) -> StoreDamageError:
+        return StoreDamageError(self.root, episode_label(self._row_id(row), row[F.EPISODE_INDEX]), problems)
 
     def episodes(self) -> Iterator[Episode]:
         for i in range(len(self)):
             yield self.episode(i)
 
+    @property
+    def verified(self) -> bool:
+        """Whether the dataset carries checksums its reads are checked against."""
+        return self.checksums.verified
+
     def episode(self, index: int) -> Episode:
         row = self.rows[index]
         columns, images = self._frames(row)
+        damaged = self.checksums.check_columns(row[F.EPISODE_INDEX], {**columns, **images})
+        if damaged:
+            raise self._damage(row, damaged)
         steps = self._steps(row, columns, images)
         return validate_episode(Episode(steps, self._meta(row, columns, index)))
 
@@ -101,13 +126,21 @@ class LeRobotDatasetReader:
             rows += table.select(keep).to_pylist()
         return sorted(rows, key=lambda r: r[F.EPISODE_INDEX])
 
+    def _data_file(self, row: dict) -> str:
+        return self.info["data_path"].format(chunk_index=row[F.DATA_CHUNK], file_index=row[F.DATA_FILE])
+
     def _frames(self, row: dict) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The episode's frame columns (numpy) and its camera images (T, H, W, 3) uint8."""
-        path = self.root / self.info["data_path"].format(chunk_index=row[F.DATA_CHUNK], file_index=row[F.DATA_FILE])
+        path = self.root / self._data_file(row)
+        if not path.is_file() and self.checksums.verified:
+            raise self._damage(row, {self._data_file(row): "the file is missing"})
         if self._data is None or self._data[0] != path:
-            table = self.pq.read_table(path)
-            self._data = (path, {name: self._column(table, name) for name in table.column_names
-                                 if self.features.get(name, {}).get("dtype") != "image"}, table)
+            try:
+                table = self.pq.read_table(path)
+                self._data = (path, {name: self._column(table, name) for name in table.column_names
+                                     if self.features.get(name, {}).get("dtype") != "image"}, table)
+            except (OSError, self.pa.ArrowException) as exc:  # a damaged parquet file
+                raise self._damage(row, {self._data_file(row): f"cannot be read ({type(exc).__name__}: {exc})"}) from exc
         _, data, table = self._data
         rows = np.flatnonzero(data[F.EPISODE_INDEX] == row[F.EPISODE_INDEX])
         order = rows[np.argsort(data[F.FRAME_INDEX][rows], kind="stable")] if F.FRAME_INDEX in data else rows
@@ -142,12 +175,18 @@ class LeRobotDatasetReader:
 
     def _video_frames(self, row: dict, key: str) -> np.ndarray:
         prefix = f"videos/{key}/"
-        path = self.root / self.info["video_path"].format(
+        rel = self.info["video_path"].format(
             video_key=key, chunk_index=row[prefix + "chunk_index"], file_index=row[prefix + "file_index"])
+        path, why = self.root / rel, self.checksums.check_file(rel)
+        if why is not None:
+            raise self._damage(row, {key: f"video {why}"})
         cursor = self._videos.setdefault(key, _VideoCursor(self.av, self.fps))
         first = round(row[prefix + "from_timestamp"] * self.fps)
-        frames = cursor.frames(path, first, first + row[F.LENGTH])
-        return frames
+        try:
+            return cursor.frames(path, first, first + row[F.LENGTH])
+        except self.av.FFmpegError as exc:  # a damaged video (checked above when the dataset has checksums)
+            cursor.close()
+            raise self._damage(row, {key: f"video {rel} cannot be decoded ({exc})"}) from exc
 
     # -- schema ---------------------------------------------------------------------
     def _steps(self, row: dict, columns: dict[str, np.ndarray], images: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

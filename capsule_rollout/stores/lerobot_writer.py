@@ -24,7 +24,9 @@ from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores import lerobot_stats
 from capsule_rollout.stores.episode import Episode
+from capsule_rollout.stores.lerobot_checksums import column_checksums, write_checksums
 from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.store_damage import StoreDamageError
 from capsule_rollout.stores.zarr_reader import EpisodeReader
 
 VIDEO_CODECS = ("h264", "libsvtav1", "hevc")  # LeRobot's software encoders (its own default is libsvtav1)
@@ -273,6 +275,7 @@ class LeRobotWriter:
         row.update(self._data.append(self._table(columns)))
         row.update({F.FROM_INDEX: self.frames, F.TO_INDEX: self.frames + T})
         row.update({name: getattr(meta, name) for name in F.EPISODE_EXTRAS})
+        row["_checksums"] = column_checksums(columns)  # PNG images included, as pixels
         row["_stats"] = {k: lerobot_stats.vector_stats(v) for k, v in columns.items()
                          if self.features[k]["dtype"] != "image"}
         for feature, hist in row.pop("_hists", {}).items():
@@ -361,6 +364,7 @@ class LeRobotWriter:
         stats.update({k: h.stats() for k, h in self._hists.items()})
         _write_json(self.root / F.STATS_PATH, {k: lerobot_stats.to_lists(v) for k, v in stats.items() if v is not None})
         _write_json(self.root / F.INFO_PATH, self.info())
+        write_checksums(self.root, [row["_checksums"] for row in self.rows])  # last: of every file above
         cameras = tuple(k[len(S.IMAGE_PREFIX):] for k in self._shapes if k.startswith(S.IMAGE_PREFIX))
         return ExportSummary(len(self.rows), self.frames, len(self.tasks), cameras, self.options.video, self.root)
 
@@ -388,7 +392,7 @@ class LeRobotWriter:
             where = F.chunk_file(first // F.EPISODES_PER_META_FILE)
             table_rows = []
             for row in self.rows[first:first + F.EPISODES_PER_META_FILE]:
-                out = {k: v for k, v in row.items() if k != "_stats"}
+                out = {k: v for k, v in row.items() if k not in ("_stats", "_checksums")}
                 out[F.META_CHUNK], out[F.META_FILE] = where["chunk_index"], where["file_index"]
                 for feature, stat in stat_columns:
                     value = row["_stats"].get(feature)
@@ -404,6 +408,8 @@ def open_store(path: str | os.PathLike) -> EpisodeReader:
     `LeRobotExportError` saying why it cannot be read."""
     try:
         reader = open_episode_reader(path)
+    except StoreDamageError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported the same way
         raise LeRobotExportError(
             f"cannot read {path} as an episode store ({type(exc).__name__}: {exc}); export reads the zarr "

@@ -1,14 +1,23 @@
-"""`.npz` episodes: one file per episode, written atomically, read without pickle."""
+"""`.npz` episodes: one file per episode, written atomically, read without pickle.
+
+An npz file is a zip archive, which keeps a CRC-32 of every array it holds: reading checks it, and
+an array that is missing, cannot be decompressed or differs raises `StoreDamageError`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tokenize
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode, EpisodeError, EpisodeMeta, validate_episode
+from capsule_rollout.stores.store_damage import StoreDamageError
 
 META_PREFIX = "meta."
 
@@ -46,14 +55,37 @@ class NpzRecorder:
         return sorted(p for p in self.directory.glob("*.npz") if not p.name.startswith("."))
 
 
+# what zipfile, zlib and numpy's header parser raise for a damaged file (a missing one stays FileNotFoundError)
+_DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, TypeError, SyntaxError, NotImplementedError,
+           tokenize.TokenError, OSError)
+_REQUIRED = [f.name for f in dataclasses.fields(EpisodeMeta) if f.default is dataclasses.MISSING]
+
+
 def read_npz_episode(path: str | os.PathLike) -> Episode:
-    """Load an episode written by `NpzRecorder` (`allow_pickle=False`)."""
-    with np.load(path, allow_pickle=False) as data:
-        steps = {k: data[k] for k in data.files if not k.startswith(META_PREFIX)}
-        fields = {}
-        for name, dtype in S.EPISODE_FIELDS.items():
-            if META_PREFIX + name not in data.files:  # written before the field existed: its default
-                continue
-            value = data[META_PREFIX + name][()]
-            fields[name] = str(value) if dtype.kind == "U" else value.item()
+    """Load an episode written by `NpzRecorder` (`allow_pickle=False`); a damaged file raises `StoreDamageError`."""
+    path = Path(path)
+    label = f"episode {path.stem!r}"
+    try:
+        data = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except _DAMAGE as exc:
+        raise StoreDamageError(path, label, {path.name: f"cannot be opened ({type(exc).__name__}: {exc})"}) from exc
+    with data:
+        values = {}
+        for key in data.files:
+            try:
+                values[key] = data[key]
+            except _DAMAGE as exc:
+                raise StoreDamageError(path, label, {key: f"cannot be read ({type(exc).__name__}: {exc})"}) from exc
+    steps = {k: v for k, v in values.items() if not k.startswith(META_PREFIX)}
+    fields = {}
+    for name, dtype in S.EPISODE_FIELDS.items():
+        if META_PREFIX + name not in values:  # written before the field existed: its default
+            continue
+        value = values[META_PREFIX + name][()]
+        fields[name] = str(value) if dtype.kind == "U" else value.item()
+    missing = [name for name in _REQUIRED if name not in fields]
+    if missing:
+        raise StoreDamageError(path, label, {META_PREFIX + name: "the array is missing" for name in missing})
     return Episode(steps, EpisodeMeta(**fields))

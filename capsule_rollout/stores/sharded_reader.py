@@ -11,6 +11,7 @@ complete episode at that index, with that id and length; every shard has the sam
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,25 +27,29 @@ from capsule_rollout.stores.sharded_store import (
     parse_store_root,
     shard_path,
 )
+from capsule_rollout.stores.store_damage import EpisodeCheck
 from capsule_rollout.stores.zarr_reader import EpisodeReader, ZarrEpisodeReader
 
 
-def open_episode_reader(location: str | os.PathLike) -> EpisodeReader:
-    """A reader of the store at `location` (a path or file:// URL): a sharded store root or a single zarr store."""
+def open_episode_reader(location: str | os.PathLike, *, verify: bool = True) -> EpisodeReader:
+    """A reader of the store at `location` (a path or file:// URL): a sharded store root or a single zarr store.
+    Reads are checked against the episodes' checksums (`verify=False`: not)."""
     root = parse_store_root(location)
     if is_sharded_store(root):
-        return ShardedEpisodeReader(root)
+        return ShardedEpisodeReader(root, verify=verify)
     if not (root / ".zgroup").exists():
         raise FileNotFoundError(f"{root} is not an episode store: not a zarr store (no .zgroup) and not a sharded "
                                 f"store root (no {MANIFEST_FILE})")
-    return ZarrEpisodeReader(root)
+    return ZarrEpisodeReader(root, verify=verify)
 
 
 class ShardedEpisodeReader(EpisodeReader):
-    """Read-only view of a sharded store's committed episodes, in manifest order."""
+    """Read-only view of a sharded store's committed episodes, in manifest order; reads are checked against the
+    checksums of the shards' episodes (`ZarrEpisodeReader`), a damaged one raises `StoreDamageError`."""
 
-    def __init__(self, location: str | os.PathLike) -> None:
+    def __init__(self, location: str | os.PathLike, *, verify: bool = True) -> None:
         self.path = parse_store_root(location)
+        self._verify = verify
         self.entries: tuple[ManifestEntry, ...] = manifest_entries(self.path)
         self._shards: dict[str, ZarrEpisodeReader] = {}
         self._shard_ids: dict[str, list[str]] = {}
@@ -69,7 +74,7 @@ class ShardedEpisodeReader(EpisodeReader):
             if not (path / ".zgroup").exists():
                 raise ManifestError(f"{where}, but {path} is missing: copy the shard back into {SHARDS_DIR}/ (the "
                                     "store was moved or copied without it?); nothing in the store was changed")
-            shard = self._shards[entry.shard] = ZarrEpisodeReader(path)
+            shard = self._shards[entry.shard] = ZarrEpisodeReader(path, verify=self._verify)
             self._shard_ids[entry.shard] = shard.episode_ids
         if entry.index >= len(shard):
             raise ManifestError(f"{where}, but that shard holds {len(shard)} complete episodes (was it replaced, "
@@ -107,6 +112,28 @@ class ShardedEpisodeReader(EpisodeReader):
     @property
     def episode_ids(self) -> list[str]:
         return [e.episode_id for e in self.entries]
+
+    def verified(self, index: int) -> bool:
+        """Whether episode `index` has checksums its reads are checked against."""
+        i = self._index(index)
+        return self._shards[self.entries[i].shard].verified(self.entries[i].index)
+
+    def check(self, first: int, last: int) -> list[EpisodeCheck]:
+        """The verdict on episodes first..last (`ZarrEpisodeReader.check` on their shards, a run of consecutive
+        episodes of one shard at a time)."""
+        out: list[EpisodeCheck] = []
+        i = first
+        while i <= last:
+            shard, lo = self.entries[i].shard, self.entries[i].index
+            j = i
+            while j < last and self.entries[j + 1].shard == shard and self.entries[j + 1].index == lo + j + 1 - i:
+                j += 1
+            where = shard_path(self.path, shard).relative_to(self.path)
+            for k, found in enumerate(self._shards[shard].check(lo, lo + j - i)):
+                problems = {f"{where}/{array}": why for array, why in found.problems.items()}
+                out.append(dataclasses.replace(found, index=i + k, problems=problems))
+            i = j + 1
+        return out
 
     def meta(self, index: int) -> EpisodeMeta:
         i = self._index(index)

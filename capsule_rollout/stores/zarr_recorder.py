@@ -32,6 +32,7 @@ import numcodecs
 import numpy as np
 import zarr
 
+from capsule_rollout.stores import checksums as C
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode, EpisodeError, validate_episode
 from capsule_rollout.stores.writer_lock import WriterLock
@@ -79,8 +80,10 @@ class ZarrRecorder:
     caller, so a bad episode raises at once and never reaches the store.
     """
 
-    def __init__(self, path: str | os.PathLike, *, max_pending: int = 256, batch_window: float = 0.5) -> None:
+    def __init__(self, path: str | os.PathLike, *, max_pending: int = 256, batch_window: float = 0.5,
+                 checksums: bool = True) -> None:
         self.path = Path(path)
+        self.checksums = checksums  # False: episodes recorded unverified (`NO_CHECKSUM`), to measure their cost
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = WriterLock(self.path, "zarr store")  # a second writer is refused, naming this one
         try:
@@ -101,6 +104,8 @@ class ZarrRecorder:
         self.repair_report = self._repair()
         self._data_keys = {k for k, _ in self._data.arrays()}
         self._meta_keys = {k for k, _ in self._meta.arrays()}
+        # the checksum columns of the store (None: it has no checksums yet)
+        self._sum_columns = C.columns_of(self._meta[C.ARRAY].attrs) if C.ARRAY in self._meta_keys else None
         self._n_episodes = self.repair_report.episodes
         self._n_steps = int(self._meta[ENDS][self._n_episodes - 1]) if self._n_episodes else 0
         self._keys: dict[str, tuple] | None = (
@@ -262,15 +267,20 @@ class ZarrRecorder:
                                         compressors=_compressor(dtype))
                 self._shapes.adopt([f"meta/{name}"])
                 self._meta_keys.add(name)
+        if self.checksums and self._sum_columns is None:
+            self._create_checksum_array([C.META, *sorted(episodes[0].steps)], n)
         writes = [
             (self._array(self._data, key), start, np.concatenate([ep.steps[key] for ep in episodes]))
             for key in episodes[0].steps
         ]
-        writes += [
-            (self._array(self._meta, name), n, np.array([getattr(ep.meta, name) for ep in episodes], dtype=dtype))
-            for name, dtype in S.EPISODE_FIELDS.items()
-        ]
-        for future in [self._pool.submit(write_rows, *w) for w in writes]:
+        fields = {name: np.array([getattr(ep.meta, name) for ep in episodes], dtype=dtype)
+                  for name, dtype in S.EPISODE_FIELDS.items()}
+        writes += [(self._array(self._meta, name), n, values) for name, values in fields.items()]
+        futures = [self._pool.submit(write_rows, *w) for w in writes]
+        if self._sum_columns is not None:  # hashed on this thread while the pool compresses and writes
+            futures.append(self._pool.submit(write_rows, self._array(self._meta, C.ARRAY), n,
+                                             self._checksum_rows(episodes, fields)))
+        for future in futures:
             future.result()  # re-raises a failed write before anything is committed
         self._commit(n, start + np.cumsum([ep.length for ep in episodes]))
         self._n_episodes, self._n_steps = n + k, start + total
@@ -284,7 +294,32 @@ class ZarrRecorder:
         shapes = {f"data/{key}": (n_steps, *self._array(self._data, key).shape[1:]) for key in self._data_keys}
         shapes.update({f"meta/{name}": (n,) for name in S.EPISODE_FIELDS})
         shapes[f"meta/{ENDS}"] = (n,)
+        if self._sum_columns is not None:
+            shapes[f"meta/{C.ARRAY}"] = (n, len(self._sum_columns))
         self._shapes.commit(shapes)
+
+    def _checksum_rows(self, episodes: list[Episode], fields: dict[str, np.ndarray]) -> np.ndarray:
+        """The batch's rows of `meta/checksums`: each episode's step arrays as written (the bytes in hand) and its
+        fields as stored; `NO_CHECKSUM` where this recorder writes none."""
+        rows = np.full((len(episodes), len(self._sum_columns)), C.NO_CHECKSUM, np.int64)
+        if not self.checksums:
+            return rows
+        for j, episode in enumerate(episodes):
+            for c, column in enumerate(self._sum_columns):
+                if column == C.META:
+                    rows[j, c] = C.episode_meta_checksum({name: values[j] for name, values in fields.items()})
+                elif column in episode.steps:
+                    rows[j, c] = C.checksum(episode.steps[column])
+        return rows
+
+    def _create_checksum_array(self, columns: list[str], n: int) -> None:
+        """`meta/checksums`, `NO_CHECKSUM` for the n episodes already in the store (recorded without)."""
+        self._meta.create_array(C.ARRAY, shape=(n, len(columns)), chunks=(META_CHUNK, len(columns)), dtype=np.int64,
+                                fill_value=C.NO_CHECKSUM, compressors=_compressor(np.dtype(np.int64)),
+                                attributes=C.attributes(columns))
+        self._shapes.adopt([f"meta/{C.ARRAY}"])
+        self._meta_keys.add(C.ARRAY)
+        self._sum_columns = columns
 
     def _create_data_array(self, key: str, values: np.ndarray):
         row_bytes = values[0].nbytes if len(values) else 1
@@ -315,6 +350,10 @@ class ZarrRecorder:
         dropped_meta = max((a.shape[0] - n for a in meta.values()), default=0)
         shapes = {f"data/{k}": (n_steps, *a.shape[1:]) for k, a in data.items() if a.shape[0] != n_steps}
         shapes.update({f"meta/{k}": (n,) for k, a in meta.items() if a.shape[0] != n})
+        sums = meta_all.get(C.ARRAY)  # cut like the rest; unverified rows where a writer added none
+        if sums is not None and sums.shape[0] != n:
+            write_rows(sums, sums.shape[0], np.full((max(0, n - sums.shape[0]), sums.shape[1]), C.NO_CHECKSUM, np.int64))
+            shapes[f"meta/{C.ARRAY}"] = (n, sums.shape[1])
         if meta_all[ENDS].shape[0] != n:
             shapes[f"meta/{ENDS}"] = (n,)
         if shapes:

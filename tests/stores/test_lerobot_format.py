@@ -15,6 +15,7 @@ av = pytest.importorskip("av")
 from capsule_rollout.stores import episode_schema as S  # noqa: E402
 from capsule_rollout.stores import lerobot_format as F  # noqa: E402
 from capsule_rollout.stores.episode import Episode  # noqa: E402
+from capsule_rollout.stores.lerobot_checksums import CHECKSUMS_PATH  # noqa: E402
 from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader  # noqa: E402
 from capsule_rollout.stores.lerobot_stats import STAT_KEYS, ImageHistogram, vector_stats  # noqa: E402
 from capsule_rollout.stores.lerobot_writer import (  # noqa: E402
@@ -239,6 +240,7 @@ def test_reader_fills_what_a_lerobot_made_dataset_lacks(store, tmp_path):
     """A dataset with only LeRobot's own columns (plus next.reward) reads with the schema's empty values."""
     root = tmp_path / "ds"
     export(store, root, video=True)
+    (root / CHECKSUMS_PATH).unlink()  # LeRobot's own datasets carry none (else the edits below are damage)
     extras = [*F.STEP_EXTRAS, F.WALL_TIME]
     data_path = root / "data/chunk-000/file-000.parquet"
     data = pq.read_table(data_path)

@@ -1,0 +1,143 @@
+"""Damaged LeRobot v3.0 exports and npz episodes: a flipped bit in each file of an export (frames, video,
+episode table), a missing video or data file, a flipped bit anywhere in an npz episode. Every read of a
+damaged episode is refused with `StoreDamageError` naming the dataset (or file), the episode and the
+feature or array; nothing reads back silently wrong; `verify_store` reports it and exits 1. An export
+without its checksum sidecar (a dataset made by LeRobot's own tools) reads unverified.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from capsule_rollout.experiments.run import main
+from capsule_rollout.stores.npz_recorder import NpzRecorder, read_npz_episode
+from capsule_rollout.stores.store_damage import StoreDamageError
+from tests.reliability.store_damage import copy, episode, flip_bit, offsets, same_episode
+
+FLIPS = 12
+
+
+def read_all(reader_of, root, reference: list) -> list[tuple[str, object]]:
+    """("same" | "refused" | "wrong", detail) per reference episode (what the undamaged copy reads)."""
+    try:
+        reader = reader_of(root)
+    except Exception as exc:  # noqa: BLE001 - the refusal is the result
+        return [("refused", exc)] * len(reference)
+    out = []
+    for i, want in enumerate(reference):
+        try:
+            got = reader.episode(i)
+        except Exception as exc:  # noqa: BLE001
+            out.append(("refused", exc))
+            continue
+        out.append(("same", None) if same_episode(got, want) else ("wrong", i))
+    reader.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("av")
+    from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader
+    from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot
+
+    base = tmp_path_factory.mktemp("lerobot")
+    episodes = [episode(i) for i in range(3)]
+    out = {}
+    for name, video in (("video", True), ("images", False)):
+        root = export_lerobot(episodes, base / name, LeRobotWriterOptions(fps=10, video=video)).root
+        reader = LeRobotDatasetReader(root)
+        out[name] = (root, [reader.episode(i) for i in range(3)])
+        reader.close()
+    return out
+
+
+def _reader(root):
+    from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader
+
+    return LeRobotDatasetReader(root)
+
+
+FILES = {  # file of the export -> what a refusal names (a feature, or the file itself)
+    "video": ["data/chunk-000/file-000.parquet", "videos/observation.images.front/chunk-000/file-000.mp4",
+              "meta/episodes/chunk-000/file-000.parquet", "meta/info.json", "meta/tasks.parquet"],
+    "images": ["data/chunk-000/file-000.parquet", "meta/episodes/chunk-000/file-000.parquet"],
+}
+
+
+@pytest.mark.parametrize("kind,file", [(k, f) for k, files in FILES.items() for f in files])
+def test_a_flipped_bit_in_any_file_of_an_export_is_refused(exports, tmp_path, kind, file, report):
+    root, reference = exports[kind]
+    counts, named = Counter(), 0
+    for offset in offsets(root / file, FLIPS):
+        damaged = copy(root, tmp_path / f"flip{offset}")
+        flip_bit(damaged / file, offset, bit=offset % 8)
+        outcomes = read_all(_reader, damaged, reference)
+        counts.update(kind for kind, _ in outcomes)
+        for outcome, err in outcomes:
+            if outcome == "refused":
+                assert isinstance(err, StoreDamageError) and str(damaged) in str(err), err
+                assert "episode" in str(err) and err.problems, err
+                named += 1
+    report.add("store damage: LeRobot exports and npz episodes", bit_flips=len(offsets(root / file, FLIPS)),
+               reads_tried=sum(counts.values()), refused_naming_dataset_episode_feature=named,
+               read_as_recorded=counts["same"], silently_wrong=counts["wrong"])
+    assert counts["wrong"] == 0 and counts["refused"] > 0, counts
+
+
+@pytest.mark.parametrize("file,feature", [("videos/observation.images.front/chunk-000/file-000.mp4",
+                                           "observation.images.front"),
+                                          ("data/chunk-000/file-000.parquet", "data/chunk-000/file-000.parquet")])
+def test_a_missing_file_of_an_export_is_refused_as_missing_and_reported(exports, tmp_path, file, feature, report):
+    root, reference = exports["video"]
+    damaged = copy(root, tmp_path / "ds")
+    (damaged / file).unlink()
+    outcomes = read_all(_reader, damaged, reference)
+    named = sum(o == "refused" and isinstance(e, StoreDamageError) and feature in e.problems and "missing" in str(e)
+                and f"'ep-0000{i}'" in str(e) for i, (o, e) in enumerate(outcomes))
+    assert named == 3, outcomes
+    assert main(["verify_store", "--store", str(damaged), "--no-progress", "--json", str(tmp_path / "v.json")]) == 1
+    found = json.loads((tmp_path / "v.json").read_text())
+    assert found["damaged"] == 3 and "missing" in found["store_problems"][file]
+    report.add("store damage: LeRobot exports and npz episodes", reads_tried=len(outcomes),
+               refused_naming_dataset_episode_feature=named, read_as_recorded=0, silently_wrong=0)
+
+
+def test_verify_store_on_an_export_and_one_without_checksums(exports, tmp_path, report):
+    root, _ = exports["images"]
+    assert main(["verify_store", "--store", str(root), "--no-progress", "--json", str(tmp_path / "v.json")]) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["ok"] == 3
+    foreign = copy(root, tmp_path / "foreign")
+    (foreign / "meta/checksums.json").unlink()  # what LeRobot's own tools write: no sidecar
+    assert main(["verify_store", "--store", str(foreign), "--no-progress", "--json", str(tmp_path / "v.json")]) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["unverified"] == 3
+    report.add("store damage: stores without checksums", stores=1, episodes_read=3, reported_unverified=3)
+
+
+def test_a_flipped_bit_anywhere_in_an_npz_episode_is_refused(tmp_path, report):
+    recorder = NpzRecorder(tmp_path / "npz")
+    source = episode(1)
+    path = recorder.write(source)
+    raw = path.read_bytes()
+    counts, named, refused_at = Counter(), 0, []
+    for offset in offsets(path, 200):
+        path.write_bytes(raw)
+        flip_bit(path, offset, bit=offset % 8)
+        try:
+            got = read_npz_episode(path)
+            counts["same" if same_episode(got, source) else "wrong"] += 1
+        except StoreDamageError as exc:
+            counts["refused"] += 1
+            refused_at.append(offset)
+            named += str(path) in str(exc) and "'ep-00001'" in str(exc) and bool(exc.problems)
+    report.add("store damage: LeRobot exports and npz episodes", bit_flips=sum(counts.values()),
+               reads_tried=sum(counts.values()), refused_naming_dataset_episode_feature=named,
+               read_as_recorded=counts["same"], silently_wrong=counts["wrong"])
+    assert counts["wrong"] == 0 and named == counts["refused"] > 0, counts
+    path.write_bytes(raw)
+    flip_bit(path, refused_at[len(refused_at) // 2], bit=refused_at[len(refused_at) // 2] % 8)
+    assert main(["verify_store", "--store", str(path.parent), "--no-progress"]) == 1
