@@ -1,4 +1,5 @@
-"""verify_capsule: the bit-exactness report for every capsule-bearing component."""
+"""verify_capsule: the bit-exactness report for every capsule-bearing component; with `--env`, that env's
+adapter under the harness's checks and in the scenarios rollouts put it through (`envs.env_scenarios`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from capsule_rollout.capsules import Steppable, VerifyReport, digest_backend, ve
 from capsule_rollout.capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
 from capsule_rollout.commands.configs import VerifyCapsuleConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
+from capsule_rollout.envs.env_scenarios import SCENARIOS, ScenarioReport, verify_scenarios
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.models.checkpoint import META_FILE
@@ -78,12 +80,31 @@ def report_table(reports: list[VerifyReport]) -> Table:
     return table
 
 
+def scenario_table(report: ScenarioReport) -> Table:
+    table = Table(title=f"{escape(report.env)} as rollouts use its capsule")
+    for col in ("scenario", "bit_exact", "first divergence"):
+        table.add_column(col)
+    for name in SCENARIOS:
+        ok = report.checks.get(name)
+        why = report.errors.get(name) or report.divergences.get(name) or "-"
+        table.add_row(name, "[green]yes[/]" if ok else "[red]NO[/]", escape(why))
+    for name, why in report.errors.items():
+        if name not in SCENARIOS:
+            table.add_row(name, "[red]NO[/]", escape(why))
+    return table
+
+
 def run(config: VerifyCapsuleConfig) -> ExperimentResult:
     with checking_inputs():
         factories = targets(config)
     reports = [verify_steppable(f, steps=config.steps, warmup=config.warmup, seed=config.seed) for f in factories]
     make_console().print(report_table(reports))
     all_exact = all(r.bit_exact for r in reports)
+    scenarios = None
+    if config.env:
+        scenarios = verify_scenarios(config.env, cameras=config.cameras, seed=config.seed, steps=config.steps)
+        make_console().print(scenario_table(scenarios))
+        all_exact &= scenarios.ok
     components = [
         {k: v for k, v in r.to_json().items() if k in ("name", "bit_exact", "max_abs_diff", "cosine", "capsule_bytes")}
         | {"device": r.device, "checks": r.checks, "failures": r.failures}
@@ -93,5 +114,7 @@ def run(config: VerifyCapsuleConfig) -> ExperimentResult:
     backends = {d: digest_backend(d).to_json() for d in _devices(config)}
     for device, choice in backends.items():
         make_console().print(f"digests on {device}: {choice['backend']} ({escape(choice['reason'])})")
-    return ExperimentResult({"components": components, "all_bit_exact": all_exact, "digest_backends": backends},
-                            exit_code=0 if all_exact else 1)
+    summary = {"components": components, "all_bit_exact": all_exact, "digest_backends": backends}
+    if scenarios is not None:
+        summary["scenarios"] = scenarios.to_json()
+    return ExperimentResult(summary, exit_code=0 if all_exact else 1)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from capsule_rollout.capsules import Arena, restore, snapshot, verify_steppable
+from capsule_rollout.envs.env_scenarios import verify_scenarios
 from capsule_rollout.envs.suites import SUITES, SuiteUnavailableError, expert_for, make_env
 
 pytestmark = pytest.mark.slow
@@ -32,6 +33,8 @@ def test_verify_bit_exact(env_id):
     _need(env_id.split(":")[0])
     report = verify_steppable(lambda: MujocoCapsuleSteppable(env_id), steps=6, warmup=3)
     assert report.bit_exact, report.failures
+    scenarios = verify_scenarios(env_id, steps=6)  # as rollouts use the capsule (a fresh process included)
+    assert scenarios.ok, scenarios.failures()
 
 
 def test_metaworld_seed_instruction_expert():

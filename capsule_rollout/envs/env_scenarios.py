@@ -1,0 +1,222 @@
+"""An env's capsule checked the way rollouts use it (`verify_capsule --env`), beside the harness's generic checks.
+
+Each scenario takes a capsule at one point, plays the same actions from it twice and compares every output bit
+for bit: the observation arrays (images included), the reward, `terminated` and the whole of MjData's buffer.
+
+- `after_reset`: the capsule taken right after `reset(seed)` (what every rollout's first reset saves), restored
+  after the env was played elsewhere;
+- `other_seed`: restored after a `reset()` to another seed (an actor's next episode);
+- `many_restores`: restored and played `restores` times in a row;
+- `fresh_process`: written to a file and restored into an env built from scratch in another process (what a Ray
+  actor does with a capsule another actor saved).
+
+A failed scenario names the first output that differs: the step, the observation key or MjData field and the
+element, with both values.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mujoco
+import numpy as np
+
+from capsule_rollout.capsules import Arena, load_capsule, restore, save_capsule, snapshot
+from capsule_rollout.envs.mujoco_capture import mjdata_buffer
+
+SCENARIOS = ("after_reset", "other_seed", "many_restores", "fresh_process")
+
+
+@dataclass
+class ScenarioReport:
+    env: str
+    checks: dict[str, bool] = field(default_factory=dict)
+    divergences: dict[str, str] = field(default_factory=dict)  # scenario -> the first output that differs
+    errors: dict[str, str] = field(default_factory=dict)  # scenario -> what raised
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(self.checks.values()) and not self.errors
+
+    def failures(self) -> list[str]:
+        out = [f"{name}: {self.divergences.get(name, 'differs')}" for name, ok in self.checks.items() if not ok]
+        return out + [f"{name}: {why}" for name, why in self.errors.items()]
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"ok": self.ok}
+
+
+def mjdata_fields(data: mujoco.MjData, start: int, size: int) -> list[tuple[int, int, str, int]]:
+    """(byte offset, bytes, field name, element size) of every MjData array inside its buffer, by offset."""
+    out = []
+    for name in dir(data):
+        if name.startswith("_"):
+            continue
+        try:
+            arr = getattr(data, name)
+        except Exception:  # noqa: BLE001 - a property that cannot be read here is no array of the buffer
+            continue
+        if isinstance(arr, np.ndarray) and arr.nbytes and start <= arr.ctypes.data < start + size:
+            out.append((arr.ctypes.data - start, arr.nbytes, name, arr.itemsize))
+    return sorted(out)
+
+
+def _buffer(env) -> tuple[int, int] | None:
+    """Address and size of the env's MjData buffer (None: the env shows no MjData)."""
+    data = getattr(env, "data", None)
+    return mjdata_buffer(data) if isinstance(data, mujoco.MjData) else None
+
+
+def _outputs(env, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
+    """Play `actions` from the env's state: per step, every observation array, reward, terminated, MjData."""
+    import ctypes
+
+    where, steps = _buffer(env), []
+    for action in actions:
+        obs, reward, terminated, _, _ = env.step(action)
+        out = {f"obs.{k}": np.asarray(v) for k, v in obs.items()}
+        out["reward"], out["terminated"] = np.float64(reward), np.bool_(terminated)
+        if where is not None:
+            buffer = np.empty(where[1], np.uint8)
+            ctypes.memmove(buffer.ctypes.data, where[0], buffer.nbytes)
+            out["mjdata"] = buffer
+        steps.append(out)
+    return steps
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise bit equality (NaN-safe) of two flat arrays of one dtype."""
+    if a.dtype == np.bool_ or a.dtype.itemsize not in (1, 2, 4, 8):  # flags, text (a prompt)
+        return a == b
+    bits = np.dtype(f"u{a.itemsize}")
+    return np.ascontiguousarray(a).view(bits) == np.ascontiguousarray(b).view(bits)
+
+
+def first_divergence(ref: list[dict], got: list[dict], fields: list[tuple[int, int, str, int]]) -> str | None:
+    """The first output of `got` that is not bit-identical to `ref`'s (None: all are): step, key, element."""
+    for step, (r, g) in enumerate(zip(ref, got)):
+        physics_same = "mjdata" in r and "mjdata" in g and bool(np.all(_same(r["mjdata"], g["mjdata"])))
+        for key in sorted(r, key=lambda k: k != "mjdata"):  # the physics first: a cause, not an effect
+            a, b = np.asarray(r[key]).reshape(-1), np.asarray(g.get(key)).reshape(-1)
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return f"step {step} {key}: {a.size} {a.dtype} values vs {b.size} {b.dtype}"
+            differ = np.flatnonzero(~_same(a, b))
+            if not differ.size:
+                continue
+            i = int(differ[0])
+            if key != "mjdata":
+                where = " (MjData identical: state kept outside MjData)" if physics_same else ""
+                return f"step {step} {key}[{i}]: {a[i]!r} vs {b[i]!r}{where}"
+            for offset, nbytes, name, itemsize in fields:
+                if offset <= i < offset + nbytes:
+                    dtype = {8: np.float64, 4: np.int32, 1: np.uint8}.get(itemsize, np.uint8)
+                    x, y = (np.frombuffer(v[offset:offset + nbytes].tobytes(), dtype) for v in (a, b))
+                    k = (i - offset) // x.itemsize
+                    return f"step {step} MjData.{name}[{k}]: {x[k]!r} vs {y[k]!r}"
+            return f"step {step} MjData byte {i} (between its arrays)"
+    if len(ref) != len(got):
+        return f"{len(got)} steps played, {len(ref)} expected"
+    return None
+
+
+def _actions(env, steps: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    low, high = env.action_space.low, env.action_space.high
+    return (low + rng.random((steps, *low.shape)) * (high - low)).astype(env.action_space.dtype)
+
+
+def verify_scenarios(env_id: str, *, cameras: tuple[str, ...] | None = None, image_size: int = 64, seed: int = 0,
+                     steps: int = 8, restores: int = 5) -> ScenarioReport:
+    """Every scenario on env `env_id` (a registered id or import path); never raises for a failed check."""
+    from capsule_rollout.envs.suites import make_env
+
+    report = ScenarioReport(env_id)
+    env = make_env(env_id, cameras=cameras, image_size=image_size)
+    try:
+        arena = Arena([env]).allocate()
+        where = _buffer(env)
+        fields = mjdata_fields(env.data, *where) if where is not None else []
+        actions, other = _actions(env, steps, seed + 1), _actions(env, steps, seed + 2)
+        try:
+            env.reset(seed=seed)
+            capsule = snapshot(arena, label=f"after-reset:{env_id}", step=0)
+            reference = _outputs(env, actions)
+        except Exception as exc:  # noqa: BLE001 - a report says what broke
+            report.errors["reset_and_play"] = f"{type(exc).__name__}: {exc}"
+            return report
+
+        def check(name: str, got: list[dict]) -> None:
+            why = first_divergence(reference, got, fields)
+            report.checks[name] = why is None
+            if why is not None:
+                report.divergences[name] = why
+
+        def scenario(name: str, play) -> None:
+            try:
+                play()
+            except Exception as exc:  # noqa: BLE001 - a report says what broke
+                report.errors[name] = f"{type(exc).__name__}: {exc}"
+
+        def after_reset() -> None:
+            _outputs(env, other)  # played elsewhere first
+            restore(arena, capsule)
+            check("after_reset", _outputs(env, actions))
+
+        def other_seed() -> None:
+            env.reset(seed=seed + 1000)
+            _outputs(env, other[: steps // 2])
+            restore(arena, capsule)
+            check("other_seed", _outputs(env, actions))
+
+        def many_restores() -> None:
+            worst = None
+            for _ in range(restores):
+                restore(arena, capsule)
+                worst = worst or first_divergence(reference, _outputs(env, actions), fields)
+            report.checks["many_restores"] = worst is None
+            if worst is not None:
+                report.divergences["many_restores"] = worst
+
+        def fresh_process() -> None:
+            with tempfile.TemporaryDirectory() as tmp:
+                path, acts, out = Path(tmp) / "c.capsule", Path(tmp) / "a.npy", Path(tmp) / "out.npz"
+                save_capsule(capsule, path)
+                np.save(acts, actions)
+                args = json.dumps({"env": env_id, "cameras": cameras, "image_size": image_size, "capsule": str(path),
+                                   "actions": str(acts), "out": str(out)})
+                done = subprocess.run([sys.executable, "-m", __name__, args], capture_output=True, text=True,
+                                      timeout=600)
+                if done.returncode != 0:
+                    tail = (done.stderr.strip().splitlines() or ["(nothing printed)"])[-1]
+                    raise RuntimeError(f"the fresh process failed (exit {done.returncode}): {tail}")
+                with np.load(out) as z:
+                    got = [{k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(f"{i}/")} for i in range(steps)]
+                check("fresh_process", got)
+
+        for name, play in zip(SCENARIOS, (after_reset, other_seed, many_restores, fresh_process)):
+            scenario(name, play)
+    finally:
+        env.close()
+    return report
+
+
+def _play_in_this_process(args: dict) -> None:
+    """The fresh process: build the env from scratch, restore the capsule file, play the actions, save outputs."""
+    from capsule_rollout.envs.suites import make_env
+
+    env = make_env(args["env"], cameras=tuple(args["cameras"]) if args["cameras"] else None,
+                   image_size=args["image_size"])
+    arena = Arena([env]).allocate()
+    restore(arena, load_capsule(args["capsule"]))
+    outputs = _outputs(env, np.load(args["actions"]))
+    np.savez(args["out"], **{f"{i}/{k}": v for i, step in enumerate(outputs) for k, v in step.items()})
+    env.close()
+
+
+if __name__ == "__main__":
+    _play_in_this_process(json.loads(sys.argv[1]))
