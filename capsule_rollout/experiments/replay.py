@@ -10,17 +10,19 @@ actions, proposed actions, values, states and images are compared with the recor
 from __future__ import annotations
 
 from capsule_rollout.commands.configs import ReplayConfig
-from capsule_rollout.commands.result import ExperimentResult
+from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
-from capsule_rollout.rollout.record import replay_episode
+from capsule_rollout.rollout.record import play_replay, prepare_replay
 from capsule_rollout.stores.sharded_store import parse_store_root
 
 
 def run(config: ReplayConfig) -> ExperimentResult:
     console = make_console()
-    if not config.episode:
-        raise ValueError("--episode is required: an episode id in the store (e.g. pick_place-s1000000)")
-    report = replay_episode(parse_store_root(config.store), config.episode, config.capsules or None)
+    with checking_inputs():  # a missing store, episode, spec or capsule: one line, exit 2
+        if not config.episode:
+            raise ValueError("--episode is required: an episode id in the store (e.g. pick_place-s1000000)")
+        inputs = prepare_replay(parse_store_root(config.store), config.episode, config.capsules or None)
+    report = play_replay(inputs)
     console.print(f"replay {report.episode_id} (seed {report.seed}, {report.length} steps, {report.stop_reason}): "
                   + ("[green]bit-identical[/green]" if report.exact else
                      "[red]DIFFERS[/red] in " + ", ".join(k for k, ok in report.checks.items() if not ok)))

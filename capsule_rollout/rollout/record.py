@@ -120,10 +120,27 @@ class ReplayReport:
     stop_reason: str
 
 
+@dataclass
+class ReplayInputs:
+    """What a replay needs, read and checked before anything is built (`prepare_replay`)."""
+
+    spec: HostSpec
+    recorded: object  # the recorded Episode
+    capsule: object  # its initial Capsule
+
+
 def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None = None) -> ReplayReport:
     """Re-run a recorded episode from its initial capsule on a host rebuilt from the run's `rollout.json`, and
     compare actions, proposed actions, values, states, rewards, subtasks and images with the recording. `run`:
     the run directory or its store (`<run>/episodes.zarr`)."""
+    return play_replay(prepare_replay(run, episode_id, capsules))
+
+
+def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None = None) -> ReplayInputs:
+    """Read and check a replay's inputs: the store, the episode, the run's spec, the initial capsule (ValueError
+    or FileNotFoundError naming what is missing)."""
+    if not episode_id:
+        raise ValueError("give the episode to replay: an episode id in the store (e.g. pick_place-s1000000)")
     store = Path(run) / STORE if (Path(run) / STORE).exists() else Path(run)
     reader = open_episode_reader(store)
     ids = reader.episode_ids
@@ -136,13 +153,21 @@ def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None
     path = capsule_path(capsules or store.parent / CAPSULES, meta.task, meta.seed)
     if not path.exists():
         raise FileNotFoundError(f"initial capsule {path} not found (a recorded run saves one per seed)")
-    capsule = load_capsule(path)
+    return ReplayInputs(spec, recorded, load_capsule(path))
+
+
+def play_replay(inputs: ReplayInputs) -> ReplayReport:
+    """Play the prepared episode again and compare it with the recording."""
+    spec, recorded, capsule = inputs.spec, inputs.recorded, inputs.capsule
+    meta = recorded.meta
     host = build_host(spec)
     try:
         host.store.put(capsule_key(meta.task, meta.seed), capsule, pin=True)
         result = host.run_episode(meta.seed, episode_id=meta.episode_id, attempt=meta.attempt, repeat=meta.repeat)
     finally:
         host.close()
+    if result.episode is None:  # it failed before its first step: say why, not a missing attribute
+        raise RuntimeError(f"replaying {meta.episode_id} failed before its first step: {result.error}")
     replayed = result.episode
     checks: dict[str, bool] = {"length": replayed.meta.length == meta.length,
                                "stop_reason": replayed.meta.stop_reason == meta.stop_reason,

@@ -230,3 +230,11 @@ def test_a_run_spec_written_by_an_earlier_version_still_reads(tmp_path):
     for family, env in (("stack", "tabletop:stack"), ("all", "tabletop:*")):
         (tmp_path / "rollout.json").write_text(json.dumps({**data, "env": "", "family": family}))
         assert read_spec(tmp_path).env == env
+
+
+def test_replay_with_bad_inputs_is_one_line(tmp_path, capsys):
+    assert main(["replay", "--store", str(tmp_path / "none.zarr"), "--episode", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "is not an episode store" in err and "Traceback" not in err
+    assert main(["replay", "--store", str(tmp_path / "none.zarr")]) == 2
+    assert "--episode is required" in capsys.readouterr().err
