@@ -32,11 +32,13 @@ from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 def run(config: RealRecapConfig) -> ExperimentResult:
     console = make_console()
-    if config.robot.port <= 0:
-        raise ValueError("--robot.port is required: the port the robot server listens on")
     out = Path(config.out)
     policy = resolve_input(config.model.policy)
-    with checking_inputs():  # before connecting: a bad checkpoint or --beta never moves the robot
+    with checking_inputs():  # before connecting: a bad checkpoint, --beta or --script never moves the robot
+        if config.robot.port <= 0:
+            raise ValueError("--robot.port is required: the port the robot server listens on")
+        if config.operator == "script":
+            parse_script(config.script)  # a malformed item is named here, not after connecting
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
         spec = HostSpec(policy=policy,
                         critic=resolve_input(config.model.critic) if config.model.critic else "",

@@ -35,9 +35,13 @@ def test_real_recap_records_operator_labels_and_interventions(tmp_path):
     assert len(npz) == 2 and read_npz_episode(npz[1]).meta.seed == 8
 
 
-def test_bad_arguments():
-    with pytest.raises(ValueError, match="robot.port is required"):
-        main(["real_recap", "--operator", "none"])
+def test_bad_arguments(capsys):
+    assert main(["real_recap", "--operator", "none"]) == 2  # one line, no traceback
+    assert "robot.port is required" in capsys.readouterr().err
+    # a malformed --script item is named before any connection is tried (nothing listens on port 1)
+    assert main(["real_recap", "--robot.port", "1", "--operator", "script", "--script", "3:dance"]) == 2
+    err = capsys.readouterr().err
+    assert "--script item '3:dance': expected STEP:KIND" in err and "Traceback" not in err
     with pytest.raises(ValueError, match="STEP:KIND"):
         parse_script(("3:dance",))
     assert parse_script(("4:coach:go left", "4:estop"))[4][0].text == "go left"
