@@ -5,13 +5,14 @@ policy and critic, on Ray actors too: `learning.evaluation.evaluate_spec`)."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 from capsule_rollout.commands.configs import EvalPolicyConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
-from capsule_rollout.learning.evaluation import evaluate_spec
+from capsule_rollout.learning.evaluation import EpisodesLostError, evaluate_spec
 from capsule_rollout.policies.conditioning import resolve_conditioning
 from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
@@ -23,8 +24,14 @@ from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 
 def run(config: EvalPolicyConfig) -> ExperimentResult:
-    if config.env:
-        return _run_env(config)
+    try:
+        return _run_env(config) if config.env else _run_tabletop(config)
+    except EpisodesLostError as exc:  # no figure to give: say why in one line
+        print(f"error: {exc}", file=sys.stderr)
+        return ExperimentResult({"error": str(exc)}, exit_code=1)
+
+
+def _run_tabletop(config: EvalPolicyConfig) -> ExperimentResult:
     console = make_console()
     policy_dir = resolve_input(config.model.policy)
     with checking_inputs():

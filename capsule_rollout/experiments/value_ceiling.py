@@ -20,6 +20,7 @@ only knows where in the task an episode is from one that sees how it is going th
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -28,6 +29,7 @@ from capsule_rollout.commands.configs import ValueCeilingConfig
 from capsule_rollout.commands.result import ExperimentResult, UsageError, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.learning.evaluation import EpisodesLostError
 from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
 from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, resolve_acting
@@ -62,6 +64,9 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
                               critic=bool(config.model.critic))
             if row is not None:
                 rows.append(row)
+    except EpisodesLostError as exc:  # a state that cannot be played cannot be judged: say why in one line
+        print(f"error: {exc}", file=sys.stderr)
+        return ExperimentResult({"error": str(exc), "judged_episodes": len(rows)}, exit_code=1)
     finally:
         host.close()
     seconds = time.perf_counter() - t0

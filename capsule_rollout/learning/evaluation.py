@@ -22,6 +22,12 @@ from capsule_rollout.rollout.record import episode_id_of
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
 
+
+class EpisodesLostError(RuntimeError):
+    """Episodes of an evaluation ended in an error, so there is no figure to give; the message has how many
+    and the first error (the entry points print it in one line and exit 1)."""
+
+
 EVAL = "eval"
 """The key of an evaluation observer's per-episode record in a report's `extra`."""
 
@@ -102,7 +108,8 @@ def run_items(spec: HostSpec, items: list[WorkItem], *, actors: int = 0, host: R
             host.close()
     failed = [r for r in reports if r.episode is None]
     if failed:
-        raise RuntimeError(f"{len(failed)} evaluation episodes failed before their first step: {failed[0].error}")
+        raise EpisodesLostError(f"{len(failed)} of {len(items)} evaluation episodes were lost to errors; the first: "
+                                f"{failed[0].error}")
     by_id = {r.item.episode_id: r for r in reports}
     return [by_id[item.episode_id] for item in items]
 

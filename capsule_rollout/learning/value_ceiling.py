@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from capsule_rollout.learning.evaluation import EpisodesLostError
 from capsule_rollout.rollout.branching import branch_value
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
@@ -37,7 +38,10 @@ def judge_state(host: RolloutHost, keeper: BoundaryKeeper, seed: int, at_step: i
                 critic: bool) -> dict | None:
     """Play `seed`; from its capsule at the last boundary before `at_step`, replay it (it must end as it did)
     and play `branches` continuations with other noise. None: the episode ended before that step."""
-    episode = host.run_episode(seed).episode
+    result = host.run_episode(seed)
+    if result.episode is None:
+        raise EpisodesLostError(f"seed {seed}: the episode was lost to an error: {result.error}")
+    episode = result.episode
     success, length = bool(episode.meta.success), episode.meta.length
     if length <= at_step or keeper.last is None:
         return None  # ended before the step: not judged there

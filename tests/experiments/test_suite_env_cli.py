@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from capsule_rollout.experiments.run import main
@@ -87,3 +88,12 @@ def test_a_run_that_lost_episodes_to_errors_exits_non_zero_naming_the_first(tmp_
     out = capsys.readouterr().out
     assert "2 of 2 episodes were lost to errors" in out and "answered a chunk of shape (3, 2)" in out
     assert json.loads(summary.read_text())["lost"] == 2
+
+
+@pytest.mark.parametrize("command, extra", [("eval_policy", []),
+                                            ("value_ceiling", ["--branches", "2", "--act.noise_scale", "1"])])
+def test_an_evaluation_whose_episodes_are_lost_exits_1_naming_the_first_error(command, extra, capsys):
+    code = main([command, "--env", ENV, "--model.policy", "tests.experiments.test_suite_env_cli:make_broken_policy",
+                 "--act.n_exec", "4", "--episodes", "2", *extra])
+    err = capsys.readouterr().err
+    assert code == 1 and "answered a chunk of shape (3, 2)" in err and "Traceback" not in err
