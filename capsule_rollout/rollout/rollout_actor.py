@@ -119,7 +119,7 @@ class RolloutActor:
         self._observers = observers
         self.hosts: dict[str, RolloutHost] = {}  # task -> its host (several in a `suite:*` run)
         if host is not None:
-            self._adopt(host.task, host)
+            self._adopt(host.task if is_multi_task(spec.env) else "", host)
         elif not is_multi_task(spec.env):
             self._adopt("", build_host(spec, observers=observers))
         else:
