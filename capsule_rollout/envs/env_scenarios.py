@@ -27,7 +27,7 @@ import mujoco
 import numpy as np
 
 from capsule_rollout.capsules import Arena, load_capsule, restore, save_capsule, snapshot
-from capsule_rollout.envs.mujoco_capture import mjdata_buffer
+from capsule_rollout.envs.mujoco_capture import buffer_bytes, mjdata_buffer
 
 SCENARIOS = ("after_reset", "other_seed", "many_restores", "fresh_process")
 
@@ -74,17 +74,13 @@ def _buffer(env) -> tuple[int, int] | None:
 
 def _outputs(env, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
     """Play `actions` from the env's state: per step, every observation array, reward, terminated, MjData."""
-    import ctypes
-
     where, steps = _buffer(env), []
     for action in actions:
         obs, reward, terminated, _, _ = env.step(action)
         out = {f"obs.{k}": np.asarray(v) for k, v in obs.items()}
         out["reward"], out["terminated"] = np.float64(reward), np.bool_(terminated)
         if where is not None:
-            buffer = np.empty(where[1], np.uint8)
-            ctypes.memmove(buffer.ctypes.data, where[0], buffer.nbytes)
-            out["mjdata"] = buffer
+            out["mjdata"] = buffer_bytes(*where)
         steps.append(out)
     return steps
 

@@ -10,7 +10,6 @@ declared attributes and the wrapper counters.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Mapping
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 
 from capsule_rollout.capsules import Arena
 from capsule_rollout.envs.mujoco_capsule import MujocoCapsuleEnv
+from capsule_rollout.envs.mujoco_capture import buffer_bytes
 
 
 class MujocoCapsuleSteppable:
@@ -42,9 +42,7 @@ class MujocoCapsuleSteppable:
         out["reward"] = torch.tensor(reward, dtype=torch.float64)
         out["terminated"] = torch.tensor(terminated)
         d = self.env.data
-        mjdata = np.empty(self.env._buffer_bytes, np.uint8)
-        ctypes.memmove(mjdata.ctypes.data, self.env._buffer_ptr, mjdata.nbytes)
-        out["mjdata"] = torch.from_numpy(mjdata)
+        out["mjdata"] = torch.from_numpy(buffer_bytes(self.env._buffer_ptr, self.env._buffer_bytes))
         out["mjdata_time"] = torch.tensor(d.time, dtype=torch.float64)
         return out
 

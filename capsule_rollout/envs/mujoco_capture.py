@@ -5,6 +5,7 @@ same search to report what a suite would need to declare."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,6 +173,13 @@ def find_generators(layers: list[gym.Env]) -> list[tuple[str, object, str]]:
         else:
             visit(f"{i}:{name}", layer, 0)
     return found
+
+
+def buffer_bytes(start: int, size: int) -> np.ndarray:
+    """A copy of `size` bytes at address `start` (MjData's buffer, from `mjdata_buffer`): what it held, to compare."""
+    out = np.empty(size, np.uint8)
+    ctypes.memmove(out.ctypes.data, start, size)
+    return out
 
 
 def mjdata_buffer(data: mujoco.MjData) -> tuple[int, int]:

@@ -9,6 +9,8 @@ task phase there (the example's `tabletop.evaluation.EvalObserver` is one).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 from collections.abc import Sequence
 
@@ -88,9 +90,6 @@ def evaluate_spec(spec: HostSpec, seeds: Sequence[int], *, task: str, actors: in
     """Success of the host `spec` describes (any env, policy and critic the rollout protocols take) on `seeds`,
     one episode each (ids `<task>-s<seed>`), on `actors` Ray actors or in this process; with a critic, its
     failure AUC from its values at the mid-episode step (`MidValueObserver`)."""
-    import dataclasses
-    import json
-
     observer = (f"{__name__}:MidValueObserver", json.dumps({"mid_step": mid_step}))
     spec = dataclasses.replace(spec, observers=(*spec.observers, observer))
     reports = run_items(spec, [WorkItem(episode_id_of(task, seed), int(seed)) for seed in seeds], actors=actors)

@@ -32,7 +32,7 @@ class RecapRecipe(Protocol):
         """Control steps an episode of `config`'s task lasts at most (the mid-episode step is half of it)."""
 
     def rollout_spec(self, config: RecapConfig) -> HostSpec:
-        """The env part of the hosts the rollouts, branches and evaluations play (`family` or `env`); the loop
+        """The env part of the hosts the rollouts, branches and evaluations play (`HostSpec.env`); the loop
         fills in the policy, critic, conditioning and takeovers."""
 
     def collect_demos(self, config: RecapConfig, store: Path, cameras: tuple[str, ...]) -> dict:
