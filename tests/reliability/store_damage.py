@@ -80,11 +80,12 @@ def same_episode(a: Episode, b: Episode) -> bool:
                for k in a.steps)
 
 
-def read_back(path: Path, recorded: list[Episode]) -> list[tuple[str, object]]:
+def read_back(path: Path, recorded: list[Episode], reader_of=open_episode_reader) -> list[tuple[str, object]]:
     """Per recorded episode: ("same", None), ("refused", error) or ("wrong", what differs); an episode the
-    store no longer shows counts as wrong (silently lost)."""
+    store no longer shows counts as wrong (silently lost). `reader_of`: opens the store (a zarr or sharded
+    store by default; a LeRobot export's reader)."""
     try:
-        reader = open_episode_reader(path)
+        reader = reader_of(path)
     except Exception as exc:  # noqa: BLE001 - the refusal is the result
         return [("refused", exc)] * len(recorded)
     out = []
@@ -98,4 +99,6 @@ def read_back(path: Path, recorded: list[Episode]) -> list[tuple[str, object]]:
             out.append(("refused", exc))
             continue
         out.append(("same", None) if same_episode(got, source) else ("wrong", f"episode {i} differs"))
+    if hasattr(reader, "close"):
+        reader.close()
     return out

@@ -15,27 +15,9 @@ import pytest
 from capsule_rollout.experiments.run import main
 from capsule_rollout.stores.npz_recorder import NpzRecorder, read_npz_episode
 from capsule_rollout.stores.store_damage import StoreDamageError
-from tests.reliability.store_damage import copy, episode, flip_bit, offsets, same_episode
+from tests.reliability.store_damage import copy, episode, flip_bit, offsets, read_back, same_episode
 
 FLIPS = 12
-
-
-def read_all(reader_of, root, reference: list) -> list[tuple[str, object]]:
-    """("same" | "refused" | "wrong", detail) per reference episode (what the undamaged copy reads)."""
-    try:
-        reader = reader_of(root)
-    except Exception as exc:  # noqa: BLE001 - the refusal is the result
-        return [("refused", exc)] * len(reference)
-    out = []
-    for i, want in enumerate(reference):
-        try:
-            got = reader.episode(i)
-        except Exception as exc:  # noqa: BLE001
-            out.append(("refused", exc))
-            continue
-        out.append(("same", None) if same_episode(got, want) else ("wrong", i))
-    reader.close()
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +58,7 @@ def test_a_flipped_bit_in_any_file_of_an_export_is_refused(exports, tmp_path, ki
     for offset in offsets(root / file, FLIPS):
         damaged = copy(root, tmp_path / f"flip{offset}")
         flip_bit(damaged / file, offset, bit=offset % 8)
-        outcomes = read_all(_reader, damaged, reference)
+        outcomes = read_back(damaged, reference, _reader)
         counts.update(kind for kind, _ in outcomes)
         for outcome, err in outcomes:
             if outcome == "refused":
@@ -96,7 +78,7 @@ def test_a_missing_file_of_an_export_is_refused_as_missing_and_reported(exports,
     root, reference = exports["video"]
     damaged = copy(root, tmp_path / "ds")
     (damaged / file).unlink()
-    outcomes = read_all(_reader, damaged, reference)
+    outcomes = read_back(damaged, reference, _reader)
     named = sum(o == "refused" and isinstance(e, StoreDamageError) and feature in e.problems and "missing" in str(e)
                 and f"'ep-0000{i}'" in str(e) for i, (o, e) in enumerate(outcomes))
     assert named == 3, outcomes
