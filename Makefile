@@ -28,9 +28,9 @@ LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
 # torch and Triton stay as they are (tests/test_library.py checks, and imports both there).
 LEROBOT_PROJECT_STAMP := $(LEROBOT_VENV)/.project
 
-# The third-party suites (Meta-World, gymnasium-robotics) in a venv of their own: they need mujoco 3.3.0,
-# the project's own venv stays on 4.0.0. `make test-slow` runs the suite tests there (about 2 minutes to
-# install: torch CPU, the project and both extras).
+# The third-party suites (Meta-World, gymnasium-robotics, gym-aloha, SO-101) in a venv of their own: they need
+# mujoco 3.3.0, the project's own venv stays on 4.0.0. `make test-slow` runs the suite tests there (about 3
+# minutes to install: torch CPU, the project and the extras, in one resolution).
 SUITES_VENV ?= .venv-suites
 SUITES_STAMP := $(SUITES_VENV)/.installed
 
@@ -60,7 +60,7 @@ suites-venv: $(SUITES_STAMP)
 $(SUITES_STAMP): pyproject.toml constraints.txt
 	test -x $(SUITES_VENV)/bin/python || $(PYTHON) -m venv $(SUITES_VENV)
 	$(SUITES_VENV)/bin/python -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
-	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics]" -c constraints.txt
+	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics,aloha,so101]" -c constraints.txt
 	touch $@
 
 lerobot-venv: $(LEROBOT_PROJECT_STAMP)

@@ -11,7 +11,10 @@ for bit: the observation arrays (images included), the reward, `terminated` and 
   actor does with a capsule another actor saved).
 
 A failed scenario names the first output that differs: the step, the observation key or MjData field and the
-element, with both values.
+element, with both values; and, for an env with a Python object graph (a gymnasium env and its wrappers), the
+Python paths whose values differ right after the restore from what they were when the capsule was taken
+(`envs.object_graph`: attributes, arrays, generators, attributes an object lacks). The report also lists what
+the adapter's graph capture found: aliases into MjData, generators, objects it takes from the env as they are.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 
 from capsule_rollout.capsules import Arena, load_capsule, restore, save_capsule, snapshot
 from capsule_rollout.envs.mujoco_capture import buffer_bytes, mjdata_buffer
+from capsule_rollout.envs.object_graph import GraphState, differing_paths, fmt
 
 SCENARIOS = ("after_reset", "other_seed", "many_restores", "fresh_process")
 
@@ -38,13 +42,17 @@ class ScenarioReport:
     checks: dict[str, bool] = field(default_factory=dict)
     divergences: dict[str, str] = field(default_factory=dict)  # scenario -> the first output that differs
     errors: dict[str, str] = field(default_factory=dict)  # scenario -> what raised
+    python_paths: dict[str, list[str]] = field(default_factory=dict)  # scenario -> paths differing after restore
+    capture: dict[str, object] = field(default_factory=dict)  # what the graph capture found (graph envs)
 
     @property
     def ok(self) -> bool:
         return bool(self.checks) and all(self.checks.values()) and not self.errors
 
     def failures(self) -> list[str]:
-        out = [f"{name}: {self.divergences.get(name, 'differs')}" for name, ok in self.checks.items() if not ok]
+        out = [f"{name}: {self.divergences.get(name, 'differs')}" + (
+            f"; Python paths differing after the restore: {', '.join(self.python_paths[name])}"
+            if self.python_paths.get(name) else "") for name, ok in self.checks.items() if not ok]
         return out + [f"{name}: {why}" for name, why in self.errors.items()]
 
     def to_json(self) -> dict:
@@ -70,6 +78,39 @@ def _buffer(env) -> tuple[int, int] | None:
     """Address and size of the env's MjData buffer (None: the env shows no MjData)."""
     data = getattr(env, "data", None)
     return mjdata_buffer(data) if isinstance(data, mujoco.MjData) else None
+
+
+PATHS_SHOWN = 8
+
+
+def python_dump(env) -> dict[str, str] | None:
+    """Every Python value reachable from the env's gymnasium env, by path (None: the env is no wrapped
+    gymnasium env)."""
+    inner = getattr(env, "env", None)
+    if inner is None or not hasattr(inner, "unwrapped"):
+        return None
+    return {f"env{k}": v for k, v in GraphState(inner, exclude=getattr(getattr(env, "capture", None), "exclude",
+                                                                        ())).dump().items()}
+
+
+def capture_summary(env) -> dict[str, object]:
+    """What the adapter's graph capture finds in the env: counts by kind, the aliases into MjData (with their
+    fields), the generators, the objects taken from the env as they are (opaque), the Python state's bytes."""
+    graph = getattr(env, "_graph", None)
+    if graph is None:
+        return {}
+    nodes = [n for n in graph.nodes().values() if n.path is not None]
+    dump = graph.dump()
+    kinds: dict[str, int] = {}
+    for n in nodes:
+        kinds[n.kind] = kinds.get(n.kind, 0) + 1
+    return {"kinds": kinds,
+            "aliases": {f"env{fmt(n.path)}": dump[fmt(n.path)] for n in nodes
+                        if n.kind == "array" and dump.get(fmt(n.path), "").startswith("alias")},
+            "generators": [f"env{fmt(n.path)} {type(n.obj).__name__}" for n in nodes if n.kind == "generator"],
+            "opaque": [f"env{fmt(n.path)} {type(n.obj).__name__}" for n in nodes if n.kind == "opaque"][:20],
+            "python_bytes": int(env._np["python_len"][0]), "python_capacity": int(env._python_bytes),
+            "after_mj_step1": bool(env._np["physics_flags"][0])}
 
 
 def _outputs(env, actions: np.ndarray) -> list[dict[str, np.ndarray]]:
@@ -141,16 +182,20 @@ def verify_scenarios(env_id: str, *, cameras: tuple[str, ...] | None = None, ima
         try:
             env.reset(seed=seed)
             capsule = snapshot(arena, label=f"after-reset:{env_id}", step=0)
+            dumped = python_dump(env)
+            report.capture = capture_summary(env)
             reference = _outputs(env, actions)
         except Exception as exc:  # noqa: BLE001 - a report says what broke
             report.errors["reset_and_play"] = f"{type(exc).__name__}: {exc}"
             return report
 
-        def check(name: str, got: list[dict]) -> None:
+        def check(name: str, got: list[dict], after: dict[str, str] | None) -> None:
             why = first_divergence(reference, got, fields)
             report.checks[name] = why is None
             if why is not None:
                 report.divergences[name] = why
+                if dumped is not None and after is not None:
+                    report.python_paths[name] = differing_paths(dumped, after)[:PATHS_SHOWN]
 
         def scenario(name: str, play) -> None:
             try:
@@ -161,19 +206,26 @@ def verify_scenarios(env_id: str, *, cameras: tuple[str, ...] | None = None, ima
         def after_reset() -> None:
             _outputs(env, other)  # played elsewhere first
             restore(arena, capsule)
-            check("after_reset", _outputs(env, actions))
+            after = python_dump(env)
+            check("after_reset", _outputs(env, actions), after)
 
         def other_seed() -> None:
             env.reset(seed=seed + 1000)
             _outputs(env, other[: steps // 2])
             restore(arena, capsule)
-            check("other_seed", _outputs(env, actions))
+            after = python_dump(env)
+            check("other_seed", _outputs(env, actions), after)
 
         def many_restores() -> None:
             worst = None
             for _ in range(restores):
                 restore(arena, capsule)
-                worst = worst or first_divergence(reference, _outputs(env, actions), fields)
+                after = python_dump(env)
+                why = first_divergence(reference, _outputs(env, actions), fields)
+                if why is not None and worst is None:
+                    worst = why
+                    if dumped is not None and after is not None:
+                        report.python_paths["many_restores"] = differing_paths(dumped, after)[:PATHS_SHOWN]
             report.checks["many_restores"] = worst is None
             if worst is not None:
                 report.divergences["many_restores"] = worst
@@ -192,7 +244,9 @@ def verify_scenarios(env_id: str, *, cameras: tuple[str, ...] | None = None, ima
                     raise RuntimeError(f"the fresh process failed (exit {done.returncode}): {tail}")
                 with np.load(out) as z:
                     got = [{k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(f"{i}/")} for i in range(steps)]
-                check("fresh_process", got)
+                dump_file = out.with_suffix(".json")
+                after = json.loads(dump_file.read_text()) if dump_file.exists() else None
+                check("fresh_process", got, after)
 
         for name, play in zip(SCENARIOS, (after_reset, other_seed, many_restores, fresh_process)):
             scenario(name, play)
@@ -205,10 +259,13 @@ def _play_in_this_process(args: dict) -> None:
     """The fresh process: build the env from scratch, restore the capsule file, play the actions, save outputs."""
     from capsule_rollout.envs.suites import make_env
 
-    env = make_env(args["env"], cameras=tuple(args["cameras"]) if args["cameras"] else None,
+    env = make_env(args["env"], cameras=tuple(args["cameras"]) if args["cameras"] is not None else None,
                    image_size=args["image_size"])
     arena = Arena([env]).allocate()
     restore(arena, load_capsule(args["capsule"]))
+    dumped = python_dump(env)
+    if dumped is not None:
+        Path(args["out"]).with_suffix(".json").write_text(json.dumps(dumped))
     outputs = _outputs(env, np.load(args["actions"]))
     np.savez(args["out"], **{f"{i}/{k}": v for i, step in enumerate(outputs) for k, v in step.items()})
     env.close()

@@ -6,7 +6,11 @@ calls. What changes is state a capsule must hold: the report lists it as
 candidate declarations for a `CaptureSpec` (attributes with their shapes, model
 fields, wrapper counters), marks attributes that are live views into MjData (not
 to be declared: MjData is captured whole), lists the numpy generators the adapter
-finds by itself, and says whether `reset(seed)` honours its seed.
+finds by itself, and says whether `reset(seed)` honours its seed. It also walks the env's whole object
+graph as the adapter's graph capture does (`envs.object_graph`) and lists every Python path whose value
+changed: what a capsule holds with nothing declared. Whether the seed is honoured is judged on everything
+reset leaves: the observation, MjData's whole buffer and those Python values (generators aside), so a seed
+that only moves an object the observation does not show still counts.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ from capsule_rollout.envs.mujoco_capture import (
     WRAPPER_PLUMBING,
     Attr,
     CaptureSpec,
+    buffer_bytes,
     find_generators,
+    find_physics,
     flatten,
     layers_of,
     mjdata_buffer,
 )
+from capsule_rollout.envs.object_graph import GraphState, differing_paths
 
 _PRIMITIVE = (bool, int, float, str, np.bool_, np.integer, np.floating)
 
@@ -50,14 +57,19 @@ class ScanReport:
     reset_deterministic: bool = True
     unsupported: list[str] = field(default_factory=list)
     """Changing attributes of a type the adapter cannot declare (declare a state function or remove them)."""
+    graph_paths: list[str] = field(default_factory=list)
+    """Python paths (whole object graph) whose values changed across reset / step: what graph capture holds."""
+    seed_shows_in: str = ""
+    """Where two seeds' resets differ: observation, MjData, Python state (empty: nowhere)."""
 
     def lines(self) -> list[str]:
         out = [f"hidden-state scan of {self.task}"]
         out.append("  wrappers: " + (", ".join(self.wrappers) or "none"))
         out.append(f"  numpy generators found (captured automatically): {len(self.generators)}")
         out += [f"    {g}" for g in self.generators]
-        out.append("  reset(seed) " + ("honours its seed" if self.seed_honoured else
-                                       "IGNORES its seed: declare CaptureSpec.seed to seed the suite its own way"))
+        out.append("  reset(seed) " + (f"honours its seed (it shows in the {self.seed_shows_in})" if self.seed_honoured
+                                       else "IGNORES its seed (observation, MjData and Python state alike): "
+                                       "declare CaptureSpec.seed to seed the suite its own way"))
         if not self.reset_deterministic:
             out.append("  reset(seed) is NOT deterministic: it draws from a source the seed does not set "
                        "(e.g. the global np.random)")
@@ -71,6 +83,11 @@ class ScanReport:
         if self.unsupported:
             out.append("  changing attributes of other types (not declarable as they are):")
             out += [f"    {u}" for u in self.unsupported]
+        out.append(f"  Python state the graph capture holds with nothing declared (changed across reset / step): "
+                   f"{len(self.graph_paths)} paths")
+        out += [f"    {p}" for p in self.graph_paths[:40]]
+        if len(self.graph_paths) > 40:
+            out.append(f"    ... and {len(self.graph_paths) - 40} more")
         return out
 
 
@@ -148,8 +165,9 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
     With `capture`, its seed function seeds each reset and its declarations are marked in the report."""
     env = make()
     u = env.unwrapped
-    model, data = u.model, u.data
+    model, data = find_physics(env)
     start, size = mjdata_buffer(data)
+    graph = GraphState(env)
     report = ScanReport(task=task or type(u).__name__)
     for layer in layers_of(env):
         if isinstance(layer, gym.Wrapper):
@@ -160,6 +178,7 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
             report.wrappers.append(f"{kind} ({verdict})")
     before_model = _model_arrays(model)
     snaps = [_attributes(env)]
+    dumps = [graph.dump()]
 
     def reset(seed: int):
         if capture is not None and capture.seed is not None:
@@ -168,6 +187,8 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
 
     obs_a, _ = reset(seeds[0])
     snaps.append(_attributes(env))
+    dumps.append(graph.dump())
+    state_a = (buffer_bytes(start, size), _seedless(dumps[-1]))
     rng = np.random.default_rng(0)
     for _ in range(steps):
         env.action_space.seed(int(rng.integers(1 << 31)))
@@ -175,13 +196,23 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
         if term or trunc:
             break
     snaps.append(_attributes(env))
+    dumps.append(graph.dump())
     obs_b, _ = reset(seeds[1])
     snaps.append(_attributes(env))
+    dumps.append(graph.dump())
+    state_b = (buffer_bytes(start, size), _seedless(dumps[-1]))
     obs_c, _ = reset(seeds[0])
     snaps.append(_attributes(env))
+    dumps.append(graph.dump())
     model_changes = [n for n, b in _model_arrays(model).items() if before_model.get(n) != b]
-    report.seed_honoured = not np.array_equal(flatten(obs_a), flatten(obs_b))
+    shows = [where for where, differ in (
+        ("observation", not np.array_equal(flatten(obs_a), flatten(obs_b))),
+        ("MjData", not np.array_equal(state_a[0], state_b[0])),
+        ("Python state", state_a[1] != state_b[1])) if differ]
+    report.seed_honoured, report.seed_shows_in = bool(shows), ", ".join(shows)
     report.reset_deterministic = np.array_equal(flatten(obs_a), flatten(obs_c))
+    report.graph_paths = sorted({p for d in dumps[1:] for p in differing_paths(dumps[0], d)}
+                                | {p for a, b in zip(dumps[1:], dumps[2:]) for p in differing_paths(a, b)})
     report.model_fields = sorted(model_changes)
     report.generators = [p for p, _, _ in find_generators(layers_of(env))]
     declared = {a.path for a in capture.attributes} if capture is not None else set()
@@ -202,6 +233,11 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
             report.declared.append(decl)
     env.close()
     return report
+
+
+def _seedless(dump: dict[str, str]) -> dict[str, str]:
+    """A graph dump without the generators and recorded seeds (they differ between seeds by definition)."""
+    return {k: v for k, v in dump.items() if not v.startswith("generator") and "np_random" not in k}
 
 
 def _declaration(path: str, raw: Any, seen: list[Any]) -> str | None:

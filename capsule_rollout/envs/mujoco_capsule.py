@@ -19,6 +19,16 @@ in arena buffers (component "env"):
   initial positions, frame stacks, path counters, sets of remaining tasks) and
   the counters of known wrappers (`TimeLimit`'s elapsed steps...). A wrapper
   that keeps state the adapter does not know is refused at construction.
+- With graph capture (`CaptureSpec.graph`, the default; the built-in suites turn
+  it off for their declared fast path), nothing is declared: `python` holds the
+  whole Python object graph reachable from the env (`envs.object_graph`: every
+  wrapper, nested object, generator, alias into MjData) in a bounded slab,
+  `model` every MjModel array that is not an asset (meshes, textures, names:
+  those are in the fingerprint), and `physics_flags` whether MjData was left by
+  `mj_step1` (a suite that steps `mj_step2` first, as dm_control does, reads the
+  constraint data `mj_step1` left in the arena: a restore then runs `mj_step1`,
+  which recomputes it, having checked at the snapshot that it changes nothing
+  in the buffer).
 - `obs_*`: the observation returned at the boundary and the camera images
   (recomputing them after a restore does not reproduce them: frame stacks
   shift, noise is drawn again).
@@ -56,11 +66,13 @@ from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declaratio
     CaptureSpec,
     MujocoCapsuleError,
     find_generators,
+    find_physics,
     flatten,
     layers_of,
     mjdata_buffer,
     resolve_attr,
 )
+from capsule_rollout.envs.object_graph import GraphState, GraphStateError, handle_fields, walk
 from capsule_rollout.envs.offscreen_renderer import OffscreenRenderer
 from capsule_rollout.envs.rollout_env import ArraySpec, ObservationSpec, image_key
 
@@ -79,11 +91,7 @@ class MujocoCapsuleEnv(BufferComponent):
         self.name = "env"
         self.env, self.capture = env, capture
         self.unwrapped = env.unwrapped
-        self.model: mujoco.MjModel = getattr(self.unwrapped, "model", None)
-        self.data: mujoco.MjData = getattr(self.unwrapped, "data", None)
-        if not isinstance(self.model, mujoco.MjModel) or not isinstance(self.data, mujoco.MjData):
-            raise MujocoCapsuleError(f"{type(self.unwrapped).__name__} has no `model` / `data` (MjModel / MjData): "
-                                     "the adapter captures MuJoCo envs only")
+        self.model, self.data = find_physics(env)
         if self.model.nplugin:
             raise MujocoCapsuleError(f"{capture.task}: models with plugins are not supported (MjData holds plugin "
                                      "pointers)")
@@ -94,12 +102,16 @@ class MujocoCapsuleEnv(BufferComponent):
         self.max_steps = int(max_steps or capture.max_steps)
         self.action_space = env.action_space
         self.layers = layers_of(env)
-        self._wrapper_attrs = self._check_wrappers()
-        self._generators = find_generators(self.layers)
-        # gymnasium records the seed beside each env's generator (`np_random_seed`): captured with it
-        seeds = [(owner, "_np_random_seed", Attr(f"{path.rsplit('.', 1)[0]}._np_random_seed", "int"))
-                 for path, owner, name in self._generators
-                 if name == "_np_random" and isinstance(owner, gym.Env) and "_np_random_seed" in vars(owner)]
+        self._graph = GraphState(env, exclude=capture.exclude) if capture.graph else None
+        if self._graph is not None:  # wrappers, generators and seeds are part of the graph
+            self._wrapper_attrs, self._generators, seeds = [], [], []
+        else:
+            self._wrapper_attrs = self._check_wrappers()
+            self._generators = find_generators(self.layers)
+            # gymnasium records the seed beside each env's generator (`np_random_seed`): captured with it
+            seeds = [(owner, "_np_random_seed", Attr(f"{path.rsplit('.', 1)[0]}._np_random_seed", "int"))
+                     for path, owner, name in self._generators
+                     if name == "_np_random" and isinstance(owner, gym.Env) and "_np_random_seed" in vars(owner)]
         self._attrs = [(*resolve_attr(self.unwrapped, a.path), a) for a in capture.attributes] + self._wrapper_attrs + seeds
         self._buffer_ptr, self._buffer_bytes = mjdata_buffer(self.data)
         # where the physics state lies in the captured buffer (bytes): a capsule with NaN / inf there is refused
@@ -115,6 +127,11 @@ class MujocoCapsuleEnv(BufferComponent):
         for name, arr in self._model_fields:
             if not isinstance(arr, np.ndarray):
                 raise MujocoCapsuleError(f"{capture.task}: model field {name!r} is not an MjModel array")
+        # graph capture: every model array that is not an asset, as a few contiguous runs of the model's memory
+        self._model_runs = model_value_runs(self.model) if self._graph is not None else []
+        self._model_bytes = sum(n for _, n in self._model_runs)
+        self._scratch = mujoco.MjData(self.model) if self._graph is not None else None
+        self._python_bytes = self._slab_size() if self._graph is not None else 0
         raw = self._probe_observation()
         self._obs_dim = raw.shape[0]
         state_dim = self._state(raw_obs=None, flat=raw).shape[0]
@@ -125,6 +142,9 @@ class MujocoCapsuleEnv(BufferComponent):
         # the framework's renderer draws without multisampling (with shadows off: ~100x faster on a CPU); a
         # visual setting of the model only, read by no physics routine
         self.model.vis.quality.offsamples = 0
+        if self._graph is not None:
+            self._scratch_ptr = mjdata_buffer(self._scratch)[0]
+            self._scratch_view = _memory(self._scratch_ptr, self._buffer_bytes)
         self._mjv_cameras = {c: self._mjv_camera(capture.cameras[c]) for c in self.cameras}
         self._fingerprint = self._make_fingerprint()
         self._plan: list[tuple[int, int, int]] = []
@@ -153,6 +173,18 @@ class MujocoCapsuleEnv(BufferComponent):
                 found.append((layer, name, Attr(f"{kind}.{name}", WRAPPER_COUNTER_TYPES.get(name, "int"))))
         return found
 
+    def _slab_size(self) -> int:
+        if self.capture.python_bytes is not None:
+            return int(self.capture.python_bytes)
+        try:
+            held = len(self._graph.snapshot())
+        except GraphStateError as exc:
+            raise MujocoCapsuleError(f"{self.capture.task}: {exc}") from None
+        size = 1 << 20
+        while size < 2 * held:
+            size *= 2
+        return size
+
     def _probe_observation(self) -> np.ndarray:
         space = getattr(self.env, "observation_space", None)
         try:
@@ -176,6 +208,7 @@ class MujocoCapsuleEnv(BufferComponent):
 
     def _make_fingerprint(self) -> dict[str, str]:
         saved = [(arr, arr.copy()) for _, arr in self._model_fields]
+        saved += [(run, run.copy()) for run in (_memory(address, n) for address, n in self._model_runs)]
         for arr, _ in saved:
             arr[...] = 0  # run-time edits are state, not identity
         size = mujoco.mj_sizeModel(self.model)
@@ -186,7 +219,9 @@ class MujocoCapsuleEnv(BufferComponent):
         declared = {"attributes": [repr(a) for a in self.capture.attributes], "model": list(self.capture.model_fields),
                     "wrappers": [type(x).__name__ for x in self.layers],
                     "generators": [p for p, _, _ in self._generators],
-                    "cameras": {c: repr(self.capture.cameras[c]) for c in self.cameras}, "size": self.image_size}
+                    "cameras": {c: repr(self.capture.cameras[c]) for c in self.cameras}, "size": self.image_size,
+                    **({"graph": {"exclude": sorted(self.capture.exclude), "python_bytes": self._python_bytes,
+                                  "model_runs": self._model_bytes}} if self._graph is not None else {})}
         return {"task": self.capture.task, "mujoco": mujoco.__version__,
                 "model_sha256": hashlib.sha256(blob.tobytes()).hexdigest()[:32],
                 "capture_sha256": hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()[:16]}
@@ -208,6 +243,14 @@ class MujocoCapsuleEnv(BufferComponent):
         ]
         specs += [BufferSpec(f"model_{name}", arr.shape, _torch_dtype(arr.dtype), doc=f"MjModel.{name}")
                   for name, arr in self._model_fields]
+        if self._graph is not None:
+            specs += [
+                BufferSpec("python", (self._python_bytes,), torch.uint8, doc="the env's Python object graph, pickled"),
+                BufferSpec("python_len", (1,), torch.int64, doc="bytes used in `python`"),
+                BufferSpec("model", (max(1, self._model_bytes),), torch.uint8,
+                           doc="every MjModel array that is not an asset (contiguous runs)"),
+                BufferSpec("physics_flags", (1,), torch.int64, doc="1: MjData was left by mj_step1 (rerun at restore)"),
+            ]
         specs += [BufferSpec(f"obs_{image_key(c)}", (self.image_size, self.image_size, 3), torch.uint8,
                              doc=f"boundary image of camera {c}") for c in self.cameras]
         return specs
@@ -227,6 +270,12 @@ class MujocoCapsuleEnv(BufferComponent):
         # the static part of every restore: (destination, source, bytes) into MjData and MjModel
         self._plan = [(self._buffer_ptr, b["mjdata"].ctypes.data, self._buffer_bytes)]
         self._plan += [(arr.ctypes.data, b[f"model_{name}"].ctypes.data, arr.nbytes) for name, arr in self._model_fields]
+        if self._graph is not None:
+            self._model_copies, at = [], b["model"].ctypes.data
+            for address, n in self._model_runs:
+                self._model_copies.append((at, address, n))
+                at += n
+            self._plan += [(dst, src, n) for src, dst, n in self._model_copies]
         # (owner, attribute, row, row address, index): addresses precomputed, none looked up per restore
         self._rng_rows = [(owner, name, b["rng"][i], b["rng"][i].ctypes.data, i)
                           for i, (_, owner, name) in enumerate(self._generators)]
@@ -263,11 +312,14 @@ class MujocoCapsuleEnv(BufferComponent):
 
     def before_snapshot(self) -> None:
         b = self._np
-        if self.unwrapped.data is not self.data or self.unwrapped.model is not self.model:
+        model, data = find_physics(self.env)
+        if model is not self.model or data is not self.data:
             raise MujocoCapsuleError(f"{self.capture.task} replaced its MjModel / MjData after construction; "
                                      "the adapter needs them to live as long as the env")
         ctypes.memmove(b["mjdata"].ctypes.data, self._buffer_ptr, self._buffer_bytes)
         self._time[0] = self.data.time
+        if self._graph is not None:
+            self._snapshot_graph(b)
         for name, arr in self._model_fields:
             b[f"model_{name}"][...] = arr
         present = b["rng_present"]
@@ -290,6 +342,11 @@ class MujocoCapsuleEnv(BufferComponent):
         for dst, src, n in self._plan:
             memmove(dst, src, n)
         self.data.time = self._time[0]
+        if self._graph is not None:
+            if self._np["physics_flags"][0] & 1:
+                mujoco.mj_step1(self.model, self.data)  # the arena as mj_step1 left it (checked at the snapshot)
+            n = int(self._np["python_len"][0])
+            self._graph.restore(self._np["python"][:n].tobytes())
         present = self._rng_present
         for owner, name, _, row, i in self._rng_rows:
             if present[i]:
@@ -306,6 +363,33 @@ class MujocoCapsuleEnv(BufferComponent):
         flags = self._attrs_present
         for owner, name, load, view, i in self._attr_loads:
             setattr(owner, name, load(view) if flags[i] else None)
+
+    def _snapshot_graph(self, b: dict[str, np.ndarray]) -> None:
+        for src, dst, n in self._model_copies:
+            ctypes.memmove(src, dst, n)
+        # was MjData left by mj_step1 (dm_control steps mj_step2 first, reading what mj_step1 left in the
+        # arena, which a capsule does not hold)? mj_step1 on a copy changes nothing in the buffer then
+        scratch = self._scratch
+        ctypes.memmove(self._scratch_ptr, self._buffer_ptr, self._buffer_bytes)
+        scratch.time = self.data.time
+        mujoco.mj_step1(self.model, scratch)
+        b["physics_flags"][0] = int(np.array_equal(self._scratch_view, b["mjdata"]))
+        try:
+            blob = self._graph.snapshot()
+        except GraphStateError as exc:
+            raise MujocoCapsuleError(f"{self.capture.task}: {exc}") from None
+        if len(blob) > self._python_bytes:
+            arrays = sorted(((n.obj.nbytes, n.path) for n in walk(self.env).values() if n.kind == "array"),
+                            key=lambda x: -x[0])[:3]
+            from capsule_rollout.envs.object_graph import fmt
+
+            big = ", ".join(f"{fmt(p)} {nbytes:,} B" for nbytes, p in arrays)
+            raise MujocoCapsuleError(
+                f"{self.capture.task}: the env's Python state is {len(blob):,} bytes, more than the "
+                f"{self._python_bytes:,} its capsule buffer holds (largest arrays: {big}); give the suite's "
+                "CaptureSpec a larger python_bytes, or exclude what is not state (CaptureSpec.exclude)")
+        b["python"][: len(blob)] = np.frombuffer(blob, np.uint8)
+        b["python_len"][0] = len(blob)
 
     def _pointers(self, gen: np.random.Generator, slot: int) -> tuple[int, int]:
         """Addresses of a PCG64 generator's 128-bit state + increment and of its (has_uint32, uinteger)."""
@@ -423,6 +507,31 @@ def _check_layout(bg, pcg: int, aux: int) -> None:
     if not ok:
         raise MujocoCapsuleError("this numpy's PCG64 C state layout is not the one the adapter copies "
                                  f"(numpy {np.__version__}); generators cannot be captured here")
+
+
+ASSET_PREFIXES = ("mesh_", "tex_", "hfield_", "skin_", "flex", "names", "paths", "text_", "plugin", "bvh_",
+                  "oct_", "numeric_", "tuple_", "key_")
+"""MjModel arrays that are not captured by value with graph capture: assets fixed by the model's files
+(meshes, textures, heightfields, skins, flexes, names, BVH trees, keyframes, custom data); the fingerprint
+holds them."""
+
+
+def model_value_runs(model: mujoco.MjModel, gap: int = 256) -> list[tuple[int, int]]:
+    """(address, bytes) runs of the model's memory covering every array that is not an asset; arrays less
+    than `gap` bytes apart share a run (the bytes between them are padding or small index arrays)."""
+    runs: list[list[int]] = []
+    for start, end, name in handle_fields(model):
+        if name.startswith(ASSET_PREFIXES):
+            continue
+        if runs and start - runs[-1][1] <= gap:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([start, end])
+    return [(start, end - start) for start, end in runs]
+
+
+def _memory(address: int, n: int) -> np.ndarray:
+    return np.frombuffer((ctypes.c_char * n).from_address(address), np.uint8)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:

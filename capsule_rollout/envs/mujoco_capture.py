@@ -102,6 +102,16 @@ class CaptureSpec:
     """Called before `reset(seed=...)` for suites whose reset ignores its seed: seeds the suite its own way."""
     wrapper_state: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Counters of wrappers beyond `KNOWN_WRAPPERS` (class name -> attribute names, captured as ints)."""
+    graph: bool = True
+    """Capture the env's whole Python object graph and every model array that is not an asset, with nothing
+    declared (`envs.object_graph`). False: only what is declared above (the fast path of the built-in
+    suites, whose declarations `verify_capsule` checks)."""
+    exclude: tuple[str, ...] = ()
+    """Attribute names the graph capture leaves alone (a cache that is not state, an object that cannot be
+    saved)."""
+    python_bytes: int | None = None
+    """Size of the capsule buffer that holds the graph's Python state (None: 1 MiB, or twice what the env
+    holds at construction when that is more, rounded up to a power of two)."""
 
 
 def flatten(obs: Any) -> np.ndarray:
@@ -191,3 +201,22 @@ def mjdata_buffer(data: mujoco.MjData) -> tuple[int, int]:
             raise MujocoCapsuleError(f"MjData.{name} lies outside the buffer that starts at qpos; this MuJoCo "
                                      f"({mujoco.__version__}) lays MjData out differently")
     return start, size
+
+
+def find_physics(env: gym.Env) -> tuple[mujoco.MjModel, mujoco.MjData]:
+    """The env's MjModel and MjData: `unwrapped.model` / `.data`, else the one MjData its object graph reaches
+    (a dm_control `Physics`, a suite's own simulator object) and its model."""
+    unwrapped = env.unwrapped
+    model, data = getattr(unwrapped, "model", None), getattr(unwrapped, "data", None)
+    if isinstance(model, mujoco.MjModel) and isinstance(data, mujoco.MjData):
+        return model, data
+    from capsule_rollout.envs.object_graph import fmt, walk
+
+    found = [n for n in walk(env).values() if isinstance(n.obj, mujoco.MjData)]
+    if len(found) == 1:
+        return found[0].obj.model, found[0].obj
+    if not found:
+        raise MujocoCapsuleError(f"{type(unwrapped).__name__} reaches no MjData (neither `model` / `data` nor "
+                                 "anything inside it): the adapter captures MuJoCo envs only")
+    raise MujocoCapsuleError(f"{type(unwrapped).__name__} reaches {len(found)} MjData objects "
+                             f"({', '.join(fmt(n.path) for n in found[:4])}): the adapter captures one simulation")

@@ -1,4 +1,7 @@
-"""Envs built to break a capsule in one known way each (for the diagnostics of `envs.env_scenarios`)."""
+"""Envs built to break a capsule in one known way each: state the declared capture misses, which the graph
+capture (`CaptureSpec.graph`, the default for an import path) must find with nothing declared, and which the
+diagnostics of `envs.env_scenarios` must name when it is missed (the `*_declared` factories: the same envs
+under the declared fast path, nothing declared)."""
 
 from __future__ import annotations
 
@@ -76,6 +79,84 @@ class Step2First(Boxes):
             mujoco.mj_step1(self.model, self.data)
 
 
+class Sampler:
+    """Draws placements from a generator it shares with its env (as robosuite's placement sampler does)."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def sample(self):
+        return self.rng.uniform(-0.3, 0.3, 2)
+
+
+class ReseedsInPlace(Boxes):
+    """A legacy `RandomState` made once, shared with a sampler and reseeded in place at every reset (robosuite's
+    way); it jitters every action: state the declared capture (PCG64 generators only) misses."""
+
+    def __init__(self):
+        super().__init__()
+        self.rng = np.random.RandomState(0)
+        self.sampler = Sampler(self.rng)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.rng.seed(0 if seed is None else seed)
+        self.data.qpos[7:9] = self.sampler.sample()
+        mujoco.mj_forward(self.model, self.data)
+        return self.observe(), info
+
+    def step(self, action):
+        return super().step(np.asarray(action) + self.sampler.rng.normal(0.0, 0.2, 2))
+
+
+class Controller:
+    """A goal and an integral error (a robosuite controller's goal pose and interpolator, in small)."""
+
+    def __init__(self, goal):
+        self.goal = goal
+        self.integral = np.zeros(2)
+        self.history = []
+
+    def command(self, pos, action):
+        error = self.goal - pos
+        self.integral += error
+        self.history.append(float(error[0]))
+        return np.clip(action + 2.0 * error + 0.1 * self.integral, -1, 1)
+
+
+class RebuildsAtReset(Boxes):
+    """Builds a new controller at every reset (goal drawn from the seed) whose integral grows each step and whose
+    history list grows; the observation shows the integral."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (self.model.nq + self.model.nv + 2,), np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.controller = Controller(self.np_random.uniform(-0.2, 0.2, 2))
+        return self.observe(), {}
+
+    def observe(self):
+        c = getattr(self, "controller", None)
+        return np.concatenate([super().observe(), c.integral if c is not None else np.zeros(2)])
+
+    def step(self, action):
+        return super().step(self.controller.command(self.data.qpos[7:9], action))
+
+
+class AliasIntoMjData(Boxes):
+    """Keeps a view of MjData's qpos made at construction and acts through it: a restore must re-link it to the
+    env's MjData (a copy would freeze the puck's position as the env sees it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.puck = self.data.qpos[7:9]
+
+    def step(self, action):
+        return super().step(np.asarray(action) - 0.5 * self.puck)
+
+
 def make_boxes():
     return gym.wrappers.TimeLimit(Boxes(), max_episode_steps=100)
 
@@ -86,3 +167,57 @@ def make_counter():
 
 def make_step2_first():
     return gym.wrappers.TimeLimit(Step2First(), max_episode_steps=100)
+
+
+def make_reseeds_in_place():
+    return gym.wrappers.TimeLimit(ReseedsInPlace(), max_episode_steps=100)
+
+
+def make_rebuilds_at_reset():
+    return gym.wrappers.TimeLimit(RebuildsAtReset(), max_episode_steps=100)
+
+
+def make_alias():
+    return gym.wrappers.TimeLimit(AliasIntoMjData(), max_episode_steps=100)
+
+
+def make_user_style():
+    """`gymnasium.make` as users call it, default wrappers (PassiveEnvChecker, OrderEnforcing) included."""
+    return gym.make("Reacher-v5")
+
+
+def _declared(make, task):
+    from capsule_rollout.envs.mujoco_capsule import CaptureSpec, MujocoCapsuleEnv
+
+    return MujocoCapsuleEnv(make(), CaptureSpec(task=task, graph=False))
+
+
+def make_counter_declared():
+    return _declared(make_counter, "counter (declared)")
+
+
+def make_reseeds_in_place_declared():
+    return _declared(make_reseeds_in_place, "reseeds in place (declared)")
+
+
+def make_rebuilds_at_reset_declared():
+    return _declared(make_rebuilds_at_reset, "rebuilds at reset (declared)")
+
+
+def make_step2_first_declared():
+    return _declared(make_step2_first, "step2 first (declared)")
+
+
+class SeedOutOfSight(Boxes):
+    """The seed places the puck, which the observation does not show (gym-aloha's box pose, in small)."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (7,), np.float64)
+
+    def observe(self):
+        return self.data.qpos[:7].copy()
+
+
+def make_seed_out_of_sight():
+    return gym.wrappers.TimeLimit(SeedOutOfSight(), max_episode_steps=100)

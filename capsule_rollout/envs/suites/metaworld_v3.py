@@ -82,7 +82,7 @@ def make(task: str) -> tuple[gym.Env, CaptureSpec]:
     capture = CaptureSpec(
         task=f"metaworld:{task}", attributes=attributes, model_fields=("site_pos", "body_pos"),
         cameras={c: Camera(c, model_camera=c) for c in CAMERAS}, max_steps=MAX_STEPS, instruction=instruction(task),
-        success=lambda info: float(info.get("success", 0.0)) > 0.0, terminate_on_success=True, seed=_seed)
+        success=lambda info: float(info.get("success", 0.0)) > 0.0, terminate_on_success=True, seed=_seed, graph=False)
     return env, capture
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from capsule_rollout.envs.mujoco_capsule import Camera, CaptureSpec, MujocoCapsuleEnv
+from capsule_rollout.envs.gl_backend import load_triton_first
+from capsule_rollout.envs.mujoco_capsule import Camera, CaptureSpec, MujocoCapsuleEnv, find_physics
 from capsule_rollout.envs.rollout_env import RolloutEnv
 from capsule_rollout.import_path import resolve
 
@@ -89,6 +90,7 @@ def make_env(env_id: str, *, cameras: Sequence[str] | None = None, image_size: i
     suite, task = parse_env_id(env_id)
     if suite is None:
         return _from_import_path(env_id, cameras, image_size, max_steps)
+    load_triton_first()  # before the suite can make a GL context
     module = suite.load()
     known = list(module.tasks())
     if task not in known:
@@ -103,12 +105,15 @@ def make_env(env_id: str, *, cameras: Sequence[str] | None = None, image_size: i
 
 
 def _from_import_path(path: str, cameras, image_size: int, max_steps: int | None) -> RolloutEnv:
-    made = resolve(path, "env")()
+    factory = resolve(path, "env")
+    load_triton_first()  # before the user's code can make a GL context (Mesa's LLVM, then Triton's: a crash)
+    made = factory()
     if isinstance(made, RolloutEnv) and not isinstance(made, gym.Env):
         return made
     if not isinstance(made, gym.Env):
         raise ValueError(f"{path} returned {type(made).__name__}; it must return a RolloutEnv or a gymnasium env")
-    capture = CaptureSpec(task=path, cameras={"free": default_camera(made.unwrapped.model)},
+    # nothing declared: the adapter captures the env's whole object graph (CaptureSpec.graph)
+    capture = CaptureSpec(task=path, cameras={"free": default_camera(find_physics(made)[0])},
                           max_steps=_step_limit(made) or 1000, success=info_success)
     chosen = ("free",) if cameras is None else tuple(cameras)
     return MujocoCapsuleEnv(made, capture, cameras=chosen, image_size=image_size, max_steps=max_steps)

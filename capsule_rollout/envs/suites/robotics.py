@@ -72,7 +72,7 @@ def make(task: str) -> tuple[gym.Env, CaptureSpec]:
         success = _fetch_success
     return env, CaptureSpec(task=f"robotics:{task}", attributes=attributes, cameras=cameras,
                             max_steps=env.spec.max_episode_steps or 1000, success=success,
-                            instruction=_instruction(task))
+                            instruction=_instruction(task), graph=False)
 
 
 def _fetch_success(info) -> bool:

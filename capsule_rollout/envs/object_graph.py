@@ -1,0 +1,636 @@
+"""The Python state of an env found without declarations: the whole object graph reachable from it.
+
+`GraphState(root)` walks every object reachable from `root` (wrappers, nested envs, robots, controllers,
+samplers, caches, spaces...) breadth first, giving each its first path (`.env.robots[0].controller`), and
+classifies it:
+
+- **handle**: a `mujoco.MjModel` / `mujoco.MjData`. Never copied here (the adapter captures MuJoCo's state
+  through MuJoCo); the target's own handle at the same path is used.
+- **alias**: an ndarray whose memory lies inside a handle's arrays (a view of `MjData.qpos`, dm_control's
+  `physics._warnings`): kept as (handle, field, byte offset, shape, strides) and re-linked to the target's
+  handle at a restore, never copied as a value.
+- **opaque**: what cannot or must not be copied: GL and render contexts and other classes with `__del__`
+  (a copy would free the original's resources), MuJoCo's other C structs, locks, weak references, file and
+  socket objects, closures and local functions or classes (not importable in another process). The
+  target's own object at the same path is used; the walk still looks inside for handles.
+- **generator**: numpy `Generator` / `RandomState` / `BitGenerator` and `random.Random`: restored in place
+  (the target's generator at the same path takes the saved state, so whoever else holds it sees it too).
+- **object**: any other instance with a `__dict__` or `__slots__`: its attributes are saved, and a restore
+  rewrites the target object at the same path (same type) in place, so identity is kept for whoever holds
+  it (the adapter, the user, a Ray actor); objects rebuilt at reset, or at paths the target lacks, are made
+  fresh. Attributes absent at the snapshot are removed.
+- everything else (containers, arrays, scalars, strings, module-level functions, an XML element) is saved by
+  value with `pickle` (views of another Python array stay views of its copy).
+
+`snapshot()` gives bytes (one pickle: the paths, the states), so the state fits a fixed-size capsule buffer
+and travels to another process; `restore(blob)` applies them to this graph. The global `numpy.random` and
+`random` states are part of it (some suites seed those). `dump()` lists every value by path, for the
+diagnostics that name what a restore did not bring back.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import hashlib
+import io
+import pickle
+import random
+import threading
+import types
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import mujoco
+import numpy as np
+
+HANDLE_TYPES = (mujoco.MjModel, mujoco.MjData)
+ATOMIC_TYPES = (type(None), bool, int, float, complex, str, bytes, range, slice, type, types.BuiltinFunctionType,
+                types.ModuleType, np.generic, np.dtype, type(Ellipsis), type(NotImplemented), enum.Enum)
+GENERATOR_TYPES = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
+LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Event,
+              threading.Thread)
+OPAQUE_MODULES = ("logging", "threading", "socket", "io", "_io", "subprocess", "multiprocessing", "concurrent",
+                  "asyncio", "ctypes", "OpenGL", "weakref", "queue", "selectors")
+"""Instances of classes from these modules are never copied (loggers, files, sockets, GL bindings...)."""
+
+Path = tuple  # of steps: ("a", name) attribute, ("k", key) mapping key, ("i", index) sequence item, ("self",)
+
+
+class GraphStateError(ValueError):
+    """The env's Python state cannot be captured as found; the message names the path and what to do."""
+
+
+def fmt(path: Path | None) -> str:
+    """A path as Python reads it: `.env.robots[0].controller`; `<root>` for the root itself."""
+    if path is None:
+        return "<inside a set>"
+    out = ""
+    for step in path:
+        kind = step[0]
+        out += f".{step[1]}" if kind == "a" else f"[{step[1]!r}]" if kind in ("k", "i") else ".__self__"
+    return out or "<root>"
+
+
+def _slots(t: type) -> list[str]:
+    out = []
+    for k in t.__mro__:
+        s = vars(k).get("__slots__", ())
+        out += [s] if isinstance(s, str) else [n for n in s if n not in ("__dict__", "__weakref__")]
+    return out
+
+
+def _has_del(t: type) -> bool:
+    return any("__del__" in vars(k) for k in t.__mro__ if k is not object)
+
+
+def _python_call(t: type) -> bool:
+    return any(isinstance(vars(k).get("__call__"), types.FunctionType) for k in t.__mro__)
+
+
+def classify(x: Any) -> str:
+    """handle | atomic | opaque | generator | array | method | container | object | value."""
+    if isinstance(x, HANDLE_TYPES):
+        return "handle"
+    if isinstance(x, ATOMIC_TYPES):
+        return "atomic"
+    t = type(x)
+    if isinstance(x, types.FunctionType):
+        # a closure points at its owner, a lambda or local function cannot be pickled by reference
+        return "opaque" if x.__closure__ or "<" in x.__qualname__ else "atomic"
+    if isinstance(x, GENERATOR_TYPES):
+        return "generator"
+    if isinstance(x, np.ndarray):
+        return "array"
+    if isinstance(x, types.MethodType):
+        return "method"
+    module = t.__module__ or ""
+    if "<locals>" in t.__qualname__:
+        return "opaque"  # a class made inside a function (dm_control's named indexers): not importable elsewhere
+    if (isinstance(x, LOCK_TYPES) or isinstance(x, (weakref.ref, types.GeneratorType, types.CoroutineType))
+            or module.split(".")[0] in OPAQUE_MODULES or (module.startswith("mujoco") and "<" not in t.__qualname__)):
+        return "opaque"
+    if callable(x) and not isinstance(x, type) and not _python_call(t) and not hasattr(x, "__dict__"):
+        return "atomic"  # C functions, method wrappers, numpy ufuncs: pickled by reference
+    if isinstance(x, (list, tuple, dict, set, frozenset, collections.deque)) and (
+            not hasattr(x, "__dict__") or t in (collections.OrderedDict, collections.defaultdict)):
+        return "container"
+    if hasattr(x, "__dict__") or _slots(t):
+        if _has_del(t) or "<locals>" in t.__qualname__:
+            return "opaque"
+        return "object"
+    return "value"
+
+
+def _children(x: Any, kind: str) -> Iterator[tuple[tuple | None, Any]]:
+    if kind == "container":
+        if isinstance(x, dict):
+            for k, v in x.items():
+                yield (("k", k) if isinstance(k, (str, int, bool, float, tuple, type(None))) else None), v
+        elif isinstance(x, (list, tuple, collections.deque)):
+            for i, v in enumerate(x):
+                yield ("i", i), v
+        else:
+            for v in x:  # a set: its members have no path
+                yield None, v
+    elif kind in ("object", "opaque"):
+        d = getattr(x, "__dict__", None)
+        if isinstance(d, dict):
+            for k, v in list(d.items()):
+                yield ("a", k), v
+        for k in _slots(type(x)):
+            try:
+                yield ("a", k), object.__getattribute__(x, k)
+            except AttributeError:
+                continue
+        if isinstance(x, dict):
+            for k, v in list(x.items()):
+                yield (("k", k) if isinstance(k, (str, int)) else None), v
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                yield ("i", i), v
+    elif kind == "method":
+        yield ("self",), x.__self__
+
+
+@dataclass
+class Node:
+    obj: Any
+    kind: str
+    path: Path | None  # None: reachable only through a set (no path to pair it by)
+
+
+def walk(root: Any) -> dict[int, Node]:
+    """Every non-atomic object reachable from `root`, breadth first, with its first path."""
+    seen: dict[int, Node] = {}
+    queue = collections.deque([(root, ())])
+    while queue:
+        x, path = queue.popleft()
+        if id(x) in seen:
+            continue
+        kind = classify(x)
+        if kind == "atomic":
+            continue
+        seen[id(x)] = Node(x, kind, path)
+        if kind in ("handle", "array", "generator", "value"):
+            continue
+        for step, v in _children(x, kind):
+            queue.append((v, None if path is None or step is None else (*path, step)))
+    return seen
+
+
+def resolve(root: Any, path: Path) -> Any:
+    x = root
+    for step in path:
+        kind = step[0]
+        if kind == "a":
+            d = getattr(x, "__dict__", None)
+            x = d[step[1]] if isinstance(d, dict) and step[1] in d else object.__getattribute__(x, step[1])
+        elif kind in ("k", "i"):
+            x = x[step[1]]
+        else:
+            x = x.__self__
+    return x
+
+
+# -- handles and the arrays that alias them --------------------------------------------------------------
+
+_SKIP_FIELDS = ("island", "efc_AR_")
+
+
+def handle_fields(h: Any) -> list[tuple[int, int, str]]:
+    """(start address, end address, field) of every array of an MjModel / MjData: MjData's model-sized buffer
+    (its arena's arrays are left out: they point at stale memory when unused) and the struct arrays inside
+    mjData itself (`warning.number`...), by address."""
+    out = []
+    inside = None
+    if isinstance(h, mujoco.MjData):
+        start = h.qpos.__array_interface__["data"][0]
+        inside = (start, start + int(h.nbuffer))
+    for name in dir(h):
+        if name.startswith("_") or any(s in name for s in _SKIP_FIELDS):
+            continue
+        try:
+            v = getattr(h, name)
+        except Exception:  # noqa: BLE001 - a property that cannot be read here is no array
+            continue
+        if isinstance(v, np.ndarray) and v.nbytes:
+            start = v.__array_interface__["data"][0]
+            if inside is None or inside[0] <= start and start + v.nbytes <= inside[1]:
+                out.append((start, start + v.nbytes, name))
+        elif isinstance(h, mujoco.MjData) and name in ("warning", "timer", "solver"):
+            for sub in dir(v):
+                w = getattr(v, sub, None) if not sub.startswith("_") else None
+                if isinstance(w, np.ndarray) and w.nbytes:
+                    start = w.__array_interface__["data"][0]
+                    out.append((start, start + w.nbytes, f"{name}.{sub}"))
+    return sorted(out)
+
+
+def _field_array(h: Any, field: str) -> np.ndarray:
+    x = h
+    for part in field.split("."):
+        x = getattr(x, part)
+    return x
+
+
+class _Memory:
+    """An ndarray interface over memory at an address, kept alive through `owner`."""
+
+    def __init__(self, address: int, shape: tuple, strides: tuple, dtype: np.dtype, owner: Any) -> None:
+        self.owner = owner
+        self.__array_interface__ = {"data": (address, False), "shape": tuple(shape), "strides": tuple(strides),
+                                    "typestr": np.dtype(dtype).str, "version": 3}
+
+
+def alias_view(h: Any, field: str, offset: int, shape: tuple, strides: tuple, dtype: np.dtype) -> np.ndarray:
+    base = _field_array(h, field)
+    address = base.__array_interface__["data"][0] + offset
+    return np.asarray(_Memory(address, shape, strides, dtype, (h, base)))
+
+
+class _Aliases:
+    """Finds which handle field an array's memory lies in (fields cached per handle object)."""
+
+    def __init__(self) -> None:
+        self._fields: dict[int, tuple[Any, list[tuple[int, int, str]]]] = {}
+
+    def fields(self, h: Any) -> list[tuple[int, int, str]]:
+        cached = self._fields.get(id(h))
+        if cached is None or cached[0] is not h:
+            cached = (h, handle_fields(h))
+            self._fields[id(h)] = cached
+        return cached[1]
+
+    def find(self, arr: np.ndarray, handles: list[tuple[int, Any]]) -> tuple | None:
+        if not arr.nbytes:
+            return None
+        p = arr.__array_interface__["data"][0]
+        for index, h in handles:
+            hits = [(start, name) for start, end, name in self.fields(h) if start <= p < end]
+            if not hits:
+                continue
+            # struct arrays interleave (warning.lastinfo / .number): the field whose element grid it starts on
+            good = [(s, n) for s, n in hits if _field_array(h, n).dtype == arr.dtype
+                    and (p - s) % max(1, _field_array(h, n).strides[0] if _field_array(h, n).ndim else 1) == 0]
+            start, name = (good or hits)[-1]
+            return index, name, p - start, arr.shape, arr.strides, arr.dtype.str
+        return None
+
+
+# -- snapshot / restore ----------------------------------------------------------------------------------
+
+def _state_of(obj: Any) -> tuple[dict | None, dict, Any]:
+    """An object's own state: (`__dict__` copy or None, slots, dict items / list items / None)."""
+    d = getattr(obj, "__dict__", None)
+    slots = {}
+    for k in _slots(type(obj)):
+        try:
+            slots[k] = object.__getattribute__(obj, k)
+        except AttributeError:
+            continue
+    items = dict(obj) if isinstance(obj, dict) else list(obj) if isinstance(obj, list) else None
+    return (dict(d) if isinstance(d, dict) else None), slots, items
+
+
+class _Missing:
+    """An opaque object the target does not have (yet): a GL context a fresh env makes at its first render."""
+
+    def __repr__(self) -> str:
+        return "<missing in the target>"
+
+
+MISSING = _Missing()
+
+
+def _holds_missing(v: Any, depth: int = 3) -> bool:
+    if v is MISSING:
+        return True
+    if depth and isinstance(v, (list, tuple)):
+        return any(_holds_missing(x, depth - 1) for x in v)
+    if depth and isinstance(v, dict):
+        return any(_holds_missing(x, depth - 1) for x in v.values())
+    return False
+
+
+def _apply_state(obj: Any, state: tuple[dict | None, dict, Any]) -> None:
+    d, slots, items = state
+    if d is not None:
+        own = obj.__dict__
+        # an attribute that holds an opaque object the target lacks keeps the target's own value
+        new = {k: own[k] if _holds_missing(v) else v for k, v in d.items() if not _holds_missing(v) or k in own}
+        own.clear()
+        own.update(new)
+    for k in _slots(type(obj)):
+        if k in slots:
+            object.__setattr__(obj, k, slots[k])
+        else:
+            try:
+                object.__delattr__(obj, k)
+            except AttributeError:
+                pass
+    if items is not None:
+        obj.clear()
+        obj.update(items) if isinstance(obj, dict) else obj.extend(items)
+
+
+def _generator_state(g: Any) -> Any:
+    if isinstance(g, np.random.Generator):
+        return g.bit_generator.state
+    if isinstance(g, np.random.RandomState):
+        return g.get_state(legacy=False)
+    if isinstance(g, np.random.BitGenerator):
+        return g.state
+    return g.getstate()
+
+
+def _set_generator_state(g: Any, state: Any) -> None:
+    if isinstance(g, np.random.Generator):
+        g.bit_generator.state = state
+    elif isinstance(g, np.random.RandomState):
+        g.set_state(state)
+    elif isinstance(g, np.random.BitGenerator):
+        g.state = state
+    else:
+        g.setstate(state)
+
+
+def _new_generator(kind: type, state: Any) -> Any:
+    if issubclass(kind, np.random.Generator):
+        g = kind(getattr(np.random, state["bit_generator"])())
+    elif issubclass(kind, np.random.BitGenerator):
+        g = kind()
+    else:
+        g = kind()
+    _set_generator_state(g, state)
+    return g
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file, table: dict[int, tuple]) -> None:
+        super().__init__(file, protocol=5)
+        self.table = table
+
+    def persistent_id(self, obj: Any) -> tuple | None:
+        return self.table.get(id(obj))
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, resolved: dict[tuple, Any]) -> None:
+        super().__init__(file)
+        self.resolved = resolved
+
+    def persistent_load(self, pid: tuple) -> Any:
+        return self.resolved[pid]
+
+
+@dataclass
+class _Plan:
+    """The paths of a snapshot and what sits at each (pickled first, so a restore resolves them all before any
+    state is applied)."""
+
+    refs: list[tuple[Path, str, str]]  # handles and opaque objects: path, type name, kind
+    objects: list[tuple[Path | None, type]]  # paired objects
+    generators: list[tuple[Path | None, type]]
+    aliases: list[tuple[int, str, int, tuple, tuple, str]]  # (ref index of the handle, field, offset, ...)
+    views: list[tuple[int, int, tuple, tuple, str, bool]]  # (base index, offset, shape, strides, dtype, writeable)
+
+
+class GraphState:
+    """The Python state reachable from `root`, captured and restored without declarations.
+
+    `exclude`: attribute names never captured (their values are left as the target has them), e.g. a
+    renderer a suite keeps; `root` itself is the outermost env.
+    """
+
+    def __init__(self, root: Any, *, exclude: tuple[str, ...] = (), global_rngs: bool = True) -> None:
+        self.root, self.exclude, self.global_rngs = root, frozenset(exclude), global_rngs
+        self._aliases = _Aliases()
+
+    # -- the walk, with exclusions ---------------------------------------------------------------------
+    def nodes(self) -> dict[int, Node]:
+        graph = walk(self.root)
+        if not self.exclude:
+            return graph
+        return {i: n for i, n in graph.items() if n.path is None or not any(
+            s[0] == "a" and s[1] in self.exclude for s in n.path)}
+
+    def snapshot(self) -> bytes:
+        """The state as bytes: the paths of handles, opaque objects, objects and generators, then their states."""
+        graph = self.nodes()
+        table: dict[int, tuple] = {}
+        plan = _Plan([], [], [], [], [])
+        handles: list[tuple[int, Any]] = []
+        for node in graph.values():
+            if node.kind in ("handle", "opaque"):
+                if node.path is None:
+                    if node.kind == "handle":
+                        raise GraphStateError(f"a {type(node.obj).__name__} is reachable only through a set")
+                    continue  # an opaque object inside a set: pickled by value if it can be, else named below
+                table[id(node.obj)] = ("r", len(plan.refs))
+                if node.kind == "handle":
+                    handles.append((len(plan.refs), node.obj))
+                plan.refs.append((node.path, type(node.obj).__qualname__, node.kind))
+        excluded = self._excluded_ids(graph)
+        bases: list[np.ndarray] = []
+        base_index: dict[int, int] = {}
+        states: list[Any] = []  # the objects' states, then the generators'
+        generator_states: list[Any] = []
+        for node in graph.values():
+            obj = node.obj
+            if node.kind == "array":
+                alias = self._aliases.find(obj, handles)
+                if alias is not None:
+                    table[id(obj)] = ("a", len(plan.aliases))
+                    plan.aliases.append(alias)
+                    continue
+                base = obj
+                while isinstance(base.base, np.ndarray):
+                    base = base.base
+                if base is not obj and obj.nbytes and base.dtype != object:
+                    if id(base) not in base_index:
+                        base_index[id(base)] = len(bases)
+                        bases.append(base)
+                    offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+                    table[id(obj)] = ("v", len(plan.views))
+                    plan.views.append((base_index[id(base)], offset, obj.shape, obj.strides, obj.dtype.str,
+                                       bool(obj.flags.writeable)))
+            elif node.kind == "object" and node.path is not None:
+                table[id(obj)] = ("o", len(plan.objects))
+                plan.objects.append((node.path, type(obj)))
+                states.append(_state_of(obj))
+            elif node.kind == "generator":
+                table[id(obj)] = ("g", len(plan.generators))
+                plan.generators.append((node.path, type(obj)))
+                generator_states.append(_generator_state(obj))
+        for i in excluded:
+            table[i] = ("x", 0)
+        base_blob = io.BytesIO()
+        pickle.Pickler(base_blob, protocol=5).dump(bases)  # by value (a view's base is never a persistent id)
+        body = io.BytesIO()
+        glob = (np.random.get_state(legacy=False), random.getstate()) if self.global_rngs else None
+        try:
+            _Pickler(body, table).dump((states + generator_states, glob))
+        except Exception as exc:  # noqa: BLE001 - name the object that cannot be saved
+            raise GraphStateError(self._unpicklable(graph, table, exc)) from None
+        head = pickle.dumps(plan, protocol=5)
+        parts = (head, base_blob.getvalue(), body.getvalue())
+        return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
+
+    def restore(self, blob: bytes) -> None:
+        """Apply a snapshot of this graph (or of one built the same way, in any process) to this graph."""
+        parts, at = [], 0
+        for _ in range(3):
+            n = int.from_bytes(blob[at:at + 8], "little")
+            parts.append(blob[at + 8:at + 8 + n])
+            at += 8 + n
+        plan: _Plan = pickle.loads(parts[0])
+        bases: list[np.ndarray] = pickle.loads(parts[1])
+        root, resolved = self.root, {("x", 0): None}
+        refs = []
+        for i, (path, type_name, kind) in enumerate(plan.refs):
+            try:
+                target = resolve(root, path)
+            except (KeyError, IndexError, AttributeError, TypeError):
+                target = None
+            if kind == "opaque" and (target is None or type(target).__qualname__ != type_name):
+                resolved[("r", i)] = MISSING
+                refs.append(None)
+                continue
+            if target is None or type(target).__qualname__ != type_name:
+                raise GraphStateError(f"the env has no {type_name} at {fmt(path)} (found "
+                                      f"{type(target).__name__}): the capsule was taken from an env built "
+                                      "differently")
+            resolved[("r", i)] = target
+            refs.append(target)
+        for i, (h, field, offset, shape, strides, dtype) in enumerate(plan.aliases):
+            resolved[("a", i)] = alias_view(refs[h], field, offset, shape, strides, np.dtype(dtype))
+        for i, (b, offset, shape, strides, dtype, writeable) in enumerate(plan.views):
+            base = bases[b]
+            view = np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
+            view.flags.writeable = writeable and base.flags.writeable
+            resolved[("v", i)] = view
+        taken: set[int] = set()
+        objects = []
+        for i, (path, kind) in enumerate(plan.objects):
+            target = self._paired(path, kind, taken)
+            if target is None:
+                target = kind.__new__(kind)
+            resolved[("o", i)] = target
+            objects.append(target)
+        generators = []
+        for i, (path, kind) in enumerate(plan.generators):
+            target = self._paired(path, kind, taken)
+            resolved[("g", i)] = target  # None: made fresh below, once its state is read
+            generators.append(target)
+        states, glob = _Unpickler(io.BytesIO(parts[2]), resolved).load()
+        n = len(objects)
+        fresh: dict[int, Any] = {}
+        for i, (_, kind) in enumerate(plan.generators):
+            if generators[i] is None:
+                fresh[i] = _new_generator(kind, states[n + i])
+        if fresh:
+            # a generator made fresh must replace the placeholder it was unpickled as: rare (a generator
+            # created after the target was built); re-read the states with it resolved
+            for i, g in fresh.items():
+                resolved[("g", i)] = g
+            states, glob = _Unpickler(io.BytesIO(parts[2]), resolved).load()
+        for target, state in zip(objects, states[:n]):
+            _apply_state(target, state)
+        for i, g in enumerate(generators):
+            if g is not None:
+                _set_generator_state(g, states[n + i])
+        if glob is not None:
+            np.random.set_state(glob[0])
+            random.setstate(glob[1])
+
+    def _paired(self, path: Path | None, kind: type, taken: set[int]) -> Any:
+        if path is None:
+            return None
+        try:
+            target = resolve(self.root, path)
+        except (KeyError, IndexError, AttributeError, TypeError):
+            return None
+        if type(target) is not kind or id(target) in taken:
+            return None
+        taken.add(id(target))
+        return target
+
+    def _excluded_ids(self, graph: dict[int, Node]) -> set[int]:
+        if not self.exclude:
+            return set()
+        out = set()
+        for node in graph.values():
+            d = getattr(node.obj, "__dict__", None) if node.kind in ("object", "opaque") else None
+            if isinstance(d, dict):
+                out.update(id(v) for k, v in d.items() if k in self.exclude)
+        return out
+
+    def _unpicklable(self, graph: dict[int, Node], table: dict[int, tuple], exc: Exception) -> str:
+        for node in graph.values():
+            if id(node.obj) in table or node.kind in ("object", "container", "handle"):
+                continue
+            try:
+                _Pickler(io.BytesIO(), table).dump(node.obj)
+            except Exception as inner:  # noqa: BLE001
+                return (f"the env's Python state cannot be captured: {type(node.obj).__module__}."
+                        f"{type(node.obj).__qualname__} at {fmt(node.path)} cannot be saved ({inner}); exclude that "
+                        "attribute (CaptureSpec.exclude) if it is not state")
+        return f"the env's Python state cannot be captured: {type(exc).__name__}: {exc}"
+
+    # -- diagnostics ------------------------------------------------------------------------------------
+    def dump(self) -> dict[str, str]:
+        """Every value reachable, by path -> a short digest: arrays (shape, dtype, bytes), scalars, generator
+        states, which attributes an object has, aliases (field and offset). Handles' own arrays are left to the
+        MjData comparison; opaque objects to their owners."""
+        out: dict[str, str] = {}
+        graph = self.nodes()
+        handles = [(i, n.obj) for i, n in enumerate(graph.values()) if n.kind == "handle"]
+        names = {i: fmt(n.path) for i, n in enumerate(graph.values())}
+        for node in graph.values():
+            if node.path is None:
+                continue
+            p = fmt(node.path)
+            if node.kind == "array":
+                alias = self._aliases.find(node.obj, handles)
+                if alias is not None:
+                    out[p] = f"alias of {names[alias[0]]}.{alias[1]} +{alias[2]} B {alias[3]}"
+                elif node.obj.dtype == object:
+                    out[p] = f"array object {node.obj.shape} {node.obj!r}"[:200]
+                else:
+                    digest = hashlib.blake2b(np.ascontiguousarray(node.obj).tobytes(), digest_size=8).hexdigest()
+                    out[p] = f"array {node.obj.dtype} {node.obj.shape} {digest}"
+            elif node.kind == "generator":
+                out[p] = f"generator {hashlib.blake2b(repr(_generator_state(node.obj)).encode(), digest_size=8).hexdigest()}"
+            elif node.kind in ("object", "container"):
+                if node.kind == "object":
+                    out[p + " (attributes)"] = ",".join(sorted(getattr(node.obj, "__dict__", {}) or ()))
+                elif not isinstance(node.obj, dict):  # a sequence or set: its plain items as one value
+                    plain = [repr(v) for v in node.obj if classify(v) == "atomic"]
+                    if isinstance(node.obj, (set, frozenset)):
+                        plain.sort()
+                    digest = hashlib.blake2b("\n".join(plain).encode(), digest_size=8).hexdigest()
+                    out[p + " (items)"] = f"{len(node.obj)} items {digest}"
+                    continue
+                else:
+                    out[p + " (items)"] = str(len(node.obj))
+                for step, v in _children(node.obj, node.kind):
+                    if step is not None and classify(v) == "atomic" and not isinstance(
+                            v, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
+                        out[fmt((*node.path, step))] = f"{type(v).__name__} {v!r}"[:200]
+            elif node.kind == "value":
+                try:
+                    digest = hashlib.blake2b(pickle.dumps(node.obj), digest_size=8).hexdigest()
+                    out[p] = f"{type(node.obj).__name__} {digest}"
+                except Exception:  # noqa: BLE001 - not comparable by value
+                    continue
+        return out
+
+
+def differing_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """Paths whose value differs between two dumps (or that one lacks), shortest first (causes before the
+    arrays inside them)."""
+    keys = set(before) | set(after)
+    return sorted((k for k in keys if before.get(k) != after.get(k)), key=lambda k: (k.count(".") + k.count("["), k))
