@@ -28,9 +28,10 @@ LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
 # torch and Triton stay as they are (tests/test_library.py checks, and imports both there).
 LEROBOT_PROJECT_STAMP := $(LEROBOT_VENV)/.project
 
-# The third-party suites (Meta-World, gymnasium-robotics, gym-aloha, SO-101) in a venv of their own: they need
-# mujoco 3.3.0, the project's own venv stays on 4.0.0. `make test-slow` runs the suite tests there (about 3
-# minutes to install: torch CPU, the project and the extras, in one resolution).
+# The third-party suites (Meta-World, gymnasium-robotics, gym-aloha, SO-101, robosuite) in a venv of their own:
+# they need mujoco 3.3.0, the project's own venv stays on 4.0.0. `make test-slow` runs the suite tests there
+# (about 4 minutes to install: torch CPU, the project and the extras in one resolution, then robosuite without
+# its mink pin; `pip check` then reports only that robosuite's mink is missing).
 SUITES_VENV ?= .venv-suites
 SUITES_STAMP := $(SUITES_VENV)/.installed
 
@@ -60,7 +61,8 @@ suites-venv: $(SUITES_STAMP)
 $(SUITES_STAMP): pyproject.toml constraints.txt
 	test -x $(SUITES_VENV)/bin/python || $(PYTHON) -m venv $(SUITES_VENV)
 	$(SUITES_VENV)/bin/python -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
-	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics,aloha,so101]" -c constraints.txt
+	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics,aloha,so101,robosuite]" -c constraints.txt
+	$(SUITES_VENV)/bin/python -m pip install --no-deps robosuite==1.5.2
 	touch $@
 
 lerobot-venv: $(LEROBOT_PROJECT_STAMP)

@@ -173,6 +173,7 @@ def suite_env(env_id: str, rounds: int, step_count: int) -> dict:
     env.close()
     out: dict = {k: stats_us(v) for k, v in samples.items()}
     out.update(env=env_id, mujoco=mujoco.__version__, capsule_bytes=initial.nbytes, steps_per_s=steps_s,
+               capture="graph" if getattr(env, "_graph", None) is not None else "declared",
                reset_over_restore=out["reset_seed"]["median"] / out["restore"]["median"])
     return out
 

@@ -71,6 +71,9 @@ class BenchEnvConfig:
     """Fewer rounds (a smoke run)."""
     docs: str = ""
     """Markdown file whose bench_env section is replaced by the results; empty: none."""
+    section: str = ""
+    """With --env: a name appended to the docs section's (one per mujoco version), so that several sets of
+    envs keep tables of their own."""
     out_dir: str = ""
     """Directory for the recorder measurements; empty means a fresh temporary directory."""
 

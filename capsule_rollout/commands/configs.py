@@ -186,6 +186,8 @@ class SimRolloutConfig:
     """Stop an episode when the critic's value stays below this (None: never)."""
     value_patience: int = 3
     """Consecutive low-value chunks before that stop."""
+    max_steps: int | None = None
+    """Control steps an episode may take at most (None: the env's own limit, which also caps this)."""
     repeats: int = 1
     """Rollouts per seed, each reset by restoring the seed's initial capsule, each with noise of its own
     (episode ids get -r1, -r2...)."""

@@ -165,7 +165,7 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
     With `capture`, its seed function seeds each reset and its declarations are marked in the report."""
     env = make()
     u = env.unwrapped
-    model, data = find_physics(env)
+    model, data, _ = find_physics(env)
     start, size = mjdata_buffer(data)
     graph = GraphState(env)
     report = ScanReport(task=task or type(u).__name__)

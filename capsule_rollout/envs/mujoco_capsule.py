@@ -91,7 +91,7 @@ class MujocoCapsuleEnv(BufferComponent):
         self.name = "env"
         self.env, self.capture = env, capture
         self.unwrapped = env.unwrapped
-        self.model, self.data = find_physics(env)
+        self.model, self.data, self._physics_path = find_physics(env)
         if self.model.nplugin:
             raise MujocoCapsuleError(f"{capture.task}: models with plugins are not supported (MjData holds plugin "
                                      "pointers)")
@@ -113,24 +113,12 @@ class MujocoCapsuleEnv(BufferComponent):
                      for path, owner, name in self._generators
                      if name == "_np_random" and isinstance(owner, gym.Env) and "_np_random_seed" in vars(owner)]
         self._attrs = [(*resolve_attr(self.unwrapped, a.path), a) for a in capture.attributes] + self._wrapper_attrs + seeds
-        self._buffer_ptr, self._buffer_bytes = mjdata_buffer(self.data)
-        # where the physics state lies in the captured buffer (bytes): a capsule with NaN / inf there is refused
-        self._physics = [(name, arr.ctypes.data - self._buffer_ptr, arr.nbytes) for name in PHYSICS_FIELDS
-                         if (arr := getattr(self.data, name)).nbytes and arr.dtype == np.float64
-                         and 0 <= arr.ctypes.data - self._buffer_ptr <= self._buffer_bytes - arr.nbytes]
-        # the same as float64 element indices into the buffer, checked with one gather on every restore
-        self._physics_index = np.concatenate([np.arange(offset // 8, (offset + nbytes) // 8)
-                                              for _, offset, nbytes in self._physics] or [np.zeros(0, np.int64)])
-        if any(offset % 8 for _, offset, _ in self._physics):
-            raise MujocoCapsuleError(f"this MuJoCo ({mujoco.__version__}) lays MjData's float64 arrays out unaligned")
         self._model_fields = [(name, getattr(self.model, name)) for name in capture.model_fields]
         for name, arr in self._model_fields:
             if not isinstance(arr, np.ndarray):
                 raise MujocoCapsuleError(f"{capture.task}: model field {name!r} is not an MjModel array")
-        # graph capture: every model array that is not an asset, as a few contiguous runs of the model's memory
-        self._model_runs = model_value_runs(self.model) if self._graph is not None else []
-        self._model_bytes = sum(n for _, n in self._model_runs)
-        self._scratch = mujoco.MjData(self.model) if self._graph is not None else None
+        self._renderer: OffscreenRenderer | None = None
+        self._attach(self.model, self.data)
         self._python_bytes = self._slab_size() if self._graph is not None else 0
         raw = self._probe_observation()
         self._obs_dim = raw.shape[0]
@@ -138,13 +126,6 @@ class MujocoCapsuleEnv(BufferComponent):
         extra = {OBSERVATION_KEY: ArraySpec((self._obs_dim,), np.float64)}
         self.observation_spec = ObservationSpec.of(state_dim=state_dim, cameras=self.cameras,
                                                    image_size=self.image_size, **extra)
-        self._renderer: OffscreenRenderer | None = None
-        # the framework's renderer draws without multisampling (with shadows off: ~100x faster on a CPU); a
-        # visual setting of the model only, read by no physics routine
-        self.model.vis.quality.offsamples = 0
-        if self._graph is not None:
-            self._scratch_ptr = mjdata_buffer(self._scratch)[0]
-            self._scratch_view = _memory(self._scratch_ptr, self._buffer_bytes)
         self._mjv_cameras = {c: self._mjv_camera(capture.cameras[c]) for c in self.cameras}
         self._fingerprint = self._make_fingerprint()
         self._plan: list[tuple[int, int, int]] = []
@@ -173,6 +154,50 @@ class MujocoCapsuleEnv(BufferComponent):
                 found.append((layer, name, Attr(f"{kind}.{name}", WRAPPER_COUNTER_TYPES.get(name, "int"))))
         return found
 
+    def _attach(self, model: mujoco.MjModel, data: mujoco.MjData) -> None:
+        """Take `model` / `data` as the env's simulation: at construction, and with graph capture whenever the
+        env has built new ones (robosuite recompiles its model at every reset), which must have the sizes of
+        the first."""
+        first = not hasattr(self, "_buffer_bytes")
+        ptr, nbytes = mjdata_buffer(data)
+        runs = model_value_runs(model) if self._graph is not None else []
+        if not first and (nbytes != self._buffer_bytes or sum(n for _, n in runs) != self._model_bytes):
+            raise MujocoCapsuleError(f"{self.capture.task} built a new MjModel / MjData of other sizes (MjData buffer "
+                                     f"{nbytes:,} bytes, was {self._buffer_bytes:,}): a capsule holds one layout")
+        self.model, self.data = model, data
+        self._buffer_ptr, self._buffer_bytes = ptr, nbytes
+        # where the physics state lies in the captured buffer (bytes): a capsule with NaN / inf there is refused
+        self._physics = [(name, arr.ctypes.data - ptr, arr.nbytes) for name in PHYSICS_FIELDS
+                         if (arr := getattr(data, name)).nbytes and arr.dtype == np.float64
+                         and 0 <= arr.ctypes.data - ptr <= nbytes - arr.nbytes]
+        # the same as float64 element indices into the buffer, checked with one gather on every restore
+        self._physics_index = np.concatenate([np.arange(offset // 8, (offset + n) // 8)
+                                              for _, offset, n in self._physics] or [np.zeros(0, np.int64)])
+        if any(offset % 8 for _, offset, _ in self._physics):
+            raise MujocoCapsuleError(f"this MuJoCo ({mujoco.__version__}) lays MjData's float64 arrays out unaligned")
+        # graph capture: every model array that is not an asset, as a few contiguous runs of the model's memory
+        self._model_runs = runs
+        self._model_bytes = sum(n for _, n in runs)
+        if self._graph is not None:
+            self._scratch = mujoco.MjData(model)
+            self._scratch_ptr = mjdata_buffer(self._scratch)[0]
+            self._scratch_view = _memory(self._scratch_ptr, nbytes)
+        # the framework's renderer draws without multisampling (with shadows off: ~100x faster on a CPU); a
+        # visual setting of the model only, read by no physics routine
+        model.vis.quality.offsamples = 0
+        if self._renderer is not None:  # made for the old model
+            self._renderer.close()
+            self._renderer = None
+        if not first and hasattr(self, "_np"):
+            self._make_plan(self._np)
+
+    def _follow_rebuilds(self) -> None:
+        """With graph capture, re-attach when the env has replaced its MjModel / MjData (cheap when it has not:
+        the MjData is looked up where it was found)."""
+        model, data, self._physics_path = find_physics(self.env, self._physics_path)
+        if data is not self.data or model is not self.model:
+            self._attach(model, data)
+
     def _slab_size(self) -> int:
         if self.capture.python_bytes is not None:
             return int(self.capture.python_bytes)
@@ -188,7 +213,7 @@ class MujocoCapsuleEnv(BufferComponent):
     def _probe_observation(self) -> np.ndarray:
         space = getattr(self.env, "observation_space", None)
         try:
-            sample = flatten(_zeros_like_space(space))
+            sample = flatten(self._kept(_zeros_like_space(space)))
         except TypeError:
             raise MujocoCapsuleError(f"{self.capture.task}: observation space {space} is not made of Boxes and "
                                      "Dicts; give the suite a `state` function") from None
@@ -207,15 +232,17 @@ class MujocoCapsuleEnv(BufferComponent):
         return free
 
     def _make_fingerprint(self) -> dict[str, str]:
-        saved = [(arr, arr.copy()) for _, arr in self._model_fields]
-        saved += [(run, run.copy()) for run in (_memory(address, n) for address, n in self._model_runs)]
-        for arr, _ in saved:
-            arr[...] = 0  # run-time edits are state, not identity
-        size = mujoco.mj_sizeModel(self.model)
-        blob = np.zeros(size, np.uint8)
-        mujoco.mj_saveModel(self.model, None, blob)
-        for arr, value in saved:
-            arr[...] = value
+        if self._graph is not None:
+            blob = model_identity(self.model, self._model_runs)
+        else:
+            saved = [(arr, arr.copy()) for _, arr in self._model_fields]
+            for arr, _ in saved:
+                arr[...] = 0  # run-time edits are state, not identity
+            size = mujoco.mj_sizeModel(self.model)
+            blob = np.zeros(size, np.uint8)
+            mujoco.mj_saveModel(self.model, None, blob)
+            for arr, value in saved:
+                arr[...] = value
         declared = {"attributes": [repr(a) for a in self.capture.attributes], "model": list(self.capture.model_fields),
                     "wrappers": [type(x).__name__ for x in self.layers],
                     "generators": [p for p, _, _ in self._generators],
@@ -267,15 +294,7 @@ class MujocoCapsuleEnv(BufferComponent):
         self._np = b
         self._counters = b["counters"]
         self._time = b["time"]
-        # the static part of every restore: (destination, source, bytes) into MjData and MjModel
-        self._plan = [(self._buffer_ptr, b["mjdata"].ctypes.data, self._buffer_bytes)]
-        self._plan += [(arr.ctypes.data, b[f"model_{name}"].ctypes.data, arr.nbytes) for name, arr in self._model_fields]
-        if self._graph is not None:
-            self._model_copies, at = [], b["model"].ctypes.data
-            for address, n in self._model_runs:
-                self._model_copies.append((at, address, n))
-                at += n
-            self._plan += [(dst, src, n) for src, dst, n in self._model_copies]
+        self._make_plan(b)
         # (owner, attribute, row, row address, index): addresses precomputed, none looked up per restore
         self._rng_rows = [(owner, name, b["rng"][i], b["rng"][i].ctypes.data, i)
                           for i, (_, owner, name) in enumerate(self._generators)]
@@ -296,6 +315,17 @@ class MujocoCapsuleEnv(BufferComponent):
                              (lambda v, attr=attr: _load(attr, v)), view, i)
                             for owner, name, attr, view, i in self._attr_views]
 
+    def _make_plan(self, b: dict[str, np.ndarray]) -> None:
+        # the static part of every restore: (destination, source, bytes) into MjData and MjModel
+        self._plan = [(self._buffer_ptr, b["mjdata"].ctypes.data, self._buffer_bytes)]
+        self._plan += [(arr.ctypes.data, b[f"model_{name}"].ctypes.data, arr.nbytes) for name, arr in self._model_fields]
+        if self._graph is not None:
+            self._model_copies, at = [], b["model"].ctypes.data
+            for address, n in self._model_runs:
+                self._model_copies.append((at, address, n))
+                at += n
+            self._plan += [(dst, src, n) for src, dst, n in self._model_copies]
+
     def fingerprint(self) -> Mapping[str, str]:
         return self._fingerprint
 
@@ -312,10 +342,12 @@ class MujocoCapsuleEnv(BufferComponent):
 
     def before_snapshot(self) -> None:
         b = self._np
-        model, data = find_physics(self.env)
-        if model is not self.model or data is not self.data:
+        if self._graph is not None:
+            self._follow_rebuilds()
+        elif find_physics(self.env, self._physics_path)[1] is not self.data:
             raise MujocoCapsuleError(f"{self.capture.task} replaced its MjModel / MjData after construction; "
-                                     "the adapter needs them to live as long as the env")
+                                     "the declared capture needs them to live as long as the env (graph capture "
+                                     "follows a suite that rebuilds them)")
         ctypes.memmove(b["mjdata"].ctypes.data, self._buffer_ptr, self._buffer_bytes)
         self._time[0] = self.data.time
         if self._graph is not None:
@@ -338,6 +370,8 @@ class MujocoCapsuleEnv(BufferComponent):
                 _store(attr, value, view, self)
 
     def after_restore(self) -> None:
+        if self._graph is not None:
+            self._follow_rebuilds()
         memmove = ctypes.memmove
         for dst, src, n in self._plan:
             memmove(dst, src, n)
@@ -389,6 +423,7 @@ class MujocoCapsuleEnv(BufferComponent):
                 f"{self._python_bytes:,} its capsule buffer holds (largest arrays: {big}); give the suite's "
                 "CaptureSpec a larger python_bytes, or exclude what is not state (CaptureSpec.exclude)")
         b["python"][: len(blob)] = np.frombuffer(blob, np.uint8)
+        b["python"][len(blob):] = 0  # a capsule's bytes are a function of the state alone
         b["python_len"][0] = len(blob)
 
     def _pointers(self, gen: np.random.Generator, slot: int) -> tuple[int, int]:
@@ -434,6 +469,8 @@ class MujocoCapsuleEnv(BufferComponent):
         if seed is not None and self.capture.seed is not None:
             self.capture.seed(self.env, int(seed))
         raw, info = self.env.reset(seed=seed, options=options)
+        if self._graph is not None:
+            self._follow_rebuilds()
         self._counters[:] = (0, 1)
         self._commit(raw)
         return self.observe(), info
@@ -477,9 +514,20 @@ class MujocoCapsuleEnv(BufferComponent):
         fn = self.capture.state
         return np.asarray(fn(flat if raw_obs is None else raw_obs) if fn is not None else flat, np.float32)
 
+    def _kept(self, raw: Any) -> Any:
+        keys = self.capture.observation_keys
+        return raw if keys is None or not isinstance(raw, Mapping) else {k: raw[k] for k in keys}
+
     def _commit(self, raw: Any) -> None:
         b = self._np
-        flat = flatten(raw)
+        flat = flatten(self._kept(raw))
+        if flat.shape[0] != self._obs_dim:
+            parts = ", ".join(f"{k} {np.shape(v)}" for k, v in raw.items()) if isinstance(raw, Mapping) else \
+                str(np.shape(raw))
+            raise MujocoCapsuleError(
+                f"{self.capture.task} returned an observation of {flat.shape[0]:,} values ({parts}) where its "
+                f"observation_space says {self._obs_dim:,}: the env does not honour its own space (an image "
+                "rendered at a fixed size whatever its size options say?); make the env with options it honours")
         b["obs_observation"][:] = flat
         b["obs_state"][:] = self._state(raw, flat)
         for c, img in self._images.items():
@@ -509,25 +557,57 @@ def _check_layout(bg, pcg: int, aux: int) -> None:
                                  f"(numpy {np.__version__}); generators cannot be captured here")
 
 
-ASSET_PREFIXES = ("mesh_", "tex_", "hfield_", "skin_", "flex", "names", "paths", "text_", "plugin", "bvh_",
-                  "oct_", "numeric_", "tuple_", "key_")
+ASSET_PREFIXES = ("mesh_", "tex_", "hfield_", "skin_", "flex", "names", "paths", "text_", "plugin", "oct_",
+                  "numeric_", "tuple_", "key_")
 """MjModel arrays that are not captured by value with graph capture: assets fixed by the model's files
-(meshes, textures, heightfields, skins, flexes, names, BVH trees, keyframes, custom data); the fingerprint
-holds them."""
+(meshes, textures, heightfields, skins, flexes, names, keyframes, custom data; the meshes' BVH nodes); the
+fingerprint holds them."""
 
 
 def model_value_runs(model: mujoco.MjModel, gap: int = 256) -> list[tuple[int, int]]:
     """(address, bytes) runs of the model's memory covering every array that is not an asset; arrays less
     than `gap` bytes apart share a run (the bytes between them are padding or small index arrays)."""
     runs: list[list[int]] = []
+    # the bodies' BVH nodes come first in bvh_*: a body's bounding box changes with its geoms' sizes (robosuite
+    # draws a cube's size at each build); the meshes' nodes after them are assets
+    body_nodes = int(np.sum(model.body_bvhnum))
+    if body_nodes and int(np.max(model.body_bvhadr + model.body_bvhnum)) != body_nodes:
+        body_nodes = int(model.nbvh)  # laid out otherwise: all of it by value
     for start, end, name in handle_fields(model):
-        if name.startswith(ASSET_PREFIXES):
+        if name.startswith("bvh_"):
+            end = start + body_nodes * getattr(model, name).strides[0]
+            if end == start:
+                continue
+        elif name.startswith(ASSET_PREFIXES):
             continue
         if runs and start - runs[-1][1] <= gap:
             runs[-1][1] = max(runs[-1][1], end)
         else:
             runs.append([start, end])
     return [(start, end - start) for start, end in runs]
+
+
+def model_identity(model: mujoco.MjModel, runs: list[tuple[int, int]]) -> np.ndarray:
+    """What a model is, as graph capture sees it: its sizes, its options and every array byte outside the
+    captured runs (the assets), not the values captured (nor the statistics MuJoCo derives from them: robosuite
+    draws a cube's size at each build, and two builds of one task must restore each other's capsules)."""
+    parts = [np.array([getattr(model, n) for n in sorted(dir(model)) if n.startswith("n") and isinstance(
+        getattr(model, n, None), int)], np.int64).tobytes()]
+    opt = model.opt
+    parts += [np.asarray(getattr(opt, n)).tobytes() for n in sorted(dir(opt)) if not n.startswith("_")
+              and isinstance(getattr(opt, n), (int, float, np.ndarray))]
+    covered = sorted(runs)
+    for start, end, _ in handle_fields(model):
+        at = start
+        for run_start, n in covered:  # the bytes of this array outside every run
+            if run_start + n <= at or run_start >= end:
+                continue
+            if run_start > at:
+                parts.append(_memory(at, run_start - at).tobytes())
+            at = max(at, run_start + n)
+        if at < end:
+            parts.append(_memory(at, end - at).tobytes())
+    return np.frombuffer(b"".join(parts), np.uint8)
 
 
 def _memory(address: int, n: int) -> np.ndarray:

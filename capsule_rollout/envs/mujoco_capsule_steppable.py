@@ -5,7 +5,9 @@ terminated, each camera's image, and the whole captured MjData (its model-sized
 buffer and time), so the harness compares the full simulator state as well.
 `scramble` dirties everything the capsule must restore: MjData (integration
 state and derived arrays), the declared model fields, every generator, the
-declared attributes and the wrapper counters.
+declared attributes and the wrapper counters; with graph capture, it first plays
+the env elsewhere (a reset to another seed and steps: the Python state moves on)
+and perturbs model arrays the capture holds by value (masses, sizes, poses).
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class MujocoCapsuleSteppable:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         rng = np.random.default_rng(seed)
         env = self.env
+        if env._graph is not None:  # graph capture: the env played elsewhere (its Python state moves on, a suite
+            # may rebuild its model) and the model's captured arrays perturbed
+            env.reset(seed=int(rng.integers(1 << 30)))
+            for _ in range(3):
+                env.step(rng.uniform(self._low.numpy(), (self._low + self._span).numpy()).astype(env.action_space.dtype))
+            for name in ("body_mass", "geom_size", "body_pos", "geom_rgba"):
+                arr = getattr(env.model, name)
+                arr[...] = arr + rng.normal(0, 0.01, arr.shape)
         d = env.data
         d.qpos[:] += rng.normal(0, 0.01, d.qpos.shape)
         d.qvel[:] = rng.normal(0, 0.1, d.qvel.shape)

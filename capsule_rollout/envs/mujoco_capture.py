@@ -102,6 +102,9 @@ class CaptureSpec:
     """Called before `reset(seed=...)` for suites whose reset ignores its seed: seeds the suite its own way."""
     wrapper_state: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Counters of wrappers beyond `KNOWN_WRAPPERS` (class name -> attribute names, captured as ints)."""
+    observation_keys: tuple[str, ...] | None = None
+    """Keys of a dict observation kept in the flattened `observation` (None: all). A suite whose observation
+    carries a large image the framework renders itself anyway (gym-aloha's 480x640 `pixels`) keeps it out."""
     graph: bool = True
     """Capture the env's whole Python object graph and every model array that is not an asset, with nothing
     declared (`envs.object_graph`). False: only what is declared above (the fast path of the built-in
@@ -203,18 +206,26 @@ def mjdata_buffer(data: mujoco.MjData) -> tuple[int, int]:
     return start, size
 
 
-def find_physics(env: gym.Env) -> tuple[mujoco.MjModel, mujoco.MjData]:
-    """The env's MjModel and MjData: `unwrapped.model` / `.data`, else the one MjData its object graph reaches
-    (a dm_control `Physics`, a suite's own simulator object) and its model."""
+def find_physics(env: gym.Env, path: tuple | None = None) -> tuple[mujoco.MjModel, mujoco.MjData, tuple | None]:
+    """The env's MjModel and MjData, and the object-graph path of the MjData (None: `unwrapped.data`):
+    `unwrapped.model` / `.data`, else the MjData at `path` (where it was found before: cheap), else the one
+    MjData the env's object graph reaches (a dm_control `Physics`, robosuite's simulator) and its model."""
+    from capsule_rollout.envs.object_graph import fmt, resolve, walk
+
     unwrapped = env.unwrapped
     model, data = getattr(unwrapped, "model", None), getattr(unwrapped, "data", None)
     if isinstance(model, mujoco.MjModel) and isinstance(data, mujoco.MjData):
-        return model, data
-    from capsule_rollout.envs.object_graph import fmt, walk
-
-    found = [n for n in walk(env).values() if isinstance(n.obj, mujoco.MjData)]
+        return model, data, None
+    if path is not None:
+        try:
+            data = resolve(env, path)
+        except (KeyError, IndexError, AttributeError, TypeError):
+            data = None
+        if isinstance(data, mujoco.MjData):
+            return data.model, data, path
+    found = [n for n in walk(env).values() if isinstance(n.obj, mujoco.MjData) and n.path is not None]
     if len(found) == 1:
-        return found[0].obj.model, found[0].obj
+        return found[0].obj.model, found[0].obj, found[0].path
     if not found:
         raise MujocoCapsuleError(f"{type(unwrapped).__name__} reaches no MjData (neither `model` / `data` nor "
                                  "anything inside it): the adapter captures MuJoCo envs only")

@@ -104,6 +104,8 @@ def classify(x: Any) -> str:
         return "generator"
     if isinstance(x, np.ndarray):
         return "array"
+    if t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter", "Generator"):
+        return "value"  # its data is not in its __dict__: pickled whole
     if isinstance(x, types.MethodType):
         return "method"
     module = t.__module__ or ""
@@ -449,7 +451,9 @@ class GraphState:
                 base = obj
                 while isinstance(base.base, np.ndarray):
                     base = base.base
-                if base is not obj and obj.nbytes and base.dtype != object:
+                # a view of another array of the graph stays a view of its copy (a base no one else holds,
+                # such as the buffer an unpickled array keeps, is not state: the array is copied alone)
+                if base is not obj and obj.nbytes and base.dtype != object and id(base) in graph:
                     if id(base) not in base_index:
                         base_index[id(base)] = len(bases)
                         bases.append(base)

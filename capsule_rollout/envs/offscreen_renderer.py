@@ -22,7 +22,10 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()  # renderers not closed yet: closed a
 
 def _close_open_renderers() -> None:
     for renderer in list(_OPEN):
-        renderer.close()
+        try:
+            renderer.close()
+        except Exception:  # noqa: BLE001 - the process is ending and its GL display is gone already (a suite's
+            renderer.abandon()  # own exit hook, dm_control's, terminated it first): nothing left to free
 
 
 def _track(renderer: OffscreenRenderer) -> None:
@@ -125,6 +128,14 @@ class OffscreenRenderer:
         if self._gl is not None:
             self._gl.free()
             self._gl = None
+
+    def abandon(self) -> None:
+        """Drop the GL objects without a GL call (their display is gone): MuJoCo's context class would retry
+        freeing its context when collected, and fail loudly, so it is marked freed."""
+        _OPEN.discard(self)
+        if self._gl is not None and hasattr(self._gl, "_context"):
+            self._gl._context = None
+        self._mjr = self._gl = None
 
     def __del__(self) -> None:
         try:

@@ -66,7 +66,10 @@ def suite_markdown(results: list[dict]) -> str:
         "shared the machine's 2 cores while this ran.",
         "`restore` is `capsules.restore` of the env's arena (the library's checks, one slab copy, the adapter's "
         "hook); `hook` is the adapter's `after_restore` alone; `usual` restores the same state the usual way "
-        "(`mj_setState` + `mj_forward`, generator state dicts, attribute copies).",
+        "(`mj_setState` + `mj_forward`, generator state dicts, attribute copies)."
+        + (" Envs marked (graph) are captured with nothing declared (their whole Python object graph is in the "
+           "capsule); for them `usual` restores MjData alone." if any(r.get("capture") == "graph" for r in results)
+           else ""),
         "",
         "| env | reset(seed) median / p99 us | restore median / p99 us | hook median us | usual median us "
         "| reset / restore | reset / hook | capsule bytes | steps/s |",
@@ -74,7 +77,8 @@ def suite_markdown(results: list[dict]) -> str:
     ]
     for r in results:
         lines.append(
-            f"| `{r['env']}` | {r['reset_seed']['median']:.0f} / {r['reset_seed']['p99']:.0f} | "
+            f"| `{r['env']}`{' (graph)' if r.get('capture') == 'graph' else ''} | "
+            f"{r['reset_seed']['median']:.0f} / {r['reset_seed']['p99']:.0f} | "
             f"{r['restore']['median']:.1f} / {r['restore']['p99']:.1f} | {r['restore_hook']['median']:.1f} | "
             f"{r['usual_restore']['median']:.1f} | {r['reset_over_restore']:.1f}x | "
             f"{r['reset_seed']['median'] / r['restore_hook']['median']:.1f}x | {r['capsule_bytes']} | "
@@ -97,7 +101,8 @@ def run_suite_envs(config: BenchEnvConfig) -> ExperimentResult:
                       f"{r['reset_over_restore']:.1f}x", str(r["capsule_bytes"]))
     console.print(table)
     if config.docs:
-        name = f"bench_suite_envs_mujoco{mujoco.__version__.replace('.', '')}"
+        name = f"bench_suite_envs_mujoco{mujoco.__version__.replace('.', '')}" + (
+            f"_{config.section}" if config.section else "")
         update_markdown_section(config.docs, name, suite_markdown(results))
         console.print(f"results written to {config.docs} ({name})")
     return ExperimentResult(summary)

@@ -221,3 +221,51 @@ class SeedOutOfSight(Boxes):
 
 def make_seed_out_of_sight():
     return gym.wrappers.TimeLimit(SeedOutOfSight(), max_episode_steps=100)
+
+
+class ImageOfItsOwnSize(Boxes):
+    """Says its observation is a 32x32 image, returns 48x48 (gym-aloha's 480x640 whatever its size options say)."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (32, 32, 3), np.uint8)})
+
+    def observe(self):
+        return {"pixels": np.zeros((48, 48, 3), np.uint8)}
+
+
+def make_image_of_its_own_size():
+    return gym.wrappers.TimeLimit(ImageOfItsOwnSize(), max_episode_steps=100)
+
+
+class RebuildsModel(gym.Env):
+    """Compiles a new model at every reset with the box's size drawn from the seed, keeping it in an object of
+    its own (`sim_model` / `sim_data`, not `model` / `data`), as robosuite does."""
+
+    def __init__(self):
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (18,), np.float64)
+        self._build(0.05)
+
+    def _build(self, half):
+        self.sim_model = mujoco.MjModel.from_xml_string(XML.replace('size=".05 .05 .05"', f'size="{half} {half} {half}"'))
+        self.sim_data = mujoco.MjData(self.sim_model)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._build(float(self.np_random.uniform(0.03, 0.07)))
+        self.sim_data.qpos[7:9] = self.np_random.uniform(-0.3, 0.3, 2)
+        mujoco.mj_forward(self.sim_model, self.sim_data)
+        return self.observe(), {}
+
+    def observe(self):
+        return np.concatenate([self.sim_data.qpos, self.sim_data.qvel, [self.sim_model.geom_size[1, 0]]])
+
+    def step(self, action):
+        self.sim_data.ctrl[:] = action
+        mujoco.mj_step(self.sim_model, self.sim_data, nstep=4)
+        return self.observe(), 0.0, False, False, {}
+
+
+def make_rebuilds_model():
+    return gym.wrappers.TimeLimit(RebuildsModel(), max_episode_steps=100)

@@ -31,11 +31,12 @@ def test_every_registered_env_holds_in_every_scenario(env_id):
 
 
 @pytest.mark.parametrize("factory", ["make_counter", "make_reseeds_in_place", "make_rebuilds_at_reset", "make_alias",
-                                     "make_step2_first", "make_user_style"])
+                                     "make_step2_first", "make_user_style", "make_rebuilds_model"])
 def test_the_graph_capture_holds_each_broken_env_with_nothing_declared(factory):
     """A counter kept to itself, a generator reseeded in place and shared, an object rebuilt at reset (with a list
-    that grows), an alias into MjData, mj_step2-first physics, `gymnasium.make`'s default wrappers: bit-exact in
-    every scenario, a fresh process included, with no declaration."""
+    that grows), an alias into MjData, mj_step2-first physics, `gymnasium.make`'s default wrappers, a model
+    compiled anew at every reset with a size drawn into it: bit-exact in every scenario, a fresh process
+    included, with no declaration."""
     report = verify_scenarios(f"{BROKEN}:{factory}", steps=4)
     assert report.ok and set(report.checks) == set(SCENARIOS), report.failures()
 

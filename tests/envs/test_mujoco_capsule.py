@@ -194,3 +194,29 @@ def test_seeded_resets_do_not_pile_up_generators():
         snapshot(arena)
     assert len(env._rng_ptrs) <= len(env._rng_rows)  # nothing holds the 49 replaced generators alive
     env.close()
+
+
+def test_an_observation_that_breaks_its_own_space_is_named():
+    env = make_env("tests.envs.broken_envs:make_image_of_its_own_size", cameras=())
+    with pytest.raises(MujocoCapsuleError, match=r"6,912 values \(pixels \(48, 48, 3\)\) where its observation_space "
+                                                 r"says 3,072"):
+        env.reset(seed=0)
+
+
+def test_graph_capture_follows_an_env_that_rebuilds_its_simulation():
+    """A new MjModel / MjData at every reset (as robosuite compiles one), with a size drawn into the model:
+    restores land in whatever simulation the env holds now, the model's values included."""
+    from tests.envs.broken_envs import make_rebuilds_model
+
+    env = make_env("tests.envs.broken_envs:make_rebuilds_model", cameras=())
+    arena = Arena([env]).allocate()
+    env.reset(seed=1)
+    size = env.model.geom_size[1].copy()
+    capsule = snapshot(arena)
+    first = [env.step(np.array([0.3, -0.2], np.float32))[0]["observation"] for _ in range(3)]
+    env.reset(seed=2)
+    assert not np.array_equal(env.model.geom_size[1], size)
+    restore(arena, capsule)
+    assert np.array_equal(env.model.geom_size[1], size) and env.data is env.env.unwrapped.sim_data
+    again = [env.step(np.array([0.3, -0.2], np.float32))[0]["observation"] for _ in range(3)]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))

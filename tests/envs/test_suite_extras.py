@@ -119,7 +119,51 @@ def test_aloha_as_its_users_make_it_holds_with_nothing_declared():
     """dm_control physics (mj_step2 first), its named indexers, GL contexts and PassiveEnvChecker's last
     observation: bit-exact in every scenario, a fresh process included."""
     _need_module("gym_aloha", "aloha")
-    report = verify_scenarios(f"{USER}:aloha_transfer_cube", cameras=(), steps=3, restores=2)
+    report = verify_scenarios(f"{USER}:aloha_insertion", cameras=(), steps=3, restores=2)
     assert report.ok, report.failures()
     assert report.capture["after_mj_step1"]
     assert any("_warnings" in path for path in report.capture["aliases"])  # dm_control's view of MjData.warning
+
+
+@pytest.mark.parametrize("factory", ["robosuite_lift", "robosuite_stack", "robosuite_door"])
+def test_robosuite_as_its_users_make_it_holds_with_nothing_declared(factory):
+    """robosuite's own env in its GymWrapper: a new MjModel / MjData at every reset (object sizes and poses drawn
+    into the model), controllers and observables rebuilt, a generator shared with the placement sampler,
+    aliases of MjData in the robot: bit-exact in every scenario, a fresh process (another build) included."""
+    _need_module("robosuite", "robosuite: make suites-venv")
+    report = verify_scenarios(f"{USER}:{factory}", cameras=(), steps=4, restores=2)
+    assert report.ok, report.failures()
+    assert "env.env.robots[0].base_pos" in report.capture["aliases"]
+
+
+@pytest.mark.parametrize("env_id", ["so101:SO101PickCube-v0", "aloha:AlohaTransferCube-v0", "robosuite:Lift"])
+def test_registered_suite_holds_and_rolls_out_on_ray_and_replays(env_id, tmp_path):
+    """The registered suite (its default camera rendered by the framework): every scenario bit-exact, then
+    `sim_rollout --actors 2` with a policy given by import path, and `replay` of a recorded episode."""
+    from capsule_rollout.experiments.run import main
+
+    _need(env_id.split(":")[0])
+    report = verify_scenarios(env_id, steps=3, restores=2)
+    assert report.ok, report.failures()
+    out = tmp_path / "run"
+    assert main(["sim_rollout", "--env", env_id, "--policy", f"{USER}:make_noise_policy", "--actors", "2",
+                 "--seeds.count", "2", "--repeats", "2", "--max_steps", "16", "--out", str(out), "--no-progress",
+                 "--json", str(tmp_path / "s.json")]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}, summary
+    task = env_id.split(":", 1)[1]
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{env_id}-s1000001-r1",
+                 "--json", str(tmp_path / "r.json")]) == 0, task
+    assert json.loads((tmp_path / "r.json").read_text())["exact"]
+
+
+def test_collect_demos_records_so101s_own_scripted_controller(tmp_path):
+    from capsule_rollout.experiments.run import main
+    from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
+
+    _need("so101")
+    store = tmp_path / "so101.zarr"
+    assert main(["collect_demos", "--env", "so101:SO101PickCube-v0", "--episodes", "1", "--out", str(store),
+                 "--no-progress"]) == 0
+    reader = ZarrEpisodeReader(store)
+    assert len(reader) == 1 and reader.meta(0).instruction == "pick up the cube"

@@ -33,3 +33,39 @@ def aloha_insertion():
 
 def aloha_transfer_cube():
     return _aloha("TransferCube")
+
+
+def _robosuite(task: str):
+    import robosuite
+    from robosuite.wrappers import GymWrapper
+
+    # robosuite's own env class with its default controller, in robosuite's gymnasium wrapper; no renderer of
+    # its own (images come from the framework's renderer)
+    env = robosuite.make(task, robots="Panda", has_renderer=False, has_offscreen_renderer=False,
+                         use_camera_obs=False)
+    return GymWrapper(env)
+
+
+def robosuite_lift():
+    return _robosuite("Lift")
+
+
+def robosuite_stack():
+    return _robosuite("Stack")
+
+
+def robosuite_door():
+    return _robosuite("Door")
+
+
+class NoisePolicy:
+    """Any env's actions from the noise it is handed (a capsule holds that noise, so replays hold): a policy
+    a foreign env runs with, for the entry points' tests."""
+
+    chunk_length = 8
+
+    def infer(self, obs, *, noise):
+        return {"actions": (0.3 * noise).clip(-1.0, 1.0)}
+
+
+make_noise_policy = NoisePolicy

