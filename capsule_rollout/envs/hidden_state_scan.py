@@ -59,6 +59,8 @@ class ScanReport:
     """Changing attributes of a type the adapter cannot declare (declare a state function or remove them)."""
     graph_paths: list[str] = field(default_factory=list)
     """Python paths (whole object graph) whose values changed across reset / step: what graph capture holds."""
+    model_rebuilt: bool = False
+    """The env built a new MjModel / MjData at a reset (robosuite does at every one)."""
     seed_shows_in: str = ""
     """Where two seeds' resets differ: observation, MjData, Python state (empty: nowhere)."""
 
@@ -78,6 +80,9 @@ class ScanReport:
         if self.live_views:
             out.append("  live views into MjData (do not declare: MjData is captured whole):")
             out += [f"    {v}" for v in self.live_views]
+        if self.model_rebuilt:
+            out.append("  the env builds a new MjModel / MjData at reset (graph capture follows it; the declared "
+                       "capture cannot)")
         out.append("  MjModel fields changed at run time (declare in CaptureSpec.model_fields):")
         out += [f"    {m}" for m in self.model_fields] or ["    none"]
         if self.unsupported:
@@ -165,8 +170,9 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
     With `capture`, its seed function seeds each reset and its declarations are marked in the report."""
     env = make()
     u = env.unwrapped
-    model, data, _ = find_physics(env)
+    model, data, where = find_physics(env)
     start, size = mjdata_buffer(data)
+    physics = {"model": model, "data": data, "where": where, "start": start, "size": size, "rebuilt": False}
     graph = GraphState(env)
     report = ScanReport(task=task or type(u).__name__)
     for layer in layers_of(env):
@@ -183,12 +189,17 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
     def reset(seed: int):
         if capture is not None and capture.seed is not None:
             capture.seed(env, seed)
-        return env.reset(seed=seed)
+        out = env.reset(seed=seed)
+        m, d, physics["where"] = find_physics(env, physics["where"])  # a suite may build a new simulation
+        if d is not physics["data"]:
+            physics.update(model=m, data=d, rebuilt=True)
+            physics["start"], physics["size"] = mjdata_buffer(d)
+        return out
 
     obs_a, _ = reset(seeds[0])
     snaps.append(_attributes(env))
     dumps.append(graph.dump())
-    state_a = (buffer_bytes(start, size), _seedless(dumps[-1]))
+    state_a = (buffer_bytes(physics["start"], physics["size"]), _seedless(dumps[-1]))
     rng = np.random.default_rng(0)
     for _ in range(steps):
         env.action_space.seed(int(rng.integers(1 << 31)))
@@ -200,11 +211,13 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
     obs_b, _ = reset(seeds[1])
     snaps.append(_attributes(env))
     dumps.append(graph.dump())
-    state_b = (buffer_bytes(start, size), _seedless(dumps[-1]))
+    state_b = (buffer_bytes(physics["start"], physics["size"]), _seedless(dumps[-1]))
     obs_c, _ = reset(seeds[0])
     snaps.append(_attributes(env))
     dumps.append(graph.dump())
-    model_changes = [n for n, b in _model_arrays(model).items() if before_model.get(n) != b]
+    # against the model the env holds now: a suite that compiles a new one per reset shows what differs
+    model_changes = [n for n, b in _model_arrays(physics["model"]).items() if before_model.get(n) != b]
+    report.model_rebuilt = physics["rebuilt"]
     shows = [where for where, differ in (
         ("observation", not np.array_equal(flatten(obs_a), flatten(obs_b))),
         ("MjData", not np.array_equal(state_a[0], state_b[0])),
@@ -221,8 +234,9 @@ def scan_env(make: Callable[[], gym.Env], *, task: str = "", steps: int = 20, se
         if all(v == values[0] for v in values):
             continue
         raw = next(s[path][0] for s in reversed(snaps) if path in s)
+        start, size = physics["start"], physics["size"]
         if isinstance(raw, np.ndarray) and raw.nbytes and start <= raw.__array_interface__["data"][0] < start + size:
-            report.live_views.append(f"{path} ({_field_of(raw, data)})")
+            report.live_views.append(f"{path} ({_field_of(raw, physics['data'])})")
             continue
         decl = _declaration(path, raw, [s[path][0] for s in snaps if path in s])
         if decl is None:

@@ -119,6 +119,7 @@ class MujocoCapsuleEnv(BufferComponent):
                 raise MujocoCapsuleError(f"{capture.task}: model field {name!r} is not an MjModel array")
         self._renderer: OffscreenRenderer | None = None
         self._attach(self.model, self.data)
+        self._static_digest = self._graph.remember_static() if self._graph is not None else ""
         self._python_bytes = self._slab_size() if self._graph is not None else 0
         raw = self._probe_observation()
         self._obs_dim = raw.shape[0]
@@ -205,8 +206,10 @@ class MujocoCapsuleEnv(BufferComponent):
             held = len(self._graph.snapshot())
         except GraphStateError as exc:
             raise MujocoCapsuleError(f"{self.capture.task}: {exc}") from None
+        # the env will hold an observation or two as well (PassiveEnvChecker keeps the last one)
+        observation = _space_bytes(getattr(self.env, "observation_space", None))
         size = 1 << 20
-        while size < 2 * held:
+        while size < 2 * (held + observation):
             size *= 2
         return size
 
@@ -248,7 +251,8 @@ class MujocoCapsuleEnv(BufferComponent):
                     "generators": [p for p, _, _ in self._generators],
                     "cameras": {c: repr(self.capture.cameras[c]) for c in self.cameras}, "size": self.image_size,
                     **({"graph": {"exclude": sorted(self.capture.exclude), "python_bytes": self._python_bytes,
-                                  "model_runs": self._model_bytes}} if self._graph is not None else {})}
+                                  "model_runs": self._model_bytes, "static": self._static_digest}}
+                       if self._graph is not None else {})}
         return {"task": self.capture.task, "mujoco": mujoco.__version__,
                 "model_sha256": hashlib.sha256(blob.tobytes()).hexdigest()[:32],
                 "capture_sha256": hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()[:16]}
@@ -616,6 +620,15 @@ def _memory(address: int, n: int) -> np.ndarray:
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def _space_bytes(space: Any) -> int:
+    """Bytes one observation of `space` takes (Boxes and Dicts of them; 0 for anything else)."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_space_bytes(v) for v in space.spaces.values())
+    if isinstance(space, gym.spaces.Box):
+        return int(np.prod(space.shape, dtype=np.int64)) * space.dtype.itemsize
+    return 0
 
 
 def _zeros_like_space(space: gym.spaces.Space) -> Any:

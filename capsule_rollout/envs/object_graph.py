@@ -31,11 +31,13 @@ diagnostics that name what a restore did not bring back.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import hashlib
 import io
 import pickle
 import random
+import sys
 import threading
 import types
 import weakref
@@ -317,12 +319,49 @@ def _holds_missing(v: Any, depth: int = 3) -> bool:
     return False
 
 
+_PLAIN = (dict, list, tuple, set, frozenset, collections.OrderedDict, collections.defaultdict, collections.deque)
+
+
+def _interned(x: Any, memo: dict[int, Any]) -> Any:
+    """`x` with every string inside its plain containers interned (copies of the containers, sharing kept):
+    pickle shares a string by identity, so interning them all makes a snapshot's bytes a function of the
+    values alone, whether the strings came from the code (interned) or from an earlier restore (not)."""
+    t = type(x)
+    if t is str:
+        return sys.intern(x)
+    if t not in _PLAIN:
+        return x
+    done = memo.get(id(x))
+    if done is not None:
+        return done[1]
+    if t in (dict, collections.OrderedDict, collections.defaultdict):
+        out: Any = collections.defaultdict(x.default_factory) if t is collections.defaultdict else t()
+        memo[id(x)] = (x, out)
+        for k, v in x.items():
+            out[_interned(k, memo)] = _interned(v, memo)
+    elif t is collections.deque:
+        out = collections.deque(maxlen=x.maxlen)
+        memo[id(x)] = (x, out)
+        out.extend(_interned(v, memo) for v in x)
+    elif t is list:
+        out = []
+        memo[id(x)] = (x, out)
+        out.extend(_interned(v, memo) for v in x)
+    else:
+        out = t(_interned(v, memo) for v in x)
+        memo[id(x)] = (x, out)
+    return out
+
+
 def _apply_state(obj: Any, state: tuple[dict | None, dict, Any]) -> None:
     d, slots, items = state
     if d is not None:
         own = obj.__dict__
         # an attribute that holds an opaque object the target lacks keeps the target's own value
-        new = {k: own[k] if _holds_missing(v) else v for k, v in d.items() if not _holds_missing(v) or k in own}
+        # attribute names interned, as Python interns them when it sets an attribute (a capsule's bytes then
+        # come out the same from a restored object as from the original)
+        new = {sys.intern(k) if type(k) is str else k: own[k] if _holds_missing(v) else v
+               for k, v in d.items() if not _holds_missing(v) or k in own}
         own.clear()
         own.update(new)
     for k in _slots(type(obj)):
@@ -374,9 +413,34 @@ class _Pickler(pickle.Pickler):
     def __init__(self, file, table: dict[int, tuple]) -> None:
         super().__init__(file, protocol=5)
         self.table = table
+        self.interned: dict[int, Any] = {}  # one memo for every string normalisation of this pickle
 
     def persistent_id(self, obj: Any) -> tuple | None:
         return self.table.get(id(obj))
+
+    def reducer_override(self, obj: Any) -> Any:
+        # arrays in one canonical form (C order, whatever their layout): the same values give the same bytes,
+        # so a capsule's bytes depend on the state alone (numpy pickles a Fortran-ordered array otherwise)
+        if type(obj) is np.ndarray and obj.dtype != object:
+            return _array, (np.ascontiguousarray(obj).tobytes(), obj.dtype.str, obj.shape, bool(obj.flags.writeable))
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)) or \
+                type(obj) in _PLAIN:
+            return NotImplemented
+        # any other value (an XML element, a dataclass...): its own reduction, with the strings in it interned
+        # (see `_interned`), so that its bytes do not depend on which strings Python happened to share
+        try:
+            reduced = obj.__reduce_ex__(5)
+        except Exception:  # noqa: BLE001 - let pickle raise its own error for it
+            return NotImplemented
+        if not isinstance(reduced, tuple):
+            return NotImplemented
+        return (reduced[0], *(_interned(part, self.interned) for part in reduced[1:]))
+
+
+def _array(data: bytes, dtype: str, shape: tuple, writeable: bool) -> np.ndarray:
+    out = np.frombuffer(data, dtype).reshape(shape).copy()
+    out.flags.writeable = writeable
+    return out
 
 
 class _Unpickler(pickle.Unpickler):
@@ -398,6 +462,7 @@ class _Plan:
     generators: list[tuple[Path | None, type]]
     aliases: list[tuple[int, str, int, tuple, tuple, str]]  # (ref index of the handle, field, offset, ...)
     views: list[tuple[int, int, tuple, tuple, str, bool]]  # (base index, offset, shape, strides, dtype, writeable)
+    statics: list[Path]  # large arrays holding what they held when the env was built: by path, not by value
 
 
 class GraphState:
@@ -407,9 +472,29 @@ class GraphState:
     renderer a suite keeps; `root` itself is the outermost env.
     """
 
+    STATIC_BYTES = 65536
+    """Arrays this large that still hold their values from when the env was built (observation spaces'
+    bounds, a suite's tables) are saved by path, not by value, once `remember_static` has recorded them."""
+
     def __init__(self, root: Any, *, exclude: tuple[str, ...] = (), global_rngs: bool = True) -> None:
         self.root, self.exclude, self.global_rngs = root, frozenset(exclude), global_rngs
         self._aliases = _Aliases()
+        self._static: dict[Path, np.ndarray] = {}
+
+    def remember_static(self) -> str:
+        """Record the large arrays the env holds now (call it right after building the env); returns a digest
+        of them, for the fingerprint: a capsule refers to them by path, so its target must hold the same."""
+        digest = hashlib.blake2b(digest_size=16)
+        handles = [(0, n.obj) for n in walk(self.root).values() if n.kind == "handle"]
+        self._static = {}
+        for node in self.nodes().values():
+            obj = node.obj
+            if (node.kind == "array" and node.path is not None and obj.nbytes >= self.STATIC_BYTES
+                    and obj.dtype != object and self._aliases.find(obj, handles) is None):
+                self._static[node.path] = obj.copy()
+                digest.update(repr(node.path).encode())
+                digest.update(np.ascontiguousarray(obj).tobytes())
+        return digest.hexdigest()
 
     # -- the walk, with exclusions ---------------------------------------------------------------------
     def nodes(self) -> dict[int, Node]:
@@ -423,7 +508,7 @@ class GraphState:
         """The state as bytes: the paths of handles, opaque objects, objects and generators, then their states."""
         graph = self.nodes()
         table: dict[int, tuple] = {}
-        plan = _Plan([], [], [], [], [])
+        plan = _Plan([], [], [], [], [], [])
         handles: list[tuple[int, Any]] = []
         for node in graph.values():
             if node.kind in ("handle", "opaque"):
@@ -435,7 +520,6 @@ class GraphState:
                 if node.kind == "handle":
                     handles.append((len(plan.refs), node.obj))
                 plan.refs.append((node.path, type(node.obj).__qualname__, node.kind))
-        excluded = self._excluded_ids(graph)
         bases: list[np.ndarray] = []
         base_index: dict[int, int] = {}
         states: list[Any] = []  # the objects' states, then the generators'
@@ -447,6 +531,12 @@ class GraphState:
                 if alias is not None:
                     table[id(obj)] = ("a", len(plan.aliases))
                     plan.aliases.append(alias)
+                    continue
+                static = self._static.get(node.path) if node.path is not None else None
+                if (static is not None and static.shape == obj.shape and static.dtype == obj.dtype
+                        and np.array_equal(static, obj)):
+                    table[id(obj)] = ("s", len(plan.statics))
+                    plan.statics.append(node.path)
                     continue
                 base = obj
                 while isinstance(base.base, np.ndarray):
@@ -464,22 +554,26 @@ class GraphState:
             elif node.kind == "object" and node.path is not None:
                 table[id(obj)] = ("o", len(plan.objects))
                 plan.objects.append((node.path, type(obj)))
-                states.append(_state_of(obj))
+                d, slots, items = _state_of(obj)
+                if self.exclude and d is not None:  # left as the target has them
+                    d = {k: v for k, v in d.items() if k not in self.exclude}
+                states.append((d, slots, items))
             elif node.kind == "generator":
                 table[id(obj)] = ("g", len(plan.generators))
                 plan.generators.append((node.path, type(obj)))
                 generator_states.append(_generator_state(obj))
-        for i in excluded:
-            table[i] = ("x", 0)
         base_blob = io.BytesIO()
         pickle.Pickler(base_blob, protocol=5).dump(bases)  # by value (a view's base is never a persistent id)
         body = io.BytesIO()
         glob = (np.random.get_state(legacy=False), random.getstate()) if self.global_rngs else None
         try:
-            _Pickler(body, table).dump((states + generator_states, glob))
+            pickler = _Pickler(body, table)
+            pickler.dump(_interned((states + generator_states, glob), pickler.interned))
         except Exception as exc:  # noqa: BLE001 - name the object that cannot be saved
             raise GraphStateError(self._unpicklable(graph, table, exc)) from None
-        head = pickle.dumps(plan, protocol=5)
+        memo: dict[int, Any] = {}
+        head = pickle.dumps(_Plan(*(_interned(getattr(plan, f.name), memo) for f in dataclasses.fields(_Plan))),
+                            protocol=5)
         parts = (head, base_blob.getvalue(), body.getvalue())
         return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
 
@@ -492,7 +586,7 @@ class GraphState:
             at += 8 + n
         plan: _Plan = pickle.loads(parts[0])
         bases: list[np.ndarray] = pickle.loads(parts[1])
-        root, resolved = self.root, {("x", 0): None}
+        root, resolved = self.root, {}
         refs = []
         for i, (path, type_name, kind) in enumerate(plan.refs):
             try:
@@ -516,6 +610,12 @@ class GraphState:
             view = np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
             view.flags.writeable = writeable and base.flags.writeable
             resolved[("v", i)] = view
+        for i, path in enumerate(plan.statics):
+            static = self._static.get(path)
+            if static is None:
+                raise GraphStateError(f"the env built here holds no array at {fmt(path)} from its construction: the "
+                                      "capsule was taken from an env built differently")
+            resolved[("s", i)] = static.copy()
         taken: set[int] = set()
         objects = []
         for i, (path, kind) in enumerate(plan.objects):
@@ -542,6 +642,9 @@ class GraphState:
                 resolved[("g", i)] = g
             states, glob = _Unpickler(io.BytesIO(parts[2]), resolved).load()
         for target, state in zip(objects, states[:n]):
+            if self.exclude and state[0] is not None:
+                own = getattr(target, "__dict__", {})
+                state = ({**state[0], **{k: own[k] for k in self.exclude if k in own}}, *state[1:])
             _apply_state(target, state)
         for i, g in enumerate(generators):
             if g is not None:
@@ -561,16 +664,6 @@ class GraphState:
             return None
         taken.add(id(target))
         return target
-
-    def _excluded_ids(self, graph: dict[int, Node]) -> set[int]:
-        if not self.exclude:
-            return set()
-        out = set()
-        for node in graph.values():
-            d = getattr(node.obj, "__dict__", None) if node.kind in ("object", "opaque") else None
-            if isinstance(d, dict):
-                out.update(id(v) for k, v in d.items() if k in self.exclude)
-        return out
 
     def _unpicklable(self, graph: dict[int, Node], table: dict[int, tuple], exc: Exception) -> str:
         for node in graph.values():

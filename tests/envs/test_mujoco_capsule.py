@@ -206,7 +206,6 @@ def test_an_observation_that_breaks_its_own_space_is_named():
 def test_graph_capture_follows_an_env_that_rebuilds_its_simulation():
     """A new MjModel / MjData at every reset (as robosuite compiles one), with a size drawn into the model:
     restores land in whatever simulation the env holds now, the model's values included."""
-    from tests.envs.broken_envs import make_rebuilds_model
 
     env = make_env("tests.envs.broken_envs:make_rebuilds_model", cameras=())
     arena = Arena([env]).allocate()
@@ -220,3 +219,18 @@ def test_graph_capture_follows_an_env_that_rebuilds_its_simulation():
     assert np.array_equal(env.model.geom_size[1], size) and env.data is env.env.unwrapped.sim_data
     again = [env.step(np.array([0.3, -0.2], np.float32))[0]["observation"] for _ in range(3)]
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+def test_graph_capture_leaves_excluded_attributes_alone():
+    from tests.envs.broken_envs import make_counter
+
+    env = MujocoCapsuleEnv(make_counter(), CaptureSpec(task="counter", exclude=("count",)))
+    arena = Arena([env]).allocate()
+    env.reset(seed=0)
+    env.step(np.zeros(2, np.float32))
+    capsule = snapshot(arena)
+    for _ in range(3):
+        env.step(np.zeros(2, np.float32))
+    restore(arena, capsule)
+    assert env.env.unwrapped.count == 4  # excluded: as the env had it, not as the capsule saw it (1)
+    assert env.steps == 1  # everything else came back
