@@ -423,6 +423,8 @@ class _Pickler(pickle.Pickler):
         # so a capsule's bytes depend on the state alone (numpy pickles a Fortran-ordered array otherwise)
         if type(obj) is np.ndarray and obj.dtype != object:
             return _array, (np.ascontiguousarray(obj).tobytes(), obj.dtype.str, obj.shape, bool(obj.flags.writeable))
+        if isinstance(obj, np.dtype) and not obj.fields and not obj.metadata:
+            return np.dtype, (obj.str,)  # unpickled as numpy's own instance, as the code that made the env holds
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)) or \
                 type(obj) in _PLAIN:
             return NotImplemented
@@ -458,7 +460,7 @@ class _Plan:
     state is applied)."""
 
     refs: list[tuple[Path, str, str]]  # handles and opaque objects: path, type name, kind
-    objects: list[tuple[Path | None, type]]  # paired objects
+    objects: list[tuple[Path | None, str]]  # paired objects: path, class as "module:qualname"
     generators: list[tuple[Path | None, type]]
     aliases: list[tuple[int, str, int, tuple, tuple, str]]  # (ref index of the handle, field, offset, ...)
     views: list[tuple[int, int, tuple, tuple, str, bool]]  # (base index, offset, shape, strides, dtype, writeable)
@@ -553,7 +555,7 @@ class GraphState:
                                        bool(obj.flags.writeable)))
             elif node.kind == "object" and node.path is not None:
                 table[id(obj)] = ("o", len(plan.objects))
-                plan.objects.append((node.path, type(obj)))
+                plan.objects.append((node.path, _type_key(type(obj))))
                 d, slots, items = _state_of(obj)
                 if self.exclude and d is not None:  # left as the target has them
                     d = {k: v for k, v in d.items() if k not in self.exclude}
@@ -618,9 +620,10 @@ class GraphState:
             resolved[("s", i)] = static.copy()
         taken: set[int] = set()
         objects = []
-        for i, (path, kind) in enumerate(plan.objects):
-            target = self._paired(path, kind, taken)
+        for i, (path, key) in enumerate(plan.objects):
+            target = self._paired(path, key, taken)
             if target is None:
+                kind = _type_of(key, path)
                 target = kind.__new__(kind)
             resolved[("o", i)] = target
             objects.append(target)
@@ -653,14 +656,15 @@ class GraphState:
             np.random.set_state(glob[0])
             random.setstate(glob[1])
 
-    def _paired(self, path: Path | None, kind: type, taken: set[int]) -> Any:
+    def _paired(self, path: Path | None, kind: type | str, taken: set[int]) -> Any:
         if path is None:
             return None
         try:
             target = resolve(self.root, path)
         except (KeyError, IndexError, AttributeError, TypeError):
             return None
-        if type(target) is not kind or id(target) in taken:
+        same = _type_key(type(target)) == kind if isinstance(kind, str) else type(target) is kind
+        if not same or id(target) in taken:
             return None
         taken.add(id(target))
         return target
@@ -724,6 +728,26 @@ class GraphState:
                 except Exception:  # noqa: BLE001 - not comparable by value
                     continue
         return out
+
+
+def _type_key(t: type) -> str:
+    """A class by name (some suites make classes at run time that pickle cannot find by reference: Meta-World's
+    goal-observable envs): objects are paired by it, and only an object made fresh needs the class itself."""
+    return f"{t.__module__}:{t.__qualname__}"
+
+
+def _type_of(key: str, path: Path | None) -> type:
+    import importlib
+
+    module, _, qualname = key.partition(":")
+    try:
+        x: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            x = getattr(x, part)
+    except (ImportError, AttributeError):
+        raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} cannot be "
+                              "found to make one: the capsule was taken from an env built differently") from None
+    return x
 
 
 def differing_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:

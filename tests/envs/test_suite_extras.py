@@ -26,6 +26,7 @@ def _need(suite: str) -> None:
 
 
 @pytest.mark.parametrize("env_id", ["metaworld:pick-place-v3", "metaworld:door-open-v3", "metaworld:drawer-close-v3",
+                                    "metaworld:lever-pull-v3", "metaworld:basketball-v3",
                                     "robotics:FetchPickAndPlace-v4", "robotics:FrankaKitchen-v1"])
 def test_verify_bit_exact(env_id):
     from capsule_rollout.envs.mujoco_capsule_steppable import MujocoCapsuleSteppable

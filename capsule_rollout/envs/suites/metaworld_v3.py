@@ -62,9 +62,22 @@ def _seed(env: gym.Env, seed: int) -> None:
     u.seed(seed)
 
 
+GRAPH_TASKS = frozenset({
+    "basketball-v3", "bin-picking-v3", "door-lock-v3", "door-unlock-v3",  # a declared position is a view of MjData
+    "dial-turn-v3", "lever-pull-v3", "stick-pull-v3", "stick-push-v3", "window-close-v3", "window-open-v3",
+})  # state the declarations miss (the task's own initial positions)
+"""Tasks the declarations below do not cover (found by running the rollout scenarios on all 50 tasks): captured
+with nothing declared (graph capture) instead."""
+
+
 def make(task: str) -> tuple[gym.Env, CaptureSpec]:
     env = gym.make("Meta-World/goal_observable", env_name=task, seed=0, disable_env_checker=True)
     u = env.unwrapped
+    common = dict(cameras={c: Camera(c, model_camera=c) for c in CAMERAS}, max_steps=MAX_STEPS,
+                  instruction=instruction(task), success=lambda info: float(info.get("success", 0.0)) > 0.0,
+                  terminate_on_success=True, seed=_seed)
+    if task in GRAPH_TASKS:
+        return env, CaptureSpec(task=f"metaworld:{task}", **common)
     rand = u._random_reset_space.low.size if u._random_reset_space is not None else 0
     attributes = (
         Attr("curr_path_length", "int"),
@@ -79,10 +92,8 @@ def make(task: str) -> tuple[gym.Env, CaptureSpec]:
         Attr("seeded_rand_vec", "bool"),
         *_task_attributes(u),
     )
-    capture = CaptureSpec(
-        task=f"metaworld:{task}", attributes=attributes, model_fields=("site_pos", "body_pos"),
-        cameras={c: Camera(c, model_camera=c) for c in CAMERAS}, max_steps=MAX_STEPS, instruction=instruction(task),
-        success=lambda info: float(info.get("success", 0.0)) > 0.0, terminate_on_success=True, seed=_seed, graph=False)
+    capture = CaptureSpec(task=f"metaworld:{task}", attributes=attributes, model_fields=("site_pos", "body_pos"),
+                          graph=False, **common)
     return env, capture
 
 
