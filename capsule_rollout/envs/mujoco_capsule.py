@@ -12,29 +12,24 @@ in arena buffers (component "env"):
   (which would recompute those arrays from the new positions, not the stale
   ones `mj_step` leaves). Constraint and contact arrays (MjData's arena) are not
   captured: `mj_step` recomputes them before using them.
-- `model`: the `MjModel` arrays a suite edits at run time (declared by name).
+- `model_<field>`: the `MjModel` arrays a suite edits at run time (declared by name).
 - `rng`: every numpy PCG64 generator reachable from the env: each wrapper layer,
   the env, nested envs and their spaces (found at construction).
-- `attrs`: Python attributes declared per suite with fixed shapes (goals,
-  initial positions, frame stacks, path counters, sets of remaining tasks) and
-  the counters of known wrappers (`TimeLimit`'s elapsed steps...). A wrapper
-  that keeps state the adapter does not know is refused at construction.
-- With graph capture (`CaptureSpec.graph`, the default; the built-in suites turn
-  it off for their declared fast path), nothing is declared: `python` holds the
-  whole Python object graph reachable from the env (`envs.object_graph`: every
-  wrapper, nested object, generator, alias into MjData) in a bounded slab,
-  `model` every MjModel array that is not an asset (meshes, textures, names:
-  those are in the fingerprint), and `physics_flags` whether MjData was left by
-  `mj_step1` (a suite that steps `mj_step2` first, as dm_control does, reads the
-  constraint data `mj_step1` left in the arena: a restore then runs `mj_step1`,
-  which recomputes it, having checked at the snapshot that it changes nothing
-  in the buffer).
+- `attrs`: Python attributes declared per suite with fixed shapes and the
+  counters of known wrappers (`TimeLimit`'s elapsed steps...). A wrapper that
+  keeps state the adapter does not know is refused at construction.
+- With graph capture (`CaptureSpec.graph`, the default), nothing is declared
+  instead: `python` holds the env's whole Python object graph (`envs.object_graph`)
+  in a bounded slab, `model` every MjModel array that is not an asset, and
+  `physics_flags` whether MjData was left by `mj_step1` (a restore then reruns it,
+  rebuilding the arena an `mj_step2`-first suite such as dm_control reads).
 - `obs_*`: the observation returned at the boundary and the camera images
   (recomputing them after a restore does not reproduce them: frame stacks
   shift, noise is drawn again).
 
-Restores copy bytes only: a precomputed list of `memmove`s into MjData, the
-model and each generator's C state, then the declared attributes.
+The declared path's restores copy bytes only: a precomputed list of `memmove`s
+into MjData, the model and each generator's C state, then the declared
+attributes; graph capture adds unpickling the Python state into the env's objects.
 
 Images come from the adapter's own renderer with explicit cameras (a named model
 camera or fixed free-camera parameters), never from the suite's viewer, whose
@@ -57,27 +52,38 @@ import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec
 from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declarations are part of this module's API
+    _LOADERS,
     KNOWN_WRAPPERS,
     OBSERVATION_KEY,
+    PHYSICS_FIELDS,
     WRAPPER_COUNTER_TYPES,
     WRAPPER_PLUMBING,
     Attr,
     Camera,
     CaptureSpec,
     MujocoCapsuleError,
+    _load,
+    _store,
+    check_wrappers,
     find_generators,
     find_physics,
     flatten,
     layers_of,
+    memory_view,
     mjdata_buffer,
+    mjv_camera,
+    model_identity,
+    model_value_runs,
+    pcg64_addresses,
     resolve_attr,
+    slab_overflow,
+    slab_size,
+    space_bytes,
+    zeros_like_space,
 )
-from capsule_rollout.envs.object_graph import GraphState, GraphStateError, handle_fields, walk
+from capsule_rollout.envs.object_graph import GraphState, GraphStateError
 from capsule_rollout.envs.offscreen_renderer import OffscreenRenderer
 from capsule_rollout.envs.rollout_env import ArraySpec, ObservationSpec, image_key
-
-PHYSICS_FIELDS = ("qpos", "qvel", "act", "ctrl", "qacc_warmstart", "mocap_pos", "mocap_quat", "qfrc_applied",
-                  "xfrc_applied")
 
 
 class MujocoCapsuleEnv(BufferComponent):
@@ -106,7 +112,7 @@ class MujocoCapsuleEnv(BufferComponent):
         if self._graph is not None:  # wrappers, generators and seeds are part of the graph
             self._wrapper_attrs, self._generators, seeds = [], [], []
         else:
-            self._wrapper_attrs = self._check_wrappers()
+            self._wrapper_attrs = check_wrappers(self.layers, capture)
             self._generators = find_generators(self.layers)
             # gymnasium records the seed beside each env's generator (`np_random_seed`): captured with it
             seeds = [(owner, "_np_random_seed", Attr(f"{path.rsplit('.', 1)[0]}._np_random_seed", "int"))
@@ -127,34 +133,13 @@ class MujocoCapsuleEnv(BufferComponent):
         extra = {OBSERVATION_KEY: ArraySpec((self._obs_dim,), np.float64)}
         self.observation_spec = ObservationSpec.of(state_dim=state_dim, cameras=self.cameras,
                                                    image_size=self.image_size, **extra)
-        self._mjv_cameras = {c: self._mjv_camera(capture.cameras[c]) for c in self.cameras}
+        self._mjv_cameras = {c: mjv_camera(self.model, capture.cameras[c], capture.task) for c in self.cameras}
         self._fingerprint = self._make_fingerprint()
         self._plan: list[tuple[int, int, int]] = []
         # until an arena binds its buffers, the env runs on private ones of the same specs
         self._bind_views({s.name: torch.zeros(s.shape, dtype=s.dtype) for s in self.buffer_specs()}, carry=False)
 
     # -- discovery --------------------------------------------------------------------
-    def _check_wrappers(self) -> list[tuple[object, str, Attr]]:
-        counters = {**KNOWN_WRAPPERS, **self.capture.wrapper_state}
-        found = []
-        for layer in self.layers:
-            if not isinstance(layer, gym.Wrapper):
-                continue
-            kind = type(layer).__name__
-            names = counters.get(kind)
-            if names is None:
-                extra = sorted(set(vars(layer)) - WRAPPER_PLUMBING)
-                if extra:
-                    raise MujocoCapsuleError(
-                        f"wrapper {kind} keeps state the adapter does not know ({', '.join(extra)}): remove it "
-                        f"(gymnasium.make(..., disable_env_checker=True) leaves out PassiveEnvChecker; record "
-                        f"statistics with the rollout host instead of RecordEpisodeStatistics), or declare its "
-                        f"counters in the suite's CaptureSpec.wrapper_state")
-                continue
-            for name in names:
-                found.append((layer, name, Attr(f"{kind}.{name}", WRAPPER_COUNTER_TYPES.get(name, "int"))))
-        return found
-
     def _attach(self, model: mujoco.MjModel, data: mujoco.MjData) -> None:
         """Take `model` / `data` as the env's simulation: at construction, and with graph capture whenever the
         env has built new ones (robosuite recompiles its model at every reset), which must have the sizes of
@@ -182,7 +167,7 @@ class MujocoCapsuleEnv(BufferComponent):
         if self._graph is not None:
             self._scratch = mujoco.MjData(model)
             self._scratch_ptr = mjdata_buffer(self._scratch)[0]
-            self._scratch_view = _memory(self._scratch_ptr, nbytes)
+            self._scratch_view = memory_view(self._scratch_ptr, nbytes)
         # the framework's renderer draws without multisampling (with shadows off: ~100x faster on a CPU); a
         # visual setting of the model only, read by no physics routine
         model.vis.quality.offsamples = 0
@@ -206,33 +191,16 @@ class MujocoCapsuleEnv(BufferComponent):
             held = len(self._graph.snapshot())
         except GraphStateError as exc:
             raise MujocoCapsuleError(f"{self.capture.task}: {exc}") from None
-        # the env will hold an observation or two as well (PassiveEnvChecker keeps the last one)
-        observation = _space_bytes(getattr(self.env, "observation_space", None))
-        size = 1 << 20
-        while size < 2 * (held + observation):
-            size *= 2
-        return size
+        return slab_size(held, space_bytes(getattr(self.env, "observation_space", None)))
 
     def _probe_observation(self) -> np.ndarray:
         space = getattr(self.env, "observation_space", None)
         try:
-            sample = flatten(self._kept(_zeros_like_space(space)))
+            sample = flatten(self._kept(zeros_like_space(space)))
         except TypeError:
             raise MujocoCapsuleError(f"{self.capture.task}: observation space {space} is not made of Boxes and "
                                      "Dicts; give the suite a `state` function") from None
         return sample
-
-    def _mjv_camera(self, cam: Camera) -> mujoco.MjvCamera | str:
-        if cam.model_camera is not None:
-            if mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam.model_camera) < 0:
-                raise MujocoCapsuleError(f"{self.capture.task}: camera {cam.name!r} names model camera "
-                                         f"{cam.model_camera!r}, which the model lacks")
-            return cam.model_camera
-        free = mujoco.MjvCamera()
-        free.type = mujoco.mjtCamera.mjCAMERA_FREE
-        free.lookat[:] = cam.lookat
-        free.distance, free.azimuth, free.elevation = cam.distance, cam.azimuth, cam.elevation
-        return free
 
     def _make_fingerprint(self) -> dict[str, str]:
         if self._graph is not None:
@@ -371,7 +339,7 @@ class MujocoCapsuleEnv(BufferComponent):
             value = getattr(owner, name)
             flags[i] = value is not None
             if value is not None:
-                _store(attr, value, view, self)
+                _store(attr, value, view, self.capture.task, (self._buffer_ptr, self._buffer_bytes))
 
     def after_restore(self) -> None:
         if self._graph is not None:
@@ -417,15 +385,7 @@ class MujocoCapsuleEnv(BufferComponent):
         except GraphStateError as exc:
             raise MujocoCapsuleError(f"{self.capture.task}: {exc}") from None
         if len(blob) > self._python_bytes:
-            arrays = sorted(((n.obj.nbytes, n.path) for n in walk(self.env).values() if n.kind == "array"),
-                            key=lambda x: -x[0])[:3]
-            from capsule_rollout.envs.object_graph import fmt
-
-            big = ", ".join(f"{fmt(p)} {nbytes:,} B" for nbytes, p in arrays)
-            raise MujocoCapsuleError(
-                f"{self.capture.task}: the env's Python state is {len(blob):,} bytes, more than the "
-                f"{self._python_bytes:,} its capsule buffer holds (largest arrays: {big}); give the suite's "
-                "CaptureSpec a larger python_bytes, or exclude what is not state (CaptureSpec.exclude)")
+            raise slab_overflow(self.capture.task, self.env, len(blob), self._python_bytes)
         b["python"][: len(blob)] = np.frombuffer(blob, np.uint8)
         b["python"][len(blob):] = 0  # a capsule's bytes are a function of the state alone
         b["python_len"][0] = len(blob)
@@ -439,14 +399,9 @@ class MujocoCapsuleEnv(BufferComponent):
         if type(bg).__name__ != "PCG64":
             raise MujocoCapsuleError(f"{self.capture.task}: a {type(bg).__name__} generator cannot be captured; "
                                      "only PCG64 (numpy's default_rng, gymnasium's np_random)")
-        # bitgen_t (numpy's C interface, behind the generator's "BitGenerator" capsule) starts with a pointer
-        # to the PCG64 state; far cheaper to reach than `bg.ctypes`, which builds ctypes callbacks per generator
-        address = ctypes.c_void_p.from_address(_capsule_pointer(bg.capsule, b"BitGenerator")).value
-        pcg = ctypes.c_void_p.from_address(address).value
-        if not _LAYOUT_CHECKED:  # a property of this numpy build: checked on the first generator only
-            _check_layout(bg, pcg, address + 8)
-        self._rng_ptrs[slot] = (gen, pcg, address + 8)
-        return pcg, address + 8
+        pcg, aux = pcg64_addresses(bg)
+        self._rng_ptrs[slot] = (gen, pcg, aux)
+        return pcg, aux
 
     # -- rollout protocol -------------------------------------------------------------
     @property
@@ -505,7 +460,7 @@ class MujocoCapsuleEnv(BufferComponent):
         """An image of `camera` for the current MjData (the framework's renderer; reads MjData only)."""
         if self._renderer is None:
             self._renderer = OffscreenRenderer(self.model, self.image_size, self.image_size)
-        cam = self._mjv_cameras.get(camera) or self._mjv_camera(self.capture.cameras[camera])
+        cam = self._mjv_cameras.get(camera) or mjv_camera(self.model, self.capture.cameras[camera], self.task)
         return self._renderer.render(self.data, cam)
 
     def close(self) -> None:
@@ -541,147 +496,5 @@ class MujocoCapsuleEnv(BufferComponent):
 # -- helpers ------------------------------------------------------------------------
 
 
-_LAYOUT_CHECKED = False
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
-def _check_layout(bg, pcg: int, aux: int) -> None:
-    global _LAYOUT_CHECKED
-    words = np.frombuffer((ctypes.c_char * 32).from_address(pcg), np.uint64)
-    flags = np.frombuffer((ctypes.c_char * 8).from_address(aux), np.uint32)
-    st = bg.state
-    ok = (int(words[0]) | int(words[1]) << 64) == st["state"]["state"] and \
-         (int(words[2]) | int(words[3]) << 64) == st["state"]["inc"] and \
-         int(flags[0]) == st["has_uint32"] and int(flags[1]) == st["uinteger"]
-    _LAYOUT_CHECKED = ok
-    if not ok:
-        raise MujocoCapsuleError("this numpy's PCG64 C state layout is not the one the adapter copies "
-                                 f"(numpy {np.__version__}); generators cannot be captured here")
-
-
-ASSET_PREFIXES = ("mesh_", "tex_", "hfield_", "skin_", "flex", "names", "paths", "text_", "plugin", "oct_",
-                  "numeric_", "tuple_", "key_")
-"""MjModel arrays that are not captured by value with graph capture: assets fixed by the model's files
-(meshes, textures, heightfields, skins, flexes, names, keyframes, custom data; the meshes' BVH nodes); the
-fingerprint holds them."""
-
-
-def model_value_runs(model: mujoco.MjModel, gap: int = 256) -> list[tuple[int, int]]:
-    """(address, bytes) runs of the model's memory covering every array that is not an asset; arrays less
-    than `gap` bytes apart share a run (the bytes between them are padding or small index arrays)."""
-    runs: list[list[int]] = []
-    # the bodies' BVH nodes come first in bvh_*: a body's bounding box changes with its geoms' sizes (robosuite
-    # draws a cube's size at each build); the meshes' nodes after them are assets
-    body_nodes = int(np.sum(model.body_bvhnum))
-    if body_nodes and int(np.max(model.body_bvhadr + model.body_bvhnum)) != body_nodes:
-        body_nodes = int(model.nbvh)  # laid out otherwise: all of it by value
-    for start, end, name in handle_fields(model):
-        if name.startswith("bvh_"):
-            end = start + body_nodes * getattr(model, name).strides[0]
-            if end == start:
-                continue
-        elif name.startswith(ASSET_PREFIXES):
-            continue
-        if runs and start - runs[-1][1] <= gap:
-            runs[-1][1] = max(runs[-1][1], end)
-        else:
-            runs.append([start, end])
-    return [(start, end - start) for start, end in runs]
-
-
-def model_identity(model: mujoco.MjModel, runs: list[tuple[int, int]]) -> np.ndarray:
-    """What a model is, as graph capture sees it: its sizes, its options and every array byte outside the
-    captured runs (the assets), not the values captured (nor the statistics MuJoCo derives from them: robosuite
-    draws a cube's size at each build, and two builds of one task must restore each other's capsules)."""
-    parts = [np.array([getattr(model, n) for n in sorted(dir(model)) if n.startswith("n") and isinstance(
-        getattr(model, n, None), int)], np.int64).tobytes()]
-    opt = model.opt
-    parts += [np.asarray(getattr(opt, n)).tobytes() for n in sorted(dir(opt)) if not n.startswith("_")
-              and isinstance(getattr(opt, n), (int, float, np.ndarray))]
-    covered = sorted(runs)
-    for start, end, _ in handle_fields(model):
-        at = start
-        for run_start, n in covered:  # the bytes of this array outside every run
-            if run_start + n <= at or run_start >= end:
-                continue
-            if run_start > at:
-                parts.append(_memory(at, run_start - at).tobytes())
-            at = max(at, run_start + n)
-        if at < end:
-            parts.append(_memory(at, end - at).tobytes())
-    return np.frombuffer(b"".join(parts), np.uint8)
-
-
-def _memory(address: int, n: int) -> np.ndarray:
-    return np.frombuffer((ctypes.c_char * n).from_address(address), np.uint8)
-
-
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
-
-
-def _space_bytes(space: Any) -> int:
-    """Bytes one observation of `space` takes (Boxes and Dicts of them; 0 for anything else)."""
-    if isinstance(space, gym.spaces.Dict):
-        return sum(_space_bytes(v) for v in space.spaces.values())
-    if isinstance(space, gym.spaces.Box):
-        return int(np.prod(space.shape, dtype=np.int64)) * space.dtype.itemsize
-    return 0
-
-
-def _zeros_like_space(space: gym.spaces.Space) -> Any:
-    if isinstance(space, gym.spaces.Dict):
-        return {k: _zeros_like_space(v) for k, v in space.spaces.items()}
-    if isinstance(space, gym.spaces.Box):
-        return np.zeros(space.shape)
-    raise TypeError(space)
-
-
-def _store(attr: Attr, value: Any, view: np.ndarray, env: MujocoCapsuleEnv) -> None:
-    if attr.kind == "array":
-        arr = np.asarray(value)
-        if arr.shape != view.shape:
-            raise MujocoCapsuleError(f"{env.capture.task}: attribute {attr.path!r} has shape {arr.shape}, declared "
-                                     f"{view.shape}")
-        if _inside(arr, env._buffer_ptr, env._buffer_bytes):
-            raise MujocoCapsuleError(f"{env.capture.task}: attribute {attr.path!r} is a live view into MjData; "
-                                     "drop it from the declaration (MjData is captured whole)")
-        view[...] = arr
-    elif attr.kind in ("list", "set"):
-        index = {item: i for i, item in enumerate(attr.universe)}
-        try:
-            order = [index[item] for item in value]
-            if attr.kind == "set":  # a set's iteration order is not state: keep it canonical (universe order)
-                order.sort()
-        except KeyError as exc:
-            raise MujocoCapsuleError(f"{env.capture.task}: {attr.path!r} holds {exc.args[0]!r}, not in its "
-                                     f"declared universe {attr.universe}") from None
-        view[:] = -1
-        view[: len(order)] = order
-    else:
-        view[0] = value
-
-
-def _load(attr: Attr, view: np.ndarray) -> Any:
-    if attr.kind == "array":
-        return view.copy()
-    if attr.kind == "int":
-        return int(view[0])
-    if attr.kind == "float":
-        return float(view[0])
-    if attr.kind == "bool":
-        return bool(view[0])
-    items = [attr.universe[int(i)] for i in view if i >= 0]
-    return items if attr.kind == "list" else set(items)
-
-
-_LOADERS = {"array": np.copy, "int": lambda v: int(v[0]), "float": lambda v: float(v[0]), "bool": lambda v: bool(v[0])}
-
-
-def _inside(arr: np.ndarray, start: int, size: int) -> bool:
-    if not arr.nbytes:
-        return False
-    base = arr.__array_interface__["data"][0]
-    return start <= base < start + size

@@ -14,6 +14,9 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
+from capsule_rollout.envs.graph_handles import handle_fields
+from capsule_rollout.envs.graph_walk import fmt, resolve, walk
+
 OBSERVATION_KEY = "observation"
 """The suite's own observation, flattened to float64, next to `state` (float32) in `observe()`."""
 
@@ -28,6 +31,11 @@ KNOWN_WRAPPERS: dict[str, tuple[str, ...]] = {
 }
 """Wrapper class name -> its counters (captured); a wrapper with no state of its own needs no entry."""
 WRAPPER_COUNTER_TYPES = {"_elapsed_steps": "int", "_has_reset": "bool"}
+
+
+PHYSICS_FIELDS = ("qpos", "qvel", "act", "ctrl", "qacc_warmstart", "mocap_pos", "mocap_quat", "qfrc_applied",
+                  "xfrc_applied")
+"""MjData arrays whose float64 values a restore checks are finite (a capsule with NaN / inf there is refused)."""
 
 
 class MujocoCapsuleError(ValueError):
@@ -210,8 +218,6 @@ def find_physics(env: gym.Env, path: tuple | None = None) -> tuple[mujoco.MjMode
     """The env's MjModel and MjData, and the object-graph path of the MjData (None: `unwrapped.data`):
     `unwrapped.model` / `.data`, else the MjData at `path` (where it was found before: cheap), else the one
     MjData the env's object graph reaches (a dm_control `Physics`, robosuite's simulator) and its model."""
-    from capsule_rollout.envs.object_graph import fmt, resolve, walk
-
     unwrapped = env.unwrapped
     model, data = getattr(unwrapped, "model", None), getattr(unwrapped, "data", None)
     if isinstance(model, mujoco.MjModel) and isinstance(data, mujoco.MjData):
@@ -231,3 +237,215 @@ def find_physics(env: gym.Env, path: tuple | None = None) -> tuple[mujoco.MjMode
                                  "anything inside it): the adapter captures MuJoCo envs only")
     raise MujocoCapsuleError(f"{type(unwrapped).__name__} reaches {len(found)} MjData objects "
                              f"({', '.join(fmt(n.path) for n in found[:4])}): the adapter captures one simulation")
+
+
+# -- what the adapter copies, and how -------------------------------------------------------------
+
+_LAYOUT_CHECKED = False
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def pcg64_addresses(bg) -> tuple[int, int]:
+    """Addresses of a PCG64 bit generator's 128-bit state + increment and of its (has_uint32, uinteger).
+    bitgen_t (numpy's C interface, behind the generator's "BitGenerator" capsule) starts with a pointer to the
+    PCG64 state; far cheaper to reach than `bg.ctypes`, which builds ctypes callbacks per generator."""
+    address = ctypes.c_void_p.from_address(_capsule_pointer(bg.capsule, b"BitGenerator")).value
+    pcg = ctypes.c_void_p.from_address(address).value
+    if not _LAYOUT_CHECKED:  # a property of this numpy build: checked on the first generator only
+        _check_layout(bg, pcg, address + 8)
+    return pcg, address + 8
+
+
+def _check_layout(bg, pcg: int, aux: int) -> None:
+    global _LAYOUT_CHECKED
+    words = np.frombuffer((ctypes.c_char * 32).from_address(pcg), np.uint64)
+    flags = np.frombuffer((ctypes.c_char * 8).from_address(aux), np.uint32)
+    st = bg.state
+    ok = (int(words[0]) | int(words[1]) << 64) == st["state"]["state"] and \
+         (int(words[2]) | int(words[3]) << 64) == st["state"]["inc"] and \
+         int(flags[0]) == st["has_uint32"] and int(flags[1]) == st["uinteger"]
+    _LAYOUT_CHECKED = ok
+    if not ok:
+        raise MujocoCapsuleError("this numpy's PCG64 C state layout is not the one the adapter copies "
+                                 f"(numpy {np.__version__}); generators cannot be captured here")
+
+
+ASSET_PREFIXES = ("mesh_", "tex_", "hfield_", "skin_", "flex", "names", "paths", "text_", "plugin", "oct_",
+                  "numeric_", "tuple_", "key_")
+"""MjModel arrays that are not captured by value with graph capture: assets fixed by the model's files
+(meshes, textures, heightfields, skins, flexes, names, keyframes, custom data; the meshes' BVH nodes); the
+fingerprint holds them."""
+
+
+def model_value_runs(model: mujoco.MjModel, gap: int = 256) -> list[tuple[int, int]]:
+    """(address, bytes) runs of the model's memory covering every array that is not an asset; arrays less
+    than `gap` bytes apart share a run (the bytes between them are padding or small index arrays)."""
+    runs: list[list[int]] = []
+    # the bodies' BVH nodes come first in bvh_*: a body's bounding box changes with its geoms' sizes (robosuite
+    # draws a cube's size at each build); the meshes' nodes after them are assets
+    body_nodes = int(np.sum(model.body_bvhnum))
+    if body_nodes and int(np.max(model.body_bvhadr + model.body_bvhnum)) != body_nodes:
+        body_nodes = int(model.nbvh)  # laid out otherwise: all of it by value
+    for start, end, name in handle_fields(model):
+        if name.startswith("bvh_"):
+            end = start + body_nodes * getattr(model, name).strides[0]
+            if end == start:
+                continue
+        elif name.startswith(ASSET_PREFIXES):
+            continue
+        if runs and start - runs[-1][1] <= gap:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([start, end])
+    return [(start, end - start) for start, end in runs]
+
+
+def model_identity(model: mujoco.MjModel, runs: list[tuple[int, int]]) -> np.ndarray:
+    """What a model is, as graph capture sees it: its sizes, its options and every array byte outside the
+    captured runs (the assets), not the values captured (nor the statistics MuJoCo derives from them: robosuite
+    draws a cube's size at each build, and two builds of one task must restore each other's capsules)."""
+    parts = [np.array([getattr(model, n) for n in sorted(dir(model)) if n.startswith("n") and isinstance(
+        getattr(model, n, None), int)], np.int64).tobytes()]
+    opt = model.opt
+    parts += [np.asarray(getattr(opt, n)).tobytes() for n in sorted(dir(opt)) if not n.startswith("_")
+              and isinstance(getattr(opt, n), (int, float, np.ndarray))]
+    covered = sorted(runs)
+    for start, end, _ in handle_fields(model):
+        at = start
+        for run_start, n in covered:  # the bytes of this array outside every run
+            if run_start + n <= at or run_start >= end:
+                continue
+            if run_start > at:
+                parts.append(memory_view(at, run_start - at).tobytes())
+            at = max(at, run_start + n)
+        if at < end:
+            parts.append(memory_view(at, end - at).tobytes())
+    return np.frombuffer(b"".join(parts), np.uint8)
+
+
+def memory_view(address: int, n: int) -> np.ndarray:
+    return np.frombuffer((ctypes.c_char * n).from_address(address), np.uint8)
+
+
+def space_bytes(space: Any) -> int:
+    """Bytes one observation of `space` takes (Boxes and Dicts of them; 0 for anything else)."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(space_bytes(v) for v in space.spaces.values())
+    if isinstance(space, gym.spaces.Box):
+        return int(np.prod(space.shape, dtype=np.int64)) * space.dtype.itemsize
+    return 0
+
+
+def zeros_like_space(space: gym.spaces.Space) -> Any:
+    if isinstance(space, gym.spaces.Dict):
+        return {k: zeros_like_space(v) for k, v in space.spaces.items()}
+    if isinstance(space, gym.spaces.Box):
+        return np.zeros(space.shape)
+    raise TypeError(space)
+
+
+def _store(attr: Attr, value: Any, view: np.ndarray, task: str, mjdata: tuple[int, int]) -> None:
+    """Write a declared attribute's value into its capsule view (`mjdata`: MjData's buffer, address and size)."""
+    if attr.kind == "array":
+        arr = np.asarray(value)
+        if arr.shape != view.shape:
+            raise MujocoCapsuleError(f"{task}: attribute {attr.path!r} has shape {arr.shape}, declared "
+                                     f"{view.shape}")
+        if _inside(arr, *mjdata):
+            raise MujocoCapsuleError(f"{task}: attribute {attr.path!r} is a live view into MjData; "
+                                     "drop it from the declaration (MjData is captured whole)")
+        view[...] = arr
+    elif attr.kind in ("list", "set"):
+        index = {item: i for i, item in enumerate(attr.universe)}
+        try:
+            order = [index[item] for item in value]
+            if attr.kind == "set":  # a set's iteration order is not state: keep it canonical (universe order)
+                order.sort()
+        except KeyError as exc:
+            raise MujocoCapsuleError(f"{task}: {attr.path!r} holds {exc.args[0]!r}, not in its "
+                                     f"declared universe {attr.universe}") from None
+        view[:] = -1
+        view[: len(order)] = order
+    else:
+        view[0] = value
+
+
+def _load(attr: Attr, view: np.ndarray) -> Any:
+    if attr.kind == "array":
+        return view.copy()
+    if attr.kind == "int":
+        return int(view[0])
+    if attr.kind == "float":
+        return float(view[0])
+    if attr.kind == "bool":
+        return bool(view[0])
+    items = [attr.universe[int(i)] for i in view if i >= 0]
+    return items if attr.kind == "list" else set(items)
+
+
+_LOADERS = {"array": np.copy, "int": lambda v: int(v[0]), "float": lambda v: float(v[0]), "bool": lambda v: bool(v[0])}
+
+
+def _inside(arr: np.ndarray, start: int, size: int) -> bool:
+    if not arr.nbytes:
+        return False
+    base = arr.__array_interface__["data"][0]
+    return start <= base < start + size
+
+
+def check_wrappers(layers: list[gym.Env], capture: CaptureSpec) -> list[tuple[object, str, Attr]]:
+    """The declared capture's wrapper counters: (wrapper, attribute, Attr); a wrapper with state of its own
+    that no declaration names is refused."""
+    counters = {**KNOWN_WRAPPERS, **capture.wrapper_state}
+    found = []
+    for layer in layers:
+        if not isinstance(layer, gym.Wrapper):
+            continue
+        kind = type(layer).__name__
+        names = counters.get(kind)
+        if names is None:
+            extra = sorted(set(vars(layer)) - WRAPPER_PLUMBING)
+            if extra:
+                raise MujocoCapsuleError(
+                    f"wrapper {kind} keeps state the adapter does not know ({', '.join(extra)}): remove it "
+                    f"(gymnasium.make(..., disable_env_checker=True) leaves out PassiveEnvChecker; record "
+                    f"statistics with the rollout host instead of RecordEpisodeStatistics), or declare its "
+                    f"counters in the suite's CaptureSpec.wrapper_state")
+            continue
+        for name in names:
+            found.append((layer, name, Attr(f"{kind}.{name}", WRAPPER_COUNTER_TYPES.get(name, "int"))))
+    return found
+
+
+def mjv_camera(model: mujoco.MjModel, cam: Camera, task: str) -> mujoco.MjvCamera | str:
+    """The renderer's camera for `cam`: a model camera's name, or a free camera with its fixed parameters."""
+    if cam.model_camera is not None:
+        if mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, cam.model_camera) < 0:
+            raise MujocoCapsuleError(f"{task}: camera {cam.name!r} names model camera "
+                                     f"{cam.model_camera!r}, which the model lacks")
+        return cam.model_camera
+    free = mujoco.MjvCamera()
+    free.type = mujoco.mjtCamera.mjCAMERA_FREE
+    free.lookat[:] = cam.lookat
+    free.distance, free.azimuth, free.elevation = cam.distance, cam.azimuth, cam.elevation
+    return free
+
+
+def slab_size(held: int, observation: int) -> int:
+    """The graph capture's Python buffer: 1 MiB, or twice what the env holds (`held` bytes pickled, plus an
+    observation or two it may keep: PassiveEnvChecker keeps the last one) rounded up to a power of two."""
+    size = 1 << 20
+    while size < 2 * (held + observation):
+        size *= 2
+    return size
+
+
+def slab_overflow(task: str, env: gym.Env, used: int, capacity: int) -> MujocoCapsuleError:
+    """The error for a Python state larger than its buffer, naming the env's largest arrays."""
+    arrays = sorted(((n.obj.nbytes, n.path) for n in walk(env).values() if n.kind == "array"), key=lambda x: -x[0])
+    big = ", ".join(f"{fmt(p)} {nbytes:,} B" for nbytes, p in arrays[:3])
+    return MujocoCapsuleError(f"{task}: the env's Python state is {used:,} bytes, more than the {capacity:,} its "
+                              f"capsule buffer holds (largest arrays: {big}); give the suite's CaptureSpec a larger "
+                              "python_bytes, or exclude what is not state (CaptureSpec.exclude)")

@@ -30,258 +30,36 @@ diagnostics that name what a restore did not bring back.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import enum
 import hashlib
 import io
 import pickle
 import random
 import sys
-import threading
 import types
-import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import mujoco
 import numpy as np
 
-HANDLE_TYPES = (mujoco.MjModel, mujoco.MjData)
-ATOMIC_TYPES = (type(None), bool, int, float, complex, str, bytes, range, slice, type, types.BuiltinFunctionType,
-                types.ModuleType, np.generic, np.dtype, type(Ellipsis), type(NotImplemented), enum.Enum)
-GENERATOR_TYPES = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
-LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Event,
-              threading.Thread)
-OPAQUE_MODULES = ("logging", "threading", "socket", "io", "_io", "subprocess", "multiprocessing", "concurrent",
-                  "asyncio", "ctypes", "OpenGL", "weakref", "queue", "selectors")
-"""Instances of classes from these modules are never copied (loggers, files, sockets, GL bindings...)."""
-
-Path = tuple  # of steps: ("a", name) attribute, ("k", key) mapping key, ("i", index) sequence item, ("self",)
+from capsule_rollout.envs.graph_codec import Pickler, interned, safe_loads, type_key, type_of
+from capsule_rollout.envs.graph_codec import SafeUnpickler as _Unpickler
+from capsule_rollout.envs.graph_handles import _Aliases, alias_view
+from capsule_rollout.envs.graph_walk import (  # noqa: F401 - the walk is part of this module's API
+    HANDLE_TYPES,
+    Node,
+    Path,
+    _children,
+    _slots,
+    classify,
+    fmt,
+    resolve,
+    walk,
+)
 
 
 class GraphStateError(ValueError):
     """The env's Python state cannot be captured as found; the message names the path and what to do."""
-
-
-def fmt(path: Path | None) -> str:
-    """A path as Python reads it: `.env.robots[0].controller`; `<root>` for the root itself."""
-    if path is None:
-        return "<inside a set>"
-    out = ""
-    for step in path:
-        kind = step[0]
-        out += f".{step[1]}" if kind == "a" else f"[{step[1]!r}]" if kind in ("k", "i") else ".__self__"
-    return out or "<root>"
-
-
-def _slots(t: type) -> list[str]:
-    out = []
-    for k in t.__mro__:
-        s = vars(k).get("__slots__", ())
-        out += [s] if isinstance(s, str) else [n for n in s if n not in ("__dict__", "__weakref__")]
-    return out
-
-
-def _has_del(t: type) -> bool:
-    return any("__del__" in vars(k) for k in t.__mro__ if k is not object)
-
-
-def _python_call(t: type) -> bool:
-    return any(isinstance(vars(k).get("__call__"), types.FunctionType) for k in t.__mro__)
-
-
-def classify(x: Any) -> str:
-    """handle | atomic | opaque | generator | array | method | container | object | value."""
-    if isinstance(x, HANDLE_TYPES):
-        return "handle"
-    if isinstance(x, ATOMIC_TYPES):
-        return "atomic"
-    t = type(x)
-    if isinstance(x, types.FunctionType):
-        # a closure points at its owner, a lambda or local function cannot be pickled by reference
-        return "opaque" if x.__closure__ or "<" in x.__qualname__ else "atomic"
-    if isinstance(x, GENERATOR_TYPES):
-        return "generator"
-    if isinstance(x, np.ndarray):
-        return "array"
-    if t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter", "Generator"):
-        return "value"  # its data is not in its __dict__: pickled whole
-    if isinstance(x, types.MethodType):
-        return "method"
-    module = t.__module__ or ""
-    if "<locals>" in t.__qualname__:
-        return "opaque"  # a class made inside a function (dm_control's named indexers): not importable elsewhere
-    if (isinstance(x, LOCK_TYPES) or isinstance(x, (weakref.ref, types.GeneratorType, types.CoroutineType))
-            or module.split(".")[0] in OPAQUE_MODULES or (module.startswith("mujoco") and "<" not in t.__qualname__)):
-        return "opaque"
-    if callable(x) and not isinstance(x, type) and not _python_call(t) and not hasattr(x, "__dict__"):
-        return "atomic"  # C functions, method wrappers, numpy ufuncs: pickled by reference
-    if isinstance(x, (list, tuple, dict, set, frozenset, collections.deque)) and (
-            not hasattr(x, "__dict__") or t in (collections.OrderedDict, collections.defaultdict)):
-        return "container"
-    if hasattr(x, "__dict__") or _slots(t):
-        if _has_del(t) or "<locals>" in t.__qualname__:
-            return "opaque"
-        return "object"
-    return "value"
-
-
-def _children(x: Any, kind: str) -> Iterator[tuple[tuple | None, Any]]:
-    if kind == "container":
-        if isinstance(x, dict):
-            for k, v in x.items():
-                yield (("k", k) if isinstance(k, (str, int, bool, float, tuple, type(None))) else None), v
-        elif isinstance(x, (list, tuple, collections.deque)):
-            for i, v in enumerate(x):
-                yield ("i", i), v
-        else:
-            for v in x:  # a set: its members have no path
-                yield None, v
-    elif kind in ("object", "opaque"):
-        d = getattr(x, "__dict__", None)
-        if isinstance(d, dict):
-            for k, v in list(d.items()):
-                yield ("a", k), v
-        for k in _slots(type(x)):
-            try:
-                yield ("a", k), object.__getattribute__(x, k)
-            except AttributeError:
-                continue
-        if isinstance(x, dict):
-            for k, v in list(x.items()):
-                yield (("k", k) if isinstance(k, (str, int)) else None), v
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                yield ("i", i), v
-    elif kind == "method":
-        yield ("self",), x.__self__
-
-
-@dataclass
-class Node:
-    obj: Any
-    kind: str
-    path: Path | None  # None: reachable only through a set (no path to pair it by)
-
-
-def walk(root: Any) -> dict[int, Node]:
-    """Every non-atomic object reachable from `root`, breadth first, with its first path."""
-    seen: dict[int, Node] = {}
-    queue = collections.deque([(root, ())])
-    while queue:
-        x, path = queue.popleft()
-        if id(x) in seen:
-            continue
-        kind = classify(x)
-        if kind == "atomic":
-            continue
-        seen[id(x)] = Node(x, kind, path)
-        if kind in ("handle", "array", "generator", "value"):
-            continue
-        for step, v in _children(x, kind):
-            queue.append((v, None if path is None or step is None else (*path, step)))
-    return seen
-
-
-def resolve(root: Any, path: Path) -> Any:
-    x = root
-    for step in path:
-        kind = step[0]
-        if kind == "a":
-            d = getattr(x, "__dict__", None)
-            x = d[step[1]] if isinstance(d, dict) and step[1] in d else object.__getattribute__(x, step[1])
-        elif kind in ("k", "i"):
-            x = x[step[1]]
-        else:
-            x = x.__self__
-    return x
-
-
-# -- handles and the arrays that alias them --------------------------------------------------------------
-
-_SKIP_FIELDS = ("island", "efc_AR_")
-
-
-def handle_fields(h: Any) -> list[tuple[int, int, str]]:
-    """(start address, end address, field) of every array of an MjModel / MjData: MjData's model-sized buffer
-    (its arena's arrays are left out: they point at stale memory when unused) and the struct arrays inside
-    mjData itself (`warning.number`...), by address."""
-    out = []
-    inside = None
-    if isinstance(h, mujoco.MjData):
-        start = h.qpos.__array_interface__["data"][0]
-        inside = (start, start + int(h.nbuffer))
-    for name in dir(h):
-        if name.startswith("_") or any(s in name for s in _SKIP_FIELDS):
-            continue
-        try:
-            v = getattr(h, name)
-        except Exception:  # noqa: BLE001 - a property that cannot be read here is no array
-            continue
-        if isinstance(v, np.ndarray) and v.nbytes:
-            start = v.__array_interface__["data"][0]
-            if inside is None or inside[0] <= start and start + v.nbytes <= inside[1]:
-                out.append((start, start + v.nbytes, name))
-        elif isinstance(h, mujoco.MjData) and name in ("warning", "timer", "solver"):
-            for sub in dir(v):
-                w = getattr(v, sub, None) if not sub.startswith("_") else None
-                if isinstance(w, np.ndarray) and w.nbytes:
-                    start = w.__array_interface__["data"][0]
-                    out.append((start, start + w.nbytes, f"{name}.{sub}"))
-    return sorted(out)
-
-
-def _field_array(h: Any, field: str) -> np.ndarray:
-    x = h
-    for part in field.split("."):
-        x = getattr(x, part)
-    return x
-
-
-class _Memory:
-    """An ndarray interface over memory at an address, kept alive through `owner`."""
-
-    def __init__(self, address: int, shape: tuple, strides: tuple, dtype: np.dtype, owner: Any) -> None:
-        self.owner = owner
-        self.__array_interface__ = {"data": (address, False), "shape": tuple(shape), "strides": tuple(strides),
-                                    "typestr": np.dtype(dtype).str, "version": 3}
-
-
-def alias_view(h: Any, field: str, offset: int, shape: tuple, strides: tuple, dtype: np.dtype) -> np.ndarray:
-    base = _field_array(h, field)
-    address = base.__array_interface__["data"][0] + offset
-    return np.asarray(_Memory(address, shape, strides, dtype, (h, base)))
-
-
-class _Aliases:
-    """Finds which handle field an array's memory lies in (fields cached per handle object)."""
-
-    def __init__(self) -> None:
-        self._fields: dict[int, tuple[Any, list[tuple[int, int, str]]]] = {}
-
-    def fields(self, h: Any) -> list[tuple[int, int, str]]:
-        cached = self._fields.get(id(h))
-        if cached is None or cached[0] is not h:
-            cached = (h, handle_fields(h))
-            self._fields[id(h)] = cached
-        return cached[1]
-
-    def find(self, arr: np.ndarray, handles: list[tuple[int, Any]]) -> tuple | None:
-        if not arr.nbytes:
-            return None
-        p = arr.__array_interface__["data"][0]
-        for index, h in handles:
-            hits = [(start, name) for start, end, name in self.fields(h) if start <= p < end]
-            if not hits:
-                continue
-            # struct arrays interleave (warning.lastinfo / .number): the field whose element grid it starts on
-            good = [(s, n) for s, n in hits if _field_array(h, n).dtype == arr.dtype
-                    and (p - s) % max(1, _field_array(h, n).strides[0] if _field_array(h, n).ndim else 1) == 0]
-            start, name = (good or hits)[-1]
-            return index, name, p - start, arr.shape, arr.strides, arr.dtype.str
-        return None
 
 
 # -- snapshot / restore ----------------------------------------------------------------------------------
@@ -317,40 +95,6 @@ def _holds_missing(v: Any, depth: int = 3) -> bool:
     if depth and isinstance(v, dict):
         return any(_holds_missing(x, depth - 1) for x in v.values())
     return False
-
-
-_PLAIN = (dict, list, tuple, set, frozenset, collections.OrderedDict, collections.defaultdict, collections.deque)
-
-
-def _interned(x: Any, memo: dict[int, Any]) -> Any:
-    """`x` with every string inside its plain containers interned (copies of the containers, sharing kept):
-    pickle shares a string by identity, so interning them all makes a snapshot's bytes a function of the
-    values alone, whether the strings came from the code (interned) or from an earlier restore (not)."""
-    t = type(x)
-    if t is str:
-        return sys.intern(x)
-    if t not in _PLAIN:
-        return x
-    done = memo.get(id(x))
-    if done is not None:
-        return done[1]
-    if t in (dict, collections.OrderedDict, collections.defaultdict):
-        out: Any = collections.defaultdict(x.default_factory) if t is collections.defaultdict else t()
-        memo[id(x)] = (x, out)
-        for k, v in x.items():
-            out[_interned(k, memo)] = _interned(v, memo)
-    elif t is collections.deque:
-        out = collections.deque(maxlen=x.maxlen)
-        memo[id(x)] = (x, out)
-        out.extend(_interned(v, memo) for v in x)
-    elif t is list:
-        out = []
-        memo[id(x)] = (x, out)
-        out.extend(_interned(v, memo) for v in x)
-    else:
-        out = t(_interned(v, memo) for v in x)
-        memo[id(x)] = (x, out)
-    return out
 
 
 def _apply_state(obj: Any, state: tuple[dict | None, dict, Any]) -> None:
@@ -409,51 +153,6 @@ def _new_generator(kind: type, state: Any) -> Any:
     return g
 
 
-class _Pickler(pickle.Pickler):
-    def __init__(self, file, table: dict[int, tuple]) -> None:
-        super().__init__(file, protocol=5)
-        self.table = table
-        self.interned: dict[int, Any] = {}  # one memo for every string normalisation of this pickle
-
-    def persistent_id(self, obj: Any) -> tuple | None:
-        return self.table.get(id(obj))
-
-    def reducer_override(self, obj: Any) -> Any:
-        # arrays in one canonical form (C order, whatever their layout): the same values give the same bytes,
-        # so a capsule's bytes depend on the state alone (numpy pickles a Fortran-ordered array otherwise)
-        if type(obj) is np.ndarray and obj.dtype != object:
-            return _array, (np.ascontiguousarray(obj).tobytes(), obj.dtype.str, obj.shape, bool(obj.flags.writeable))
-        if isinstance(obj, np.dtype) and not obj.fields and not obj.metadata:
-            return np.dtype, (obj.str,)  # unpickled as numpy's own instance, as the code that made the env holds
-        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)) or \
-                type(obj) in _PLAIN:
-            return NotImplemented
-        # any other value (an XML element, a dataclass...): its own reduction, with the strings in it interned
-        # (see `_interned`), so that its bytes do not depend on which strings Python happened to share
-        try:
-            reduced = obj.__reduce_ex__(5)
-        except Exception:  # noqa: BLE001 - let pickle raise its own error for it
-            return NotImplemented
-        if not isinstance(reduced, tuple):
-            return NotImplemented
-        return (reduced[0], *(_interned(part, self.interned) for part in reduced[1:]))
-
-
-def _array(data: bytes, dtype: str, shape: tuple, writeable: bool) -> np.ndarray:
-    out = np.frombuffer(data, dtype).reshape(shape).copy()
-    out.flags.writeable = writeable
-    return out
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, resolved: dict[tuple, Any]) -> None:
-        super().__init__(file)
-        self.resolved = resolved
-
-    def persistent_load(self, pid: tuple) -> Any:
-        return self.resolved[pid]
-
-
 @dataclass
 class _Plan:
     """The paths of a snapshot and what sits at each (pickled first, so a restore resolves them all before any
@@ -482,14 +181,16 @@ class GraphState:
         self.root, self.exclude, self.global_rngs = root, frozenset(exclude), global_rngs
         self._aliases = _Aliases()
         self._static: dict[Path, np.ndarray] = {}
+        self._known: frozenset[str] | None = None  # classes of the graph, by `type_key`
 
     def remember_static(self) -> str:
         """Record the large arrays the env holds now (call it right after building the env); returns a digest
         of them, for the fingerprint: a capsule refers to them by path, so its target must hold the same."""
         digest = hashlib.blake2b(digest_size=16)
-        handles = [(0, n.obj) for n in walk(self.root).values() if n.kind == "handle"]
+        graph = self.nodes()
+        handles = [(0, n.obj) for n in graph.values() if n.kind == "handle"]
         self._static = {}
-        for node in self.nodes().values():
+        for node in graph.values():
             obj = node.obj
             if (node.kind == "array" and node.path is not None and obj.nbytes >= self.STATIC_BYTES
                     and obj.dtype != object and self._aliases.find(obj, handles) is None):
@@ -555,7 +256,7 @@ class GraphState:
                                        bool(obj.flags.writeable)))
             elif node.kind == "object" and node.path is not None:
                 table[id(obj)] = ("o", len(plan.objects))
-                plan.objects.append((node.path, _type_key(type(obj))))
+                plan.objects.append((node.path, type_key(type(obj))))
                 d, slots, items = _state_of(obj)
                 if self.exclude and d is not None:  # left as the target has them
                     d = {k: v for k, v in d.items() if k not in self.exclude}
@@ -569,12 +270,12 @@ class GraphState:
         body = io.BytesIO()
         glob = (np.random.get_state(legacy=False), random.getstate()) if self.global_rngs else None
         try:
-            pickler = _Pickler(body, table)
-            pickler.dump(_interned((states + generator_states, glob), pickler.interned))
+            pickler = Pickler(body, table)
+            pickler.dump(interned((states + generator_states, glob), pickler.interned))
         except Exception as exc:  # noqa: BLE001 - name the object that cannot be saved
             raise GraphStateError(self._unpicklable(graph, table, exc)) from None
         memo: dict[int, Any] = {}
-        head = pickle.dumps(_Plan(*(_interned(getattr(plan, f.name), memo) for f in dataclasses.fields(_Plan))),
+        head = pickle.dumps(_Plan(*(interned(getattr(plan, f.name), memo) for f in dataclasses.fields(_Plan))),
                             protocol=5)
         parts = (head, base_blob.getvalue(), body.getvalue())
         return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
@@ -586,8 +287,8 @@ class GraphState:
             n = int.from_bytes(blob[at:at + 8], "little")
             parts.append(blob[at + 8:at + 8 + n])
             at += 8 + n
-        plan: _Plan = pickle.loads(parts[0])
-        bases: list[np.ndarray] = pickle.loads(parts[1])
+        plan: _Plan = safe_loads(parts[0])
+        bases: list[np.ndarray] = safe_loads(parts[1])
         root, resolved = self.root, {}
         refs = []
         for i, (path, type_name, kind) in enumerate(plan.refs):
@@ -623,7 +324,11 @@ class GraphState:
         for i, (path, key) in enumerate(plan.objects):
             target = self._paired(path, key, taken)
             if target is None:
-                kind = _type_of(key, path)
+                try:
+                    kind = type_of(key)
+                except LookupError:
+                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} is "
+                                          "not loaded here: the capsule was taken from an env built differently") from None
                 target = kind.__new__(kind)
             resolved[("o", i)] = target
             objects.append(target)
@@ -632,7 +337,7 @@ class GraphState:
             target = self._paired(path, kind, taken)
             resolved[("g", i)] = target  # None: made fresh below, once its state is read
             generators.append(target)
-        states, glob = _Unpickler(io.BytesIO(parts[2]), resolved).load()
+        states, glob = self._load_states(parts[2], resolved)
         n = len(objects)
         fresh: dict[int, Any] = {}
         for i, (_, kind) in enumerate(plan.generators):
@@ -643,7 +348,7 @@ class GraphState:
             # created after the target was built); re-read the states with it resolved
             for i, g in fresh.items():
                 resolved[("g", i)] = g
-            states, glob = _Unpickler(io.BytesIO(parts[2]), resolved).load()
+            states, glob = self._load_states(parts[2], resolved)
         for target, state in zip(objects, states[:n]):
             if self.exclude and state[0] is not None:
                 own = getattr(target, "__dict__", {})
@@ -656,6 +361,19 @@ class GraphState:
             np.random.set_state(glob[0])
             random.setstate(glob[1])
 
+    def _load_states(self, data: bytes, resolved: dict[tuple, Any]) -> Any:
+        """The states, reading only the classes this env uses (`graph_codec.SafeUnpickler`); those are learnt once
+        and again only when a snapshot names one not seen yet (an object the env built since)."""
+        for fresh in (False, True):
+            if fresh or self._known is None:
+                self._known = frozenset(type_key(type(n.obj)) for n in walk(self.root).values())
+            try:
+                return _Unpickler(data, resolved, self._known).load()
+            except pickle.UnpicklingError as exc:
+                if fresh or "refused" not in str(exc):
+                    raise GraphStateError(str(exc)) from None
+        raise AssertionError("unreachable")
+
     def _paired(self, path: Path | None, kind: type | str, taken: set[int]) -> Any:
         if path is None:
             return None
@@ -663,7 +381,7 @@ class GraphState:
             target = resolve(self.root, path)
         except (KeyError, IndexError, AttributeError, TypeError):
             return None
-        same = _type_key(type(target)) == kind if isinstance(kind, str) else type(target) is kind
+        same = type_key(type(target)) == kind if isinstance(kind, str) else type(target) is kind
         if not same or id(target) in taken:
             return None
         taken.add(id(target))
@@ -674,7 +392,7 @@ class GraphState:
             if id(node.obj) in table or node.kind in ("object", "container", "handle"):
                 continue
             try:
-                _Pickler(io.BytesIO(), table).dump(node.obj)
+                Pickler(io.BytesIO(), table).dump(node.obj)
             except Exception as inner:  # noqa: BLE001
                 return (f"the env's Python state cannot be captured: {type(node.obj).__module__}."
                         f"{type(node.obj).__qualname__} at {fmt(node.path)} cannot be saved ({inner}); exclude that "
@@ -728,26 +446,6 @@ class GraphState:
                 except Exception:  # noqa: BLE001 - not comparable by value
                     continue
         return out
-
-
-def _type_key(t: type) -> str:
-    """A class by name (some suites make classes at run time that pickle cannot find by reference: Meta-World's
-    goal-observable envs): objects are paired by it, and only an object made fresh needs the class itself."""
-    return f"{t.__module__}:{t.__qualname__}"
-
-
-def _type_of(key: str, path: Path | None) -> type:
-    import importlib
-
-    module, _, qualname = key.partition(":")
-    try:
-        x: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            x = getattr(x, part)
-    except (ImportError, AttributeError):
-        raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} cannot be "
-                              "found to make one: the capsule was taken from an env built differently") from None
-    return x
 
 
 def differing_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
