@@ -80,12 +80,12 @@ $(LEROBOT_STAMP):
 		echo "note: no FFmpeg libraries for torchcodec; the LeRobot loader test decodes video with PyAV only"
 	touch $@
 
-# The demo: the shipped policy and critic on 2 Ray actors (local cluster), a mix of the four
+# The demo: the shipped policy and critic on 2 Ray actors of 4 env slots each (local cluster), a mix of the four
 # task families, episodes recorded to zarr with a plot and a gif; then one episode replayed bit for bit from
 # its initial capsule, and the capsule bit-exactness report. Outputs in $(DEMO_OUT).
 demo: $(STAMP)
 	rm -rf $(DEMO_OUT)/sim_rollout
-	$(PY) -m capsule_rollout sim_rollout --actors 2 --family all --seeds.count 3 --repeats 2 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
+	$(PY) -m capsule_rollout sim_rollout --actors 2 --slots 4 --family all --seeds.count 3 --repeats 2 --out $(DEMO_OUT)/sim_rollout --json $(DEMO_OUT)/sim_rollout.json
 	$(PY) -m capsule_rollout replay --store $(DEMO_OUT)/sim_rollout/episodes.zarr --episode pick_place-s1000000 --json $(DEMO_OUT)/replay.json
 	$(PY) -m capsule_rollout verify_capsule --json $(DEMO_OUT)/verify_capsule.json
 
@@ -94,6 +94,7 @@ bench: $(STAMP)
 	$(PY) -m capsule_rollout bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
 	$(PY) -m capsule_rollout bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
 	$(PY) -m capsule_rollout bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
+	$(PY) -m capsule_rollout bench_slots --json runs/bench/bench_slots.json --docs docs/BENCHMARKS.md
 	$(PY) -m capsule_rollout collect_demos --episodes 200 --out runs/bench/demos200.zarr --no-progress
 	$(PY) -m capsule_rollout bench_lerobot --rounds 5 --svt_presets 7 8 10 --json runs/bench/bench_lerobot.json --docs docs/BENCHMARKS.md
 

@@ -149,6 +149,40 @@ class BenchRolloutConfig:
             raise ValueError("--handoff_samples must be >= 10")
 
 
+@command("bench_slots", "Env slots: steps/s of 8 slots in one actor vs 1 slot, and RECAP branch collection with forks in "
+                       "the batch vs one continuation at a time, on one core.")
+@dataclass(frozen=True)
+class BenchSlotsConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint."""
+    family: FAMILIES = "pick_place"
+    """Task family."""
+    slots: int = 8
+    """Slots of the batched host (against a host of one slot)."""
+    seed: int = 1_000_000
+    """First seed used."""
+    episodes: int = 32
+    """Episodes (seeds) per mode and round of the rollout measurement."""
+    max_steps: int = 80
+    """Episode length cap."""
+    rounds: int = 5
+    """Paired rounds (order shuffled per round)."""
+    branch_items: int = 2
+    """Recorded episodes branched per round of the branch measurement (each played again, then branched)."""
+    branch_steps: tuple[int, ...] = (2, 6, 10)
+    """Chunk starts branched from."""
+    branches: int = 8
+    """Continuations per boundary."""
+    docs: str = ""
+    """Markdown file whose bench_slots section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.slots < 2 or min(self.episodes, self.rounds, self.branch_items, self.branches) < 1:
+            raise ValueError("--slots must be >= 2; --episodes, --rounds, --branch_items, --branches >= 1")
+
+
 @command(
     'bench_bridge',
     "Robot bridge round-trip latency on loopback (heartbeat, action, observe) against the SimRobotServer.",

@@ -106,6 +106,9 @@ class EvalPolicyConfig:
     """Also run the tabletop's scripted expert on the same seeds, for comparison (not with --env)."""
     actors: int = 0
     """Ray actors to play the episodes on (0: in this process); results do not depend on it."""
+    slots: int = 1
+    """Env slots per actor (or in this process): episodes side by side, the policy and critic batched (a batch of
+    N rows rounds differently from a batch of 1: results can differ slightly from one slot's)."""
     phrasing: PHRASING = "canonical"
     """How the planner words each subtask: the task's own text, or one of its paraphrases that training
     may use (train) or never uses (heldout); see envs/phrasing.py."""
@@ -115,8 +118,8 @@ class EvalPolicyConfig:
     pad instead"; the share of episodes that end with the block on the coached pad."""
 
     def __post_init__(self) -> None:
-        if self.seeds.count < 1 or self.actors < 0:
-            raise ValueError("--seeds.count (--episodes) must be >= 1, --actors >= 0")
+        if self.seeds.count < 1 or self.actors < 0 or self.slots < 1:
+            raise ValueError("--seeds.count (--episodes) and --slots must be >= 1, --actors >= 0")
         if self.env:
             if self.model.policy == SHIPPED_POLICY:
                 raise ValueError("--env: give the policy to evaluate (--model.policy, a checkpoint or an import "
@@ -143,14 +146,17 @@ class ValueCeilingConfig:
     --model.policy; without the tabletop, states carry no task phase)."""
     seeds: Seeds = Seeds(count=50)  # held out
     act: Acting = Acting()
+    slots: int = 1
+    """Env slots: the branches of a state played side by side, forks of its capsule into the slots, the policy
+    batched (a batch of N rows rounds differently from a batch of 1)."""
     branches: int = 16
     """Continuations played from each mid-episode capsule, each with its own noise seed."""
     at_step: int | None = None
     """The control step judged (None: half the episode limit, as the critic's failure AUC elsewhere)."""
 
     def __post_init__(self) -> None:
-        if min(self.seeds.count, self.branches) < 1:
-            raise ValueError("--seeds.count (--episodes) and --branches must be >= 1")
+        if min(self.seeds.count, self.branches, self.slots) < 1:
+            raise ValueError("--seeds.count (--episodes), --branches and --slots must be >= 1")
         if self.env and self.model.policy == SHIPPED_POLICY:
             raise ValueError("--env: give the policy whose states are judged (--model.policy, a checkpoint or an "
                              "import path `package.module:make_policy`); the shipped one is the tabletop's")
@@ -215,7 +221,14 @@ class SimRolloutConfig:
     episodes_per_call: int = 1
     """Episodes handed to an actor in one Ray call (their reports come back together): more than 1 spreads
     the driver's per-call cost over several episodes, for short episodes on many actors; an actor that dies
-    has every episode of its call re-run."""
+    has every episode of its call re-run. With --slots, at least 4 per slot."""
+    slots: int = 1
+    """Env slots per actor: episodes played side by side in one process, their policy and critic calls batched
+    into one per round (rollout/slot_host.py). Part of the run's identity: a batch of N rows rounds differently
+    from a batch of 1, so a run resumes and replays with the slots it was made with."""
+    env_threads: int = 1
+    """Threads stepping each actor's slots between batched calls (MuJoCo steps without the GIL): for actors
+    given several CPUs (--cpus_per_actor). Does not change what is played."""
     pin_cores: bool = False
     """Pin actor i to CPU core i (one core per host, both lanes included)."""
     video: bool = True
@@ -231,8 +244,9 @@ class SimRolloutConfig:
             raise ValueError("--actors must be >= 0; --seeds.count (--episodes) and --value_patience >= 1")
         if self.repeats < 1 or self.attempts < 1:
             raise ValueError(f"--repeats and --attempts must be >= 1 (got {self.repeats}, {self.attempts})")
-        if self.episodes_per_call < 1:
-            raise ValueError(f"--episodes_per_call must be >= 1 (got {self.episodes_per_call})")
+        if self.episodes_per_call < 1 or self.slots < 1 or self.env_threads < 1:
+            raise ValueError(f"--episodes_per_call, --slots and --env_threads must be >= 1 (got "
+                             f"{self.episodes_per_call}, {self.slots}, {self.env_threads})")
         if self.episode_timeout_s is not None and not self.episode_timeout_s >= 0:
             raise ValueError(f"--episode_timeout_s must be >= 0 (0: no deadline; none: derived), "
                              f"got {self.episode_timeout_s}")

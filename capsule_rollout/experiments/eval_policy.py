@@ -47,7 +47,8 @@ def _run_tabletop(config: EvalPolicyConfig) -> ExperimentResult:
             t0 = time.perf_counter()
             policy = evaluate_policy(policy_dir, family=family, seeds=seeds, n_exec=n_exec,
                                      advantage=config.act.advantage, beta=config.act.beta, critics=critics,
-                                     actors=config.actors, phrasing=config.phrasing, noise_scale=noise_scale)
+                                     actors=config.actors, phrasing=config.phrasing, noise_scale=noise_scale,
+                                     slots=config.slots)
             policy["seconds"] = time.perf_counter() - t0
             results[family] = {"policy": policy}
     finally:
@@ -81,7 +82,7 @@ def _run_env(config: EvalPolicyConfig) -> ExperimentResult:
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
         spec = HostSpec(env=config.env, policy=policy, critic=critic, advantage=config.act.advantage,
                         beta=config.act.beta, noise_scale=noise_scale,
-                        host=HostConfig(n_exec=n_exec, record_images=False))
+                        host=HostConfig(n_exec=n_exec, record_images=False), slots=config.slots)
         conditioning = check_spec(spec)
     where = init_ray() if config.actors else ""
     try:

@@ -9,7 +9,9 @@ CUDA context in one cannot take the others down, and a failing step is recorded
 3. `verify_capsule --device cuda`;
 4. `bench_capsules --device cuda`; 5. `bench_policy --device cuda`;
 6. `sim_rollout --actors 2 --gpus_per_actor 0.5`;
-7. `replay` of the first episode that rollout recorded.
+7. `gpu_slots` (`experiments_gpu/gpu_slots.py`): the policy and critic rows captured vs eager at 1 to 64 rows, and
+   tabletop episodes on 16 one-env processes against fewer processes of several slots (steps/s, GPU memory);
+8. `replay` of the first episode that rollout recorded.
 
 `make gpu-check` installs the CUDA build of torch first. Without a CUDA device this
 stops at once, before any step.
@@ -36,6 +38,9 @@ REPORT = "gpu_check.json"
 GRAPH_SPEEDUP_GOAL = 3.0
 TWO_LANE_GOAL = 1.15
 RESTORE_64MIB_GOAL = 1.2
+SLOTS_GOAL = 2.0  # steps/s of the best slot layout over one env per process, the same cores
+GPU_SLOTS = Path(__file__).resolve().parents[2] / "experiments_gpu" / "gpu_slots.py"
+SLOT_LAYOUTS = ("16x1", "4x4x4", "2x8x8", "4x4x1")  # processes x slots x env threads; the first is the baseline
 
 
 def require_cuda() -> None:
@@ -50,7 +55,8 @@ def require_cuda() -> None:
 def plan(config: GpuCheckConfig, out: Path) -> list[Step]:
     """Steps 2-6 (the replay needs the rollout's store, see `replay_step`)."""
     run = (sys.executable, "-m", "capsule_rollout")
-    js = {name: out / f"{name}.json" for name in ("verify_capsule", "bench_capsules", "bench_policy", "sim_rollout")}
+    js = {name: out / f"{name}.json" for name in ("verify_capsule", "bench_capsules", "bench_policy", "sim_rollout",
+                                                   "gpu_slots")}
     rounds = ("--rounds", str(config.rounds))
     return [
         Step("gpu_tests", (sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
@@ -64,6 +70,8 @@ def plan(config: GpuCheckConfig, out: Path) -> list[Step]:
         Step("sim_rollout", (*run, "sim_rollout", "--actors", "2", "--gpus_per_actor", "0.5", "--seeds.count",
                              str(config.episodes), "--out", str(out / "sim_rollout"), "--video", "false",
                              "--progress", "false", "--json", str(js["sim_rollout"])), js["sim_rollout"]),
+        Step("gpu_slots", (sys.executable, str(GPU_SLOTS), "--budget", "330", "--n_exec", "2", "--configs",
+                           *SLOT_LAYOUTS, "--out", str(js["gpu_slots"])), js["gpu_slots"]),
     ]
 
 
@@ -135,10 +143,28 @@ def markdown(report: dict) -> str:
         f"{_figure(report, 'sim_rollout', ('episodes',))}, "
         f"{_figure(report, 'sim_rollout', ('success_rate',), '{:.0%}')} | runs |",
         f"| `replay` of one of its episodes bit-exact | {_figure(report, 'replay', ('exact',))} | True |",
+        *slot_rows(report),
         "",
         f"Steps that failed: {', '.join(report['failed']) or 'none'}.",
     ]
     return "\n".join(lines)
+
+
+def slot_rows(report: dict) -> list[str]:
+    """The slots' rows: capture vs eager at every row count, the best layout against one env per process."""
+    summary = (report["steps"].get("gpu_slots") or {}).get("summary") or {}
+    per_n = (summary.get("a") or {}).get("per_n") or {}
+    configs = [c for c in (summary.get("b") or {}).get("configs", []) if c.get("steps_per_s_best")]
+    equal = [n for n, r in per_n.items() if r.get("policy_equal") and r.get("critic_equal")]
+    rows = [f"| slots: batched policy and critic captured vs eager, bit-identical at rows | "
+            f"{', '.join(equal) or 'none'} of {', '.join(per_n) or 'not measured'} | every one |"]
+    if len(configs) > 1:
+        base, best = configs[0], max(configs[1:], key=lambda c: c["steps_per_s_best"])
+        name = lambda c: f"{c['procs']} x {c['slots']} slots x {c.get('env_threads', 1)} env threads"  # noqa: E731
+        rows.append(f"| slots: steps/s, {name(best)} / {name(base)} (GPU MiB {best.get('smi_mib_total')} / "
+                    f"{base.get('smi_mib_total')}) | {best['steps_per_s_best']:.0f} / {base['steps_per_s_best']:.0f} "
+                    f"= {best['steps_per_s_best'] / base['steps_per_s_best']:.2f}x | >= {SLOTS_GOAL}x |")
+    return rows
 
 
 def run(config: GpuCheckConfig) -> ExperimentResult:

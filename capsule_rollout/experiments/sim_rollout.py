@@ -52,7 +52,8 @@ def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
                         max_steps=config.max_steps),
         device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
         capsule_dir=str((out / CAPSULES).resolve()), capsule_budget_mb=config.capsule_budget_mb,
-        observers=parse_observers(config.observers), pin_cores=config.pin_cores,
+        observers=parse_observers(config.observers), pin_cores=config.pin_cores, slots=config.slots,
+        env_threads=config.env_threads,
     )
 
 
@@ -109,7 +110,8 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     episodes = [r.episode for r in reports if r.episode is not None]
     summary = {**summarize_run(reports, stats), "advantage": conditioning.advantage, "beta": conditioning.beta,
                "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
-               "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors, "wall_s": wall,
+               "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors,
+               "slots": spec.slots, "wall_s": wall,
                "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where}
     if episodes:
         summary["plot"] = str(_plot(episodes, out / "rollout.png"))
@@ -141,7 +143,9 @@ def _table(console, s: dict) -> None:
         *((f"  actor {a}", ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
           for a, kinds in s["reset_kinds_by_actor"].items()),
         ("steps/s, all actors (wall, incl. start-up)", f"{s['steps_per_s']:.0f}"),
-        ("control Hz per actor (median episode)", f"{s['control_hz_per_actor_median']:.0f}"
+        ("env slots per actor (episodes side by side, batched policy and critic)", s["slots"]),
+        ("control Hz per " + ("slot" if s["slots"] > 1 else "actor") + " (median episode)",
+         f"{s['control_hz_per_actor_median']:.0f}"
          if s["control_hz_per_actor_median"] is not None else "-"),
         ("Ray nodes that played episodes", len(s["episodes_by_node"]) or "-"),
         ("actors / failures / timeouts / re-run",

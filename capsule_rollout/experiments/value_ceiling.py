@@ -32,7 +32,7 @@ from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.evaluation import EpisodesLostError
 from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
 from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, resolve_acting
+from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.tabletop.evaluation import task_phase
 
@@ -50,8 +50,13 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
         spec = HostSpec(env=config.env or f"tabletop:{config.family}", policy=policy,
                         critic=resolve_input(config.model.critic) if config.model.critic else "",
                         host=HostConfig(n_exec=n_exec, record_images=False),
-                        advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale)
-        host = build_host(spec, observers=[keeper])
+                        advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
+                        slots=config.slots)
+        if config.slots > 1:  # the keeper watches the first slot, where each episode plays
+            host = build_slots(spec)
+            host.hosts[0].observers.append(keeper)
+        else:
+            host = build_host(spec, observers=[keeper])
     at_step = host.env.max_steps // 2 if config.at_step is None else config.at_step
     if at_step >= host.env.max_steps:
         raise ValueError(f"--at_step {at_step} is not before the episode limit {host.env.max_steps}")

@@ -381,12 +381,16 @@ class RecapConfig:
     actors: int = 2
     """Ray actors that play the rollouts, the branches and the evaluations (0: in this process, without Ray); results
     do not depend on it."""
+    slots: int = 1
+    """Env slots per actor for the rollouts and the branch values: episodes (and each episode's continuations,
+    forks of a boundary's capsule) side by side with the policy and critic batched (a batch of N rows rounds
+    differently from a batch of 1: the run's episodes depend on it, the evaluations do not use it)."""
     progress: bool = True
     """Show progress bars."""
 
     def __post_init__(self) -> None:
-        if self.actors < 0:
-            raise ValueError(f"--actors must be >= 0 (got {self.actors})")
+        if self.actors < 0 or self.slots < 1:
+            raise ValueError(f"--actors must be >= 0 and --slots >= 1 (got {self.actors}, {self.slots})")
         if self.iterations < 0 or min(self.demo_episodes, self.rollout_episodes, self.eval.count) < 1:
             raise ValueError("--iterations must be >= 0 and the episode counts >= 1")
         if min(self.bc_steps, self.policy_steps, self.critic_steps, self.n, self.takeover_steps) < 1:

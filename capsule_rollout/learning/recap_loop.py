@@ -69,7 +69,7 @@ def _rollouts(config: RecapConfig, recipe: RecapRecipe, policy_dir: Path, critic
     the store holds). Returns their summary, the spec that played them and their ids."""
     spec = dataclasses.replace(recipe.rollout_spec(config), policy=str(policy_dir), critic=str(critic_dir),
                                advantage="positive", beta=beta, host=HostConfig(n_exec=config.n_exec, noise_seed=k),
-                               takeover=(config.takeover_threshold, config.takeover_steps))
+                               takeover=(config.takeover_threshold, config.takeover_steps), slots=config.slots)
     first = config.rollout_first_seed(k)
     items = [WorkItem(f"recap{k}-{config.family}-s{seed:07d}", seed)
              for seed in range(first, first + config.rollout_episodes)]

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from capsule_rollout.learning.evaluation import EpisodesLostError
-from capsule_rollout.rollout.branching import branch_value
+from capsule_rollout.rollout.branching import branch_value, branch_values_in_slots
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
+from capsule_rollout.rollout.slot_host import SlotHost
 
 
 class BoundaryKeeper(EpisodeObserver):
@@ -34,10 +35,11 @@ class BoundaryKeeper(EpisodeObserver):
             self.last = (host.env.steps, host.snapshot(label="boundary"), self.phase(host.env))
 
 
-def judge_state(host: RolloutHost, keeper: BoundaryKeeper, seed: int, at_step: int, *, branches: int,
+def judge_state(host: RolloutHost | SlotHost, keeper: BoundaryKeeper, seed: int, at_step: int, *, branches: int,
                 critic: bool) -> dict | None:
     """Play `seed`; from its capsule at the last boundary before `at_step`, replay it (it must end as it did)
-    and play `branches` continuations with other noise. None: the episode ended before that step."""
+    and play `branches` continuations with other noise. None: the episode ended before that step. On a `SlotHost`
+    (the keeper observing its first slot) the episode plays in that slot and the branches side by side."""
     result = host.run_episode(seed)
     if result.episode is None:
         raise EpisodesLostError(f"seed {seed}: the episode was lost to an error: {result.error}")
@@ -52,7 +54,11 @@ def judge_state(host: RolloutHost, keeper: BoundaryKeeper, seed: int, at_step: i
 
     keeper.enabled = False
     try:
-        value = branch_value(host, capsule, seed=seed, step=step, branches=branches, expect=(success, length))
+        if isinstance(host, SlotHost):
+            [value] = branch_values_in_slots(host, {step: capsule}, seed=seed, branches=branches,
+                                             expect=(success, length))
+        else:
+            value = branch_value(host, capsule, seed=seed, step=step, branches=branches, expect=(success, length))
     finally:
         keeper.enabled = True
     row["branch_success"] = value.success_fraction

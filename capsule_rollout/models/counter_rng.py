@@ -3,7 +3,8 @@
 `normal_(state, out)` fills `out` with N(0, 1) draws that depend only on
 (seed, counter) and bumps the counter in place, with tensor ops only: no host
 sync and no hidden generator, so it can be captured in a CUDA graph, and a capsule
-that holds `state` reproduces the noise exactly.
+that holds `state` reproduces the noise exactly. `normal_rows_` gives each row of
+a batch its own stream (slots of a batched host), each equal to `normal_`'s.
 """
 
 from __future__ import annotations
@@ -36,4 +37,17 @@ def normal_(state: torch.Tensor, out: torch.Tensor, index: torch.Tensor) -> torc
     z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
     out.copy_(z.view(out.shape))
     state[COUNTER].add_(1)
+    return out
+
+
+def normal_rows_(state: torch.Tensor, out: torch.Tensor, index: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """Per-row streams: row r of `out` (R, F) gets the draws `normal_` gives for `state[r]` (R, 2), bit for bit;
+    `index` is `arange(F)`. Only the counters of rows with `active` (R,) int64 == 1 advance, so a row that did
+    not act keeps its stream where it was."""
+    key = (state[:, SEED] * _KEY_MULT + state[:, COUNTER])[:, None]
+    u1 = _uniform(key, (2 * index)[None])
+    u2 = _uniform(key, (2 * index + 1)[None])
+    z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
+    out.copy_(z.view(out.shape))
+    state[:, COUNTER].add_(active)
     return out

@@ -10,7 +10,10 @@ boundary on. The success fraction estimates the state's success probability unde
 (`learning.branch_values`) use the same routine. `branch_episode` plays an episode and branches from
 the chunk boundaries asked for (a recorded episode is played again from its seed: the same episode,
 bit for bit). `BranchActor` does that on the Ray actor pool: `run_rollouts(spec, [BranchItem...],
-actor_cls=BranchActor)` with the spec the episodes were recorded with.
+actor_cls=BranchActor)` with the spec the episodes were recorded with. On a `SlotHost` (`HostSpec.slots` > 1) the
+continuations of every boundary, and the replay check, are forks of the boundary's capsule into the slots, played
+side by side with their policy calls batched (`branch_values_in_slots`): the same values as one at a time on a
+host of those slots.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from capsule_rollout.rollout.host_config import EpisodeResult
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
+from capsule_rollout.rollout.slot_host import SlotHost, branch_job, episode_job
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 
@@ -91,12 +95,42 @@ def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, b
 
     if expect is not None:
         success, length, _, _ = play(None)
-        if (success, length) != tuple(expect):
-            raise ReplayDivergedError(
-                f"seed {seed}: replaying from the step-{step} capsule with the episode's own noise did not end as "
-                f"the episode did ({_ending(success, length)} against {_ending(*expect)}); run verify_capsule")
+        _check_replay(seed, step, (success, length), expect)
     outcomes = [play(branch_seed(seed, b)) for b in range(first, first + branches)]
     return BranchValue(step=step, outcomes=tuple((o[0], o[2], o[3]) for o in outcomes))
+
+
+def _check_replay(seed: int, step: int, got: tuple[bool, int], expect: tuple[bool, int]) -> None:
+    if tuple(got) != tuple(expect):
+        raise ReplayDivergedError(
+            f"seed {seed}: replaying from the step-{step} capsule with the episode's own noise did not end as "
+            f"the episode did ({_ending(*got)} against {_ending(*expect)}); run verify_capsule")
+
+
+def branch_values_in_slots(slots: SlotHost, capsules: dict[int, Capsule], *, seed: int, branches: int,
+                           expect: tuple[bool, int] | None = None, first: int = 0) -> list[BranchValue]:
+    """`branch_value` from each of `capsules` (control step -> the capsule taken there), every continuation a fork
+    of its boundary's capsule into a free slot, all of them (and the replay check from the first boundary, when
+    `expect` is given) played side by side; the values in step order."""
+    if branches < 1:
+        raise ValueError(f"branches must be >= 1, got {branches}")
+    steps = sorted(capsules)
+    plan = [(step, branch_seed(seed, b)) for step in steps for b in range(first, first + branches)]
+    if expect is not None and steps:
+        plan.insert(0, (steps[0], None))
+    results = slots.run_items(branch_job(capsules[step], seed=seed, noise_seed=noise) for step, noise in plan)
+    outcomes: dict[int, list] = {step: [] for step in steps}
+    for (step, noise), result in zip(plan, results, strict=True):
+        if result.error is not None:
+            raise result.error
+        episode = result.value.episode
+        rewards = episode.steps[S.REWARD]
+        success, length = bool(episode.meta.success), step + len(rewards)
+        if noise is None:
+            _check_replay(seed, step, (success, length), expect)
+        else:
+            outcomes[step].append((success, float(np.sum(rewards)), len(rewards)))
+    return [BranchValue(step=step, outcomes=tuple(outcomes[step])) for step in steps]
 
 
 class BoundaryCapsules(EpisodeObserver):
@@ -118,12 +152,16 @@ class BoundaryCapsules(EpisodeObserver):
             self.capsules[host.env.steps] = host.snapshot(label="branch boundary")
 
 
-def branch_episode(host: RolloutHost, seed: int, *, steps, branches: int, episode_id: str | None = None,
+def branch_episode(host: RolloutHost | SlotHost, seed: int, *, steps, branches: int, episode_id: str | None = None,
                    attempt: int = 0, repeat: int = 0, first: int = 0) -> tuple[EpisodeResult, list[BranchValue]]:
     """Play episode `seed` (attempt, repeat: as recorded), keeping a capsule at each chunk start whose step
     is in `steps`, then `branch_value` from each, in step order (continuations `first` on). Steps that were no
     chunk start of the episode (past its end, between boundaries) get no value. The replay check runs at the first boundary
-    (one exact replay shows the restore is exact for this host and episode)."""
+    (one exact replay shows the restore is exact for this host and episode). On a `SlotHost` the episode plays in
+    one slot, then every continuation in the slots side by side (`branch_values_in_slots`)."""
+    if isinstance(host, SlotHost):
+        return _branch_episode_in_slots(host, seed, steps=steps, branches=branches, episode_id=episode_id,
+                                        attempt=attempt, repeat=repeat, first=first)
     keeper = BoundaryCapsules(steps)
     host.observers.append(keeper)
     try:
@@ -136,6 +174,23 @@ def branch_episode(host: RolloutHost, seed: int, *, steps, branches: int, episod
     finally:
         host.observers.remove(keeper)
     return result, values
+
+
+def _branch_episode_in_slots(slots: SlotHost, seed: int, *, steps, branches: int, episode_id: str | None,
+                             attempt: int, repeat: int, first: int) -> tuple[EpisodeResult, list[BranchValue]]:
+    keeper = BoundaryCapsules(steps)
+    first_slot = slots.hosts[0]  # the first work item of a play goes to the first slot
+    first_slot.observers.append(keeper)
+    try:
+        [played] = slots.run_items([episode_job(seed, episode_id=episode_id, attempt=attempt, repeat=repeat)])
+    finally:
+        first_slot.observers.remove(keeper)
+    if played.error is not None:
+        raise played.error
+    result = played.value
+    expect = (bool(result.episode.meta.success), result.episode.meta.length)
+    return result, branch_values_in_slots(slots, keeper.capsules, seed=seed, branches=branches, expect=expect,
+                                          first=first)
 
 
 @dataclass(frozen=True)
@@ -157,7 +212,10 @@ class BranchActor(RolloutActor):
     """A rollout actor that plays `BranchItem`s: the episode again, then the branches (`branch_episode`).
     Its report's episode is the replay without images or step arrays (nothing is recorded; its metadata
     lets the driver check the replay is the recorded episode), `extra["branch_values"]` the values and
-    `extra["branch_steps"]` the control steps played for them, replay included."""
+    `extra["branch_steps"]` the control steps played for them, replay included. With slots, the items of a call
+    are played one after another, each item's continuations side by side."""
+
+    side_by_side = False
 
     def _play(self, item: WorkItem) -> ActorReport:
         if not isinstance(item, BranchItem):

@@ -62,6 +62,10 @@ class HostConfig:
     """Record the cameras' images in each episode."""
     lanes: Literal["two", "serial"] = "two"
     """Run policy and critic on two lanes at once, or one after the other on one."""
+    images_on_demand: bool = True
+    """With an env that can leave images out of an observation (`images_wanted`), render them only for the steps
+    that read them: chunk starts, recorded images, observers that declare `needs_images`. The episode is the
+    same either way."""
 
     def __post_init__(self) -> None:
         if self.n_exec < 1 or self.value_patience < 1 or self.planner_every < 1:
@@ -102,6 +106,8 @@ class EpisodeResult:
     extra: dict = field(default_factory=dict)  # observers' per-episode results (by observer name)
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     """What ended the episode with an error (its text is `error`), for callers that act on its type."""
+    initial_capsule: object = field(default=None, repr=False, compare=False)
+    """The capsule the episode started from (`capsules.Capsule`; a branch: the one it was restored from)."""
 
     @property
     def meta(self):

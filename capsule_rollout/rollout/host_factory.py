@@ -101,6 +101,12 @@ class HostSpec:
     steps when the chunk's value is below `threshold` (sim RECAP); empty: none."""
     observers: tuple[tuple[str, str], ...] = ()
     """(import path `module:factory`, JSON kwargs) of episode observers built in each process."""
+    slots: int = 1
+    """Env slots per host (`rollout.slot_host`): episodes played side by side in one process, their policy and
+    critic calls batched. Part of what is played: a batch of N rows rounds differently from a batch of 1."""
+    env_threads: int = 1
+    """Threads that step a host's slots between batched calls (slot i on thread i mod W): slots step in parallel
+    where the env releases the GIL (MuJoCo). Does not change what is played."""
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_CHOICES:
@@ -108,6 +114,8 @@ class HostSpec:
         check_noise_scale(self.noise_scale)
         if self.capsule_budget_mb is not None and not self.capsule_budget_mb >= 0:
             raise ValueError(f"capsule_budget_mb must be >= 0 or None, got {self.capsule_budget_mb}")
+        if self.slots < 1 or self.env_threads < 1:
+            raise ValueError(f"slots and env_threads must be >= 1, got {self.slots}, {self.env_threads}")
         if self.takeover and (len(self.takeover) != 2 or int(self.takeover[1]) < 1):
             raise ValueError(f"takeover is (threshold, steps >= 1), got {self.takeover}")
 
@@ -161,7 +169,7 @@ def check_same_run(out: Path, spec: HostSpec) -> None:
         return
     now = spec.to_json()
     # they do not change what is played (observers watch the episodes)
-    free = {"threads", "pin_cores", "capsule_budget_mb", "observers"}
+    free = {"threads", "pin_cores", "capsule_budget_mb", "observers", "env_threads"}
     differ = sorted(k for k in now if k not in free and recorded.get(k) != now[k])
     if differ:
         raise ValueError(f"{out} holds a run made with other settings ({', '.join(differ)} differ; see "
@@ -252,11 +260,58 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
     policy = as_rollout_policy(parts.policy, env, device=spec.device)
     critic = as_rollout_critic(parts.critic, env) if parts.critic is not None else None
     host = RolloutHost(env=env, policy=policy, critic=critic, config=spec.host, recorder=recorder, operator=operator,
-                       teleop=teleop, store=CapsuleStore(device_bytes=None if spec.capsule_budget_mb is None
-                                                         else int(spec.capsule_budget_mb * 2**20), host_bytes=0),
-                       observers=make_observers(spec) if observers is None else observers)
+                       teleop=teleop, store=_store(spec), observers=make_observers(spec) if observers is None else observers)
+    return _equip(host, spec, parts)
+
+
+def _store(spec: HostSpec) -> CapsuleStore:
+    return CapsuleStore(device_bytes=None if spec.capsule_budget_mb is None else int(spec.capsule_budget_mb * 2**20),
+                        host_bytes=0)
+
+
+def build_slots(spec: HostSpec, *, recorder=None):
+    """The `SlotHost` of `spec.slots` slots a spec describes: an env per slot, the policy and critic as rows (one
+    batched runtime when they batch, else an instance per slot), one capsule store, the spec's observers per
+    slot."""
+    from capsule_rollout.rollout.slot_host import SlotHost, rows_of
+
+    if is_multi_task(spec.env):
+        raise ValueError(f"a spec over several tasks ({spec.env!r}) builds one host per task: pass "
+                         "dataclasses.replace(spec, env=env_for_task(spec.env, <the task>))")
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    parts = _load_parts(spec, check_spec(spec))
+    n = spec.slots
+    envs = [_make_env(spec, parts.cameras, parts.image_size) for _ in range(n)]
+
+    def another(role: str, adapt):
+        def make():
+            loaded = _load_parts(spec, spec.conditioning())
+            return adapt(getattr(loaded, role), envs[0])
+        return make
+
+    policy = rows_of(as_rollout_policy(parts.policy, envs[0], device=spec.device), n,
+                     another("policy", lambda p, env: as_rollout_policy(p, env, device=spec.device)))
+    critic = None if parts.critic is None else rows_of(as_rollout_critic(parts.critic, envs[0]), n,
+                                                       another("critic", as_rollout_critic))
+    lanes = None
+    if critic is not None:
+        from capsule_rollout.policies.execution_context import TwoLaneContext
+
+        lanes = TwoLaneContext(policy.slot(0).device)
+    store = _store(spec)
+    hosts = [_equip(RolloutHost(env=envs[i], policy=policy.slot(i), critic=None if critic is None else critic.slot(i),
+                                config=spec.host, recorder=recorder, store=store, observers=make_observers(spec),
+                                lanes=lanes), spec, parts)
+             for i in range(n)]
+    return SlotHost(hosts, policy, critic, lanes, env_threads=spec.env_threads)
+
+
+def _equip(host: RolloutHost, spec: HostSpec, parts: _Parts) -> RolloutHost:
+    """The spec's conditioning and simulated operator on a built host."""
+    env = host.env
     if parts.conditioning is not None:
-        policy.set_conditioning(parts.conditioning.indicator, parts.conditioning.beta)
+        host.policy.set_conditioning(parts.conditioning.indicator, parts.conditioning.beta)
     if spec.takeover:
         from capsule_rollout.envs.suites import expert_for
         from capsule_rollout.rollout.value_takeover import ValueTakeover
@@ -317,12 +372,14 @@ def capsule_path(capsule_dir: str | os.PathLike, task: str, seed: int) -> Path:
     return Path(capsule_dir) / f"{capsule_key(task, seed)}.capsule"
 
 
-def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int) -> Path | None:
-    """Write the seed's initial capsule under `spec.capsule_dir` once (atomic; kept for replay)."""
+def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int, capsule=None) -> Path | None:
+    """Write the seed's initial capsule under `spec.capsule_dir` once (atomic; kept for replay). `capsule`: the
+    episode's (`EpisodeResult.initial_capsule`; None: the host's current one)."""
     if not spec.capsule_dir or not getattr(host.env, "restorable", True):
         return None
     path = capsule_path(spec.capsule_dir, host.task, seed)
-    capsule = host.initial_capsule  # the store may have dropped it already (a budget)
+    if capsule is None:
+        capsule = host.initial_capsule  # the store may have dropped it already (a budget)
     if not path.exists() and capsule is not None and capsule.meta.label == capsule_key(host.task, seed):
         path.parent.mkdir(parents=True, exist_ok=True)
         save_capsule(capsule, path, annotations={"host_spec": json.dumps(spec.to_json())})

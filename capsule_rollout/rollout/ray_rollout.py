@@ -47,6 +47,10 @@ from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.stores.shard_manifest import ManifestEntry
 from capsule_rollout.stores.sharded_store import ShardedStore
 
+SLOT_ITEMS = 4
+"""Items per slot in one call to an actor of several slots: enough that the slots stay busy while the call's
+last episodes finish (measured: 16 items on 8 slots filled 5.3 of 8 rows per batched call)."""
+
 _watchdog: subprocess.Popen | None = None  # of the local Ray `init_ray` started here
 
 
@@ -224,7 +228,8 @@ def run_rollouts(
     `episodes_per_call`: items handed to an actor in one Ray call (its reports come back together; the
     deadline of the call is the sum of its items', and if the actor dies every item of the call is
     handed out again). More than 1 spreads Ray's per-call cost in the driver over several episodes: for
-    short episodes and many actors.
+    short episodes and many actors. With `spec.slots` > 1 a call hands an actor at least `SLOT_ITEMS` items per
+    slot (they play side by side; a slot that finishes takes the call's next item).
     """
     if actors < 0:
         raise ValueError(f"actors must be >= 0, got {actors}")
@@ -232,6 +237,8 @@ def run_rollouts(
         raise ValueError(f"repeats and attempts must be >= 1, got {repeats}, {attempts}")
     if episodes_per_call < 1:
         raise ValueError(f"episodes_per_call must be >= 1, got {episodes_per_call}")
+    if spec.slots > 1:
+        episodes_per_call = max(episodes_per_call, SLOT_ITEMS * spec.slots)
     if episode_timeout_s is not None and not episode_timeout_s >= 0:
         raise ValueError(f"episode_timeout_s must be >= 0 (0: no deadline) or None (derived), got {episode_timeout_s}")
     items = list(items)
@@ -241,7 +248,7 @@ def run_rollouts(
     plan = _Plan(items, repeats, attempts, done or {})
     shard_root = recorder.shard_root if isinstance(recorder, ShardedStore) else ""
     if actors == 0:
-        return _run_local(spec, plan, recorder, host, on_report, shard_root, actor_cls)
+        return _run_local(spec, plan, recorder, host, on_report, shard_root, actor_cls, episodes_per_call)
     if episode_timeout_s == 0:
         print("warning: episode deadlines are off (episode_timeout_s 0): an actor that hangs stalls the run",
               file=sys.stderr)
@@ -252,18 +259,19 @@ def run_rollouts(
                     episodes_per_call=episodes_per_call)
 
 
-def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_cls):
+def _run_local(spec, plan: _Plan, recorder, host, on_report, shard_root, actor_cls, per_call: int):
     actor = actor_cls(spec, host=host, shard_root=shard_root)
     stats, reports = DriverStats(actors_placed=1), []
     try:
         while plan:
-            item = plan.take(0)
-            report = actor.run(item)
-            _record([report], recorder, stats)
-            stats.follow_ups += plan.follow(item, _success(report), 0)
-            reports.append(report)
-            if on_report is not None:
-                on_report(report, stats)
+            batch = [plan.take(0) for _ in range(min(per_call, len(plan)))]
+            got = actor.run_batch(batch)
+            _record(got, recorder, stats)
+            for item, report in zip(batch, got, strict=True):
+                stats.follow_ups += plan.follow(item, _success(report), 0)
+                reports.append(report)
+                if on_report is not None:
+                    on_report(report, stats)
     finally:
         actor.close_shard()
         if host is None:
@@ -299,7 +307,9 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
         while plan or in_flight:
             while plan and idle:
                 index = idle.popleft()
-                batch = [plan.take(index) for _ in range(min(episodes_per_call, len(plan)))]
+                # slots: share what is left among the actors rather than fill one actor's call with all of it
+                share = max(spec.slots, -(-len(plan) // actors)) if spec.slots > 1 else episodes_per_call
+                batch = [plan.take(index) for _ in range(min(episodes_per_call, share, len(plan)))]
                 for item in batch:
                     tries[item.episode_id] = tries.get(item.episode_id, 0) + 1
                 seconds = deadlines.call_s(batch, first_call=index not in warm)

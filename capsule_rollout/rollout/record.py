@@ -23,6 +23,7 @@ from capsule_rollout.capsules import load_capsule
 from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
+    build_slots,
     capsule_path,
     check_same_run,
     check_spec,
@@ -160,7 +161,7 @@ def play_replay(inputs: ReplayInputs) -> ReplayReport:
     """Play the prepared episode again and compare it with the recording."""
     spec, recorded, capsule = inputs.spec, inputs.recorded, inputs.capsule
     meta = recorded.meta
-    host = build_host(spec)
+    host = build_slots(spec) if spec.slots > 1 else build_host(spec)  # slots: as the run played (its rounding)
     try:
         host.store.put(capsule_key(meta.task, meta.seed), capsule, pin=True)
         result = host.run_episode(meta.seed, episode_id=meta.episode_id, attempt=meta.attempt, repeat=meta.repeat)

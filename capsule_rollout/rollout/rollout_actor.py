@@ -1,7 +1,8 @@
 """`RolloutActor`: one rollout host in a process (a Ray actor's, or the driver's with `actors=0`), and what
 it is handed and returns: `WorkItem` (seed, episode id, attempt, repeat, task) and `ActorReport`.
 
-The actor plays one item per call (or K, `run_batch`), builds the host for the item's task when a run over
+The actor plays one item per call (or K, `run_batch`; with `HostSpec.slots` > 1 the K items are played on the
+host's slots side by side, `rollout.slot_host`), builds the host for the item's task when a run over
 several of a suite's tasks (`HostSpec.env` `suite:*`) first needs it, records its episode to its own shard
 when the store is sharded, and turns a fatal CUDA error into the end of its process (the context is unusable;
 the driver re-runs the episode on a fresh one). The driver that places actors and hands them items is
@@ -22,6 +23,7 @@ from capsule_rollout.capsules import CapsuleError, load_capsule
 from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
+    build_slots,
     capsule_path,
     env_for_task,
     is_multi_task,
@@ -29,6 +31,7 @@ from capsule_rollout.rollout.host_factory import (
 )
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
+from capsule_rollout.rollout.slot_host import SlotHost, episode_job
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.shard_manifest import ManifestEntry
@@ -101,6 +104,9 @@ def _is_cuda_fatal(exc: BaseException | None) -> bool:
 class RolloutActor:
     """One rollout host in its own process (or in this one); `run(item)` plays one episode."""
 
+    side_by_side = True
+    """With slots: a call's items play side by side (a subclass whose items use the slots otherwise says False)."""
+
     def __init__(self, spec: HostSpec, index: int = 0, *, host: RolloutHost | None = None,
                  observers: list[EpisodeObserver] | None = None, shard_root: str = "") -> None:
         """`host`: a host built by the caller (in-process use); else one is built from `spec`. `shard_root`: a
@@ -116,18 +122,25 @@ class RolloutActor:
             gpu_ids = ray.get_gpu_ids()  # MuJoCo's EGL ignores CUDA_VISIBLE_DEVICES: render on our GPU
             if gpu_ids:
                 os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", str(int(float(gpu_ids[0]))))
+        if spec.slots > 1 and observers is not None:
+            raise ValueError(f"{spec.slots} slots keep an observer each: name them in HostSpec.observers (import paths "
+                             "built in each slot), not as objects")
         self._observers = observers
-        self.hosts: dict[str, RolloutHost] = {}  # task -> its host (several in a `suite:*` run)
+        self.hosts: dict[str, RolloutHost | SlotHost] = {}  # task -> its host (several in a `suite:*` run)
         if host is not None:
             self._adopt(host.task if is_multi_task(spec.env) else "", host)
         elif not is_multi_task(spec.env):
-            self._adopt("", build_host(spec, observers=observers))
+            self._adopt("", self._build(spec))
         else:
             self.host = None  # each task's host is built when its first item comes
 
-    def _adopt(self, task: str, host: RolloutHost) -> RolloutHost:
-        if self.spec.capsule_dir and host.capsule_source is None:
-            host.capsule_source = self._saved_capsule
+    def _build(self, spec: HostSpec) -> RolloutHost | SlotHost:
+        return build_slots(spec) if spec.slots > 1 else build_host(spec, observers=self._observers)
+
+    def _adopt(self, task: str, host: RolloutHost | SlotHost) -> RolloutHost | SlotHost:
+        for slot in host.hosts if isinstance(host, SlotHost) else [host]:
+            if self.spec.capsule_dir and slot.capsule_source is None:
+                slot.capsule_source = self._saved_capsule
         self.hosts[task] = self.host = host
         return host
 
@@ -139,8 +152,8 @@ class RolloutActor:
             raise ValueError(f"{item.episode_id}: a run over several tasks ({self.spec.env}) needs each work "
                              "item's task")
         if item.task not in self.hosts:
-            self._adopt(item.task, build_host(dataclasses.replace(self.spec, env=env_for_task(self.spec.env, item.task)),
-                                              observers=self._observers))
+            self._adopt(item.task, self._build(dataclasses.replace(self.spec, env=env_for_task(self.spec.env,
+                                                                                               item.task))))
         return self.hosts[item.task]
 
     def ready(self) -> int:
@@ -167,6 +180,14 @@ class RolloutActor:
     def run_batch(self, items: list[WorkItem]) -> list[ActorReport]:
         """Play `items` one after another; sharded, write their episodes to this actor's shard in one commit
         (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`)."""
+        if self.spec.slots > 1 and self.side_by_side:
+            reports = self._play_slots(items)
+        else:
+            reports = self._play_each(items)
+        self._write_shard(reports)
+        return reports
+
+    def _play_each(self, items: list[WorkItem]) -> list[ActorReport]:
         reports = []
         for item in items:
             t0 = time.perf_counter()
@@ -180,6 +201,45 @@ class RolloutActor:
             report.busy_s = time.perf_counter() - t0
             report.step_limit = self.host.step_limit if self.host is not None else 0
             reports.append(report)
+        return reports
+
+    def _play_slots(self, items: list[WorkItem]) -> list[ActorReport]:
+        """The items on the slots of their task's host, side by side (a task's items in one `play`). An item's
+        `busy_s` is its share, by steps, of the wall time its task's items took together."""
+        reports: dict[int, ActorReport] = {}
+        groups: dict[str, list[int]] = {}
+        for k, item in enumerate(items):
+            try:
+                host = self._host_for(item)
+            except Exception as exc:  # a host that cannot be built: this episode failed, the actor goes on
+                reports[k] = self._failed(item, exc)
+                continue
+            groups.setdefault(host.task if not is_multi_task(self.spec.env) else item.task, []).append(k)
+        for ks in groups.values():
+            self.host = self._host_for(items[ks[0]])
+            t0 = time.perf_counter()
+            jobs = [episode_job(items[k].seed, episode_id=items[k].episode_id, attempt=items[k].attempt,
+                                repeat=items[k].repeat) for k in ks]
+            for result in self.host.play(jobs):
+                item = items[ks[result.index]]
+                if result.error is not None:
+                    reports[ks[result.index]] = self._failed(item, result.error)
+                else:
+                    reports[ks[result.index]] = self._report(item, result.value, self.host.hosts[result.slot])
+            wall = time.perf_counter() - t0
+            steps = sum(max(reports[k].steps, 1) for k in ks)
+            for k in ks:
+                reports[k].busy_s = wall * max(reports[k].steps, 1) / steps
+                reports[k].step_limit = self.host.step_limit
+        return [reports[k] for k in range(len(items))]
+
+    def _failed(self, item: WorkItem, exc: BaseException) -> ActorReport:
+        if _is_cuda_fatal(exc):
+            os._exit(3)  # the CUDA context is dead: Ray restarts the process, the driver re-runs the item
+        return ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(), item, {},
+                           self.index, node=self.node)
+
+    def _write_shard(self, reports: list[ActorReport]) -> None:
         recorded = [r for r in reports if r.episode is not None]
         if self.shard_root and recorded:
             if self._shard is None:
@@ -193,20 +253,19 @@ class RolloutActor:
                 report.busy_s += share
                 report.episode = Episode({k: v for k, v in episode.steps.items()
                                           if not k.startswith(S.IMAGE_PREFIX)}, episode.meta, episode.extra)
-        return reports
 
     def _play(self, item: WorkItem) -> ActorReport:
         try:
             result = self.host.run_episode(item.seed, episode_id=item.episode_id, attempt=item.attempt,
                                            repeat=item.repeat)
         except Exception as exc:  # a reset that raised: this episode failed, the actor goes on
-            if _is_cuda_fatal(exc):
-                os._exit(3)  # the CUDA context is dead: Ray restarts the process, the driver re-runs the item
-            return ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(), item, {},
-                               self.index, node=self.node)
+            return self._failed(item, exc)
+        return self._report(item, result, self.host)
+
+    def _report(self, item: WorkItem, result, host: RolloutHost) -> ActorReport:
         if _is_cuda_fatal(result.exception):
             os._exit(3)
-        save_initial_capsule(self.host, self.spec, item.seed)
+        save_initial_capsule(host, self.spec, item.seed, result.initial_capsule)
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
                            extra=result.extra, actor_index=self.index, node=self.node,

@@ -33,9 +33,10 @@ which host, and is reproducible from its initial capsule alone (see `replay`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -43,9 +44,10 @@ import torch
 from capsule_rollout.capsules import Arena, Capsule, CapsuleStore, restore, snapshot
 from capsule_rollout.critics.rollout_critic import RolloutCritic
 from capsule_rollout.envs.operator_input import OperatorSource
-from capsule_rollout.envs.rollout_env import STATE_KEY, RolloutEnv, action_bounds, image_key
+from capsule_rollout.envs.rollout_env import RolloutEnv, action_bounds, image_key
 from capsule_rollout.policies.execution_context import TwoLaneContext
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
+from capsule_rollout.rollout.chunk_loop import ChunkLoop
 from capsule_rollout.rollout.handoff import SubtaskChannel
 from capsule_rollout.rollout.host_config import (  # noqa: F401 (capsule_key, episode_noise_seed: re-exported)
     ALLOWED_TRANSITIONS,
@@ -62,7 +64,6 @@ from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.operator_control import OperatorControl
 from capsule_rollout.rollout.planner import Planner, ScriptedPlanner
 from capsule_rollout.stores.episode import EpisodeBuilder
-from capsule_rollout.stores.episode_schema import STOP_REASONS, StopReason
 
 
 def _call_optional(component, method: str, *args) -> None:
@@ -71,7 +72,7 @@ def _call_optional(component, method: str, *args) -> None:
         fn(*args)
 
 
-class RolloutHost:
+class RolloutHost(ChunkLoop):
     def __init__(
         self,
         *,
@@ -88,12 +89,15 @@ class RolloutHost:
         teleop: Callable[[], np.ndarray] | None = None,
         observers: Sequence[EpisodeObserver] = (),
         capsule_source: Callable[[str, int], Capsule | None] | None = None,
+        lanes: TwoLaneContext | None = None,
     ) -> None:
         """`critic`: optional (None: values recorded as NaN, no low-value stop). `operator`: polled
         every control step (END, takeover, coaching, e-stop). `teleop`: the action source while an
         operator has taken over (a leader arm; in sim the scripted expert). `observers`: see
         `rollout.observer`. `capsule_source(key, seed)`: asked for a seed's initial capsule when the store
-        does not hold it (e.g. a file another host saved), before resorting to a cold reset."""
+        does not hold it (e.g. a file another host saved), before resorting to a cold reset. `lanes`: the
+        execution context to run policy and critic on (None: one of its own when there is a critic); a slot of
+        a `SlotHost` runs none (the slot host runs its rows)."""
         spec = policy.spec
         self.low, self.high = action_bounds(env)
         if self.low.shape != (spec.action_dim,):
@@ -110,6 +114,7 @@ class RolloutHost:
                 raise ValueError(f"the {who} reads observation key(s) {missing}; the env gives {sorted(available)}")
         self.env, self.policy, self.critic, self.config = env, policy, critic, config
         self.store = store if store is not None else CapsuleStore()
+        self.shared = contextlib.nullcontext()  # held around the store and the recorder (a SlotHost's lock)
         self.channel = channel if channel is not None else SubtaskChannel()
         self.planner = planner if planner is not None else ScriptedPlanner(self.channel, config.phrasing,
                                                                             getattr(env, "phrase", None))
@@ -122,7 +127,10 @@ class RolloutHost:
         self.arena = Arena([env, policy, *([critic] if critic is not None else []), self.state]).allocate()
         self._cameras = tuple(env.observation_spec.cameras) if config.record_images else ()
         self._images = tuple((c, image_key(c)) for c in self._cameras)
-        self.lanes = TwoLaneContext(policy.device) if critic is not None else None
+        self._image_keys = tuple(k for k in env.observation_spec.arrays if k.startswith("image_"))
+        self._lazy = False  # images on demand in the current episode (see HostConfig.images_on_demand)
+        self._branching = False  # the current episode is a branch (nothing recorded)
+        self.lanes = lanes if lanes is not None or critic is None else TwoLaneContext(policy.device)
         self._chunk_out: torch.Tensor | None = None  # what the lanes returned last
         self._value_out: torch.Tensor | None = None
         self.phase = Phase.IDLE
@@ -223,8 +231,7 @@ class RolloutHost:
         if not getattr(self.env, "restorable", True):  # a robot: home it every time; nothing is kept
             capsule, obs = self._cold_reset(seed, key, keep=False)
             kind = "physical"
-        elif key in self.store or (capsule := self._fetch(key, seed)) is not None:
-            capsule = self.store.get(key) if key in self.store else capsule
+        elif (capsule := self._kept(key, seed)) is not None:
             restore(self.arena, capsule)  # the host component's hook republishes the subtask
             kind = "restore"
         else:
@@ -236,6 +243,11 @@ class RolloutHost:
         with self._lock:
             self._end_request = None
         return kind, (time.perf_counter() - t0) * 1e3, capsule.meta.capsule_id, obs
+
+    def _kept(self, key: str, seed: int) -> Capsule | None:
+        """The seed's initial capsule from the store, else from `capsule_source`; None: make it."""
+        with self.shared:
+            return self.store.get(key) if key in self.store else self._fetch(key, seed)
 
     def _fetch(self, key: str, seed: int) -> Capsule | None:
         """The initial capsule from `capsule_source` (kept in the store, within its budget)."""
@@ -259,7 +271,8 @@ class RolloutHost:
         self._first_bad = len(self.state.queue)
         capsule = snapshot(self.arena, label=key, step=0, episode=key, extra={"seed": str(seed), "task": self.task})
         if keep:
-            self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
+            with self.shared:
+                self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
         return capsule, obs
 
     def _poll_subtask(self) -> bool:
@@ -277,132 +290,6 @@ class RolloutHost:
             _call_optional(self.critic, "set_language", sub.text)
         return True
 
-    # -- RUNNING ----------------------------------------------------------------------
-    def _policy_lane(self) -> None:
-        self._chunk_out = self.policy.act()
-
-    def _critic_lane(self) -> None:
-        self._value_out = self.critic.evaluate()
-
-    def _infer(self, obs: dict) -> None:
-        for observer in self.observers:
-            observer.chunk_start(self, obs)
-        self.policy.load_observation(obs)
-        critic, st = self.critic, self.state
-        if critic is None:
-            self._policy_lane()
-        else:
-            critic.load_observation(obs, self.env.steps)
-            if self.config.lanes == "two":
-                self.lanes.run(self._policy_lane, self._critic_lane)
-            else:
-                self.lanes.serial(self._policy_lane, self._critic_lane)
-            value = float(self._value_out.reshape(-1)[0])
-            st.value[...] = value
-            threshold = self.config.value_threshold
-            st.low[...] = st.low + 1 if threshold is not None and value < threshold else 0
-        queue = st.queue
-        queue[:] = self._chunk_out.reshape(queue.shape).cpu().numpy()
-        st.pos[...], st.length[...] = 0, self.config.n_exec
-        st.chunks[...] += 1
-        self._first_bad = self._scan_queue()
-        if self.observers:
-            proposed = queue.copy()
-            for observer in self.observers:
-                observer.chunk(self, proposed)
-
-    def _teleop_tick(self) -> Tick:
-        """One step driven by the operator: recorded as an intervention; the policy's chunk is dropped."""
-        self._poll_subtask()
-        self.state.length[...] = 0  # after a human moved the robot, the policy plans afresh
-        action = np.asarray(self.teleop(), np.float32).reshape(-1)
-        if action.shape != self.low.shape or not np.all(np.isfinite(action)):
-            raise SafetyStop(f"teleoperation sent {action.tolist()}; the env takes {self.low.shape[0]} finite numbers")
-        action = np.minimum(np.maximum(action, self.low), self.high)
-        tick = Tick(new_chunk=False, value=float("nan"), action=action, subtask_id=self._subtask_index,
-                    intervention=True)
-        tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
-        if self.env.steps % self.config.planner_every == 0:
-            self.planner.update(self.env)
-        return tick
-
-    def tick(self, obs: dict) -> Tick:
-        """One control step of the chunk loop from observation `obs` (the env's current one).
-
-        Reads the hand-off (a new subtask -> new language, new chunk), runs the lanes
-        when the queue is empty, and executes the next queued action, clipped to the
-        env's bounds. A low-value stop, when due, is reported before acting
-        (`tick.low_value`, nothing executed).
-        """
-        st, cfg = self.state, self.config
-        if self._poll_subtask():
-            st.length[...] = 0  # new language: new chunk now
-        pos = int(st.pos)
-        new_chunk = pos >= int(st.length)
-        if new_chunk:
-            self._infer(obs)
-            pos = 0
-            if cfg.value_threshold is not None and int(st.low) >= cfg.value_patience:
-                return Tick(new_chunk=True, value=float(st.value), low_value=True)
-        if pos >= self._first_bad:
-            raise SafetyStop(f"policy proposed a non-finite action {st.queue[pos].tolist()}")
-        proposed = st.queue[pos].copy()
-        st.pos[...] = pos + 1
-        action = np.minimum(np.maximum(proposed, self.low), self.high)
-        tick = Tick(new_chunk, float(st.value), False, proposed, action, self._subtask_index)
-        if self.safety_check is not None:
-            self.safety_check(obs, action)
-        tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
-        if self.env.steps % cfg.planner_every == 0:
-            self.planner.update(self.env)
-        return tick
-
-    def _loop(self, obs: dict, builder: EpisodeBuilder, limit: int) -> tuple[StopReason, bool, str]:
-        """Ticks until a stop; returns (stop reason, success, error)."""
-        env, observers, images, control, polled = self.env, self.observers, self._images, self.control, self.state.polled
-        # a capsule taken at a chunk start holds the operator as it was after that step's poll: not polled again
-        skip_poll = int(polled) == env.steps
-        try:
-            while True:
-                if skip_poll:
-                    skip_poll = False
-                elif control.operator is not None:
-                    stop = control.apply(env.steps, env)
-                    polled[...] = env.steps
-                    if stop:
-                        return StopReason.SAFETY, False, "operator e-stop"
-                tick = self._teleop_tick() if control.takeover else self.tick(obs)
-                # an episode executes at least one step, so every stop is recorded
-                if tick.low_value:
-                    if len(builder):
-                        return StopReason.LOW_VALUE, False, ""
-                    self.state.low[...] = 0  # stop due before the first step: run the chunk anyway
-                    continue
-                builder.add(images={c: obs[k] for c, k in images}, state=obs[STATE_KEY], action=tick.action,
-                            reward=tick.reward, policy_action=tick.proposed,
-                            value=tick.value if tick.new_chunk else float("nan"),
-                            subtask_id=tick.subtask_id, intervention=tick.intervention)
-                for observer in observers:
-                    observer.step(self, tick)
-                obs = tick.obs
-                with self._lock:
-                    end = self._end_request
-                if env.success(tick.info):
-                    return StopReason.SUCCESS, True, ""
-                if end is not None:
-                    return StopReason.OPERATOR_END, end, ""
-                if tick.terminated:
-                    return StopReason.TERMINATED, False, ""
-                if tick.truncated or env.steps >= limit:
-                    return StopReason.TIMEOUT, False, ""
-        except SafetyStop as exc:
-            return StopReason.SAFETY, False, str(exc) or "safety check stopped the episode"
-        except Exception as exc:  # recorded (as an error, or the reason it names); the host stays usable
-            self._exception = exc
-            named = getattr(exc, "stop_reason", None)
-            reason = StopReason(named) if named in STOP_REASONS else StopReason.ERROR
-            return reason, False, f"{type(exc).__name__}: {exc}"
-
     @property
     def step_limit(self) -> int:
         """The most control steps an episode takes (the config's `max_steps`, capped by the env's limit)."""
@@ -418,6 +305,11 @@ class RolloutHost:
 
         `attempt` / `repeat` > 0: another rollout from the seed's initial capsule (a restore when it
         is kept), with its own policy noise (a retry after a failure / an extra rollout)."""
+        return self._drive(self.episode_steps(seed, episode_id=episode_id, attempt=attempt, repeat=repeat))
+
+    def episode_steps(self, seed: int, *, episode_id: str | None = None, attempt: int = 0,
+                      repeat: int = 0) -> Generator:
+        """`run_episode` as a generator that yields where it needs an inference (see `_drive`)."""
         self.transitions = []
         try:
             kind, reset_ms, capsule_id, obs = self.reset(seed, attempt=attempt, repeat=repeat)
@@ -425,14 +317,20 @@ class RolloutHost:
             self.phase = Phase.IDLE
             raise RuntimeError(f"reset of {episode_id or f'seed {seed}'} failed: {type(exc).__name__}: {exc}") from exc
         episode_id = episode_id or f"{self.task}-s{seed:07d}"  # a robot names its task at reset
-        return self._run(seed, episode_id, kind, reset_ms, capsule_id, obs, None, attempt, repeat)
+        return (yield from self._run(seed, episode_id, kind, reset_ms, capsule_id, obs, None, attempt, repeat))
 
     def branch(self, capsule: Capsule, *, seed: int, noise_seed: int | None = None, episode_id: str = "",
                max_steps: int | None = None) -> EpisodeResult:
         """Play on from a capsule taken by `snapshot()` at a chunk boundary of an episode of `seed`:
         restore it, reseed the policy's noise with `noise_seed` (None: the episode's own noise, an
-        exact replay), run to the episode's end. The episode holds the steps from the boundary on;
-        it is not recorded."""
+        exact replay), run to the episode's end. The episode holds the steps from the boundary on,
+        without images; it is not recorded."""
+        return self._drive(self.branch_steps(capsule, seed=seed, noise_seed=noise_seed, episode_id=episode_id,
+                                             max_steps=max_steps))
+
+    def branch_steps(self, capsule: Capsule, *, seed: int, noise_seed: int | None = None, episode_id: str = "",
+                     max_steps: int | None = None) -> Generator:
+        """`branch` as a generator that yields where it needs an inference (see `_drive`)."""
         self.transitions = []
         self._go(Phase.RESET)
         t0 = time.perf_counter()
@@ -448,23 +346,27 @@ class RolloutHost:
         reset_ms = (time.perf_counter() - t0) * 1e3
         recorder, self.recorder = self.recorder, None
         try:
-            return self._run(seed, episode_id or f"{self.task}-s{seed:07d}-branch", "branch", reset_ms,
-                             capsule.meta.capsule_id, None, max_steps, 0, 0)
+            return (yield from self._run(seed, episode_id or f"{self.task}-s{seed:07d}-branch", "branch", reset_ms,
+                                         capsule.meta.capsule_id, None, max_steps, 0, 0))
         finally:
             self.recorder = recorder
 
     def _run(self, seed: int, episode_id: str, kind: str, reset_ms: float, capsule_id: str, obs: dict | None,
-             max_steps: int | None, attempt: int, repeat: int) -> EpisodeResult:
+             max_steps: int | None, attempt: int, repeat: int) -> Generator:
         self._go(Phase.RUNNING)
         env, self.episode_id, self._exception = self.env, episode_id, None
         if obs is None:  # restored: the observation of the committed state
             obs = env.observe()
         builder = EpisodeBuilder()
+        self._branching = kind == "branch"
+        self._lazy = (self.config.images_on_demand and hasattr(env, "images_wanted")
+                      and (self._branching or not self._images)
+                      and not any(getattr(o, "needs_images", False) for o in self.observers))
         self.control.start_episode()
         for observer in self.observers:
             observer.episode_start(self, seed)
         t0 = time.perf_counter()
-        reason, success, error = self._loop(obs, builder, self._limit(max_steps))
+        reason, success, error = yield from self._loop(obs, builder, self._limit(max_steps))
         run_s = time.perf_counter() - t0
         self._go(Phase.STOP_INFER)
         self._go(Phase.RECORD)
@@ -473,7 +375,7 @@ class RolloutHost:
             self._go(Phase.IDLE)
             return EpisodeResult(episode=None, reset_kind=kind, reset_ms=reset_ms, run_s=run_s, steps_per_s=0.0,
                                  error=error or reason.value, transitions=list(self.transitions),
-                                 exception=self._exception)
+                                 exception=self._exception, initial_capsule=self.initial_capsule)
         episode = builder.finish(
             episode_id=episode_id, seed=seed, task=self.task, instruction=env.instruction, success=success,
             stop_reason=reason.value, initial_capsule_id=capsule_id, subtasks=list(env.subtask_texts),
@@ -481,11 +383,13 @@ class RolloutHost:
         )
         result = EpisodeResult(episode=episode, reset_kind=kind, reset_ms=reset_ms, run_s=run_s,
                                steps_per_s=n / run_s if run_s > 0 else 0.0, error=error,
-                               transitions=list(self.transitions), exception=self._exception)
+                               transitions=list(self.transitions), exception=self._exception,
+                               initial_capsule=self.initial_capsule)
         for observer in self.observers:
             observer.episode_end(self, result)
         if self.recorder is not None:
-            self.recorder.write(episode)
+            with self.shared:
+                self.recorder.write(episode)
         return result
 
     def run(self, seeds: Iterable[int]) -> list[EpisodeResult]:

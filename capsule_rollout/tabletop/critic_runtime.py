@@ -55,6 +55,25 @@ class CriticRuntime(ModelRuntime):
                    self._plan_args())
         self.core = self._compile(self.core, example, self._evaluate)
 
+    def batched(self, n: int):
+        """This critic for a host of `n` slots: one runtime of `n` rows and a one-row component per slot
+        (`CriticRows`)."""
+        from capsule_rollout.tabletop.model_rows import CriticRows
+
+        return CriticRows(self, n)
+
+    def check_step(self, step) -> torch.Tensor | None:
+        """The episode step(s) as a float tensor (None for a critic without a time input); refuses bad ones."""
+        if not self.config.episode_limit:
+            return None
+        if step is None:
+            raise ValueError(f"critic {self.name} reads the episode step (limit {self.config.episode_limit}); "
+                             "pass step= with the observation")
+        t = torch.as_tensor(step, dtype=torch.float32).reshape(-1)
+        if t.shape[0] not in (1, self.batch) or not torch.isfinite(t).all() or bool((t < 0).any()):
+            raise ValueError(f"step must be a count >= 0 (an int or one per batch row), got {step!r}")
+        return t
+
     def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor], step=None) -> None:
         """Validate an observation (`image_<camera>`, `state`; batch dim optional when batch=1) and copy
         it into the io slots.
@@ -62,15 +81,9 @@ class CriticRuntime(ModelRuntime):
         `step`: control steps since the episode started (an int, or `(B,)`); a critic
         with a time input (`config.episode_limit`) needs it, one without ignores it.
         """
-        if self.config.episode_limit:
-            if step is None:
-                raise ValueError(f"critic {self.name} reads the episode step (limit {self.config.episode_limit}); "
-                                 "pass step= with the observation")
-            t = torch.as_tensor(step, dtype=torch.float32).reshape(-1)
-            if t.shape[0] not in (1, self.batch) or not torch.isfinite(t).all() or bool((t < 0).any()):
-                raise ValueError(f"step must be a count >= 0 (an int or one per batch row), got {step!r}")
+        t = self.check_step(step)
         load_observation(self.buffers, obs, cameras=self.config.cameras, who="critic")
-        if self.config.episode_limit:
+        if t is not None:
             self.buffers["step"].copy_(t.expand(self.batch))
         if self.config.plan_steps:
             self.buffers["plan"].fill_(float("nan"))  # a new state: no plan until one is given
@@ -131,4 +144,6 @@ class _CriticCore(torch.nn.Module):
         logits = self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.episode_limit else None,
                                    torch.full_like(step, ACTOR_POLICY) if config.actor_input else None,
                                    plan[0] if plan else None)
-        return logits, self.model.value(logits)
+        # row by row: a row's value is then the same whatever the batch holds beside it (a batched matrix-vector
+        # product is not), and equal to a batch of one's
+        return logits, torch.cat([self.model.value(logits[i: i + 1]) for i in range(logits.shape[0])])

@@ -123,7 +123,7 @@ class EvalObserver(EpisodeObserver):
 
 def eval_spec(policy: str, *, family: str, n_exec: int = 8, noise_seed: int = 0, advantage: str = "checkpoint",
               beta: float | None = None, critics: Sequence[str] = (), mid_step: int | None = None,
-              threads: int = 1, phrasing: str = "canonical", noise_scale: float = 1.0) -> HostSpec:
+              threads: int = 1, phrasing: str = "canonical", noise_scale: float = 1.0, slots: int = 1) -> HostSpec:
     """The host spec of an evaluation: the first critic runs on the host's critic lane, the others in
     the observer."""
     import json
@@ -132,7 +132,7 @@ def eval_spec(policy: str, *, family: str, n_exec: int = 8, noise_seed: int = 0,
     return HostSpec(env=f"tabletop:{family}", policy=policy, critic=critics[0] if critics else "",
                     host=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False, phrasing=phrasing),
                     advantage=advantage, beta=beta, noise_scale=noise_scale, threads=threads,
-                    observers=((OBSERVER, kwargs),))
+                    observers=((OBSERVER, kwargs),), slots=slots)
 
 
 def local_eval_host(model: FlowPolicy, *, family: str, n_exec: int = 8, noise_seed: int = 0,
@@ -157,7 +157,7 @@ def local_eval_host(model: FlowPolicy, *, family: str, n_exec: int = 8, noise_se
 def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8,
                     noise_seed: int = 0, advantage: str = "checkpoint", beta: float | None = None,
                     critics: Sequence[str | ValueCritic] = (), actors: int = 0, phrasing: str = "canonical",
-                    noise_scale: float = 1.0) -> dict:
+                    noise_scale: float = 1.0, slots: int = 1) -> dict:
     """Success of `policy` (a checkpoint directory, or a model in memory) on `seeds`.
 
     `advantage`/`beta`: how the policy acts (see `policies.conditioning.resolve_conditioning`; a model in
@@ -171,24 +171,25 @@ def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], 
     (`plan_steps`) is valued with the policy's chunk; `critic_failure_auc_state_only` gives, per critic
     (None for the others), its AUC without the plan on the same states. They do not change what the
     policy does. `phrasing`: how the planner words the subtasks (`tabletop.phrasing`). `noise_scale`: of the policy's
-    chunk noise (`PolicyRuntime`).
+    chunk noise (`PolicyRuntime`). `slots`: env slots per actor (a checkpoint policy; `HostSpec.slots`).
     """
     reports, plan_critics = play(policy, family=family, seeds=seeds, n_exec=n_exec, noise_seed=noise_seed,
                                  advantage=advantage, beta=beta, critics=critics, actors=actors, phrasing=phrasing,
-                                 noise_scale=noise_scale)
+                                 noise_scale=noise_scale, slots=slots)
     return summarize(reports, control_hz=CONTROL_HZ, n_critics=len(critics), plan_critics=plan_critics)
 
 
 def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int = 8, noise_seed: int = 0,
          advantage: str = "checkpoint", beta: float | None = None, critics: Sequence[str | ValueCritic] = (),
-         actors: int = 0, phrasing: str = "canonical", noise_scale: float = 1.0) -> tuple[list, list[int]]:
+         actors: int = 0, phrasing: str = "canonical", noise_scale: float = 1.0,
+         slots: int = 1) -> tuple[list, list[int]]:
     """The evaluation's episodes (`ActorReport`s in seed order, each with `extra["eval"]`), and which
     critics read the plan; see `evaluate_policy`."""
     items = [WorkItem(f"{family}-s{seed:07d}", seed) for seed in seeds]
     if isinstance(policy, FlowPolicy):
-        if actors:
-            raise ValueError("evaluating a model in memory runs in this process (actors=0); save a checkpoint "
-                             "to evaluate on Ray actors")
+        if actors or slots > 1:
+            raise ValueError("evaluating a model in memory runs in this process on one slot (actors=0, slots=1); "
+                             "save a checkpoint to evaluate on Ray actors or slots")
         if advantage == "checkpoint":
             advantage = "none"
         models = [c if isinstance(c, ValueCritic) else load_critic(c) for c in critics]
@@ -201,7 +202,7 @@ def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int
         if any(not isinstance(c, str) for c in critics):
             raise ValueError("with a checkpoint policy, give critics as checkpoint directories")
         spec = eval_spec(policy, family=family, n_exec=n_exec, noise_seed=noise_seed, advantage=advantage,
-                         beta=beta, critics=list(critics), phrasing=phrasing, noise_scale=noise_scale)
+                         beta=beta, critics=list(critics), phrasing=phrasing, noise_scale=noise_scale, slots=slots)
         reports = run_items(spec, items, actors=actors)
         plan_critics = [i for i, c in enumerate(critics) if load_critic(c).config.plan_steps]
     return reports, plan_critics

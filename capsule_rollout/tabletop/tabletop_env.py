@@ -100,6 +100,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         self.data = mujoco.MjData(self.model)
         self._ids()
         self._renderers: dict[int, OffscreenRenderer] = {}
+        self.images_wanted = True
         self._warmstart = np.zeros(self.model.nv)  # the restored warm-start, kept across mj_forward
         self.action_space = gym.spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
         spaces: dict[str, gym.spaces.Space] = {
@@ -159,8 +160,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         if not np.all(np.isfinite(a)):
             raise ValueError(f"action has non-finite values {a.tolist()}; refusing to move the robot")
         self._apply(np.clip(a, -1.0, 1.0))
-        for _ in range(SUBSTEPS):
-            mujoco.mj_step(self.model, self.data)
+        mujoco.mj_step(self.model, self.data, nstep=SUBSTEPS)  # one call: the GIL is released for all of it
         # mj_step leaves positions-derived quantities (body poses, contacts) one substep
         # stale; recompute them so observations and predicates see the current state,
         # exactly as after a capsule restore (which also ends in mj_forward)
@@ -185,9 +185,11 @@ class TabletopEnv(gym.Env, BufferComponent):
 
     # -- observations -------------------------------------------------------------
     def observe(self) -> dict[str, Any]:
+        """The observation of the current state; without its images while `images_wanted` is False (a host
+        that reads no image at the next step says so: rendering is a third of a step on a CPU)."""
         obs: dict[str, Any] = {
             image_key(c): self._renderer(self.image_size).render(self.data, c).copy() for c in self.cameras
-        }
+        } if self.images_wanted else {}
         obs["state"] = self.proprio()
         obs["instruction"] = self.instruction
         return obs

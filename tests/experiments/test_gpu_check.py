@@ -42,10 +42,13 @@ def test_make_gpu_check_stops_before_installing_anything_without_a_gpu():
 
 def test_plan_runs_every_check_on_cuda_with_valid_options(tmp_path):
     steps = gpu_check.plan(GpuCheckConfig(episodes=3, rounds=7), tmp_path)
-    assert [s.name for s in steps] == ["gpu_tests", "verify_capsule", "bench_capsules", "bench_policy", "sim_rollout"]
+    assert [s.name for s in steps] == ["gpu_tests", "verify_capsule", "bench_capsules", "bench_policy", "sim_rollout",
+                                       "gpu_slots"]
     by_name = {s.name: s for s in steps}
     assert by_name["gpu_tests"].argv[1:5] == ("-m", "pytest", "-m", "gpu")
-    for step in steps[1:]:
+    slots = by_name["gpu_slots"]  # a script of its own (argparse): it exists and writes where the step reads
+    assert Path(slots.argv[1]).is_file() and slots.argv[-2:] == ("--out", str(slots.json))
+    for step in steps[1:-1]:
         name, args = step.argv[3], list(step.argv[4:])
         _, config, json_path = parse(name, args)  # every option exists and is valid
         assert Path(json_path) == step.json and step.json.parent == tmp_path

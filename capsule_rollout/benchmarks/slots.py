@@ -1,0 +1,144 @@
+"""bench_slots' measurements: a host of N env slots against a host of one, on one core, the same policy, critic,
+seeds and episodes (every reset a restore after a warm-up pass).
+
+1. Rollouts: steps/s (wall time of the whole set of episodes) of N slots vs 1, images recorded and not, with each
+   lever alone and together: the batched policy and critic call (slots), and images rendered only for the steps
+   that read them (`HostConfig.images_on_demand`).
+2. Branch collection (RECAP's branch values): `BranchActor` over the same `BranchItem`s (each recorded episode
+   played again, then `branches` continuations from each boundary): branch steps per second with every
+   continuation a fork into the slots, side by side, vs one continuation at a time on one slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import numpy as np
+
+from capsule_rollout.benchmarks.support import machine
+from capsule_rollout.commands.bench_configs import BenchSlotsConfig
+from capsule_rollout.rollout.branching import BranchActor, BranchItem
+from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
+from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.rollout.slot_host import episode_job
+
+SLOTS_TARGET = 1.3  # N slots at least 1.3x one slot's steps/s on one core
+BRANCH_TARGET = 1.5  # branch collection with forks in the batch at least 1.5x one continuation at a time
+
+
+def host_spec(config: BenchSlotsConfig, policy: str, critic: str) -> HostSpec:
+    """One slot, one torch thread, the policy acting as its checkpoint records (as sim_rollout runs it)."""
+    n_exec, noise_scale = resolve_acting(policy)
+    return HostSpec(env=f"tabletop:{config.family}", policy=policy, critic=critic, noise_scale=noise_scale,
+                    host=HostConfig(n_exec=n_exec, max_steps=config.max_steps), threads=1)
+
+
+@contextmanager
+def one_core():
+    """This process (and its lanes' threads) on one core."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield min(before)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _with(host, **changes) -> None:
+    for h in getattr(host, "hosts", [host]):
+        h.config = dataclasses.replace(h.config, **changes)
+
+
+def _ratios(rates: dict[str, list[float]]) -> Callable[[str, str], float]:
+    """The median over rounds of mode a's rate over mode b's (paired: the same round)."""
+    return lambda a, b: float(np.median([x / y for x, y in zip(rates[a], rates[b], strict=True)]))
+
+
+def rollouts(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
+    seeds = list(range(config.seed, config.seed + config.episodes))
+    out = {}
+    for record in (False, True):
+        progress(f"rollouts, images recorded: {record} ...")
+        base = dataclasses.replace(spec, host=dataclasses.replace(spec.host, record_images=record))
+        one, many = build_host(base), build_slots(dataclasses.replace(base, slots=config.slots))
+        one.run(seeds)  # capsules made, traces warm: every reset below is a restore
+        many.run(seeds)
+        modes = {f"{n}_{lazy}": (host, lazy) for n, host in (("one", one), ("slots", many))
+                 for lazy in ("drawn", "on_demand")}
+        rates: dict[str, list[float]] = {m: [] for m in modes}
+        for r in range(config.rounds):
+            order = list(modes)
+            random.Random(r).shuffle(order)
+            for mode in order:
+                host, lazy = modes[mode]
+                _with(host, images_on_demand=lazy == "on_demand")
+                t0 = time.perf_counter()
+                if host is one:
+                    steps = sum(one.run_episode(s).episode.meta.length for s in seeds)
+                else:
+                    steps = sum(x.value.episode.meta.length for x in many.run_items([episode_job(s) for s in seeds]))
+                rates[mode].append(steps / (time.perf_counter() - t0))
+        fill = many.rows_served / max(many.calls, 1)
+        one.close()
+        many.close()
+        med = {m: float(np.median(v)) for m, v in rates.items()}
+        ratio = _ratios(rates)
+        out["recorded" if record else "not_recorded"] = {
+            "steps_per_s": med, "rounds": config.rounds, "episodes": len(seeds), "rows_per_call": fill,
+            "slots_alone": ratio("slots_drawn", "one_drawn"),
+            "slots_same_images": ratio("slots_on_demand", "one_on_demand"),
+            "slots_and_images_on_demand": ratio("slots_on_demand", "one_drawn"),
+            "images_on_demand_alone": ratio("one_on_demand", "one_drawn")}
+    return out
+
+
+def branch_collection(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
+    progress("branch collection ...")
+    spec = dataclasses.replace(spec, host=dataclasses.replace(spec.host, record_images=False))
+    items = [BranchItem(f"b{k}", config.seed + 100 + k, steps=tuple(config.branch_steps), branches=config.branches)
+             for k in range(config.branch_items)]
+    actors = {"one": BranchActor(spec), "slots": BranchActor(dataclasses.replace(spec, slots=config.slots))}
+    for actor in actors.values():
+        actor.run_batch(items[:1])  # capsules made, traces warm
+    modes = {f"{n}_{lazy}": (actor, lazy) for n, actor in actors.items() for lazy in ("drawn", "on_demand")}
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    values: dict[str, list] = {}
+    for r in range(config.rounds):
+        order = list(modes)
+        random.Random(r).shuffle(order)
+        for mode in order:
+            actor, lazy = modes[mode]
+            _with(actor.host, images_on_demand=lazy == "on_demand")
+            t0 = time.perf_counter()
+            reports = actor.run_batch(items)
+            wall = time.perf_counter() - t0
+            if any(rep.error for rep in reports):
+                raise RuntimeError(f"branch collection failed: {[rep.error for rep in reports if rep.error]}")
+            rates[mode].append(sum(rep.extra["branch_steps"] for rep in reports) / wall)
+            values.setdefault(mode, [rep.extra["branch_values"] for rep in reports])
+    for actor in actors.values():
+        actor.close()
+    ratio = _ratios(rates)
+    return {"branch_steps_per_s": {m: float(np.median(v)) for m, v in rates.items()}, "rounds": config.rounds,
+            "items": len(items), "continuations_per_item": config.branches * len(config.branch_steps),
+            "values_same_with_images_on_demand": values["one_drawn"] == values["one_on_demand"]
+            and values["slots_drawn"] == values["slots_on_demand"],
+            "slots_alone": ratio("slots_drawn", "one_drawn"),
+            "slots_and_images_on_demand": ratio("slots_on_demand", "one_drawn"),
+            "images_on_demand_alone": ratio("one_on_demand", "one_drawn")}
+
+
+def measure(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object] = lambda _: None) -> dict:
+    with one_core() as core:
+        roll = rollouts(config, spec, progress)
+        branch = branch_collection(config, spec, progress)
+    best = max(roll["not_recorded"]["slots_and_images_on_demand"], roll["recorded"]["slots_same_images"])
+    return {"machine": machine(), "core": core, "slots": config.slots, "n_exec": spec.host.n_exec,
+            "rollouts": roll, "branch": branch,
+            "targets": {"slots_ge_1_3x": best >= SLOTS_TARGET,
+                        "branch_ge_1_5x": branch["slots_and_images_on_demand"] >= BRANCH_TARGET}}

@@ -1,0 +1,84 @@
+"""bench_slots: env slots on one core, each pair measured side by side in one run.
+
+1. Rollouts: steps/s of N slots in one host against one slot, the same seeds and episodes (restored), images
+   recorded and not; each lever alone and together (the batched policy and critic call; images on demand).
+2. Branch collection: RECAP's branch values from the same recorded episodes, every continuation a fork into the
+   slots vs one continuation at a time.
+
+The measurements are `benchmarks/slots.py`'s; this command prints them and writes its section into `--docs`.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from capsule_rollout.benchmarks.slots import host_spec, measure
+from capsule_rollout.benchmarks.support import update_markdown_section
+from capsule_rollout.commands.bench_configs import BenchSlotsConfig
+from capsule_rollout.commands.result import ExperimentResult
+from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.paths import resolve_input
+
+
+def run(config: BenchSlotsConfig) -> ExperimentResult:
+    console = make_console()
+    spec = host_spec(config, resolve_input(config.policy), resolve_input(config.critic))
+    summary = measure(config, spec, console.print)
+    console.print(_table(summary))
+    if config.docs:
+        update_markdown_section(config.docs, "bench_slots", _markdown(summary))
+    return ExperimentResult(summary)
+
+
+def _rows(s: dict) -> list[tuple[str, str, str]]:
+    n, rows = s["slots"], []
+    for key, label in (("not_recorded", "images not recorded"), ("recorded", "images recorded")):
+        r = s["rollouts"][key]
+        v = r["steps_per_s"]
+        rows += [
+            (f"{label}: 1 slot / {n} slots, images drawn every step",
+             f"{v['one_drawn']:.0f} / {v['slots_drawn']:.0f} steps/s", ""),
+            (f"{label}: 1 slot / {n} slots, images on demand",
+             f"{v['one_on_demand']:.0f} / {v['slots_on_demand']:.0f} steps/s", ""),
+            (f"{label}: {n} slots / 1, slots alone (images drawn in both)", f"{r['slots_alone']:.2f}x", ""),
+            (f"{label}: {n} slots / 1, images on demand in both", f"{r['slots_same_images']:.2f}x", "≥ 1.3x"),
+            (f"{label}: images on demand alone (1 slot)", f"{r['images_on_demand_alone']:.2f}x", ""),
+            (f"{label}: {n} slots + images on demand / 1 slot drawing every step",
+             f"{r['slots_and_images_on_demand']:.2f}x", ""),
+            (f"{label}: rows filled per batched call (of {n})", f"{r['rows_per_call']:.2f}", ""),
+        ]
+    b = s["branch"]
+    v = b["branch_steps_per_s"]
+    rows += [
+        ("branches: 1 slot, one continuation at a time (images drawn / on demand)",
+         f"{v['one_drawn']:.0f} / {v['one_on_demand']:.0f} branch steps/s", ""),
+        (f"branches: {n} slots, forks in the batch (images drawn / on demand)",
+         f"{v['slots_drawn']:.0f} / {v['slots_on_demand']:.0f} branch steps/s", ""),
+        ("branches: forks in the batch alone", f"{b['slots_alone']:.2f}x", ""),
+        ("branches: images on demand alone", f"{b['images_on_demand_alone']:.2f}x", ""),
+        ("branches: forks in the batch + images on demand / today's", f"{b['slots_and_images_on_demand']:.2f}x",
+         "≥ 1.5x"),
+        ("branch values the same with images on demand", str(b["values_same_with_images_on_demand"]), "True"),
+    ]
+    return rows
+
+
+def _table(s: dict) -> Table:
+    table = Table(title=f"bench_slots (one core, {s['slots']} slots)")
+    for col in ("measure", "value", "target"):
+        table.add_column(col)
+    for row in _rows(s):
+        table.add_row(*row)
+    return table
+
+
+def _markdown(s: dict) -> str:
+    m, r = s["machine"], s["rollouts"]["not_recorded"]
+    lines = [f"Device: **cpu** ({m.get('cpu', '?')}), torch {m.get('torch', '?')}, one torch thread, the process "
+             f"pinned to core {s['core']}; the policy acts {s['n_exec']} actions per chunk (as its checkpoint "
+             f"records); {r['episodes']} episodes per mode and round, {r['rounds']} paired rounds, medians.", "",
+             "| measure | value | target |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in _rows(s)]
+    met = {k: "met" if v else "not met" for k, v in s["targets"].items()}
+    lines += ["", "Targets: " + ", ".join(f"{k}: {v}" for k, v in met.items())]
+    return "\n".join(lines)

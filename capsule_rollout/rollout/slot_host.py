@@ -1,0 +1,284 @@
+"""`SlotHost`: N env slots in one process, their policy and critic calls batched into one per round.
+
+Each slot is a `RolloutHost` of its own: its env, its arena (env, the slot's policy and critic rows, the
+host's queue and hand-off block), its subtask channel, planner, operator, observers and episode. What
+the slots share: the policy and critic of N rows (`rows`: `act_rows(active)` / `evaluate_rows(active)`,
+e.g. `PolicyRuntime.batched(N)`, or `LoopRows` over N instances of a policy that does not batch), the
+capsule store (a seed's initial capsule is made once and restores into any slot), the recorder and one
+execution context for the lanes.
+
+The loop is the one `RolloutHost` runs: each slot plays a work item through the host's own generator
+(`episode_steps`, `branch_steps`), which yields where it needs a chunk. A round advances every busy slot
+to its next request; the slots that asked are then served by one batched policy call and one batched
+critic call (on the two lanes), and each goes on. A slot whose episode ends takes the next item at once
+(a restore of that item's initial capsule into the slot) and joins the same round's call, so slots out of
+phase never wait for each other. An error in one slot's episode is recorded in that slot's episode; an
+error of the batched call is recorded in each slot that asked for it. A host of one slot is a
+`RolloutHost` driving itself (`RolloutHost._drive`): the same loop.
+
+`env_threads` W > 1 advances the slots between calls on W threads (slot i always on thread i mod W, so a
+slot's GL context stays on one thread): an env whose stepping releases the GIL (MuJoCo's `mj_step`, its
+rendering) then steps its slots in parallel. The store and the recorder are shared under a lock. Which slot
+plays which item then depends on timing; what each item plays does not.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from capsule_rollout.capsules import Capsule, fork
+from capsule_rollout.policies.execution_context import TwoLaneContext
+from capsule_rollout.rollout.host_config import EpisodeResult
+from capsule_rollout.rollout.rollout_host import RolloutHost
+
+Job = Callable[[RolloutHost], Generator]
+"""A work item for a slot: given the slot's host, the generator that plays it (`host.episode_steps(...)`)."""
+
+
+class LoopRows:
+    """N instances of a policy (or critic) that takes one observation per call, as rows: each slot acts through
+    its own instance, one after another (what a row computes is then the same for any N)."""
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        if not parts:
+            raise ValueError("LoopRows needs at least one instance")
+        self.parts = list(parts)
+        self.rows = len(self.parts)
+
+    def slot(self, i: int) -> Any:
+        return self.parts[i]
+
+    def act_rows(self, active: Sequence[int]) -> list:
+        out: list = [None] * self.rows
+        for i in active:
+            out[i] = self.parts[i].act()
+        return out
+
+    def evaluate_rows(self, active: Sequence[int]) -> list:
+        out: list = [None] * self.rows
+        for i in active:
+            out[i] = self.parts[i].evaluate()
+        return out
+
+
+def rows_of(part: Any, n: int, make: Callable[[], Any]) -> Any:
+    """`part` for `n` slots: its own `batched(n)` when it has one, else `LoopRows` over `part` and `n - 1` more
+    instances from `make()`."""
+    if callable(getattr(part, "batched", None)):
+        return part.batched(n)
+    return LoopRows([part, *(make() for _ in range(n - 1))])
+
+
+@dataclass
+class SlotResult:
+    """One finished work item: its index in the work list, the slot that played it and what it gave (the
+    generator's return value, or the exception it raised)."""
+
+    index: int
+    slot: int
+    value: Any = None
+    error: BaseException | None = None
+
+
+class SlotHost:
+    """N slots (`RolloutHost`s built over the rows' slot components) and the rounds that play work on them."""
+
+    def __init__(self, hosts: Sequence[RolloutHost], policy_rows: Any, critic_rows: Any = None,
+                 lanes: TwoLaneContext | None = None, env_threads: int = 1) -> None:
+        if not hosts:
+            raise ValueError("a slot host needs at least one slot")
+        if policy_rows.rows != len(hosts) or (critic_rows is not None and critic_rows.rows != len(hosts)):
+            raise ValueError(f"{len(hosts)} slots need rows for as many; the policy has {policy_rows.rows}"
+                             + (f", the critic {critic_rows.rows}" if critic_rows is not None else ""))
+        for i, host in enumerate(hosts):
+            if host.policy is not policy_rows.slot(i) or (critic_rows is not None and host.critic is not
+                                                          critic_rows.slot(i)):
+                raise ValueError(f"slot {i}'s host must act through row {i} of the rows (policy_rows.slot({i}))")
+        if env_threads < 1:
+            raise ValueError(f"env_threads must be >= 1, got {env_threads}")
+        self.hosts = list(hosts)
+        self.policy_rows, self.critic_rows = policy_rows, critic_rows
+        self._lock = threading.RLock()
+        threads = min(env_threads, len(self.hosts))
+        self._workers = None if threads == 1 else [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"slots-{w}") for w in range(threads)]
+        if self._workers is not None:
+            for host in self.hosts:
+                host.shared = self._lock
+        self.lanes = lanes if lanes is not None or critic_rows is None else TwoLaneContext(hosts[0].policy.device)
+        self.config = hosts[0].config
+        self.store = hosts[0].store
+        self.calls = 0  # batched calls made
+        self.rows_served = 0  # slots served by them (the batch's fill: rows_served / calls / slots)
+        self.on_call: Callable[[list[int]], None] | None = None  # told the active slots of each call (tests)
+        self._chunks: Any = None
+        self._values: Any = None
+
+    @property
+    def slots(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def task(self) -> str:
+        return self.hosts[0].task
+
+    @property
+    def env(self):
+        return self.hosts[0].env
+
+    @property
+    def step_limit(self) -> int:
+        return self.hosts[0].step_limit
+
+    @property
+    def env_threads(self) -> int:
+        return 1 if self._workers is None else len(self._workers)
+
+    def close(self) -> None:
+        """Close every slot (on its own thread: a GL context is freed where it is current), then the lanes."""
+        if self._workers is None:
+            for host in self.hosts:
+                host.close()
+        else:
+            closing = [self._workers[i % len(self._workers)].submit(host.close) for i, host in enumerate(self.hosts)]
+            for done in closing:
+                done.result()
+            for worker in self._workers:
+                worker.shutdown()
+        if self.lanes is not None:
+            self.lanes.close()
+
+    # -- capsules per slot ----------------------------------------------------------------
+    def snapshot(self, slot: int, label: str = "") -> Capsule:
+        """A capsule of one slot (a one-slot capsule: it restores into any slot, or a host of one slot)."""
+        return self.hosts[slot].snapshot(label)
+
+    def fork_into(self, capsule: Capsule, slots: Sequence[int]) -> None:
+        """Restore `capsule` into each of `slots` (its own arena each; the other slots' state is not touched)."""
+        fork(capsule, [self.hosts[i].arena for i in slots])
+
+    # -- rounds ---------------------------------------------------------------------------
+    def _call(self, active: list[int]) -> None:
+        if self.on_call is not None:
+            self.on_call(list(active))
+        self.calls += 1
+        self.rows_served += len(active)
+        policy, critic = self.policy_rows, self.critic_rows
+
+        def policy_lane() -> None:
+            self._chunks = policy.act_rows(active)
+
+        def critic_lane() -> None:
+            self._values = critic.evaluate_rows(active)
+
+        if critic is None:
+            policy_lane()
+        elif self.config.lanes == "two":
+            self.lanes.run(policy_lane, critic_lane)
+        else:
+            self.lanes.serial(policy_lane, critic_lane)
+
+    def play(self, jobs: Iterable[Job]) -> Iterator[SlotResult]:
+        """Play `jobs` on the slots (each a free slot's next work, in order); yields each as it finishes."""
+        queue = enumerate(jobs)
+        running: dict[int, tuple[int, Generator]] = {}
+        waiting: list[int] = []
+        finished: list[SlotResult] = []
+
+        lock = self._lock
+
+        def advance(slot: int, exc: BaseException | None = None) -> None:
+            """Run the slot's generator to its next request; when its work ends, start the slot's next."""
+            while True:
+                index, steps = running[slot]
+                try:
+                    steps.throw(exc) if exc is not None else next(steps)
+                except StopIteration as done:
+                    result = SlotResult(index, slot, value=done.value)
+                except Exception as error:  # the work failed (a reset that raised): this item, not the others
+                    result = SlotResult(index, slot, error=error)
+                else:
+                    with lock:
+                        waiting.append(slot)
+                    return
+                exc = None
+                with lock:
+                    finished.append(result)
+                    del running[slot]
+                    if not start(slot):
+                        return
+
+        def start(slot: int) -> bool:
+            with lock:
+                item = next(queue, None)
+                if item is None:
+                    return False
+                index, job = item
+                running[slot] = (index, job(self.hosts[slot]))
+                return True
+
+        def advance_all(todo: list[tuple[int, BaseException | None]]) -> None:
+            if self._workers is None:
+                for slot, exc in todo:
+                    advance(slot, exc)
+                return
+            pending = [self._workers[slot % len(self._workers)].submit(advance, slot, exc) for slot, exc in todo]
+            for future in pending:
+                future.result()
+
+        advance_all([(slot, None) for slot in range(self.slots) if start(slot)])
+        yield from sorted(finished, key=lambda r: r.index)
+        finished.clear()
+        while waiting:
+            active = sorted(waiting)
+            waiting.clear()
+            try:
+                self._call(active)
+                error = None
+            except Exception as exc:  # the batched call failed: each slot that asked records it
+                error = exc
+            for slot in active:
+                host = self.hosts[slot]
+                if error is None:
+                    host._chunk_out = self._chunks[slot]
+                    host._value_out = None if self._values is None else self._values[slot: slot + 1]
+            advance_all([(slot, error) for slot in active])
+            yield from sorted(finished, key=lambda r: r.index)
+            finished.clear()
+
+    def run_items(self, jobs: Iterable[Job]) -> list[SlotResult]:
+        """`play` to the end; the results in the order of `jobs`."""
+        return sorted(self.play(jobs), key=lambda r: r.index)
+
+    # -- one-slot-host conveniences -------------------------------------------------------
+    def run_episode(self, seed: int, *, episode_id: str | None = None, attempt: int = 0,
+                    repeat: int = 0) -> EpisodeResult:
+        """One episode, in the first slot (the others idle)."""
+        [result] = self.run_items([episode_job(seed, episode_id=episode_id, attempt=attempt, repeat=repeat)])
+        if result.error is not None:
+            raise result.error
+        return result.value
+
+    def run(self, seeds: Iterable[int]) -> list[EpisodeResult]:
+        results = self.run_items(episode_job(seed) for seed in seeds)
+        for result in results:
+            if result.error is not None:
+                raise result.error
+        return [result.value for result in results]
+
+
+def episode_job(seed: int, *, episode_id: str | None = None, attempt: int = 0, repeat: int = 0) -> Job:
+    """The work of one episode (`RolloutHost.episode_steps`)."""
+    return lambda host: host.episode_steps(seed, episode_id=episode_id, attempt=attempt, repeat=repeat)
+
+
+def branch_job(capsule: Capsule, *, seed: int, noise_seed: int | None = None, episode_id: str = "",
+               max_steps: int | None = None) -> Job:
+    """The work of one branch from a capsule (`RolloutHost.branch_steps`)."""
+    return lambda host: host.branch_steps(capsule, seed=seed, noise_seed=noise_seed, episode_id=episode_id,
+                                          max_steps=max_steps)
+

@@ -1,0 +1,110 @@
+"""Rows of the flow policy and the value critic (`tabletop.model_rows`): each row's result is the same whatever row
+it is in and whatever the other rows hold; a row's noise stream is `normal_`'s; only rows that act move on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from capsule_rollout.capsules import Arena
+from capsule_rollout.models.counter_rng import normal_, normal_rows_
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.flow_policy import load_policy
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.value_critic import load_critic
+from tests.policies.tiny import tiny_critic, tiny_policy
+
+SHIPPED = "capsule_rollout/experiments/checkpoints"
+
+
+def test_each_row_draws_the_noise_normal_draws_for_its_state_and_only_active_rows_move_on():
+    state = torch.tensor([[5, 3], [7, 0], [123456789, 42]])
+    out, index = torch.empty(3, 20), torch.arange(20)
+    normal_rows_(state, out, index, torch.tensor([1, 0, 1]))
+    for row, (seed, counter) in enumerate([(5, 3), (7, 0), (123456789, 42)]):
+        alone = torch.empty(20)
+        normal_(torch.tensor([seed, counter]), alone, index)
+        assert torch.equal(alone, out[row])
+    assert state[:, 1].tolist() == [4, 0, 43]
+
+
+def _obs(config, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    obs = {f"image_{c}": torch.randint(0, 256, (config.image_size, config.image_size, 3), dtype=torch.uint8,
+                                       generator=g) for c in config.cameras}
+    obs["state"] = torch.randn(config.state_dim, generator=g)
+    return obs
+
+
+def _policy_rows(model, n: int, trace: bool):
+    one = PolicyRuntime(model, trace=trace)
+    Arena([one]).allocate()
+    return one.batched(n)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("trace", [False, True])
+def test_a_policy_row_is_the_same_in_any_row_beside_anything(n, trace):
+    rows = _policy_rows(tiny_policy(), n, trace)
+    config = rows.runtime.config
+
+    def act(where: int, others_seed: int) -> torch.Tensor:
+        for i in range(n):
+            slot = rows.slot(i)
+            slot.set_language("pick up the red cube" if i == where else f"other {i}")
+            slot.reset(11 if i == where else others_seed + i)
+            slot.load_observation(_obs(config, 42 if i == where else others_seed + 100 * i))
+        return rows.act_rows(range(n))[where].clone()
+
+    first = act(0, 1)
+    for where, others in [(n - 1, 2), (n // 2, 3)]:
+        assert torch.equal(act(where, others), first), (where, others)
+
+
+def test_the_shipped_policy_and_critic_rows_are_row_invariant_at_8():
+    rows = _policy_rows(load_policy(f"{SHIPPED}/policy"), 8, True)
+    config = rows.runtime.config
+    one = CriticRuntime(load_critic(f"{SHIPPED}/critic"))
+    Arena([one]).allocate()
+    critic = one.batched(8)
+    results = []
+    for where in (3, 6):
+        for i in range(8):
+            rows.slot(i).set_language("pick" if i == where else "place")
+            rows.slot(i).reset(7 if i == where else 100 + i)
+            rows.slot(i).load_observation(_obs(config, 1 if i == where else 50 + i))
+            critic.slot(i).set_language("pick" if i == where else "place")
+            critic.slot(i).load_observation(_obs(config, 1 if i == where else 50 + i), step=4 if i == where else i)
+        results.append((rows.act_rows([where])[where].clone(), critic.evaluate_rows([where])[where].clone()))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    one.set_language("pick")
+    one.load_observation(_obs(config, 1), step=4)
+    value = one.evaluate()  # a batch of one: the value head is the one it always was
+    assert torch.equal(value, one.model.value(one.buffers["logits"]))
+
+
+def test_acting_moves_only_the_active_rows_streams_and_a_slot_capsule_holds_its_row():
+    rows = _policy_rows(tiny_policy(), 4, False)
+    for i in range(4):
+        rows.slot(i).reset(10 + i)
+        rows.slot(i).load_observation(_obs(rows.runtime.config, i))
+    rows.act_rows([1, 3])
+    assert rows.runtime.buffers["rng"].tolist() == [[10, 0], [11, 1], [12, 0], [13, 1]]
+    slot = rows.slot(3)
+    arena = Arena([slot]).allocate()
+    arena.before_snapshot()
+    assert slot.buffers["rng"].tolist() == [13, 1] and slot.buffers["lang"].shape == (1, rows.runtime.config.lang_dim)
+    slot.buffers["rng"].copy_(torch.tensor([99, 5]))
+    arena.after_restore()
+    assert rows.runtime.buffers["rng"].tolist() == [[10, 0], [11, 1], [12, 0], [99, 5]]
+    assert slot.fingerprint()["batch"] == "1"
+
+
+def test_a_critic_row_refuses_a_step_per_batch_and_rows_need_a_batch_of_one_to_start_from():
+    one = CriticRuntime(tiny_critic())
+    Arena([one]).allocate()
+    critic = one.batched(3)
+    with pytest.raises(ValueError, match="a slot's step is one count"):
+        critic.slot(0).load_observation(_obs(critic.runtime.config, 0), step=[1, 2, 3])
+    with pytest.raises(ValueError, match="made from a runtime of batch 1"):
+        PolicyRuntime(tiny_policy(), batch=2).batched(4)
