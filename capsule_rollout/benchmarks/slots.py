@@ -33,7 +33,7 @@ BRANCH_TARGET = 1.5  # branch collection with forks in the batch at least 1.5x o
 
 def host_spec(config: BenchSlotsConfig, policy: str, critic: str) -> HostSpec:
     """One slot, one torch thread, the policy acting as its checkpoint records (as sim_rollout runs it)."""
-    n_exec, noise_scale = resolve_acting(policy)
+    n_exec, noise_scale = resolve_acting(policy, config.n_exec)
     return HostSpec(env=f"tabletop:{config.family}", policy=policy, critic=critic, noise_scale=noise_scale,
                     host=HostConfig(n_exec=n_exec, max_steps=config.max_steps), threads=1)
 

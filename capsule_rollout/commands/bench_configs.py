@@ -161,6 +161,8 @@ class BenchSlotsConfig:
     """Task family."""
     slots: int = 8
     """Slots of the batched host (against a host of one slot)."""
+    n_exec: int | None = None
+    """Actions per chunk executed (None: as the policy checkpoint records, else 8)."""
     seed: int = 1_000_000
     """First seed used."""
     episodes: int = 32

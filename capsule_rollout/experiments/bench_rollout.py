@@ -17,13 +17,11 @@ The measurements are `benchmarks/rollout.py`'s; this command prints them and wri
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from capsule_rollout.benchmarks.rollout import host_spec, measure
 from capsule_rollout.benchmarks.support import update_markdown_section
 from capsule_rollout.commands.configs import BenchRolloutConfig
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.console import make_console, measure_table
 from capsule_rollout.experiments.paths import resolve_input
 
 
@@ -32,7 +30,7 @@ def run(config: BenchRolloutConfig) -> ExperimentResult:
     spec = host_spec(config, resolve_input(config.policy), resolve_input(config.critic))
     summary = measure(config, spec, console.print)
     body = _markdown(summary)
-    console.print(_table(summary))
+    console.print(measure_table("bench_rollout", _rows(summary)))
     if config.docs:
         update_markdown_section(config.docs, "bench_rollout", body)
     return ExperimentResult(summary)
@@ -64,15 +62,6 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
                      (f"2 actors ({label})", f"{r['two_actors_steps_per_s']:.0f} steps/s", ""),
                      (f"scaling ({label})", f"{r['scaling']:.2f}x", "≥ 1.8x")]
     return rows
-
-
-def _table(s: dict) -> Table:
-    table = Table(title="bench_rollout")
-    for col in ("measure", "value", "target"):
-        table.add_column(col)
-    for row in _rows(s):
-        table.add_row(*row)
-    return table
 
 
 def _markdown(s: dict) -> str:

@@ -10,13 +10,11 @@ The measurements are `benchmarks/slots.py`'s; this command prints them and write
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from capsule_rollout.benchmarks.slots import host_spec, measure
 from capsule_rollout.benchmarks.support import update_markdown_section
 from capsule_rollout.commands.bench_configs import BenchSlotsConfig
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.console import make_console, measure_table
 from capsule_rollout.experiments.paths import resolve_input
 
 
@@ -24,7 +22,7 @@ def run(config: BenchSlotsConfig) -> ExperimentResult:
     console = make_console()
     spec = host_spec(config, resolve_input(config.policy), resolve_input(config.critic))
     summary = measure(config, spec, console.print)
-    console.print(_table(summary))
+    console.print(measure_table(f"bench_slots (one core, {summary['slots']} slots)", _rows(summary)))
     if config.docs:
         update_markdown_section(config.docs, "bench_slots", _markdown(summary))
     return ExperimentResult(summary)
@@ -61,15 +59,6 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
         ("branch values the same with images on demand", str(b["values_same_with_images_on_demand"]), "True"),
     ]
     return rows
-
-
-def _table(s: dict) -> Table:
-    table = Table(title=f"bench_slots (one core, {s['slots']} slots)")
-    for col in ("measure", "value", "target"):
-        table.add_column(col)
-    for row in _rows(s):
-        table.add_row(*row)
-    return table
 
 
 def _markdown(s: dict) -> str:

@@ -12,6 +12,10 @@ wrapper's only committed state, so a capsule reproduces the noise exactly (a
 deterministic module just ignores it). Buffers: `state` = rng; `io` = one slot
 per observation key and the output chunk; `scratch` = the noise.
 
+A module that takes a batch of any size (its rows independent of each other) says so with `batches=True` (or a
+`batches = True` attribute, or `save_torch_policy(..., batches=True)`): a host of N slots then calls it once over
+N rows (`batched(n)`, `TorchPolicyRows`); otherwise each slot gets an instance of its own, called at batch 1.
+
 Checkpoints (`save_torch_policy` / `load_torch_policy`) are the project's usual
 safetensors + JSON directories, with the module's class named by import path
 (`package.module:Class`) and its constructor's JSON kwargs: no pickle.
@@ -36,14 +40,16 @@ KIND = "torch_policy"
 
 class TorchPolicy(BufferComponent):
     def __init__(self, module: torch.nn.Module, spec: PolicySpec, shapes: Mapping[str, tuple[tuple[int, ...], str]],
-                 *, device: str = "cpu", seed: int = 0, name: str = "policy") -> None:
-        """`shapes`: key -> (shape without batch, dtype name) of every observation key in `spec`."""
+                 *, device: str = "cpu", seed: int = 0, name: str = "policy", batches: bool | None = None) -> None:
+        """`shapes`: key -> (shape without batch, dtype name) of every observation key in `spec`. `batches`: the
+        module takes any batch size (None: its own `batches` attribute, else False)."""
         super().__init__()
         missing = [k for k in spec.observation_keys if k not in shapes]
         if missing:
             raise ValueError(f"shapes lacks {missing}: give the shape and dtype of every key the policy reads")
         self.name, self.spec, self.device, self.seed = name, spec, torch.device(device), int(seed)
         self.module = module.to(self.device).eval()
+        self.batches = bool(getattr(module, "batches", False) if batches is None else batches)
         self.shapes = {k: (tuple(shapes[k][0]), str(shapes[k][1])) for k in spec.observation_keys}
         self._index = torch.arange(spec.chunk_length * spec.action_dim, device=self.device)
         self._fingerprint = {"kind": KIND, "module": f"{type(module).__module__}:{type(module).__qualname__}",
@@ -70,22 +76,18 @@ class TorchPolicy(BufferComponent):
     def reset(self, episode_seed: int) -> None:
         self.buffers["rng"].copy_(torch.tensor([int(episode_seed), 0]))
 
+    def batched(self, n: int):
+        """This policy for a host of `n` slots, one module call over `n` rows (only for a module that `batches`)."""
+        if not self.batches:
+            raise ValueError(f"{self._fingerprint['module']} is called at batch 1 (batches=False); a host of slots "
+                             "gives each slot an instance of its own")
+        from capsule_rollout.policies.torch_policy_rows import TorchPolicyRows
+
+        return TorchPolicyRows(self, n)
+
     def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Check every key's shape and dtype, then copy them into the input slots (nothing on failure)."""
-        checked = {}
-        for key, slot in self._inputs.items():
-            if key not in obs:
-                raise ValueError(f"observation lacks {key!r}; the policy reads {list(self._inputs)}")
-            value = torch.as_tensor(np.asarray(obs[key]) if not torch.is_tensor(obs[key]) else obs[key])
-            if value.dim() == slot.dim() - 1:
-                value = value[None]
-            if tuple(value.shape) != tuple(slot.shape) or (value.dtype == torch.uint8) != (slot.dtype == torch.uint8):
-                raise ValueError(f"{key}: expected {tuple(slot.shape[1:])} {slot.dtype}, got {tuple(value.shape)} "
-                                 f"{value.dtype}")
-            if value.dtype.is_floating_point and not torch.isfinite(value).all():
-                raise ValueError(f"{key} has non-finite values; refusing to act on it")
-            checked[key] = value
-        for key, value in checked.items():
+        for key, value in check_inputs(self._inputs, obs).items():
             self._inputs[key].copy_(value)
 
     def act(self) -> torch.Tensor:
@@ -98,15 +100,34 @@ class TorchPolicy(BufferComponent):
         return b["chunk"]
 
 
+def check_inputs(slots: Mapping[str, torch.Tensor], obs: Mapping[str, np.ndarray | torch.Tensor]) -> dict:
+    """Every key's value checked against its input slot `(1, ...)` (shape and dtype, finite): nothing copied."""
+    checked = {}
+    for key, slot in slots.items():
+        if key not in obs:
+            raise ValueError(f"observation lacks {key!r}; the policy reads {list(slots)}")
+        value = torch.as_tensor(np.asarray(obs[key]) if not torch.is_tensor(obs[key]) else obs[key])
+        if value.dim() == slot.dim() - 1:
+            value = value[None]
+        if tuple(value.shape) != tuple(slot.shape) or (value.dtype == torch.uint8) != (slot.dtype == torch.uint8):
+            raise ValueError(f"{key}: expected {tuple(slot.shape[1:])} {slot.dtype}, got {tuple(value.shape)} "
+                             f"{value.dtype}")
+        if value.dtype.is_floating_point and not torch.isfinite(value).all():
+            raise ValueError(f"{key} has non-finite values; refusing to act on it")
+        checked[key] = value
+    return checked
+
+
 def save_torch_policy(directory: str | Path, module: torch.nn.Module, *, factory: str, kwargs: dict,
                       spec: PolicySpec, shapes: Mapping[str, tuple[tuple[int, ...], str]], step: int = 0,
-                      info: dict | None = None) -> Path:
-    """A checkpoint `load_torch_policy` rebuilds: `factory` (`package.module:Class`) called with `kwargs`."""
+                      info: dict | None = None, batches: bool = False) -> Path:
+    """A checkpoint `load_torch_policy` rebuilds: `factory` (`package.module:Class`) called with `kwargs`.
+    `batches`: the module takes any batch size (slots then call it once over all their rows)."""
     from capsule_rollout.models.checkpoint import save_checkpoint
 
     config = {"factory": factory, "kwargs": kwargs, "chunk_length": spec.chunk_length, "action_dim": spec.action_dim,
               "observation_keys": list(spec.observation_keys),
-              "shapes": {k: [list(s), d] for k, (s, d) in shapes.items()}}
+              "shapes": {k: [list(s), d] for k, (s, d) in shapes.items()}, **({"batches": True} if batches else {})}
     return save_checkpoint(directory, kind=KIND, model=module, config=config, step=step, info=info)
 
 
@@ -129,4 +150,4 @@ def load_torch_policy(directory: str | Path, *, device: str = "cpu", seed: int =
     ckpt.load_model(module)
     spec = PolicySpec(config["chunk_length"], config["action_dim"], tuple(config["observation_keys"]))
     shapes = {k: (tuple(s), d) for k, (s, d) in config["shapes"].items()}
-    return TorchPolicy(module, spec, shapes, device=device, seed=seed)
+    return TorchPolicy(module, spec, shapes, device=device, seed=seed, batches=bool(config.get("batches", False)))

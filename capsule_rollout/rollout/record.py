@@ -73,14 +73,15 @@ class RecordResult:
 
 
 def record_rollouts(out: str | Path, *, env: str, policy: str, critic: str = "", seeds: Iterable[int] = range(4),
-                    repeats: int = 1, actors: int = 2, n_exec: int | None = None) -> RecordResult:
+                    repeats: int = 1, actors: int = 2, n_exec: int | None = None, slots: int = 1) -> RecordResult:
     """Play `env` (a registered id or `package.module:make_env`) with `policy` (a checkpoint or
     `package.module:make_policy`; see `rollout.plug_in`) and optional `critic` on `actors` Ray actors (0: in
-    this process), `repeats` rollouts per seed, every episode recorded once under `out`. Raises `RunError` when
-    any episode failed (the episodes that were played are kept)."""
+    this process), `repeats` rollouts per seed, every episode recorded once under `out`; `slots` env slots per actor
+    (`HostSpec.slots`). Raises `RunError` when any episode failed (the episodes that were played are kept)."""
     out = Path(out).resolve()
     spec = HostSpec(env=env, policy=absolute_source(policy), critic=absolute_source(critic),
-                    host=HostConfig(**({"n_exec": n_exec} if n_exec else {})), capsule_dir=str(out / CAPSULES))
+                    host=HostConfig(**({"n_exec": n_exec} if n_exec else {})), capsule_dir=str(out / CAPSULES),
+                    slots=slots)
     store, done, recorder = open_run(out, spec)
     items = [WorkItem(episode_id_of(env, s), int(s)) for s in seeds]
     where = init_ray() if actors else "in-process"

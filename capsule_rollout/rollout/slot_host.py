@@ -66,9 +66,10 @@ class LoopRows:
 
 
 def rows_of(part: Any, n: int, make: Callable[[], Any]) -> Any:
-    """`part` for `n` slots: its own `batched(n)` when it has one, else `LoopRows` over `part` and `n - 1` more
+    """`part` for `n` slots: its own `batched(n)` when it has one (and does not say `batches = False`), else
+    `LoopRows` over `part` and `n - 1` more
     instances from `make()`."""
-    if callable(getattr(part, "batched", None)):
+    if callable(getattr(part, "batched", None)) and getattr(part, "batches", True):
         return part.batched(n)
     return LoopRows([part, *(make() for _ in range(n - 1))])
 
@@ -245,7 +246,9 @@ class SlotHost:
                 host = self.hosts[slot]
                 if error is None:
                     host._chunk_out = self._chunks[slot]
-                    host._value_out = None if self._values is None else self._values[slot: slot + 1]
+                    values = self._values  # a tensor of all rows (batched), or one per slot (LoopRows)
+                    host._value_out = None if values is None else (
+                        values[slot] if isinstance(values, list) else values[slot: slot + 1])
             advance_all([(slot, error) for slot in active])
             yield from sorted(finished, key=lambda r: r.index)
             finished.clear()

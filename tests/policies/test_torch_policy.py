@@ -79,3 +79,45 @@ def test_checkpoint_round_trip(tmp_path):
         Arena([p]).allocate()
         p.load_observation({"state": _obs(3)["state"]})
     assert torch.equal(a.act(), b.act())
+
+
+class RowwiseLinear(NoisyLinear):
+    """The same network, for any batch size (its rows independent): it says so."""
+
+    batches = True
+
+    def forward(self, inputs, noise):
+        img = inputs["image_cam"].float().mean(dim=(1, 2)) / 255
+        return self.lin(torch.cat([inputs["state"], img], 1)).view(-1, 4, 2) + 0.1 * noise
+
+
+def test_a_module_that_batches_serves_every_slot_in_one_call_and_a_slot_capsule_is_a_one_slot_capsule():
+    torch.manual_seed(0)
+    one = TorchPolicy(RowwiseLinear(), SPEC, SHAPES)
+    assert one.batches and not TorchPolicy(NoisyLinear(), SPEC, SHAPES).batches
+    Arena([one]).allocate()
+    rows = one.batched(4)
+    calls = []
+    rows.template.module.register_forward_hook(lambda m, args, out: calls.append(out.shape[0]))
+
+    def act(where: int, others: int) -> torch.Tensor:
+        for i in range(4):
+            rows.slot(i).reset(7 if i == where else others + i)
+            rows.slot(i).load_observation(_obs(1 if i == where else others + 10 * i))
+        return rows.act_rows(range(4))[where].clone()
+
+    first = act(0, 100)
+    assert torch.equal(act(3, 200), first) and calls == [4, 4]  # the same in any row, beside anything; one call
+    one.reset(7)
+    one.load_observation(_obs(1))
+    assert torch.allclose(one.act(), first, atol=1e-6)  # a batch of one: the same but for rounding
+    slot = rows.slot(3)
+    capsule = snapshot(Arena([slot]).allocate(), step=0, force=True)  # slot 3: seed 7, one chunk drawn
+    module = RowwiseLinear()
+    module.load_state_dict(one.module.state_dict())
+    alone = TorchPolicy(module, SPEC, SHAPES)
+    arena = Arena([alone]).allocate()
+    restore(arena, capsule)  # a one-slot policy takes the slot's capsule (same buffers, same fingerprint)
+    assert alone.buffers["rng"].tolist() == [7, 1]
+    with pytest.raises(ValueError, match="batches=False"):
+        TorchPolicy(NoisyLinear(), SPEC, SHAPES).batched(2)

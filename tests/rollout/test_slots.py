@@ -19,6 +19,7 @@ from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.rollout.slot_host import LoopRows, SlotHost, episode_job
 from tests.policies.tiny import save_tiny_checkpoints
 from tests.rollout.protocol_fakes import GreedyPolicy, ReachEnv
+from tests.rollout.test_protocols import DistanceCritic
 
 
 @pytest.fixture(scope="module")
@@ -183,20 +184,24 @@ class _Faulty(ReachEnv):
         return super().step(action)
 
 
-def _reach_slots(n: int) -> SlotHost:
+def _reach_slots(n: int, critic: bool = False) -> SlotHost:
+    """`n` slots of the user's reaching env and greedy policy (and critic), each an instance of its own (`LoopRows`)."""
     rows = LoopRows([GreedyPolicy() for _ in range(n)])
-    hosts = [RolloutHost(env=_Faulty(max_steps=40), policy=rows.slot(i), config=HostConfig(n_exec=3))
-             for i in range(n)]
-    return SlotHost(hosts, rows)
+    critics = LoopRows([DistanceCritic() for _ in range(n)]) if critic else None
+    hosts = [RolloutHost(env=_Faulty(max_steps=40), policy=rows.slot(i), config=HostConfig(n_exec=3),
+                         critic=critics.slot(i) if critic else None) for i in range(n)]
+    return SlotHost(hosts, rows, critics)
 
 
 def test_one_slots_error_is_that_episode_alone():
+    """With a critic of the user's own, one instance per slot: the values are recorded as one slot alone records them."""
     seeds = list(range(8, 20))
-    results = _reach_slots(4).run_items([episode_job(s) for s in seeds])
+    results = _reach_slots(4, critic=True).run_items([episode_job(s) for s in seeds])
     by_seed = dict(zip(seeds, results, strict=True))
     assert "RuntimeError: the sim blew up" in by_seed[13].value.error and by_seed[13].value.episode.meta.length == 3
     assert isinstance(by_seed[14].error, RuntimeError) and "the reset of seed 14 failed" in str(by_seed[14].error)
-    alone = _reach_slots(1)
+    assert np.isfinite(by_seed[8].value.episode.steps["value"][0])  # the critic's value, through its own row
+    alone = _reach_slots(1, critic=True)
     for seed in seeds:
         if seed not in (13, 14):
             same_episode(by_seed[seed].value.episode, alone.run_episode(seed).episode, same_capsule=False)
