@@ -90,6 +90,7 @@ def rollouts(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str],
         ratio = _ratios(rates)
         out["recorded" if record else "not_recorded"] = {
             "steps_per_s": med, "rounds": config.rounds, "episodes": len(seeds), "rows_per_call": fill,
+            "per_round": rates,
             "slots_alone": ratio("slots_drawn", "one_drawn"),
             "slots_same_images": ratio("slots_on_demand", "one_on_demand"),
             "slots_and_images_on_demand": ratio("slots_on_demand", "one_drawn"),
@@ -125,6 +126,7 @@ def branch_collection(config: BenchSlotsConfig, spec: HostSpec, progress: Callab
         actor.close()
     ratio = _ratios(rates)
     return {"branch_steps_per_s": {m: float(np.median(v)) for m, v in rates.items()}, "rounds": config.rounds,
+            "per_round": rates,
             "items": len(items), "continuations_per_item": config.branches * len(config.branch_steps),
             "values_same_with_images_on_demand": values["one_drawn"] == values["one_on_demand"]
             and values["slots_drawn"] == values["slots_on_demand"],

@@ -367,6 +367,7 @@ class RolloutHost(ChunkLoop):
             observer.episode_start(self, seed)
         t0 = time.perf_counter()
         reason, success, error = yield from self._loop(obs, builder, self._limit(max_steps))
+        self._lazy = self._branching = False  # a tick called on its own (outside an episode) draws every image
         run_s = time.perf_counter() - t0
         self._go(Phase.STOP_INFER)
         self._go(Phase.RECORD)
