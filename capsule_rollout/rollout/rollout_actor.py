@@ -178,8 +178,9 @@ class RolloutActor:
         return self.run_batch([item])[0]
 
     def run_batch(self, items: list[WorkItem]) -> list[ActorReport]:
-        """Play `items` one after another; sharded, write their episodes to this actor's shard in one commit
-        (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`)."""
+        """Play `items` (one after another; with slots, side by side on the slots); sharded, write their episodes to
+        this actor's shard in one commit (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`).
+        The reports come back in the items' order."""
         if self.spec.slots > 1 and self.side_by_side:
             reports = self._play_slots(items)
         else:
