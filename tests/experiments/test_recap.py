@@ -13,6 +13,7 @@ from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from capsule_rollout.tabletop.value_critic import ACTOR_DEMONSTRATOR, ACTOR_POLICY
 
 
+@pytest.mark.slow  # a minute: the whole loop, every stage (CI runs it with the slow tests)
 def test_recap_loop_runs_every_stage_and_reports_each_iteration(tmp_path):
     out, summary = tmp_path / "recap", tmp_path / "r.json"
     args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "10", "--bc_steps", "2",
@@ -112,8 +113,9 @@ def test_recap_refuses_a_plan_longer_than_the_executed_chunk(capsys):
     assert "--critic_plan_steps" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("source, actors, select", [("branches", "2", "random"), ("distilled", "0", "random"),
-                                                    ("combined", "0", "unsure")])
+@pytest.mark.parametrize("source, actors, select", [
+    pytest.param("branches", "2", "random", marks=pytest.mark.slow),  # Ray actors: 40 s (with the slow tests)
+    ("distilled", "0", "random"), ("combined", "0", "unsure")])
 def test_recap_with_branch_advantages_branches_on_the_actors_and_resumes(tmp_path, source, actors, select, capsys):
     out, summary = tmp_path / "recap", tmp_path / "r.json"
     args = ["recap", "--iterations", "1", "--out", str(out), "--demo_episodes", "6", "--bc_steps", "2",
