@@ -210,8 +210,17 @@ def part_a(args, report: dict, save) -> None:
 
 
 # -- main --------------------------------------------------------------------------------------------------
+def local_argv() -> list[str]:
+    """The command line with the output path cut to its file name."""
+    argv = list(sys.argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--out":
+            argv[i + 1] = Path(argv[i + 1]).name
+    return argv
+
+
 def environment(args) -> dict:
-    info = {"python": sys.version, "platform": platform.platform(), "cpus": os.cpu_count(), "argv": sys.argv,
+    info = {"python": sys.version, "platform": platform.platform(), "cpus": os.cpu_count(), "argv": local_argv(),
             "MUJOCO_GL": os.environ.get("MUJOCO_GL")}
     try:
         import torch
@@ -260,7 +269,8 @@ def main() -> None:
         args.gl = list(dict.fromkeys([*([env_gl] if env_gl else []), "egl", "osmesa"]))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict = {"args": vars(args), "env": environment(args), "status": "running"}
+    # the report names no directory of the machine it ran on: the output by its file name
+    report: dict = {"args": {**vars(args), "out": out.name}, "env": environment(args), "status": "running"}
 
     def save() -> None:
         report["elapsed_s"] = elapsed()

@@ -210,7 +210,7 @@ def part_b(args, report: dict, save) -> None:
         log("(b) skipped:", sec["skipped"])
         return
     meta_site = ensure_entry_points()
-    sec["entry_point_shim"] = meta_site
+    sec["entry_point_shim"] = bool(meta_site)  # whether a temporary dist-info stood in for an install
     try:
         _part_b(args, sec, save, meta_site)
     finally:
