@@ -280,21 +280,16 @@ def main() -> None:
 
     log("env:", {k: report["env"].get(k) for k in ("python", "torch", "gpu", "cpus", "MUJOCO_GL")})
     save()
-    if not args.skip_a:
+    for name, part, skip in (("a", part_a, args.skip_a), ("b", part_b, args.skip_b)):
+        if skip:
+            continue
         try:
-            part_a(args, report, save)
-        except Exception as exc:  # noqa: BLE001
-            report["a_error"] = f"{type(exc).__name__}: {exc}"
-            report["a_traceback"] = traceback.format_exc()
-            log("(a) failed:", report["a_error"])
+            part(args, report, save)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other part still runs
+            report[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+            report[f"{name}_traceback"] = traceback.format_exc()
+            log(f"({name}) failed:", report[f"{name}_error"])
         save()
-    if not args.skip_b:
-        try:
-            part_b(args, report, save)
-        except Exception as exc:  # noqa: BLE001
-            report["b_error"] = f"{type(exc).__name__}: {exc}"
-            report["b_traceback"] = traceback.format_exc()
-            log("(b) failed:", report["b_error"])
     report["status"] = "done"
     save()
     log("report written to", out)

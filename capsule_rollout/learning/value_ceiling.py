@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from capsule_rollout.learning.evaluation import EpisodesLostError
-from capsule_rollout.rollout.branching import branch_value, branch_values_in_slots
+from capsule_rollout.rollout.branching import branch_value
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.slot_host import SlotHost
@@ -54,11 +54,7 @@ def judge_state(host: RolloutHost | SlotHost, keeper: BoundaryKeeper, seed: int,
 
     keeper.enabled = False
     try:
-        if isinstance(host, SlotHost):
-            [value] = branch_values_in_slots(host, {step: capsule}, seed=seed, branches=branches,
-                                             expect=(success, length))
-        else:
-            value = branch_value(host, capsule, seed=seed, step=step, branches=branches, expect=(success, length))
+        value = branch_value(host, capsule, seed=seed, step=step, branches=branches, expect=(success, length))
     finally:
         keeper.enabled = True
     row["branch_success"] = value.success_fraction

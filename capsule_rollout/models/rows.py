@@ -14,10 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec
 from capsule_rollout.models.inputs import load_observation
+
+
+def set_active(buffer: torch.Tensor, active: Sequence[int]) -> None:
+    """Write the row mask `(N,)` int64 of a call: 1 for the rows in `active` (they act and move on), 0 else."""
+    mask = np.zeros(buffer.shape[0], np.int64)
+    mask[list(active)] = 1
+    buffer.copy_(torch.from_numpy(mask))
 
 
 class RowSlot(BufferComponent):

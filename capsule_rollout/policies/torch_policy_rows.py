@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_rows_
-from capsule_rollout.models.rows import RowSlot
+from capsule_rollout.models.rows import RowSlot, set_active
 from capsule_rollout.policies.torch_policy import TorchPolicy, check_inputs
 
 
@@ -59,9 +58,7 @@ class TorchPolicyRows:
 
     def act_rows(self, active: Sequence[int]) -> torch.Tensor:
         b = self.buffers
-        mask = np.zeros(self.rows, np.int64)
-        mask[list(active)] = 1
-        b["active"].copy_(torch.from_numpy(mask))
+        set_active(b["active"], active)
         normal_rows_(b["rng"], b["noise"].view(self.rows, -1), self._index, b["active"])
         inputs = {k: b[f"in_{k}"] for k in self.template.shapes}
         with torch.no_grad():

@@ -28,7 +28,7 @@ from capsule_rollout.rollout.host_config import EpisodeResult
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.slot_host import SlotHost, branch_job, episode_job
+from capsule_rollout.rollout.slot_host import SlotHost, branch_job
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 
@@ -76,15 +76,19 @@ class BranchValue:
         return cls(step=int(data["step"]), outcomes=tuple((bool(s), float(r), int(n)) for s, r, n in data["outcomes"]))
 
 
-def branch_value(host: RolloutHost, capsule: Capsule, *, seed: int, step: int, branches: int,
+def branch_value(host: RolloutHost | SlotHost, capsule: Capsule, *, seed: int, step: int, branches: int,
                  expect: tuple[bool, int] | None = None, first: int = 0) -> BranchValue:
     """Play `branches` continuations of episode `seed` from `capsule` (taken at control step `step`): those
     numbered `first` to `first + branches - 1` (`branch_seed`; a later call with `first` past an earlier
     call's continuations plays new ones).
 
     `expect`: the episode's (success, length); when given, the capsule is first replayed with the
-    episode's own noise and must end the same way (else `ReplayDivergedError`).
+    episode's own noise and must end the same way (else `ReplayDivergedError`). On a `SlotHost` the replay and
+    the continuations are forks of the capsule into the slots, side by side (`branch_values_in_slots`).
     """
+    if isinstance(host, SlotHost):
+        return branch_values_in_slots(host, {step: capsule}, seed=seed, branches=branches, expect=expect,
+                                      first=first)[0]
     if branches < 1:
         raise ValueError(f"branches must be >= 1, got {branches}")
 
@@ -158,39 +162,24 @@ def branch_episode(host: RolloutHost | SlotHost, seed: int, *, steps, branches: 
     is in `steps`, then `branch_value` from each, in step order (continuations `first` on). Steps that were no
     chunk start of the episode (past its end, between boundaries) get no value. The replay check runs at the first boundary
     (one exact replay shows the restore is exact for this host and episode). On a `SlotHost` the episode plays in
-    one slot, then every continuation in the slots side by side (`branch_values_in_slots`)."""
-    if isinstance(host, SlotHost):
-        return _branch_episode_in_slots(host, seed, steps=steps, branches=branches, episode_id=episode_id,
-                                        attempt=attempt, repeat=repeat, first=first)
+    its first slot, then every continuation of every boundary in the slots side by side (`branch_values_in_slots`)."""
     keeper = BoundaryCapsules(steps)
-    host.observers.append(keeper)
+    watched = host.hosts[0] if isinstance(host, SlotHost) else host  # where the episode plays
+    watched.observers.append(keeper)
     try:
         result = host.run_episode(seed, episode_id=episode_id, attempt=attempt, repeat=repeat)
         keeper.enabled = False
         expect = (bool(result.episode.meta.success), result.episode.meta.length)
-        values = [branch_value(host, keeper.capsules[step], seed=seed, step=step, branches=branches,
-                               expect=expect if i == 0 else None, first=first)
-                  for i, step in enumerate(sorted(keeper.capsules))]
+        if isinstance(host, SlotHost):
+            values = branch_values_in_slots(host, keeper.capsules, seed=seed, branches=branches, expect=expect,
+                                            first=first)
+        else:
+            values = [branch_value(host, keeper.capsules[step], seed=seed, step=step, branches=branches,
+                                   expect=expect if i == 0 else None, first=first)
+                      for i, step in enumerate(sorted(keeper.capsules))]
     finally:
-        host.observers.remove(keeper)
+        watched.observers.remove(keeper)
     return result, values
-
-
-def _branch_episode_in_slots(slots: SlotHost, seed: int, *, steps, branches: int, episode_id: str | None,
-                             attempt: int, repeat: int, first: int) -> tuple[EpisodeResult, list[BranchValue]]:
-    keeper = BoundaryCapsules(steps)
-    first_slot = slots.hosts[0]  # the first work item of a play goes to the first slot
-    first_slot.observers.append(keeper)
-    try:
-        [played] = slots.run_items([episode_job(seed, episode_id=episode_id, attempt=attempt, repeat=repeat)])
-    finally:
-        first_slot.observers.remove(keeper)
-    if played.error is not None:
-        raise played.error
-    result = played.value
-    expect = (bool(result.episode.meta.success), result.episode.meta.length)
-    return result, branch_values_in_slots(slots, keeper.capsules, seed=seed, branches=branches, expect=expect,
-                                          first=first)
 
 
 @dataclass(frozen=True)

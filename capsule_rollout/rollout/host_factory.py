@@ -26,6 +26,7 @@ from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.plug_in import (
     FACTORY,
     Described,
+    Loaded,
     as_rollout_critic,
     as_rollout_policy,
     describe_source,
@@ -249,12 +250,7 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
     """The host a spec describes. `observers`: instead of the spec's (e.g. objects built in-process);
     `env`: instead of the spec's (a `RobotEnv`, an env made in this process); `operator`, `teleop`:
     see `RolloutHost`."""
-    if env is None and is_multi_task(spec.env):
-        raise ValueError(f"a spec over several tasks ({spec.env!r}) builds one host per task: pass "
-                         "dataclasses.replace(spec, env=env_for_task(spec.env, <the task>))")
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    parts = _load_parts(spec, check_spec(spec))
+    parts = _prepare(spec, env_given=env is not None)
     if env is None:
         env = _make_env(spec, parts.cameras, parts.image_size)
     policy = as_rollout_policy(parts.policy, env, device=spec.device)
@@ -269,31 +265,31 @@ def _store(spec: HostSpec) -> CapsuleStore:
                         host_bytes=0)
 
 
+def _prepare(spec: HostSpec, *, env_given: bool = False) -> _Parts:
+    """What every host of `spec` starts from: the checks, torch's threads, the policy and critic loaded."""
+    if not env_given and is_multi_task(spec.env):
+        raise ValueError(f"a spec over several tasks ({spec.env!r}) builds one host per task: pass "
+                         "dataclasses.replace(spec, env=env_for_task(spec.env, <the task>))")
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    return _load_parts(spec, check_spec(spec))
+
+
 def build_slots(spec: HostSpec, *, recorder=None):
     """The `SlotHost` of `spec.slots` slots a spec describes: an env per slot, the policy and critic as rows (one
     batched runtime when they batch, else an instance per slot), one capsule store, the spec's observers per
     slot."""
     from capsule_rollout.rollout.slot_host import SlotHost, rows_of
 
-    if is_multi_task(spec.env):
-        raise ValueError(f"a spec over several tasks ({spec.env!r}) builds one host per task: pass "
-                         "dataclasses.replace(spec, env=env_for_task(spec.env, <the task>))")
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    parts = _load_parts(spec, check_spec(spec))
+    parts = _prepare(spec)
     n = spec.slots
     envs = [_make_env(spec, parts.cameras, parts.image_size) for _ in range(n)]
-
-    def another(role: str, adapt):
-        def make():
-            loaded = _load_parts(spec, spec.conditioning())
-            return adapt(getattr(loaded, role), envs[0])
-        return make
-
-    policy = rows_of(as_rollout_policy(parts.policy, envs[0], device=spec.device), n,
-                     another("policy", lambda p, env: as_rollout_policy(p, env, device=spec.device)))
-    critic = None if parts.critic is None else rows_of(as_rollout_critic(parts.critic, envs[0]), n,
-                                                       another("critic", as_rollout_critic))
+    as_policy = lambda part: as_rollout_policy(part, envs[0], device=spec.device)  # noqa: E731
+    as_critic = lambda part: as_rollout_critic(part, envs[0])  # noqa: E731
+    # a part that does not batch: another instance per slot, loaded from its source again (that part alone)
+    policy = rows_of(as_policy(parts.policy), n, lambda: as_policy(_load_policy(spec, parts.checked).part))
+    critic = None if parts.critic is None else rows_of(as_critic(parts.critic), n,
+                                                       lambda: as_critic(_load_critic(spec).part))
     lanes = None
     if critic is not None:
         from capsule_rollout.policies.execution_context import TwoLaneContext
@@ -332,20 +328,28 @@ class _Parts:
     cameras: tuple[str, ...] | None  # what the env must render (None: its default camera)
     image_size: int
     conditioning: Conditioning | None  # a flow policy's RECAP conditioning, set once the host is built
+    checked: Conditioning  # what `check_spec` resolved: how the policy source is loaded
+
+
+def _load_policy(spec: HostSpec, conditioning: Conditioning) -> Loaded:
+    return load_source(spec.policy, "policy", device=spec.device, conditioning=conditioning,
+                       noise_scale=spec.noise_scale)
+
+
+def _load_critic(spec: HostSpec) -> Loaded:
+    return load_source(spec.critic, "critic", device=spec.device, conditioning=Conditioning(), noise_scale=1.0)
 
 
 def _load_parts(spec: HostSpec, conditioning: Conditioning) -> _Parts:
-    policy = load_source(spec.policy, "policy", device=spec.device, conditioning=conditioning,
-                         noise_scale=spec.noise_scale)
-    critic = load_source(spec.critic, "critic", device=spec.device, conditioning=Conditioning(),
-                         noise_scale=1.0) if spec.critic else None
+    policy = _load_policy(spec, conditioning)
+    critic = _load_critic(spec) if spec.critic else None
     loaded = [part for part in (policy, critic) if part is not None]
     cameras = tuple(dict.fromkeys(c for part in loaded for c in part.cameras))
     sizes = {part.image_size for part in loaded if part.image_size}
     if len(sizes) > 1:
         raise ValueError(f"the policy and critic read images of {sorted(sizes)} px: use ones made for the same images")
     return _Parts(policy.part, critic.part if critic else None, cameras or None, sizes.pop() if sizes else 64,
-                  policy.conditioning)
+                  policy.conditioning, conditioning)
 
 
 def _make_env(spec: HostSpec, cameras: tuple[str, ...] | None, image_size: int) -> RolloutEnv:

@@ -208,30 +208,28 @@ class RolloutActor:
         """The items on the slots of their task's host, side by side (a task's items in one `play`). An item's
         `busy_s` is its share, by steps, of the wall time its task's items took together."""
         reports: dict[int, ActorReport] = {}
-        groups: dict[str, list[int]] = {}
+        groups: dict[SlotHost, list[int]] = {}  # each task's host: the indices of its items
         for k, item in enumerate(items):
             try:
-                host = self._host_for(item)
+                groups.setdefault(self._host_for(item), []).append(k)
             except Exception as exc:  # a host that cannot be built: this episode failed, the actor goes on
                 reports[k] = self._failed(item, exc)
-                continue
-            groups.setdefault(host.task if not is_multi_task(self.spec.env) else item.task, []).append(k)
-        for ks in groups.values():
-            self.host = self._host_for(items[ks[0]])
+        for host, ks in groups.items():
+            self.host = host  # what `_saved_capsule` reads a task from
             t0 = time.perf_counter()
             jobs = [episode_job(items[k].seed, episode_id=items[k].episode_id, attempt=items[k].attempt,
                                 repeat=items[k].repeat) for k in ks]
-            for result in self.host.play(jobs):
+            for result in host.play(jobs):
                 item = items[ks[result.index]]
                 if result.error is not None:
                     reports[ks[result.index]] = self._failed(item, result.error)
                 else:
-                    reports[ks[result.index]] = self._report(item, result.value, self.host.hosts[result.slot])
+                    reports[ks[result.index]] = self._report(item, result.value, host.hosts[result.slot])
             wall = time.perf_counter() - t0
             steps = sum(max(reports[k].steps, 1) for k in ks)
             for k in ks:
                 reports[k].busy_s = wall * max(reports[k].steps, 1) / steps
-                reports[k].step_limit = self.host.step_limit
+                reports[k].step_limit = host.step_limit
         return [reports[k] for k in range(len(items))]
 
     def _failed(self, item: WorkItem, exc: BaseException) -> ActorReport:

@@ -13,63 +13,68 @@ same in any slot of an N-slot host and differs, slightly, from the same episode 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-import numpy as np
 import torch
 
 from capsule_rollout.capsules import Arena, Role
 from capsule_rollout.models.inputs import write_language
-from capsule_rollout.models.rows import RowSlot
+from capsule_rollout.models.rows import RowSlot, set_active
 from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 
 
-def _one_row_state(template) -> list:
-    if template.batch != 1:
-        raise ValueError(f"batched(n) is made from a runtime of batch 1; {template.name} has batch {template.batch}")
-    return [s for s in template.buffer_specs() if s.role == Role.STATE]
+class _ModelRows:
+    """A runtime of N rows made (`make_runtime()`) from a runtime of batch 1 (`template`), its own arena, a slot
+    (`slot_class`) per row."""
+
+    def __init__(self, template, n: int, make_runtime: Callable[[], Any], slot_class: type[_ModelSlot]) -> None:
+        if n < 1:
+            raise ValueError(f"a batched {template.name} has at least one row, got {n}")
+        if template.batch != 1:
+            raise ValueError(f"batched(n) is made from a runtime of batch 1; {template.name} has batch {template.batch}")
+        specs = [s for s in template.buffer_specs() if s.role == Role.STATE]
+        self.runtime = make_runtime()
+        self.arena = Arena([self.runtime]).allocate()
+        self.rows, self.spec, self.device = n, template.spec, template.device
+        self.slots = [slot_class(self, i, specs, template.fingerprint()) for i in range(n)]
+
+    def slot(self, i: int) -> _ModelSlot:
+        return self.slots[i]
 
 
-def _mask(buffer: torch.Tensor, active: Sequence[int]) -> None:
-    mask = np.zeros(buffer.shape[0], np.int64)
-    mask[list(active)] = 1
-    buffer.copy_(torch.from_numpy(mask))
+class _ModelSlot(RowSlot):
+    """Slot i of a `_ModelRows`: a component of the rollout protocol acting through the shared rows."""
+
+    def __init__(self, owner: _ModelRows, index: int, specs, fingerprint: Mapping[str, str]) -> None:
+        super().__init__(owner.runtime.name, owner.runtime.buffers, index, specs, fingerprint)
+        self.owner, self.spec, self.device = owner, owner.spec, owner.device
+        self.config = owner.runtime.config
+
+    def set_language(self, text: str) -> None:
+        write_language(self.row("lang"), self.owner.runtime.model, text)
 
 
-class PolicyRows:
+class PolicyRows(_ModelRows):
     """N slots of one flow policy (`PolicyRuntime.batched`)."""
 
     def __init__(self, template: PolicyRuntime, n: int) -> None:
-        if n < 1:
-            raise ValueError(f"a batched policy has at least one row, got {n}")
-        specs = _one_row_state(template)
-        self.runtime = PolicyRuntime(template.model, name=template.name, device=str(template.device), batch=n,
-                                     seed=template.seed, guidance=template.guidance, noise_scale=template.noise_scale,
-                                     capture=template._capture, trace=template._trace, rows=True)
-        self.arena = Arena([self.runtime]).allocate()
-        self.rows, self.spec, self.device = n, template.spec, template.device
-        self.slots = [PolicySlot(self, i, specs, template.fingerprint()) for i in range(n)]
-
-    def slot(self, i: int) -> PolicySlot:
-        return self.slots[i]
+        super().__init__(template, n, lambda: PolicyRuntime(
+            template.model, name=template.name, device=str(template.device), batch=n, seed=template.seed,
+            guidance=template.guidance, noise_scale=template.noise_scale, capture=template._capture,
+            trace=template._trace, rows=True), PolicySlot)
 
     def act_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all rows; the chunks `(N, T, A)` of the `active` rows are valid (a view of the output
         buffer, until the next call)."""
-        _mask(self.runtime.buffers["active"], active)
+        set_active(self.runtime.buffers["active"], active)
         self.runtime.runner()
         return self.runtime.buffers["chunk"]
 
 
-class PolicySlot(RowSlot):
-    """Slot i of a `PolicyRows`: the rollout protocol's policy, acting through the shared rows."""
-
-    def __init__(self, owner: PolicyRows, index: int, specs, fingerprint: Mapping[str, str]) -> None:
-        super().__init__(owner.runtime.name, owner.runtime.buffers, index, specs, fingerprint)
-        self.owner = owner
-        self.spec, self.device = owner.spec, owner.device
-        self.config = owner.runtime.config
+class PolicySlot(_ModelSlot):
+    """Slot i of a `PolicyRows`: the rollout protocol's policy."""
 
     @property
     def observation_keys(self) -> tuple[str, ...]:
@@ -77,9 +82,6 @@ class PolicySlot(RowSlot):
 
     def reset(self, episode_seed: int) -> None:
         self.row("rng").copy_(torch.tensor([[int(episode_seed), 0]]))
-
-    def set_language(self, text: str) -> None:
-        write_language(self.row("lang"), self.owner.runtime.model, text)
 
     def set_conditioning(self, advantage: int, beta: float | None = None) -> None:
         self.owner.runtime.check_conditioning(advantage, beta)
@@ -94,21 +96,13 @@ class PolicySlot(RowSlot):
         return self.owner.act_rows([self.index])[self.index]
 
 
-class CriticRows:
+class CriticRows(_ModelRows):
     """N slots of one value critic (`CriticRuntime.batched`)."""
 
     def __init__(self, template: CriticRuntime, n: int) -> None:
-        if n < 1:
-            raise ValueError(f"a batched critic has at least one row, got {n}")
-        specs = _one_row_state(template)
-        self.runtime = CriticRuntime(template.model, name=template.name, device=str(template.device), batch=n,
-                                     capture=template._capture, trace=template._trace)
-        self.arena = Arena([self.runtime]).allocate()
-        self.rows, self.spec = n, template.spec
-        self.slots = [CriticSlot(self, i, specs, template.fingerprint()) for i in range(n)]
-
-    def slot(self, i: int) -> CriticSlot:
-        return self.slots[i]
+        super().__init__(template, n, lambda: CriticRuntime(
+            template.model, name=template.name, device=str(template.device), batch=n, capture=template._capture,
+            trace=template._trace), CriticSlot)
 
     def evaluate_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all rows; the values `(N,)` of the `active` rows are valid."""
@@ -116,17 +110,8 @@ class CriticRows:
         return self.runtime.buffers["value"]
 
 
-class CriticSlot(RowSlot):
+class CriticSlot(_ModelSlot):
     """Slot i of a `CriticRows`: the rollout protocol's critic."""
-
-    def __init__(self, owner: CriticRows, index: int, specs, fingerprint: Mapping[str, str]) -> None:
-        super().__init__(owner.runtime.name, owner.runtime.buffers, index, specs, fingerprint)
-        self.owner = owner
-        self.spec = owner.spec
-        self.config = owner.runtime.config
-
-    def set_language(self, text: str) -> None:
-        write_language(self.row("lang"), self.owner.runtime.model, text)
 
     def load_observation(self, obs, step=None) -> None:
         t = self.owner.runtime.check_step(step)
@@ -141,3 +126,4 @@ class CriticSlot(RowSlot):
     def evaluate(self) -> torch.Tensor:
         """This slot alone: its value `(1,)`."""
         return self.owner.evaluate_rows([self.index])[self.index: self.index + 1]
+
