@@ -6,6 +6,9 @@ import os
 
 # MUJOCO_GL is left to envs.gl_backend (the same path users take).
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Capsules are signed with the user's key (capsules.signing_key): the tests use one of their own, not a file in
+# the home directory (tests/capsules/test_signing_key.py checks the default file in a temporary one).
+os.environ.setdefault("CAPSULE_ROLLOUT_KEY", "tests-capsule-key-0123456789abcdef")
 
 import torch  # noqa: E402
 

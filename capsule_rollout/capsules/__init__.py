@@ -23,6 +23,7 @@ from capsule_rollout.capsules.errors import (
     SpecError,
     StoreBudgetError,
 )
+from capsule_rollout.capsules.signing_key import SigningKeyError, key_source, signing_key
 from capsule_rollout.capsules.timeline import Timeline
 from capsule_rollout.capsules.verify import Steppable, VerifyReport, verify_steppable
 
@@ -44,6 +45,7 @@ __all__ = [
     "CapsuleStore",
     "Mismatch",
     "Role",
+    "SigningKeyError",
     "SpecError",
     "Steppable",
     "StoreBudgetError",
@@ -57,10 +59,12 @@ __all__ = [
     "digest_slab",
     "digest_tensors",
     "fork",
+    "key_source",
     "load_capsule",
     "mismatches",
     "restore",
     "save_capsule",
+    "signing_key",
     "snapshot",
     "verify_steppable",
 ]

@@ -98,6 +98,7 @@ class CapsuleStore:
         disk_dir: str | os.PathLike | None = None,
         disk_bytes: int | None = None,
         pin_host_memory: bool | None = None,
+        key: bytes | str | None = None,
     ) -> None:
         for name, value in (("device_bytes", device_bytes), ("host_bytes", host_bytes), ("disk_bytes", disk_bytes)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -106,6 +107,7 @@ class CapsuleStore:
             raise ValueError("disk_bytes needs disk_dir: set the directory the disk tier writes to")
         self._budget = {Tier.DEVICE: device_bytes, Tier.HOST: host_bytes, Tier.DISK: disk_bytes}
         self._disk_dir = Path(disk_dir) if disk_dir is not None else None
+        self._key = key  # the disk tier's files are signed with it and read only when signed with it
         self._pin_host = torch.cuda.is_available() if pin_host_memory is None else pin_host_memory
         self._entries: dict[str, _Entry] = {}
         self._lru: dict[Tier, OrderedDict[str, None]] = {t: OrderedDict() for t in Tier}
@@ -270,7 +272,7 @@ class CapsuleStore:
 
     def _promote(self, entry: _Entry) -> Capsule:
         if entry.tier is Tier.DISK:
-            capsule = self._read_file(entry, load_capsule)
+            capsule = self._read_file(entry, lambda path: load_capsule(path, key=self._key))
             self._lru[Tier.DISK].move_to_end(entry.key)  # the file is kept: demoted again, it is reused
         else:
             capsule = entry.capsule
@@ -289,7 +291,7 @@ class CapsuleStore:
         elif target is Tier.DISK and self._disk_dir is not None:
             if entry.path is None:
                 self._add_file(entry, save_capsule(entry.capsule, self._path_for(entry.key),
-                                                   annotations={"store_key": entry.key}))
+                                                   annotations={"store_key": entry.key}, key=self._key))
             entry.capsule = None
             self._place(entry, Tier.DISK, entry.file_bytes)
         else:

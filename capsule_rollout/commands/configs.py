@@ -266,6 +266,9 @@ class ReplayConfig:
     """Episode id to re-run (e.g. pick_place-s1000000)."""
     capsules: str = ""
     """Directory of initial capsules; empty: `capsules/` next to the store."""
+    trust: bool = False
+    """Replay a capsule that is not signed with this user's key (one from elsewhere, whose source you trust).
+    It is still read by a reader that cannot run code, and restored only past every check."""
 
 
 @command("export_checkpoint", "Copy a policy or critic checkpoint without optimizer state (the form that is shipped).")

@@ -20,6 +20,8 @@ the adapter's graph capture found: aliases into MjData, generators, objects it t
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,8 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
-from capsule_rollout.capsules import Arena, load_capsule, restore, save_capsule, snapshot
+from capsule_rollout.capsules import Arena, load_capsule, restore, save_capsule, signing_key, snapshot
+from capsule_rollout.capsules.signing_key import KEY_ENV
 from capsule_rollout.envs.mujoco_capture import buffer_bytes, mjdata_buffer
 from capsule_rollout.envs.object_graph import GraphState, differing_paths, fmt
 
@@ -233,12 +236,13 @@ def verify_scenarios(env_id: str, *, cameras: tuple[str, ...] | None = None, ima
         def fresh_process() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 path, acts, out = Path(tmp) / "c.capsule", Path(tmp) / "a.npy", Path(tmp) / "out.npz"
-                save_capsule(capsule, path)
+                key = secrets.token_hex(32)  # this check's own: the fresh process reads only what it signed
+                save_capsule(capsule, path, key=key)
                 np.save(acts, actions)
                 args = json.dumps({"env": env_id, "cameras": cameras, "image_size": image_size, "capsule": str(path),
                                    "actions": str(acts), "out": str(out)})
                 done = subprocess.run([sys.executable, "-m", __name__, args], capture_output=True, text=True,
-                                      timeout=600)
+                                      timeout=600, env={**os.environ, KEY_ENV: key})
                 if done.returncode != 0:
                     tail = (done.stderr.strip().splitlines() or ["(nothing printed)"])[-1]
                     raise RuntimeError(f"the fresh process failed (exit {done.returncode}): {tail}")
@@ -262,7 +266,7 @@ def _play_in_this_process(args: dict) -> None:
     env = make_env(args["env"], cameras=tuple(args["cameras"]) if args["cameras"] is not None else None,
                    image_size=args["image_size"])
     arena = Arena([env]).allocate()
-    restore(arena, load_capsule(args["capsule"]))
+    restore(arena, load_capsule(args["capsule"], key=signing_key()))
     dumped = python_dump(env)
     if dumped is not None:
         Path(args["out"]).with_suffix(".json").write_text(json.dumps(dumped))

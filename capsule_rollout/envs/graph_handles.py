@@ -57,10 +57,43 @@ class _Memory:
                                     "typestr": np.dtype(dtype).str, "version": 3}
 
 
-def alias_view(h: Any, field: str, offset: int, shape: tuple, strides: tuple, dtype: np.dtype) -> np.ndarray:
-    base = _field_array(h, field)
-    address = base.__array_interface__["data"][0] + offset
-    return np.asarray(_Memory(address, shape, strides, dtype, (h, base)))
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """The bytes an array's elements lie in, from its first element's address (a struct array's field spans
+    more than its `nbytes`: MjData.warning.number strides over the whole struct)."""
+    if a.size == 0:
+        return 0, 0
+    low = sum((n - 1) * k for n, k in zip(a.shape, a.strides) if k < 0)
+    high = sum((n - 1) * k for n, k in zip(a.shape, a.strides) if k > 0) + a.itemsize
+    return low, high
+
+
+def _extent(offset: Any, shape: Any, strides: Any, dtype: Any, span: tuple[int, int]) -> np.dtype:
+    """Check that a view (`offset` bytes in, `shape`, `strides`, `dtype`) lies inside `span`; its dtype.
+    A capsule gives these numbers, so nothing is trusted: a view past its memory would read or write
+    whatever lies there."""
+    if not (type(offset) is int and isinstance(shape, tuple) and isinstance(strides, tuple)
+            and len(shape) == len(strides) <= 32 and all(type(n) is int and n >= 0 for n in shape)
+            and all(type(k) is int for k in strides) and isinstance(dtype, str)):
+        raise ValueError("a malformed array view")
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise ValueError(f"a view of dtype {dtype!r}") from None
+    if dt.hasobject:
+        raise ValueError("a view of Python objects")
+    if 0 in shape:
+        return dt
+    low = offset + sum((n - 1) * k for n, k in zip(shape, strides) if k < 0)
+    high = offset + sum((n - 1) * k for n, k in zip(shape, strides) if k > 0) + dt.itemsize
+    if low < span[0] or high > span[1]:
+        raise ValueError(f"a view of bytes {low}..{high} of an array lying in bytes {span[0]}..{span[1]}")
+    return dt
+
+
+def bounded_view(base: np.ndarray, offset: Any, shape: Any, strides: Any, dtype: Any) -> np.ndarray:
+    """A view of `base`'s memory, refused (ValueError) unless it lies inside it."""
+    dt = _extent(offset, shape, strides, dtype, (0, base.nbytes))
+    return np.ndarray(shape, dt, buffer=base, offset=offset if 0 not in shape else 0, strides=strides)
 
 
 class _Aliases:
@@ -75,6 +108,16 @@ class _Aliases:
             cached = (h, handle_fields(h))
             self._fields[id(h)] = cached
         return cached[1]
+
+    def view(self, h: Any, field: Any, offset: Any, shape: Any, strides: Any, dtype: Any) -> np.ndarray:
+        """The same view of `field` of handle `h` as an alias recorded (`find`), refused (ValueError) unless
+        `field` is one of the handle's arrays and the view lies inside it."""
+        if not any(name == field for _, _, name in self.fields(h)):
+            raise ValueError(f"an alias of {field!r}, which is no array of a {type(h).__name__}")
+        base = _field_array(h, field)
+        dt = _extent(offset, shape, strides, dtype, _span(base))
+        address = base.__array_interface__["data"][0] + offset
+        return np.asarray(_Memory(address, shape, strides, dt, (h, base)))
 
     def find(self, arr: np.ndarray, handles: list[tuple[int, Any]]) -> tuple | None:
         if not arr.nbytes:

@@ -17,15 +17,17 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from capsule_rollout.envs.graph_codec import OPAQUE_MODULES, ref_key
+
 HANDLE_TYPES = (mujoco.MjModel, mujoco.MjData)
 ATOMIC_TYPES = (type(None), bool, int, float, complex, str, bytes, range, slice, type, types.BuiltinFunctionType,
                 types.ModuleType, np.generic, np.dtype, type(Ellipsis), type(NotImplemented), enum.Enum)
 GENERATOR_TYPES = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
 LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()), threading.Condition, threading.Event,
               threading.Thread)
-OPAQUE_MODULES = ("logging", "threading", "socket", "io", "_io", "subprocess", "multiprocessing", "concurrent",
-                  "asyncio", "ctypes", "OpenGL", "weakref", "queue", "selectors")
-"""Instances of classes from these modules are never copied (loggers, files, sockets, GL bindings...)."""
+
+REF_TYPES = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.MethodDescriptorType,
+             types.WrapperDescriptorType, np.ufunc)
 
 Path = tuple  # of steps: ("a", name) attribute, ("k", key) mapping key, ("i", index) sequence item, ("self",)
 
@@ -131,8 +133,10 @@ class Node:
     path: Path | None  # None: reachable only through a set (no path to pair it by)
 
 
-def walk(root: Any) -> dict[int, Node]:
-    """Every non-atomic object reachable from `root`, breadth first, with its first path."""
+def walk(root: Any, refs: set[str] | None = None) -> dict[int, Node]:
+    """Every non-atomic object reachable from `root`, breadth first, with its first path; `refs` (when given)
+    gathers the `graph_codec.ref_key` of every class, function and module met (the names a capsule of this
+    graph may use)."""
     seen: dict[int, Node] = {}
     queue = collections.deque([(root, ())])
     while queue:
@@ -140,6 +144,11 @@ def walk(root: Any) -> dict[int, Node]:
         if id(x) in seen:
             continue
         kind = classify(x)
+        if refs is not None:
+            held = x if kind == "atomic" and isinstance(x, REF_TYPES) else type(x)
+            key = ref_key(held)
+            if key is not None:
+                refs.add(key)
         if kind == "atomic":
             continue
         seen[id(x)] = Node(x, kind, path)
@@ -151,16 +160,29 @@ def walk(root: Any) -> dict[int, Node]:
 
 
 def resolve(root: Any, path: Path) -> Any:
+    """The object at `path` from `root`. A path may come from a capsule file: only an instance's own
+    attributes and declared slots, the items of plain containers and a method's owner are followed (no
+    property or `__getitem__` of the env's classes runs); KeyError otherwise."""
     x = root
     for step in path:
         kind = step[0]
         if kind == "a":
             d = getattr(x, "__dict__", None)
-            x = d[step[1]] if isinstance(d, dict) and step[1] in d else object.__getattribute__(x, step[1])
+            if isinstance(d, dict) and step[1] in d:
+                x = d[step[1]]
+            elif step[1] in _slots(type(x)):
+                x = object.__getattribute__(x, step[1])
+            else:
+                raise KeyError(step[1])
         elif kind in ("k", "i"):
-            x = x[step[1]]
-        else:
+            if not isinstance(x, (dict, list, tuple, collections.deque)):
+                raise KeyError(step[1])
+            base = next(b for b in (dict, list, tuple, collections.deque) if isinstance(x, b))
+            x = base.__getitem__(x, step[1])
+        elif isinstance(x, types.MethodType):
             x = x.__self__
+        else:
+            raise KeyError("__self__")
     return x
 
 

@@ -127,6 +127,7 @@ class MujocoCapsuleEnv(BufferComponent):
         self._attach(self.model, self.data)
         self._static_digest = self._graph.remember_static() if self._graph is not None else ""
         self._python_bytes = self._slab_size() if self._graph is not None else 0
+        self._prepared: tuple[bytes, Any] | None = None  # the Python state check_restore read
         raw = self._probe_observation()
         self._obs_dim = raw.shape[0]
         state_dim = self._state(raw_obs=None, flat=raw).shape[0]
@@ -306,11 +307,20 @@ class MujocoCapsuleEnv(BufferComponent):
         file's digests say: MuJoCo would go unstable from it."""
         raw = view["mjdata"].numpy()
         words = raw[: raw.size // 8 * 8].view(np.float64)
-        if np.isfinite(words[self._physics_index]).all() and math.isfinite(view["time"].item()):
-            return  # the restore path: one gather
-        bad = [name for name, offset, nbytes in self._physics
-               if not np.isfinite(raw[offset : offset + nbytes].view(np.float64)).all()]
-        raise ValueError(f"the capsule holds non-finite physics state ({', '.join(bad) or 'time'}): refusing it")
+        if not (np.isfinite(words[self._physics_index]).all() and math.isfinite(view["time"].item())):
+            bad = [name for name, offset, nbytes in self._physics
+                   if not np.isfinite(raw[offset : offset + nbytes].view(np.float64)).all()]
+            raise ValueError(f"the capsule holds non-finite physics state ({', '.join(bad) or 'time'}): refusing it")
+        if self._graph is not None:
+            # the Python state read, checked and resolved before anything is copied (applied in after_restore)
+            n = int(view["python_len"][0])
+            if not 0 <= n <= self._python_bytes:
+                raise ValueError(f"the capsule's Python state claims {n:,} bytes of a {self._python_bytes:,} buffer")
+            blob = view["python"][:n].numpy().tobytes()
+            try:
+                self._prepared = (blob, self._graph.prepare(blob))
+            except GraphStateError as exc:
+                raise ValueError(str(exc)) from None
 
     def before_snapshot(self) -> None:
         b = self._np
@@ -352,7 +362,11 @@ class MujocoCapsuleEnv(BufferComponent):
             if self._np["physics_flags"][0] & 1:
                 mujoco.mj_step1(self.model, self.data)  # the arena as mj_step1 left it (checked at the snapshot)
             n = int(self._np["python_len"][0])
-            self._graph.restore(self._np["python"][:n].tobytes())
+            blob = self._np["python"][:n].tobytes()
+            prepared, self._prepared = self._prepared, None
+            if prepared is None or prepared[0] != blob:  # restored without check_restore (not through the arena)
+                prepared = (blob, self._graph.prepare(blob))
+            self._graph.apply(prepared[1])
         present = self._rng_present
         for owner, name, _, row, i in self._rng_rows:
             if present[i]:

@@ -20,10 +20,13 @@ classifies it:
   it (the adapter, the user, a Ray actor); objects rebuilt at reset, or at paths the target lacks, are made
   fresh. Attributes absent at the snapshot are removed.
 - everything else (containers, arrays, scalars, strings, module-level functions, an XML element) is saved by
-  value with `pickle` (views of another Python array stay views of its copy).
+  value (views of another Python array stay views of its copy).
 
-`snapshot()` gives bytes (one pickle: the paths, the states), so the state fits a fixed-size capsule buffer
-and travels to another process; `restore(blob)` applies them to this graph. The global `numpy.random` and
+`snapshot()` gives bytes in `capsules.state_codec`'s format, which cannot run code when read (the paths, the
+states), so the state fits a fixed-size capsule buffer and travels to another process; `restore(blob)`
+applies them to this graph: `prepare(blob)` reads and checks everything and resolves it in this graph, changing
+nothing (so a capsule refused there leaves the env as it was), `apply` then sets it. The names a snapshot may
+use are `graph_codec.GraphNamespace`'s. The global `numpy.random` and
 `random` states are part of it (some suites seed those). `dump()` lists every value by path, for the
 diagnostics that name what a restore did not bring back.
 """
@@ -32,19 +35,38 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import pickle
 import random
 import sys
 import types
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from capsule_rollout.envs.graph_codec import Pickler, interned, safe_loads, type_key, type_of
-from capsule_rollout.envs.graph_codec import SafeUnpickler as _Unpickler
-from capsule_rollout.envs.graph_handles import _Aliases, alias_view
+from capsule_rollout.capsules import state_codec
+from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError, StateNameError
+from capsule_rollout.capsules.state_reader import Decoder
+from capsule_rollout.envs.graph_codec import GraphNamespace, type_key
+from capsule_rollout.envs.graph_handles import _Aliases, bounded_view
+from capsule_rollout.envs.graph_read import (  # noqa: F401 - GraphStateError and split are part of this module's API
+    BIT_GENERATORS,
+    BoundRef,
+    GraphStateError,
+    Plan,
+    Prepared,
+    Read,
+    ReadCache,
+    Ref,
+    checked_plan,
+    checked_states,
+    freeze,
+    generator_state,
+    new_generator,
+    pids,
+    set_generator_state,
+    split,
+    thaw,
+)
 from capsule_rollout.envs.graph_walk import (  # noqa: F401 - the walk is part of this module's API
     HANDLE_TYPES,
     Node,
@@ -56,11 +78,6 @@ from capsule_rollout.envs.graph_walk import (  # noqa: F401 - the walk is part o
     resolve,
     walk,
 )
-
-
-class GraphStateError(ValueError):
-    """The env's Python state cannot be captured as found; the message names the path and what to do."""
-
 
 # -- snapshot / restore ----------------------------------------------------------------------------------
 
@@ -121,51 +138,6 @@ def _apply_state(obj: Any, state: tuple[dict | None, dict, Any]) -> None:
         obj.update(items) if isinstance(obj, dict) else obj.extend(items)
 
 
-def _generator_state(g: Any) -> Any:
-    if isinstance(g, np.random.Generator):
-        return g.bit_generator.state
-    if isinstance(g, np.random.RandomState):
-        return g.get_state(legacy=False)
-    if isinstance(g, np.random.BitGenerator):
-        return g.state
-    return g.getstate()
-
-
-def _set_generator_state(g: Any, state: Any) -> None:
-    if isinstance(g, np.random.Generator):
-        g.bit_generator.state = state
-    elif isinstance(g, np.random.RandomState):
-        g.set_state(state)
-    elif isinstance(g, np.random.BitGenerator):
-        g.state = state
-    else:
-        g.setstate(state)
-
-
-def _new_generator(kind: type, state: Any) -> Any:
-    if issubclass(kind, np.random.Generator):
-        g = kind(getattr(np.random, state["bit_generator"])())
-    elif issubclass(kind, np.random.BitGenerator):
-        g = kind()
-    else:
-        g = kind()
-    _set_generator_state(g, state)
-    return g
-
-
-@dataclass
-class _Plan:
-    """The paths of a snapshot and what sits at each (pickled first, so a restore resolves them all before any
-    state is applied)."""
-
-    refs: list[tuple[Path, str, str]]  # handles and opaque objects: path, type name, kind
-    objects: list[tuple[Path | None, str]]  # paired objects: path, class as "module:qualname"
-    generators: list[tuple[Path | None, type]]
-    aliases: list[tuple[int, str, int, tuple, tuple, str]]  # (ref index of the handle, field, offset, ...)
-    views: list[tuple[int, int, tuple, tuple, str, bool]]  # (base index, offset, shape, strides, dtype, writeable)
-    statics: list[Path]  # large arrays holding what they held when the env was built: by path, not by value
-
-
 class GraphState:
     """The Python state reachable from `root`, captured and restored without declarations.
 
@@ -181,7 +153,10 @@ class GraphState:
         self.root, self.exclude, self.global_rngs = root, frozenset(exclude), global_rngs
         self._aliases = _Aliases()
         self._static: dict[Path, np.ndarray] = {}
-        self._known: frozenset[str] | None = None  # classes of the graph, by `type_key`
+        self._known: GraphNamespace | None = None  # the names its capsules may use
+        self._reads = ReadCache()  # snapshots read (a restore of the same capsule again thaws a copy)
+        self._spares: dict[type, Any] = {}  # a generator of each kind, to try a capsule's states on
+        self._spare_globals = (np.random.RandomState(), random.Random())
 
     def remember_static(self) -> str:
         """Record the large arrays the env holds now (call it right after building the env); returns a digest
@@ -208,17 +183,18 @@ class GraphState:
             s[0] == "a" and s[1] in self.exclude for s in n.path)}
 
     def snapshot(self) -> bytes:
-        """The state as bytes: the paths of handles, opaque objects, objects and generators, then their states."""
+        """The state as bytes (`capsules.state_codec`, three parts: the plan of paths, the bases of views, then
+        the objects' and generators' states)."""
         graph = self.nodes()
         table: dict[int, tuple] = {}
-        plan = _Plan([], [], [], [], [], [])
+        plan = Plan([], [], [], [], [], [])
         handles: list[tuple[int, Any]] = []
         for node in graph.values():
             if node.kind in ("handle", "opaque"):
                 if node.path is None:
                     if node.kind == "handle":
                         raise GraphStateError(f"a {type(node.obj).__name__} is reachable only through a set")
-                    continue  # an opaque object inside a set: pickled by value if it can be, else named below
+                    continue  # an opaque object inside a set: saved by value if it can be, else named below
                 table[id(node.obj)] = ("r", len(plan.refs))
                 if node.kind == "handle":
                     handles.append((len(plan.refs), node.obj))
@@ -245,7 +221,7 @@ class GraphState:
                 while isinstance(base.base, np.ndarray):
                     base = base.base
                 # a view of another array of the graph stays a view of its copy (a base no one else holds,
-                # such as the buffer an unpickled array keeps, is not state: the array is copied alone)
+                # such as the buffer a decoded array keeps, is not state: the array is copied alone)
                 if base is not obj and obj.nbytes and base.dtype != object and id(base) in graph:
                     if id(base) not in base_index:
                         base_index[id(base)] = len(bases)
@@ -264,31 +240,32 @@ class GraphState:
             elif node.kind == "generator":
                 table[id(obj)] = ("g", len(plan.generators))
                 plan.generators.append((node.path, type(obj)))
-                generator_states.append(_generator_state(obj))
-        base_blob = io.BytesIO()
-        pickle.Pickler(base_blob, protocol=5).dump(bases)  # by value (a view's base is never a persistent id)
-        body = io.BytesIO()
+                generator_states.append(generator_state(obj))
         glob = (np.random.get_state(legacy=False), random.getstate()) if self.global_rngs else None
         try:
-            pickler = Pickler(body, table)
-            pickler.dump(interned((states + generator_states, glob), pickler.interned))
-        except Exception as exc:  # noqa: BLE001 - name the object that cannot be saved
-            raise GraphStateError(self._unpicklable(graph, table, exc)) from None
-        memo: dict[int, Any] = {}
-        head = pickle.dumps(_Plan(*(interned(getattr(plan, f.name), memo) for f in dataclasses.fields(_Plan))),
-                            protocol=5)
-        parts = (head, base_blob.getvalue(), body.getvalue())
+            head = state_codec.encode(tuple(getattr(plan, f.name) for f in dataclasses.fields(Plan)))
+            base_blob = state_codec.encode(bases)  # by value (a view's base is never a reference)
+            body = state_codec.encode((states + generator_states, glob), lambda x: table.get(id(x)))
+        except StateEncodeError as exc:
+            raise GraphStateError(self._unencodable(graph, table, exc)) from None
+        parts = (head, base_blob, body)
         return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
 
     def restore(self, blob: bytes) -> None:
         """Apply a snapshot of this graph (or of one built the same way, in any process) to this graph."""
-        parts, at = [], 0
-        for _ in range(3):
-            n = int.from_bytes(blob[at:at + 8], "little")
-            parts.append(blob[at + 8:at + 8 + n])
-            at += 8 + n
-        plan: _Plan = safe_loads(parts[0])
-        bases: list[np.ndarray] = safe_loads(parts[1])
+        self.apply(self.prepare(blob))
+
+    def prepare(self, blob: bytes | memoryview) -> Prepared:
+        """Read a snapshot and resolve everything it refers to in this graph, changing nothing yet
+        (`GraphStateError` for a snapshot this graph cannot take, or that this reader refuses)."""
+        blob = bytes(blob)
+        read = self._reads.get(blob)
+        if read is None:
+            read = self._read(blob)
+            self._reads.put(blob, read)
+        plan = read.plan
+        bases = pickle.loads(read.bases)  # this process's own pickle of arrays the reader built (`graph_read`)
+        namespace = self._namespace()
         root, resolved = self.root, {}
         refs = []
         for i, (path, type_name, kind) in enumerate(plan.refs):
@@ -300,18 +277,23 @@ class GraphState:
                 resolved[("r", i)] = MISSING
                 refs.append(None)
                 continue
-            if target is None or type(target).__qualname__ != type_name:
+            if target is None or type(target).__qualname__ != type_name or (
+                    kind == "handle") != isinstance(target, HANDLE_TYPES):
                 raise GraphStateError(f"the env has no {type_name} at {fmt(path)} (found "
                                       f"{type(target).__name__}): the capsule was taken from an env built "
                                       "differently")
             resolved[("r", i)] = target
             refs.append(target)
         for i, (h, field, offset, shape, strides, dtype) in enumerate(plan.aliases):
-            resolved[("a", i)] = alias_view(refs[h], field, offset, shape, strides, np.dtype(dtype))
+            if h >= len(refs) or not isinstance(refs[h], HANDLE_TYPES):
+                raise GraphStateError(f"the capsule's Python state is refused: alias {i} names no MuJoCo handle")
+            try:
+                resolved[("a", i)] = self._aliases.view(refs[h], field, offset, shape, strides, dtype)
+            except ValueError as exc:
+                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
         for i, (b, offset, shape, strides, dtype, writeable) in enumerate(plan.views):
-            base = bases[b]
-            view = np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
-            view.flags.writeable = writeable and base.flags.writeable
+            view = bounded_view(bases[b], offset, shape, strides, dtype)  # checked when read
+            view.flags.writeable = writeable and bases[b].flags.writeable
             resolved[("v", i)] = view
         for i, path in enumerate(plan.statics):
             static = self._static.get(path)
@@ -324,12 +306,16 @@ class GraphState:
         for i, (path, key) in enumerate(plan.objects):
             target = self._paired(path, key, taken)
             if target is None:
+                module, _, qualname = key.partition(":")
                 try:
-                    kind = type_of(key)
-                except LookupError:
-                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} is "
-                                          "not loaded here: the capsule was taken from an env built differently") from None
-                target = kind.__new__(kind)
+                    kind = namespace.lookup(module, qualname, "class")
+                    target = kind.__new__(kind)
+                except StateDecodeError as exc:
+                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
+                                          f"cannot be made here ({exc})") from None
+                except TypeError as exc:
+                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
+                                          f"cannot be made without arguments ({exc})") from None
             resolved[("o", i)] = target
             objects.append(target)
         generators = []
@@ -337,42 +323,134 @@ class GraphState:
             target = self._paired(path, kind, taken)
             resolved[("g", i)] = target  # None: made fresh below, once its state is read
             generators.append(target)
-        states, glob = self._load_states(parts[2], resolved)
+        states, glob = self._states(read, resolved)
         n = len(objects)
         fresh: dict[int, Any] = {}
         for i, (_, kind) in enumerate(plan.generators):
             if generators[i] is None:
-                fresh[i] = _new_generator(kind, states[n + i])
+                fresh[i] = new_generator(kind, states[n + i])
+                generators[i] = fresh[i]
         if fresh:
-            # a generator made fresh must replace the placeholder it was unpickled as: rare (a generator
-            # created after the target was built); re-read the states with it resolved
+            # a generator made fresh must replace the placeholder it was read as: rare (a generator created
+            # after the target was built); read the states again with it resolved
             for i, g in fresh.items():
                 resolved[("g", i)] = g
-            states, glob = self._load_states(parts[2], resolved)
-        for target, state in zip(objects, states[:n]):
+            states, glob = self._states(read, resolved)
+        for target, (d, _, items) in zip(objects, states[:n]):
+            if d is not None and not isinstance(getattr(target, "__dict__", None), dict) or items is not None and \
+                    not isinstance(target, dict if isinstance(items, dict) else list):
+                raise GraphStateError(f"the capsule's Python state is refused: a {type(target).__qualname__} given "
+                                      "attributes or items it cannot hold")
+        for g, state in zip(generators, states[n:]):
+            bits = g.bit_generator if isinstance(g, np.random.Generator) else g
+            if isinstance(bits, np.random.BitGenerator) and state.get("bit_generator") != type(bits).__name__:
+                raise GraphStateError(f"the capsule's Python state is refused: a {state.get('bit_generator')!r} "
+                                      f"state for a {type(bits).__name__} generator")
+        return Prepared(objects, states[:n], generators, states[n:], glob)
+
+    def _read(self, blob: bytes) -> Read:
+        """A snapshot read and checked once (nothing resolved in the env yet): its plan, and its view bases and
+        states kept for fresh copies at every restore (`graph_read`)."""
+        parts = split(blob)
+        namespace = self._namespace()
+        try:
+            plan = Plan(*checked_plan(state_codec.decode(parts[0], namespace)))
+            reader = Decoder(parts[1], namespace)
+            bases = reader.decode()
+        except StateDecodeError as exc:
+            raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        if not isinstance(bases, list) or not all(type(b) is np.ndarray for b in bases):
+            raise GraphStateError("the capsule's Python state is refused: its view bases are not arrays")
+        for i, (b, offset, shape, strides, dtype, _) in enumerate(plan.views):
+            if b >= len(bases):
+                raise GraphStateError(f"the capsule's Python state is refused: view {i} of base {b}, which it lacks")
+            try:
+                bounded_view(bases[b], offset, shape, strides, dtype)
+            except ValueError as exc:
+                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        defined = pids(plan)
+
+        def reference(pid: Any) -> Ref:
+            try:
+                if pid in defined:
+                    return Ref(pid)
+            except TypeError:
+                pass
+            raise StateDecodeError(f"the snapshot refers to {pid!r}, which it does not define")
+
+        def bind(owner: Any, name: str) -> Any:
+            return BoundRef(owner, name) if type(owner) is Ref else state_codec.bound_method(owner, name)
+
+        for fresh_names in (False, True):
+            reader = Decoder(parts[2], self._namespace(fresh_names), reference)
+            reader.bind = bind
+            try:
+                value = reader.decode()
+                break
+            except StateNameError as exc:  # a name not seen yet: looked for once more in the graph as it is now
+                if fresh_names:
+                    raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+            except StateDecodeError as exc:
+                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        states, glob = checked_states(value, len(plan.objects), len(plan.generators))
+        self._check_generator_states(plan, states[len(plan.objects):], glob)
+        return Read(plan, pickle.dumps(bases, protocol=5), freeze((states, glob), reader.built), parts[2])
+
+    def _states(self, read: Read, resolved: dict[tuple, Any]) -> tuple[list, tuple | None]:
+        """Fresh copies of a read snapshot's states, its references resolved in this graph."""
+        try:
+            if read.states is not None:
+                return thaw(read.states, resolved)
+            value = state_codec.decode(read.raw_states, self._namespace(), resolved.__getitem__)
+        except StateDecodeError as exc:
+            raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        return checked_states(value, len(read.plan.objects), len(read.plan.generators))
+
+    def _check_generator_states(self, plan: Plan, states: list[Any], glob: tuple | None) -> None:
+        """Try every generator state on a spare generator of its kind, so that `apply` cannot fail half way."""
+        try:
+            for (_, kind), state in zip(plan.generators, states):
+                if issubclass(kind, (np.random.Generator, np.random.BitGenerator)):
+                    name = state.get("bit_generator") if isinstance(state, dict) else None
+                    if name not in BIT_GENERATORS:
+                        raise ValueError(f"bit generator {name!r}")
+                    kind = getattr(np.random, name)
+                elif issubclass(kind, np.random.RandomState):
+                    kind = np.random.RandomState
+                else:
+                    kind = random.Random
+                spare = self._spares.get(kind)
+                if spare is None:
+                    spare = self._spares[kind] = kind()
+                set_generator_state(spare, state)
+            if glob is not None:
+                self._spare_globals[0].set_state(glob[0])
+                self._spare_globals[1].setstate(glob[1])
+        except Exception as exc:  # noqa: BLE001 - tried on a spare: whatever numpy or random raises, it is refused
+            raise GraphStateError(f"the capsule's Python state is refused: a generator state that numpy or random "
+                                  f"refuses ({exc})") from None
+
+    def apply(self, prepared: Prepared) -> None:
+        """Set this graph to a prepared snapshot (`prepare`)."""
+        for target, state in zip(prepared.objects, prepared.states):
             if self.exclude and state[0] is not None:
                 own = getattr(target, "__dict__", {})
                 state = ({**state[0], **{k: own[k] for k in self.exclude if k in own}}, *state[1:])
             _apply_state(target, state)
-        for i, g in enumerate(generators):
-            if g is not None:
-                _set_generator_state(g, states[n + i])
-        if glob is not None:
-            np.random.set_state(glob[0])
-            random.setstate(glob[1])
+        for g, state in zip(prepared.generators, prepared.generator_states):
+            set_generator_state(g, state)
+        if prepared.glob is not None:
+            np.random.set_state(prepared.glob[0])
+            random.setstate(prepared.glob[1])
 
-    def _load_states(self, data: bytes, resolved: dict[tuple, Any]) -> Any:
-        """The states, reading only the classes this env uses (`graph_codec.SafeUnpickler`); those are learnt once
-        and again only when a snapshot names one not seen yet (an object the env built since)."""
-        for fresh in (False, True):
-            if fresh or self._known is None:
-                self._known = frozenset(type_key(type(n.obj)) for n in walk(self.root).values())
-            try:
-                return _Unpickler(data, resolved, self._known).load()
-            except pickle.UnpicklingError as exc:
-                if fresh or "refused" not in str(exc):
-                    raise GraphStateError(str(exc)) from None
-        raise AssertionError("unreachable")
+    def _namespace(self, fresh: bool = False) -> GraphNamespace:
+        """The names this graph's capsules may use: learnt once, and again when a snapshot names one not seen
+        yet (an object the env built since)."""
+        if fresh or self._known is None:
+            refs: set[str] = set()
+            walk(self.root, refs)
+            self._known = GraphNamespace(frozenset(refs))
+        return self._known
 
     def _paired(self, path: Path | None, kind: type | str, taken: set[int]) -> Any:
         if path is None:
@@ -387,17 +465,17 @@ class GraphState:
         taken.add(id(target))
         return target
 
-    def _unpicklable(self, graph: dict[int, Node], table: dict[int, tuple], exc: Exception) -> str:
+    def _unencodable(self, graph: dict[int, Node], table: dict[int, tuple], exc: Exception) -> str:
         for node in graph.values():
             if id(node.obj) in table or node.kind in ("object", "container", "handle"):
                 continue
             try:
-                Pickler(io.BytesIO(), table).dump(node.obj)
-            except Exception as inner:  # noqa: BLE001
+                state_codec.encode(node.obj, lambda x: table.get(id(x)))
+            except StateEncodeError as inner:
                 return (f"the env's Python state cannot be captured: {type(node.obj).__module__}."
                         f"{type(node.obj).__qualname__} at {fmt(node.path)} cannot be saved ({inner}); exclude that "
                         "attribute (CaptureSpec.exclude) if it is not state")
-        return f"the env's Python state cannot be captured: {type(exc).__name__}: {exc}"
+        return f"the env's Python state cannot be captured: {exc}"
 
     # -- diagnostics ------------------------------------------------------------------------------------
     def dump(self) -> dict[str, str]:
@@ -422,7 +500,7 @@ class GraphState:
                     digest = hashlib.blake2b(np.ascontiguousarray(node.obj).tobytes(), digest_size=8).hexdigest()
                     out[p] = f"array {node.obj.dtype} {node.obj.shape} {digest}"
             elif node.kind == "generator":
-                out[p] = f"generator {hashlib.blake2b(repr(_generator_state(node.obj)).encode(), digest_size=8).hexdigest()}"
+                out[p] = f"generator {hashlib.blake2b(repr(generator_state(node.obj)).encode(), digest_size=8).hexdigest()}"
             elif node.kind in ("object", "container"):
                 if node.kind == "object":
                     out[p + " (attributes)"] = ",".join(sorted(getattr(node.obj, "__dict__", {}) or ()))
@@ -441,9 +519,9 @@ class GraphState:
                         out[fmt((*node.path, step))] = f"{type(v).__name__} {v!r}"[:200]
             elif node.kind == "value":
                 try:
-                    digest = hashlib.blake2b(pickle.dumps(node.obj), digest_size=8).hexdigest()
+                    digest = hashlib.blake2b(state_codec.encode(node.obj), digest_size=8).hexdigest()
                     out[p] = f"{type(node.obj).__name__} {digest}"
-                except Exception:  # noqa: BLE001 - not comparable by value
+                except StateEncodeError:  # not comparable by value
                     continue
         return out
 

@@ -1,7 +1,8 @@
 """replay: re-run a recorded episode from its initial capsule and check it bit for bit.
 
 The host is rebuilt from the run's `rollout.json` (same checkpoints or factories, same host config); the
-episode's initial capsule is loaded from disk and restored (a capsule whose fingerprint does not match the
+episode's initial capsule is loaded from disk (signed with this user's key, or `--trust` for one from elsewhere) and
+restored (a capsule whose fingerprint does not match the
 rebuilt host, e.g. other weights, is refused with the differing keys); the episode is played again and its
 actions, proposed actions, values, states and images are compared with the recording
 (`rollout.record.replay_episode`).
@@ -21,7 +22,8 @@ def run(config: ReplayConfig) -> ExperimentResult:
     with checking_inputs():  # a missing store, episode, spec or capsule: one line, exit 2
         if not config.episode:
             raise ValueError("--episode is required: an episode id in the store (e.g. pick_place-s1000000)")
-        inputs = prepare_replay(parse_store_root(config.store), config.episode, config.capsules or None)
+        inputs = prepare_replay(parse_store_root(config.store), config.episode, config.capsules or None,
+                                trust=config.trust)
     report = play_replay(inputs)
     console.print(f"replay {report.episode_id} (seed {report.seed}, {report.length} steps, {report.stop_reason}): "
                   + ("[green]bit-identical[/green]" if report.exact else

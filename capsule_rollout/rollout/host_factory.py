@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from capsule_rollout.capsules import CapsuleStore, save_capsule
+from capsule_rollout.capsules import CapsuleStore, save_capsule, signing_key
 from capsule_rollout.envs.rollout_env import RolloutEnv
 from capsule_rollout.import_path import resolve
 from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
@@ -376,9 +376,11 @@ def capsule_path(capsule_dir: str | os.PathLike, task: str, seed: int) -> Path:
     return Path(capsule_dir) / f"{capsule_key(task, seed)}.capsule"
 
 
-def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int, capsule=None) -> Path | None:
-    """Write the seed's initial capsule under `spec.capsule_dir` once (atomic; kept for replay). `capsule`: the
-    episode's (`EpisodeResult.initial_capsule`; None: the host's current one)."""
+def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int, capsule=None, *,
+                         key: bytes | None = None) -> Path | None:
+    """Write the seed's initial capsule under `spec.capsule_dir` once (atomic; kept for replay), signed with
+    `key` (`capsules.signing_key()` when None). `capsule`: the episode's (`EpisodeResult.initial_capsule`; None:
+    the host's current one)."""
     if not spec.capsule_dir or not getattr(host.env, "restorable", True):
         return None
     path = capsule_path(spec.capsule_dir, host.task, seed)
@@ -386,5 +388,6 @@ def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int, capsule=N
         capsule = host.initial_capsule  # the store may have dropped it already (a budget)
     if not path.exists() and capsule is not None and capsule.meta.label == capsule_key(host.task, seed):
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_capsule(capsule, path, annotations={"host_spec": json.dumps(spec.to_json())})
+        save_capsule(capsule, path, annotations={"host_spec": json.dumps(spec.to_json())},
+                     key=key if key is not None else signing_key())
     return path

@@ -40,6 +40,7 @@ import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from capsule_rollout.capsules import signing_key
 from capsule_rollout.rollout.deadlines import call_deadlines
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem, follow_up_id
@@ -290,7 +291,8 @@ def _run_ray(spec, plan: _Plan, *, actors, recorder, shard_root, actor_cls, cpus
     remote_cls = ray.remote(actor_cls).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
                                                    max_restarts=max_restarts, max_task_retries=0,
                                                    scheduling_strategy="SPREAD")
-    pool = [remote_cls.remote(spec, i, shard_root=shard_root) for i in range(actors)]
+    key = signing_key()  # the actors sign and check the run's capsules with the driver's key
+    pool = [remote_cls.remote(spec, i, shard_root=shard_root, capsule_key=key) for i in range(actors)]
     idle: deque[int] = deque()
     in_flight: dict = {}  # object ref -> (actor index, items, deadline or None, its seconds)
     probes: dict = {ray_actor.ready.remote(): i for i, ray_actor in enumerate(pool)}  # placed and built?

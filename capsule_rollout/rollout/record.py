@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capsule_rollout.capsules import load_capsule
+from capsule_rollout.capsules import CapsuleError, CapsuleSignatureError, key_source, load_capsule, signing_key
 from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
@@ -131,16 +131,21 @@ class ReplayInputs:
     capsule: object  # its initial Capsule
 
 
-def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None = None) -> ReplayReport:
+def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None = None, *,
+                   trust: bool = False) -> ReplayReport:
     """Re-run a recorded episode from its initial capsule on a host rebuilt from the run's `rollout.json`, and
     compare actions, proposed actions, values, states, rewards, subtasks and images with the recording. `run`:
-    the run directory or its store (`<run>/episodes.zarr`)."""
-    return play_replay(prepare_replay(run, episode_id, capsules))
+    the run directory or its store (`<run>/episodes.zarr`). The capsule must be signed with this user's key
+    (`capsules.signing_key`) unless `trust`."""
+    return play_replay(prepare_replay(run, episode_id, capsules, trust=trust))
 
 
-def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None = None) -> ReplayInputs:
+def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None = None, *,
+                   trust: bool = False) -> ReplayInputs:
     """Read and check a replay's inputs: the store, the episode, the run's spec, the initial capsule (ValueError
-    or FileNotFoundError naming what is missing)."""
+    or FileNotFoundError naming what is missing or refused). The capsule is read only when signed with this
+    user's key, or with `trust` (a capsule from elsewhere the user vouches for: it is still read by a reader
+    that cannot run code, and restored only past every check)."""
     if not episode_id:
         raise ValueError("give the episode to replay: an episode id in the store (e.g. pick_place-s1000000)")
     store = Path(run) / STORE if (Path(run) / STORE).exists() else Path(run)
@@ -155,7 +160,14 @@ def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None
     path = capsule_path(capsules or store.parent / CAPSULES, meta.task, meta.seed)
     if not path.exists():
         raise FileNotFoundError(f"initial capsule {path} not found (a recorded run saves one per seed)")
-    return ReplayInputs(spec, recorded, load_capsule(path))
+    try:
+        capsule = load_capsule(path, key=None if trust else signing_key())
+    except CapsuleSignatureError as exc:
+        raise ValueError(f"{exc}. Capsules are signed with this user's key ({key_source()}); if you trust where "
+                         "this one came from, replay it with --trust") from None
+    except CapsuleError as exc:
+        raise ValueError(str(exc)) from None
+    return ReplayInputs(spec, recorded, capsule)
 
 
 def play_replay(inputs: ReplayInputs) -> ReplayReport:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import ray
 import torch
 
-from capsule_rollout.capsules import CapsuleError, load_capsule
+from capsule_rollout.capsules import CapsuleError, load_capsule, signing_key
 from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
@@ -108,10 +108,13 @@ class RolloutActor:
     """With slots: a call's items play side by side (a subclass whose items use the slots otherwise says False)."""
 
     def __init__(self, spec: HostSpec, index: int = 0, *, host: RolloutHost | None = None,
-                 observers: list[EpisodeObserver] | None = None, shard_root: str = "") -> None:
+                 observers: list[EpisodeObserver] | None = None, shard_root: str = "",
+                 capsule_key: bytes | None = None) -> None:
         """`host`: a host built by the caller (in-process use); else one is built from `spec`. `shard_root`: a
-        sharded store's root; each episode is then written to this process's own shard there."""
+        sharded store's root; each episode is then written to this process's own shard there. `capsule_key`: what
+        the seeds' initial capsules are signed and checked with (the driver's; `capsules.signing_key()` when None)."""
         self.spec, self.index = spec, index
+        self.capsule_key = capsule_key if capsule_key is not None else signing_key()
         self.shard_root = shard_root
         self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         self._shard: ShardWriter | None = None
@@ -169,9 +172,9 @@ class RolloutActor:
         if not path.exists():
             return None
         try:
-            return load_capsule(path)
+            return load_capsule(path, key=self.capsule_key)
         except CapsuleError:
-            return None  # unreadable: the reset is cold (and writes no new file over it)
+            return None  # unreadable, or not signed with the run's key: the reset is cold (no new file over it)
 
     def run(self, item: WorkItem) -> ActorReport:
         """Play one episode (and, sharded, write it to this actor's shard)."""
@@ -264,7 +267,7 @@ class RolloutActor:
     def _report(self, item: WorkItem, result, host: RolloutHost) -> ActorReport:
         if _is_cuda_fatal(result.exception):
             os._exit(3)
-        save_initial_capsule(host, self.spec, item.seed, result.initial_capsule)
+        save_initial_capsule(host, self.spec, item.seed, result.initial_capsule, key=self.capsule_key)
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
                            extra=result.extra, actor_index=self.index, node=self.node,

@@ -280,3 +280,20 @@ def test_a_file_damaged_after_opening_is_set_aside_and_forgotten_by_get(arena, t
         store.get("k")
     assert "k" not in store and path.with_name(path.name + ".corrupt").exists()
     assert store.stats().bytes == {"device": 0, "host": 0, "disk": 0}
+
+
+def test_with_a_key_the_disk_tier_reads_back_only_what_it_signed(arena, tmp_path):
+    from capsule_rollout.capsules import CapsuleSignatureError, load_capsule, save_capsule
+
+    key = "the-store-s-key-0123456789abcdef"
+    caps = _capsules(arena, 2)
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path, key=key)
+    store.put("mine", caps[0])
+    store.put("swapped", caps[1])
+    assert dict(store.get("mine").digests) == dict(caps[0].digests)  # signed when demoted, checked when read back
+    path = store._entries["swapped"].path
+    load_capsule(path, key=key)  # the file on disk is signed
+    save_capsule(caps[1], path, annotations={"store_key": "swapped"})  # replaced by an unsigned one
+    with pytest.raises(CapsuleSignatureError, match="not signed"):
+        store.get("swapped")
+    assert "swapped" not in store and path.with_name(path.name + ".corrupt").exists()

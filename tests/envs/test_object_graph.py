@@ -1,48 +1,190 @@
-"""The graph capture's encoding (`envs.graph_codec`): reading a capsule's Python state never runs code it names."""
+"""The graph capture's Python state (`envs.object_graph`, `envs.graph_codec`): a crafted capsule runs no code
+and reaches no memory outside what it names, and a refused one leaves the env as it was."""
 
 from __future__ import annotations
 
-import io
-import os
 import pickle
 
+import numpy as np
 import pytest
+import torch
 
+from capsule_rollout.capsules import Arena, Capsule, CapsuleMismatchError, load_capsule, restore, save_capsule, snapshot
+from capsule_rollout.capsules import state_codec as sc
 from capsule_rollout.envs.object_graph import GraphState, GraphStateError
-from tests.envs.broken_envs import make_counter
+from capsule_rollout.envs.object_graph import split as _split
+from capsule_rollout.envs.suites import make_env
+from tests.envs.broken_envs import KeepsACounter, make_counter
 
 
-class _Evil:
-    def __reduce__(self):
-        return os.system, ("echo pwned > /dev/null",)
+class HoldsAView(KeepsACounter):
+    """Keeps a view of MjData's puck position (an alias a capsule re-links, as dm_control's `_warnings`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.puck = self.data.qpos[7:9]
 
 
-def _with_body(blob: bytes, body: bytes) -> bytes:
-    parts, at = [], 0
-    for _ in range(3):
-        n = int.from_bytes(blob[at:at + 8], "little")
-        parts.append(blob[at + 8:at + 8 + n])
-        at += 8 + n
-    parts[2] = body
+def make_view_holder():
+    return HoldsAView()
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _text(x: str) -> bytes:
+    return b"X" + len(x.encode()).to_bytes(4, "little") + x.encode()
+
+
+def _call(f: bytes, *args: bytes) -> bytes:
+    return f + b"(" + b"".join(args) + b"tR"  # MARK args TUPLE REDUCE: f(*args) when unpickled
+
+
+def _states(call: bytes) -> bytes:
+    """A pickle of `([<call>], None)`, the shape the states part had."""
+    return b"\x80\x03(" + call + b"lN\x86."
+
+
+def exploits(marker) -> dict[str, bytes]:
+    """Pickle streams that run `touch marker` when unpickled, the ways a crafted capsule ran a command before
+    this format: `getattr` from an allowed builtin to `__import__('os').system`, torch's storage loader
+    unpickling a nested stream (it loads without `weights_only`), and a plain reduce."""
+    cmd = _text(f"touch {marker}")
+    getattr_ = _global("builtins", "getattr")
+    builtins = _call(getattr_, getattr_, _text("__self__"))
+    os_module = _call(_call(getattr_, builtins, _text("__import__")), _text("os"))
+    via_getattr = _call(_call(getattr_, os_module, _text("system")), cmd)
+    nested = b"\x80\x02" + _call(_global("os", "system"), cmd) + b"."
+    via_torch = _call(_global("torch.storage", "_load_from_bytes"), b"B" + len(nested).to_bytes(4, "little") + nested)
+    return {"getattr": _states(via_getattr), "torch storage": _states(via_torch),
+            "plain reduce": _states(_call(_global("os", "system"), cmd))}
+
+
+def _with_part(blob: bytes, index: int, part: bytes) -> bytes:
+    parts = _split(blob)
+    parts[index] = part
     return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
 
 
-def test_a_state_naming_a_function_is_refused_before_anything_runs():
+@pytest.fixture
+def counter():
     env = make_counter()
     env.reset(seed=0)
-    graph = GraphState(env)
+    for _ in range(3):
+        env.step(env.action_space.sample())
+    return env
+
+
+def test_a_pickle_that_runs_a_command_is_refused_and_nothing_runs(counter, tmp_path):
+    graph = GraphState(counter)
     blob = graph.snapshot()
-    buf = io.BytesIO()
-    pickle.Pickler(buf, protocol=5).dump(([], _Evil()))
-    with pytest.raises(GraphStateError, match=r"names posix:system, which is neither"):
-        graph.restore(_with_body(blob, buf.getvalue()))
+    for name, payload in exploits(tmp_path / "pwned").items():
+        for index in (0, 1, 2):  # the plan, the view bases, the states: none is read as pickle
+            with pytest.raises(GraphStateError, match="not Python state in this project's format"):
+                graph.restore(_with_part(blob, index, payload))
+            assert not (tmp_path / "pwned").exists(), name
 
 
-def test_a_state_naming_a_class_the_env_does_not_use_is_refused():
-    env = make_counter()
+def test_names_the_env_does_not_hold_are_refused(counter):
+    graph = GraphState(counter)
+    blob = graph.snapshot()
+    states = sc.decode(_split(blob)[2], graph._namespace(), persistent=lambda pid: pid)
+    for value, refused in ((__import__("os").system, "names posix:system"),
+                           (getattr, "names builtins:getattr"),
+                           (pickle.loads, "names _pickle:loads")):
+        forged = sc.encode((states[0][:-1] + [value], states[1]))  # a generator's state swapped for the name
+        with pytest.raises(GraphStateError, match=refused):
+            graph.restore(_with_part(blob, 2, forged))
+
+
+def _plan(graph: GraphState, blob: bytes) -> list:
+    return list(sc.decode(_split(blob)[0], graph._namespace()))
+
+
+def test_an_alias_or_view_past_its_memory_is_refused(tmp_path):
+    env = make_env(f"{__name__}:make_view_holder", cameras=())
     env.reset(seed=0)
-    graph = GraphState(env)
-    buf = io.BytesIO()
-    pickle.Pickler(buf, protocol=5).dump(([], io.StringIO("x")))
-    with pytest.raises(GraphStateError, match=r"_io:StringIO"):
-        graph.restore(_with_body(graph.snapshot(), buf.getvalue()))
+    graph = env._graph
+    blob = graph.snapshot()
+    plan = _plan(graph, blob)
+    (h, field, offset, shape, strides, dtype), = plan[3]  # the puck's view of MjData.qpos
+    assert field == "qpos"
+    for moved, refused in ((offset + (1 << 30), "a view of bytes 1073741880..1073741896"),
+                           (-(1 << 20), "a view of bytes -1048576")):
+        forged = [*plan[:3], [(h, field, moved, shape, strides, dtype)], *plan[4:]]
+        with pytest.raises(GraphStateError, match=refused):
+            graph.restore(_with_part(blob, 0, sc.encode(tuple(forged))))
+    forged = [*plan[:3], [(h, "__class__", 0, shape, strides, dtype)], *plan[4:]]
+    with pytest.raises(GraphStateError, match="no array of a MjData"):
+        graph.restore(_with_part(blob, 0, sc.encode(tuple(forged))))
+    graph.restore(blob)
+    assert np.shares_memory(env.unwrapped.puck, env.unwrapped.data.qpos)  # the honest alias re-linked
+    bases = [np.zeros(4)]
+    for view, refused in (((0, 8, (4,), (8,), "<f8", True), "a view of bytes 8..40"),
+                          ((0, 0, (2,), (-8,), "<f8", True), "a view of bytes -8..8"),
+                          ((0, 0, (1,), (8,), "O", True), "Python objects"),
+                          ((3, 0, (1,), (8,), "<f8", True), "base 3")):
+        forged = [*plan[:4], [view], *plan[5:]]
+        with pytest.raises(GraphStateError, match=refused):
+            graph.restore(_with_part(_with_part(blob, 1, sc.encode(bases)), 0, sc.encode(tuple(forged))))
+    env.close()
+
+
+def test_a_malformed_plan_or_generator_state_is_refused_before_anything_changes(counter):
+    graph = GraphState(counter)
+    blob = graph.snapshot()
+    plan = _plan(graph, blob)
+    before = graph.dump()
+    for forged in (
+        (plan[0], plan[1]),  # too short
+        ([(("a", 3),), "X", "handle"], *plan[1:]),  # a path step of the wrong type
+        (plan[0], plan[1], [((), int)], *plan[3:]),  # a "generator" of another type
+    ):
+        with pytest.raises(GraphStateError, match="malformed"):
+            graph.restore(_with_part(blob, 0, sc.encode(tuple(forged))))
+    states, glob = sc.decode(_split(blob)[2], graph._namespace(), persistent=lambda pid: pid)
+    bad = sc.encode((states, ({"bit_generator": "MT19937", "state": {"key": [1], "pos": 5}}, glob[1])))
+    with pytest.raises(GraphStateError, match="generator state"):
+        graph.prepare(_with_part(blob, 2, bad))
+    counter.step(counter.action_space.sample())
+    assert graph.dump() != before  # the env moved on, so an unchanged dump below means nothing was restored
+    moved = graph.dump()
+    with pytest.raises(GraphStateError):
+        graph.restore(_with_part(blob, 2, bad))
+    assert graph.dump() == moved
+
+
+def _forge_python(capsule: Capsule, blob: bytes) -> Capsule:
+    slabs = [(layout, slab.clone()) for layout, slab in capsule.slabs()]
+    forged = Capsule(capsule.meta, slabs)
+    python, length = forged.buffer("env/python"), forged.buffer("env/python_len")
+    python.zero_()
+    python[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    length[0] = len(blob)
+    return Capsule(forged.meta, [(layout, slab) for layout, slab in forged.slabs()])  # digests recomputed
+
+
+def test_a_crafted_capsule_file_runs_nothing_through_load_and_restore(tmp_path):
+    """The issue's attack end to end: a capsule file whose Python state runs a command, its digests recomputed,
+    read with `load_capsule` (no key) and restored: refused by the env before a byte is copied, nothing runs."""
+    env = make_env("tests.envs.broken_envs:make_counter", cameras=())
+    arena = Arena([env]).allocate()
+    env.reset(seed=1)
+    honest = snapshot(arena)
+    blob = bytes(honest.buffer("env/python")[: int(honest.buffer("env/python_len")[0])].numpy())
+    env.step(env.action_space.sample())
+    moved = [t.numpy().tobytes() for t in snapshot(arena).tensors().values()]
+    marker = tmp_path / "pwned"
+    for name, payload in exploits(marker).items():
+        path = save_capsule(_forge_python(honest, _with_part(blob, 2, payload)), tmp_path / f"{name}.capsule")
+        with pytest.raises(CapsuleMismatchError, match="not Python state in this project's format"):
+            restore(arena, load_capsule(path))
+        assert not marker.exists(), name
+        assert [t.numpy().tobytes() for t in snapshot(arena).tensors().values()] == moved  # untouched
+    over = _forge_python(honest, blob)
+    over.buffer("env/python_len")[0] = 1 << 40  # a length past the buffer
+    with pytest.raises(CapsuleMismatchError, match="claims 1,099,511,627,776 bytes"):
+        restore(arena, Capsule(over.meta, list(over.slabs())))
+    restore(arena, honest)  # the honest capsule still restores
+    env.close()

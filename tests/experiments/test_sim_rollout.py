@@ -211,6 +211,35 @@ def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoint
         actor.close()
 
 
+def test_an_actor_restores_only_the_seed_capsules_signed_with_the_runs_key(checkpoints, tmp_path):
+    """A capsule in `capsule_dir` signed with another key (or none) is not restored: the reset is cold."""
+    from capsule_rollout.capsules import load_capsule, save_capsule
+    from capsule_rollout.rollout.host_factory import HostSpec
+    from capsule_rollout.rollout.rollout_actor import RolloutActor, WorkItem
+    from capsule_rollout.rollout.rollout_host import HostConfig
+
+    policy, critic = checkpoints
+    spec = HostSpec(env="tabletop:pick_place", policy=policy, critic=critic,
+                    host=HostConfig(n_exec=2, max_steps=3), capsule_dir=str(tmp_path / "capsules"))
+    run_key = b"the-driver-s-key-0123456789abcdef"
+    first = RolloutActor(spec, capsule_key=run_key)
+    try:
+        assert first.run(WorkItem("a", 5)).reset_kind == "cold"
+    finally:
+        first.close()
+    path = tmp_path / "capsules" / "pick_place" / "s0000005.capsule"
+    capsule = load_capsule(path, key=run_key)  # written signed with the key the actor was given
+    kinds = []
+    for signed_with in (run_key, None, b"another-key-0123456789abcdef"):
+        save_capsule(capsule, path, key=signed_with)
+        actor = RolloutActor(spec, capsule_key=run_key)  # a fresh actor: its own store is empty
+        try:
+            kinds.append(actor.run(WorkItem("b", 5)).reset_kind)
+        finally:
+            actor.close()
+    assert kinds == ["restore", "cold", "cold"]
+
+
 def test_observers_on_the_command_line_are_checked_before_anything_runs(checkpoints, tmp_path, capsys):
     policy, critic = checkpoints
     base = ["sim_rollout", "--out", str(tmp_path / "run"), "--policy", policy, "--critic", critic, "--actors", "0"]
@@ -239,3 +268,26 @@ def test_replay_with_bad_inputs_is_one_line(tmp_path, capsys):
     assert "is not an episode store" in err and "Traceback" not in err
     assert main(["replay", "--store", str(tmp_path / "none.zarr")]) == 2
     assert "--episode is required" in capsys.readouterr().err
+
+
+def test_replay_reads_only_capsules_signed_with_the_users_key_unless_trusted(checkpoints, tmp_path, capsys,
+                                                                              monkeypatch):
+    from capsule_rollout.capsules import load_capsule, save_capsule
+
+    policy, critic = checkpoints
+    out = tmp_path / "run"
+    assert main(["sim_rollout", "--actors", "1", "--episodes", "1", "--out", str(out), "--policy", policy,
+                 "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false"]) == 0
+    store, path = out / "episodes.zarr", out / "capsules" / "pick_place" / "s1000000.capsule"
+    capsule = load_capsule(path, key=os.environ["CAPSULE_ROLLOUT_KEY"])  # the actors signed it with the user's key
+    replay = ["replay", "--store", str(store), "--episode", "pick_place-s1000000"]
+    for signed_with in (None, "someone-else-s-key-0123456789"):  # a capsule from elsewhere
+        save_capsule(capsule, path, key=signed_with)
+        capsys.readouterr()
+        assert main(replay) == 2
+        err = capsys.readouterr().err
+        assert "replay it with --trust" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert main([*replay, "--trust"]) == 0  # the user vouches for it: played, bit-identical
+    monkeypatch.setenv("CAPSULE_ROLLOUT_KEY", "short")
+    assert main(replay) == 2
+    assert "needs 16 or more" in capsys.readouterr().err

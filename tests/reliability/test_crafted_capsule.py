@@ -84,3 +84,73 @@ def test_with_a_key_a_crafted_file_is_refused_before_anything_is_built(tmp_path)
     with pytest.raises(CapsuleSignatureError, match="does not match this key"):
         load_capsule(tmp_path / "crafted.capsule", key=KEY)
     env.close()
+
+
+def test_a_capsule_whose_python_state_runs_a_command_runs_nothing(tmp_path, report):
+    """The graph capture's Python state crafted three ways that ran a shell command through the previous
+    reader (a pickle through `getattr`, through torch's storage loader, a plain reduce), in each of its three
+    parts, digests recomputed, read with `load_capsule` and restored: refused, nothing runs, the env as it was."""
+    from tests.envs.test_object_graph import _forge_python, _with_part, exploits
+
+    env = make_env("tests.envs.broken_envs:make_counter", cameras=())
+    arena = Arena([env]).allocate()
+    env.reset(seed=1)
+    honest = snapshot(arena)
+    blob = bytes(honest.buffer("env/python")[: int(honest.buffer("env/python_len")[0])].numpy())
+    before = _state(arena)
+    marker = tmp_path / "pwned"
+    tried = refused = 0
+    for name, payload in exploits(marker).items():
+        for part in (0, 1, 2):
+            path = save_capsule(_forge_python(honest, _with_part(blob, part, payload)), tmp_path / "c.capsule")
+            tried += 1
+            with pytest.raises(CapsuleMismatchError, match="not Python state in this project's format"):
+                restore(arena, load_capsule(path))
+            refused += 1
+            assert not marker.exists(), name
+            assert _state(arena) == before
+    report.add("crafted capsule: Python state that runs a command", tried=tried, refused=refused,
+               commands_run=int(marker.exists()))
+    env.close()
+
+
+def test_a_capsule_whose_python_state_amplifies_is_refused_within_its_bound(tmp_path, report):
+    """The slab (1 MiB) filled with the reader's worst amplifiers (empty deques, sets, instances): refused once
+    what it would make passes 64 bytes per byte of state plus 1 MiB, the restore holding copies of the state
+    itself besides (instances, 37 bytes each to write, stay
+    under it and are refused for their shape); the most the restore allocated on the way is measured (the
+    previous reader let a 1 MiB capsule allocate 1.4 GB)."""
+    import tracemalloc
+
+    from capsule_rollout.capsules import state_codec as sc
+    from tests.envs.test_object_graph import _forge_python, _with_part
+
+    env = make_env("tests.envs.broken_envs:make_counter", cameras=())
+    arena = Arena([env]).allocate()
+    env.reset(seed=1)
+    honest = snapshot(arena)
+    blob = bytes(honest.buffer("env/python")[: int(honest.buffer("env/python_len")[0])].numpy())
+    room = honest.buffer("env/python").numel() - len(blob) - 64
+    before = _state(arena)
+    module, cls = b"tests.envs.broken_envs", b"KeepsACounter"  # a class the env's graph holds
+    name = bytes([sc.GLOBAL]) + sc._varint(len(module)) + module + sc._varint(len(cls)) + cls
+    for kind, item in (("deque", bytes([sc.DEQUE, sc.NONE, 0])), ("set", bytes([sc.SET, 0])),
+                       ("object", bytes([sc.OBJECT]) + name + bytes([sc.DICT, 0, sc.DICT, 0, sc.NONE]))):
+        n = room // len(item)
+        body = sc.MAGIC + bytes([sc.LIST]) + sc._varint(n) + item * n
+        capsule = _forge_python(honest, _with_part(blob, 2, body))
+        tracemalloc.start()
+        try:
+            # refused as an amplifier once past the bound, or (what stays under it) for its shape afterwards
+            with pytest.raises(CapsuleMismatchError, match="in memory: refused|states are malformed"):
+                restore(arena, capsule)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        # what the reader makes is charged against the bound; the restore also holds copies of the state itself
+        bound = sc.MEMORY_PER_BYTE * len(body) + (1 << 20) + 3 * len(body)
+        assert peak < bound, (kind, peak, bound)
+        assert _state(arena) == before
+        report.peak("crafted capsule: Python state that amplifies", state_mib=len(body) / 2**20,
+                    bound_mib=bound / 2**20, **{f"peak_mib_{kind}": peak / 2**20})
+    env.close()

@@ -1,0 +1,289 @@
+"""Reading a snapshot of an env's Python state (`envs.object_graph`): its three parts, the checks on every
+entry a capsule file could forge, and a cache of what was read.
+
+A snapshot's bytes come from a capsule file, so they are read only by `capsules.state_codec` and checked entry
+by entry (`checked_plan`, `checked_states`) before anything is resolved in the env. Reading is pure Python; an
+env restores the same capsule again and again (every reset of a seed, every branch of a boundary), so what was
+read is kept (`ReadCache`, keyed by the bytes themselves): the view bases and the states are kept as a pickle
+this process made of the objects the reader built (never bytes from a file), which gives fresh copies of them
+at C speed at every restore, references to the env's objects left as ids until the restore resolves them.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import pickle
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from capsule_rollout.capsules import state_codec
+from capsule_rollout.capsules.state_codec import StateDecodeError
+from capsule_rollout.envs.graph_codec import GENERATOR_TYPES, type_key
+from capsule_rollout.envs.graph_walk import Path
+
+
+class GraphStateError(ValueError):
+    """The env's Python state cannot be captured as found; the message names the path and what to do."""
+
+
+
+
+def generator_state(g: Any) -> Any:
+    if isinstance(g, np.random.Generator):
+        return g.bit_generator.state
+    if isinstance(g, np.random.RandomState):
+        return g.get_state(legacy=False)
+    if isinstance(g, np.random.BitGenerator):
+        return g.state
+    return g.getstate()
+
+
+def set_generator_state(g: Any, state: Any) -> None:
+    if isinstance(g, np.random.Generator):
+        g.bit_generator.state = state
+    elif isinstance(g, np.random.RandomState):
+        g.set_state(state)
+    elif isinstance(g, np.random.BitGenerator):
+        g.state = state
+    else:
+        g.setstate(state)
+
+
+BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+
+
+def new_generator(kind: type, state: Any) -> Any:
+    if issubclass(kind, np.random.Generator):
+        name = state.get("bit_generator") if isinstance(state, dict) else None
+        if name not in BIT_GENERATORS:
+            raise GraphStateError(f"the capsule's Python state is refused: a generator of bit generator {name!r}")
+        g = kind(getattr(np.random, name)())
+    else:
+        g = kind()
+    try:
+        set_generator_state(g, state)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise GraphStateError(f"the capsule's Python state is refused: a generator state numpy refuses ({exc})") from None
+    return g
+
+
+
+
+class Prepared(NamedTuple):
+    """A snapshot read and resolved in one graph (`GraphState.prepare`), to be applied (`GraphState.apply`)."""
+
+    objects: list[Any]
+    states: list[tuple[dict | None, dict, Any]]
+    generators: list[Any]
+    generator_states: list[Any]
+    glob: tuple | None
+
+
+def split(blob: bytes | memoryview) -> list[bytes]:
+    """The three length-prefixed parts of a snapshot."""
+    data = memoryview(blob).cast("B")
+    parts, at = [], 0
+    for _ in range(3):
+        if at + 8 > len(data):
+            raise GraphStateError("the capsule's Python state is truncated")
+        n = int.from_bytes(data[at:at + 8], "little")
+        if n > len(data) - at - 8:
+            raise GraphStateError("the capsule's Python state is truncated (a part longer than what is left)")
+        parts.append(bytes(data[at + 8:at + 8 + n]))
+        at += 8 + n
+    return parts
+
+
+_KEY_TYPES = (str, int, bool, float, tuple, type(None))
+
+
+def _is_path(p: Any, optional: bool = False) -> bool:
+    if p is None:
+        return optional
+    if not isinstance(p, tuple):
+        return False
+    for step in p:
+        if not isinstance(step, tuple) or not step:
+            return False
+        if step == ("self",):
+            continue
+        if len(step) != 2 or not (step[0] == "a" and type(step[1]) is str or step[0] == "k"
+                                  and isinstance(step[1], _KEY_TYPES) or step[0] == "i" and type(step[1]) is int):
+            return False
+    return True
+
+
+def _ints(x: Any) -> bool:
+    return isinstance(x, tuple) and all(type(n) is int for n in x)
+
+
+def checked_plan(value: Any) -> tuple:
+    """A snapshot's plan, every entry of the shape `GraphState.snapshot` writes (a capsule file is input)."""
+    ok = isinstance(value, tuple) and len(value) == 6 and all(isinstance(v, list) for v in value)
+    if ok:
+        refs, objects, generators, aliases, views, statics = value
+        ok = (all(isinstance(r, tuple) and len(r) == 3 and _is_path(r[0]) and type(r[1]) is str
+                  and r[2] in ("handle", "opaque") for r in refs)
+              and all(isinstance(o, tuple) and len(o) == 2 and _is_path(o[0], True) and type(o[1]) is str
+                      for o in objects)
+              and all(isinstance(g, tuple) and len(g) == 2 and _is_path(g[0], True) and isinstance(g[1], type)
+                      and type_key(g[1]) in GENERATOR_TYPES for g in generators)
+              and all(isinstance(a, tuple) and len(a) == 6 and type(a[0]) is int and a[0] >= 0 for a in aliases)
+              and all(isinstance(v, tuple) and len(v) == 6 and type(v[0]) is int and v[0] >= 0
+                      and type(v[5]) is bool for v in views)
+              and all(_is_path(p) for p in statics))
+    if not ok:
+        raise StateDecodeError("its plan of paths is malformed")
+    return value
+
+
+def checked_states(value: Any, n_objects: int, n_generators: int) -> tuple[list, tuple | None]:
+    """The states part: one (dict | None, slots, items) per object, one state per generator, the globals."""
+    ok = isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], list) and \
+        len(value[0]) == n_objects + n_generators
+    if ok:
+        states, glob = value
+        ok = all(isinstance(st, tuple) and len(st) == 3 and isinstance(st[0], (dict, type(None)))
+                 and isinstance(st[1], dict) and all(type(k) is str for k in st[1])
+                 and isinstance(st[2], (dict, list, type(None))) for st in states[:n_objects])
+        ok = ok and all(isinstance(st, (dict, tuple)) for st in states[n_objects:])
+        ok = ok and (glob is None or isinstance(glob, tuple) and len(glob) == 2 and isinstance(glob[0], dict)
+                     and isinstance(glob[1], tuple))
+    if not ok:
+        raise GraphStateError("the capsule's Python state is refused: its states are malformed")
+    return value
+
+
+
+
+@dataclass
+class Plan:
+    """The paths of a snapshot and what sits at each (written first, so a restore resolves them all before any
+    state is applied)."""
+
+    refs: list[tuple[Path, str, str]]  # handles and opaque objects: path, type name, kind
+    objects: list[tuple[Path | None, str]]  # paired objects: path, class as "module:qualname"
+    generators: list[tuple[Path | None, type]]
+    aliases: list[tuple[int, str, int, tuple, tuple, str]]  # (ref index of the handle, field, offset, ...)
+    views: list[tuple[int, int, tuple, tuple, str, bool]]  # (base index, offset, shape, strides, dtype, writeable)
+    statics: list[Path]  # large arrays holding what they held when the env was built: by path, not by value
+
+
+
+
+class Ref(NamedTuple):
+    """A reference to an object of the env (`pid` as the plan numbers it), before a restore resolves it."""
+
+    pid: tuple
+
+
+class BoundRef(NamedTuple):
+    """A bound method of an object of the env, before a restore resolves its owner."""
+
+    owner: Ref
+    name: str
+
+
+def pids(plan: Plan) -> frozenset[tuple]:
+    """The references a snapshot's states may use: one per entry of its plan."""
+    out = []
+    for kind, entries in (("r", plan.refs), ("a", plan.aliases), ("v", plan.views), ("s", plan.statics),
+                          ("o", plan.objects), ("g", plan.generators)):
+        out += [(kind, i) for i in range(len(entries))]
+    return frozenset(out)
+
+
+class _Freezer(pickle.Pickler):
+    """Pickles what `state_reader.Decoder` built, as it built it: references to the env by id, instances it made by
+    `__new__` through the same rebuilders."""
+
+    def __init__(self, file: io.BytesIO, built: dict[int, str]) -> None:
+        super().__init__(file, protocol=5)
+        self.built = built
+
+    def persistent_id(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is Ref:
+            return ("r", obj.pid)
+        if t is BoundRef:
+            return ("m", obj.owner.pid, obj.name)
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = self.built.get(id(obj))
+        if kind == "object":
+            d = getattr(obj, "__dict__", None)
+            slots = {}
+            for k in state_codec._slot_names(type(obj)):
+                try:
+                    slots[k] = object.__getattribute__(obj, k)
+                except AttributeError:
+                    continue
+            items = dict(obj) if isinstance(obj, dict) else list(obj) if isinstance(obj, list) else None
+            return state_codec.rebuild_object, (type(obj), dict(d) if isinstance(d, dict) else None, slots, items)
+        if kind == "subclass":
+            base = next(b for b in state_codec._SUBCLASS_BASES if isinstance(obj, b))
+            d = getattr(obj, "__dict__", None)
+            return state_codec.rebuild_subclass, (type(obj), base(obj), dict(d) if isinstance(d, dict) else None)
+        return NotImplemented
+
+
+def freeze(value: Any, built: dict[int, str]) -> bytes | None:
+    """`value` (what the reader built) as a pickle of this process's own, or None when it cannot be pickled (it
+    is then read from the snapshot at every restore)."""
+    buf = io.BytesIO()
+    try:
+        _Freezer(buf, built).dump(value)
+    except Exception:  # noqa: BLE001 - anything pickle cannot take: no cache for it, the reader stays
+        return None
+    return buf.getvalue()
+
+
+class _Thawer(pickle.Unpickler):
+    def __init__(self, data: bytes, resolved: dict[tuple, Any]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.resolved = resolved
+
+    def persistent_load(self, pid: tuple) -> Any:
+        if pid[0] == "r":
+            return self.resolved[pid[1]]
+        return state_codec.bound_method(self.resolved[pid[1]], pid[2])
+
+
+def thaw(data: bytes, resolved: dict[tuple, Any]) -> Any:
+    """Fresh copies of what `freeze` kept, its references resolved (`StateDecodeError` for a bound method its
+    owner in this env does not have)."""
+    return _Thawer(data, resolved).load()
+
+
+@dataclass
+class Read:
+    """One snapshot as read: its plan, and its view bases and states kept for fresh copies (`thaw`); `states`
+    None: they are read from `raw_states` at every restore."""
+
+    plan: Plan
+    bases: bytes
+    states: bytes | None
+    raw_states: bytes
+
+
+class ReadCache:
+    """The last few snapshots read, by their bytes (an env restores a few capsules many times)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.entries: collections.OrderedDict[bytes, Read] = collections.OrderedDict()
+
+    def get(self, blob: bytes) -> Read | None:
+        read = self.entries.get(blob)
+        if read is not None:
+            self.entries.move_to_end(blob)
+        return read
+
+    def put(self, blob: bytes, read: Read) -> None:
+        self.entries[blob] = read
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
