@@ -86,6 +86,7 @@ def check_store(location: str | os.PathLike, *, on_checked: Callable[[int], None
 
 def _check_zarr(report: StoreReport, tick: Callable[[int], None], block_mb: int) -> None:
     reader = open_episode_reader(report.store)
+    report.problems.update(reader.record_problems)
     step_bytes = max(1, sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in reader.specs.values()))
     limit = max(1, (block_mb << 20) // step_bytes)
     first = 0
