@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from capsule_rollout.experiments.run import main
+from capsule_rollout.stores.lerobot_checksums import INFO_KEY
 from capsule_rollout.stores.npz_recorder import NpzRecorder, read_npz_episode
 from capsule_rollout.stores.store_damage import StoreDamageError
 from tests.reliability.store_damage import copy, episode, flip_bit, offsets, read_back, same_episode
@@ -94,7 +95,9 @@ def test_verify_store_on_an_export_and_one_without_checksums(exports, tmp_path, 
     assert main(["verify_store", "--store", str(root), "--no-progress", "--json", str(tmp_path / "v.json")]) == 0
     assert json.loads((tmp_path / "v.json").read_text())["ok"] == 3
     foreign = copy(root, tmp_path / "foreign")
-    (foreign / "meta/checksums.json").unlink()  # what LeRobot's own tools write: no sidecar
+    (foreign / "meta/checksums.json").unlink()  # what LeRobot's own tools write: no sidecar, and info.json
+    info = json.loads((foreign / "meta/info.json").read_text())  # does not name one
+    (foreign / "meta/info.json").write_text(json.dumps({k: v for k, v in info.items() if k != INFO_KEY}))
     assert main(["verify_store", "--store", str(foreign), "--no-progress", "--json", str(tmp_path / "v.json")]) == 0
     assert json.loads((tmp_path / "v.json").read_text())["unverified"] == 3
     report.add("store damage: stores without checksums", stores=1, episodes_read=3, reported_unverified=3)
