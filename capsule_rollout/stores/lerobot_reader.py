@@ -23,7 +23,7 @@ from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores.episode import Episode, EpisodeMeta, validate_episode
 from capsule_rollout.stores.lerobot_checksums import DatasetChecksums
-from capsule_rollout.stores.store_damage import StoreDamageError, episode_label
+from capsule_rollout.stores.store_damage import StoreDamageError, UnverifiedStoreError, episode_label
 
 
 class LeRobotDatasetReader:
@@ -88,6 +88,12 @@ class LeRobotDatasetReader:
     def verified(self) -> bool:
         """Whether the dataset carries checksums its reads are checked against."""
         return self.checksums.verified
+
+    def require_verified(self) -> None:
+        """Refuse a dataset without checksums (made by other tools) with `UnverifiedStoreError`."""
+        if not self.verified:
+            labels = [episode_label(self.episode_id(i), i) for i in range(len(self))]
+            raise UnverifiedStoreError(self.root, labels, len(self))
 
     def episode(self, index: int) -> Episode:
         row = self.rows[index]

@@ -15,7 +15,7 @@ from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores import store_damage as D
 from capsule_rollout.stores.checksum_record import ChecksumRecord, first_checked, read_record
 from capsule_rollout.stores.episode import Episode, EpisodeMeta
-from capsule_rollout.stores.store_damage import EpisodeCheck, StoreDamageError
+from capsule_rollout.stores.store_damage import EpisodeCheck, StoreDamageError, UnverifiedStoreError
 from capsule_rollout.stores.zarr_recorder import ENDS, committed_episodes
 
 
@@ -44,6 +44,10 @@ class EpisodeReader:
         raise NotImplementedError
 
     def meta(self, index: int) -> EpisodeMeta:
+        raise NotImplementedError
+
+    def verified(self, index: int) -> bool:
+        """Whether episode `index` has checksums its reads are checked against."""
         raise NotImplementedError
 
     def episode(self, index: int, keys: Sequence[str] | None = None) -> Episode:
@@ -99,6 +103,18 @@ class EpisodeReader:
         if not -len(self) <= index < len(self):
             raise IndexError(f"episode {index} out of range: the store holds {len(self)} complete episodes")
         return index % len(self)
+
+
+def require_verified(reader: EpisodeReader, indices: Sequence[int]) -> None:
+    """Refuse episodes `indices` unless each has checksums: one whose checksums are missing where the store records
+    them raises `StoreDamageError`; episodes recorded without raise `UnverifiedStoreError` naming them."""
+    unverified = []
+    for i in indices:
+        if not reader.verified(i):
+            meta = reader.meta(i)  # raises when the store records checksums for it
+            unverified.append(D.episode_label(meta.episode_id, int(i)))
+    if unverified:
+        raise UnverifiedStoreError(reader.path, unverified, len(indices))
 
 
 def store_episodes(reader: EpisodeReader, indices: Sequence[int], *, block_mb: int = 256) -> Iterator[Episode]:
