@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import subprocess
@@ -297,3 +298,18 @@ def test_an_import_path_task_id_records_and_an_older_narrow_store_refuses_it_by_
             rec.write(_renamed(fake_episode(2), task=task))
         rec.write(fake_episode(3))  # what fits still records
     assert ZarrEpisodeReader(old).episode_ids == ["ep-00001", "ep-00003"]
+
+
+def test_a_store_records_that_it_writes_checksums_and_from_which_episode(tmp_path):
+    old = tmp_path / "old.zarr"
+    with ZarrRecorder(old, checksums=False) as rec:  # the format before checksums: no record
+        rec.write_many([fake_episode(0), fake_episode(1)])
+    assert not (old / ".zattrs").exists() or "checksums" not in json.loads((old / ".zattrs").read_text())
+    with ZarrRecorder(old) as rec:
+        rec.write(fake_episode(2))
+    assert json.loads((old / ".zattrs").read_text())["checksums"]["from_episode"] == 2
+    assert json.loads((old / "meta/checksums/.zattrs").read_text())["from_episode"] == 2
+    reader = ZarrEpisodeReader(old)
+    assert [reader.verified(i) for i in range(3)] == [False, False, True]
+    with pytest.raises(ValueError, match="records checksums of its episodes"):
+        ZarrRecorder(old, checksums=False)
