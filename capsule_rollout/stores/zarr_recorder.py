@@ -315,12 +315,13 @@ class ZarrRecorder:
 
     def _create_checksum_array(self, columns: list[str], n: int) -> None:
         """`meta/checksums`, `NO_CHECKSUM` for the n episodes already in the store (recorded without), and the
-        record that the store writes checksums from episode n on (before the commit that shows them)."""
+        record that the store writes checksums from episode n on. The record first: a creation cut short leaves a
+        record that no committed episode needs (episodes from n on), and the array is made again (overwritten)."""
+        self.root.attrs.update({C.RECORD: C.record(n)})
         self._meta.create_array(C.ARRAY, shape=(n, len(columns)), chunks=(META_CHUNK, len(columns)), dtype=np.int64,
                                 fill_value=C.NO_CHECKSUM, compressors=_compressor(np.dtype(np.int64)),
-                                attributes=C.attributes(columns, n))
+                                attributes=C.attributes(columns, n), overwrite=True)
         self._shapes.adopt([f"meta/{C.ARRAY}"])
-        self.root.attrs.update({C.RECORD: C.record(n)})
         self._meta_keys.add(C.ARRAY)
         self._sum_columns = columns
 
@@ -330,7 +331,7 @@ class ZarrRecorder:
         store written before the record existed gets one (its first episode holding a checksum)."""
         sums = self._meta[C.ARRAY] if C.ARRAY in self._meta_keys else None
         record = read_record(self.path, self.root.attrs.asdict(), sums, sums.attrs.asdict() if sums is not None else None)
-        if record.lost is not None:
+        if record.lost is not None and record.from_episode < self._n_episodes:
             raise StoreDamageError(self.path, f"every episode from #{record.from_episode} on", {
                 f"meta/{C.ARRAY}": f"{record.lost}; appending would record the next episodes beside episodes whose "
                 "checksums are lost: restore the store from a copy, or record to a new store"})
@@ -339,6 +340,8 @@ class ZarrRecorder:
         if not self.checksums:
             raise ValueError(f"{self.path} records checksums of its episodes; a recorder with checksums=False would "
                              "add episodes without: record them to another store")
+        if record.lost is not None:  # the array's creation cut short: no committed episode has checksums yet
+            return None
         first = record.from_episode
         if record.inferred:
             first = first_checked(sums[: self._n_episodes, record.columns.index(C.META)])
