@@ -18,6 +18,8 @@ class ConsolidateConfig:
     """The single zarr store written (zarr format 2: data/<key>, meta/episode_ends, meta/<field>)."""
     resume: bool = False
     """Continue an interrupted consolidation into an existing --out (else an existing --out is refused)."""
+    allow_unverified: bool = False
+    """Copy episodes recorded without checksums too (they get checksums of what they hold now); else refused."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -53,6 +55,8 @@ class ExportLeRobotConfig:
     """`robot_type` in meta/info.json; empty: null."""
     overwrite: bool = False
     """Replace an existing dataset at --out (only once the new one is complete)."""
+    allow_unverified: bool = False
+    """Export episodes recorded without checksums too (the export checksums what they hold now); else refused."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -76,6 +80,8 @@ class ImportLeRobotConfig:
     """Episodes to import, by id or episode index; none: all."""
     id_prefix: str = ""
     """Episode ids for datasets that carry none are <prefix>-e<episode_index>; empty: the directory's name."""
+    allow_unverified: bool = False
+    """Import a dataset without checksums (made by LeRobot's own tools) as it is; else refused."""
     progress: bool = True
     """Show a progress bar."""
 

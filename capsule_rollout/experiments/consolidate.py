@@ -21,6 +21,7 @@ def run(config: ConsolidateConfig) -> ExperimentResult:
     try:
         with checking_inputs():
             summary = consolidate_store(config.store, config.out, resume=config.resume,
+                                        allow_unverified=config.allow_unverified,
                                         on_episode=lambda episode: bar.update(1))
     finally:
         bar.close()

@@ -7,12 +7,12 @@ import time
 from tqdm import tqdm
 
 from capsule_rollout.commands.configs import ExportLeRobotConfig
-from capsule_rollout.commands.result import ExperimentResult
+from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
-from capsule_rollout.stores.zarr_reader import store_episodes
+from capsule_rollout.stores.zarr_reader import require_verified, store_episodes
 
 # tabletop.tabletop_env's observation and action, dimension by dimension (its module docstring)
 TABLETOP_NAMES = {
@@ -24,6 +24,9 @@ TABLETOP_NAMES = {
 def run(config: ExportLeRobotConfig) -> ExperimentResult:
     reader = open_store(resolve_input(config.store))
     indices = F.select_episodes(reader.episode_ids, config.episodes)
+    if not config.allow_unverified:
+        with checking_inputs():
+            require_verified(reader, indices)
     fps = config.fps
     if not fps:
         from capsule_rollout.tabletop.tabletop_env import CONTROL_HZ

@@ -7,7 +7,7 @@ import time
 from tqdm import tqdm
 
 from capsule_rollout.commands.configs import ImportLeRobotConfig
-from capsule_rollout.commands.result import ExperimentResult
+from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.stores import lerobot_format as F
@@ -16,9 +16,12 @@ from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 
 def run(config: ImportLeRobotConfig) -> ExperimentResult:
-    reader = LeRobotDatasetReader(resolve_input(config.src), id_prefix=config.id_prefix or None)
-    ids = [reader.episode_id(i) for i in range(len(reader))]
-    indices = F.select_episodes(ids, config.episodes)
+    with checking_inputs():
+        reader = LeRobotDatasetReader(resolve_input(config.src), id_prefix=config.id_prefix or None)
+        if not config.allow_unverified:
+            reader.require_verified()
+        ids = [reader.episode_id(i) for i in range(len(reader))]
+        indices = F.select_episodes(ids, config.episodes)
     recorder = ZarrRecorder(config.out)
     imported = skipped = frames = 0
     bar = tqdm(indices, desc="import", unit="ep", disable=not config.progress)
@@ -28,8 +31,9 @@ def run(config: ImportLeRobotConfig) -> ExperimentResult:
             if ids[i] in recorder:
                 skipped += 1
                 continue
-            episode = reader.episode(i)
-            recorder.write(episode)
+            with checking_inputs():  # an episode that fails validation: one line naming it
+                episode = reader.episode(i)
+                recorder.write(episode)
             imported += 1
             frames += episode.length
         recorder.flush()

@@ -11,6 +11,12 @@ episode, one column per step array and `meta` for the fields, the column names i
 `NO_CHECKSUM` for an episode recorded without), written and committed with the episode's other rows.
 One array rather than one per column: each zarr array costs every append a write and the commit a
 metadata file, which cost more than the hashing.
+
+A store records that it writes checksums, and from which episode on (`from_episode`: 0, or the episodes an
+older version recorded before): in the root group's attributes (`RECORD`), in the array's attributes, and
+by the commit directory listing the array (`stores.zarr_commit`). From that episode on a checksum that is
+not there (the fill value, a missing chunk, the array or its attributes removed) is damage, not
+"unverified": no single deletion can turn a store's checked episodes into unchecked ones.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ ALGORITHM = "crc32c"
 ARRAY = "checksums"  # meta/checksums: (episodes, columns) int64
 META = "meta"  # the column of an episode's per-episode fields (no step array has this name)
 NO_CHECKSUM = -1  # an episode recorded without checksums: unverified
+RECORD = "checksums"  # the root group's attribute saying the store writes checksums (`record`)
+FROM_EPISODE = "from_episode"  # the first episode recorded with checksums (in the record and the array's attributes)
 _BLOCK = 16 << 20
 
 
@@ -36,9 +44,20 @@ def checksum(values: np.ndarray) -> int:
     return google_crc32c.value(np.ascontiguousarray(values).view(np.uint8).reshape(-1))
 
 
-def attributes(columns: list[str]) -> dict:
-    """The attributes of a `meta/checksums` array with these columns."""
-    return {"algorithm": ALGORITHM, "columns": list(columns)}
+def attributes(columns: list[str], from_episode: int) -> dict:
+    """The attributes of a `meta/checksums` array with these columns, its episodes `from_episode...` checked."""
+    return {"algorithm": ALGORITHM, "columns": list(columns), FROM_EPISODE: int(from_episode)}
+
+
+def record(from_episode: int) -> dict:
+    """The root attribute (`RECORD`) of a store that records checksums of its episodes `from_episode...`."""
+    return {"algorithm": ALGORITHM, "array": f"meta/{ARRAY}", FROM_EPISODE: int(from_episode)}
+
+
+def from_episode_of(attrs: Mapping) -> int | None:
+    """The first checked episode a record or the array's attributes name (None: they name none)."""
+    value = attrs.get(FROM_EPISODE) if isinstance(attrs, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def columns_of(attrs: Mapping) -> list[str]:

@@ -3,7 +3,7 @@ zarr store, diffusion_policy's layout, for tools that read only that.
 
 The copy is written by a `ZarrRecorder`, so it is committed batch by batch: a consolidation stopped at
 any point leaves a store holding the source's first episodes, in order, and `resume=True` continues it.
-The source is only read.
+The source is only read. The copy checksums what it reads: only checked episodes are copied, unless told.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import is_sharded_store, parse_store_root
-from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader, store_episodes
+from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader, require_verified, store_episodes
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 
@@ -34,13 +34,17 @@ class ConsolidateSummary:
 
 
 def consolidate_store(source: str | os.PathLike, out: str | os.PathLike, *, resume: bool = False,
+                      allow_unverified: bool = False,
                       on_episode: Callable[[Episode], None] | None = None) -> ConsolidateSummary:
     """Copy every episode of `source` (reader order: a sharded store's manifest order) into a zarr store at `out`.
 
     An existing `out` is refused unless `resume`; then it must hold the source's first episodes, in order
-    (what an interrupted consolidation left), and the rest is appended.
+    (what an interrupted consolidation left), and the rest is appended. A source with episodes recorded without
+    checksums is refused (`UnverifiedStoreError`) before anything is written unless `allow_unverified`.
     """
     reader = open_episode_reader(source)
+    if not allow_unverified:
+        require_verified(reader, range(len(reader)))
     out = Path(os.path.abspath(parse_store_root(out)))
     src = Path(os.path.abspath(reader.path))
     if out == src or src in out.parents or out in src.parents:

@@ -4,7 +4,9 @@ It holds the CRC-32C (`stores.checksums`) and size of every file of the dataset,
 CRC-32C of each frame column as written (the numpy values; PNG images as their pixels). Videos are
 lossy, so a video is checked by its file's checksum. `LeRobotDatasetReader` checks what it reads
 against them and raises `StoreDamageError`; a dataset without the sidecar (made by other tools, or
-before it existed) is read unverified.
+before it existed) is read unverified. `meta/info.json` names the sidecar (`INFO_KEY`; LeRobot's loader
+ignores the key), so an export whose sidecar was removed is damage, not unverified: the sidecar holds
+info.json's checksum, so neither can go without the other being told.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from capsule_rollout.stores import checksums as C
 from capsule_rollout.stores.store_damage import StoreDamageError
 
 CHECKSUMS_PATH = "meta/checksums.json"
+INFO_KEY = "capsule_rollout_checksums"  # in meta/info.json: the sidecar's path (the export carries one)
 FORMAT = "capsule_rollout.lerobot_checksums"
 VERSION = 1
 
@@ -54,6 +57,10 @@ class DatasetChecksums:
         self.episodes: list[dict[str, int]] = []
         self._checked: dict[str, str | None] = {}
         if not path.is_file():
+            if _names_sidecar(self.root / "meta" / "info.json"):
+                raise StoreDamageError(self.root, "every episode", {CHECKSUMS_PATH: (
+                    f"is missing: meta/info.json says the export carries it ({INFO_KEY}); its episodes cannot be "
+                    "checked: export the store again, or restore the file from a copy")})
             return
         try:
             data = json.loads(path.read_text())
@@ -97,3 +104,11 @@ class DatasetChecksums:
     def damaged_files(self) -> dict[str, str]:
         """Every listed file that is missing or differs (reads them all)."""
         return {rel: why for rel in (self.files or {}) if (why := self.check_file(rel)) is not None}
+
+
+def _names_sidecar(info: Path) -> bool:
+    """Whether a dataset's info.json says it carries the sidecar (an unreadable one is found by the reader)."""
+    try:
+        return json.loads(info.read_text()).get(INFO_KEY) == CHECKSUMS_PATH
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -23,7 +23,7 @@ from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores.episode import Episode, EpisodeMeta, validate_episode
 from capsule_rollout.stores.lerobot_checksums import DatasetChecksums
-from capsule_rollout.stores.store_damage import StoreDamageError, episode_label
+from capsule_rollout.stores.store_damage import StoreDamageError, UnverifiedStoreError, episode_label
 
 
 class LeRobotDatasetReader:
@@ -45,7 +45,10 @@ class LeRobotDatasetReader:
         info_path = self.root / F.INFO_PATH
         if not info_path.is_file():
             raise F.LeRobotFormatError(f"{self.root} is not a LeRobot dataset: it has no {F.INFO_PATH}")
-        self.info = json.loads(info_path.read_text())
+        try:
+            self.info = json.loads(info_path.read_text())
+        except ValueError as exc:  # checked above when the dataset has checksums
+            raise StoreDamageError(self.root, "every episode", {F.INFO_PATH: f"cannot be read ({exc})"}) from exc
         version = str(self.info.get("codebase_version", "?"))
         if not version.startswith("v3."):
             raise F.LeRobotFormatError(
@@ -86,6 +89,12 @@ class LeRobotDatasetReader:
         """Whether the dataset carries checksums its reads are checked against."""
         return self.checksums.verified
 
+    def require_verified(self) -> None:
+        """Refuse a dataset without checksums (made by other tools) with `UnverifiedStoreError`."""
+        if not self.verified:
+            labels = [episode_label(self.episode_id(i), i) for i in range(len(self))]
+            raise UnverifiedStoreError(self.root, labels, len(self))
+
     def episode(self, index: int) -> Episode:
         row = self.rows[index]
         columns, images = self._frames(row)
@@ -105,7 +114,7 @@ class LeRobotDatasetReader:
         """Texts by index from tasks.parquet / subtasks.parquet (the text is whichever column is a string)."""
         if not (self.root / path).exists():
             raise F.LeRobotFormatError(f"{self.root} has no {path}")
-        table = self.pq.read_table(self.root / path)
+        table = self._table(self.root / path)
         text = [n for n, t in zip(table.column_names, table.schema.types) if self.pa.types.is_string(t)
                 or self.pa.types.is_large_string(t)]
         if column not in table.column_names or not text:
@@ -121,10 +130,20 @@ class LeRobotDatasetReader:
             raise F.LeRobotFormatError(f"{self.root} has no episode table ({F.EPISODES_DIR}/*/*.parquet)")
         rows = []
         for path in paths:
-            table = self.pq.read_table(path)
+            table = self._table(path)
             keep = [c for c in table.column_names if not c.startswith(F.STATS_PREFIX)]
             rows += table.select(keep).to_pylist()
         return sorted(rows, key=lambda r: r[F.EPISODE_INDEX])
+
+    def _table(self, path: Path):
+        """A metadata table (checked on opening when the dataset has checksums); one that cannot be read is
+        damage of every episode, named by its file."""
+        try:
+            return self.pq.read_table(path)
+        except (OSError, self.pa.ArrowException) as exc:
+            rel = path.relative_to(self.root).as_posix()
+            raise StoreDamageError(self.root, "every episode", {rel: f"cannot be read ({type(exc).__name__}: "
+                                                                     f"{exc})"}) from exc
 
     def _data_file(self, row: dict) -> str:
         return self.info["data_path"].format(chunk_index=row[F.DATA_CHUNK], file_index=row[F.DATA_FILE])
@@ -134,19 +153,20 @@ class LeRobotDatasetReader:
         path = self.root / self._data_file(row)
         if not path.is_file() and self.checksums.verified:
             raise self._damage(row, {self._data_file(row): "the file is missing"})
+        rel = self._data_file(row)
         if self._data is None or self._data[0] != path:
             try:
                 table = self.pq.read_table(path)
                 self._data = (path, {name: self._column(table, name) for name in table.column_names
                                      if self.features.get(name, {}).get("dtype") != "image"}, table)
-            except (OSError, self.pa.ArrowException) as exc:  # a damaged parquet file
-                raise self._damage(row, {self._data_file(row): f"cannot be read ({type(exc).__name__}: {exc})"}) from exc
+            except (OSError, ValueError, self.pa.ArrowException) as exc:  # a damaged parquet file
+                raise self._damage(row, {rel: self._why(rel, f"cannot be read ({type(exc).__name__}: {exc})")}) from exc
         _, data, table = self._data
         rows = np.flatnonzero(data[F.EPISODE_INDEX] == row[F.EPISODE_INDEX])
         order = rows[np.argsort(data[F.FRAME_INDEX][rows], kind="stable")] if F.FRAME_INDEX in data else rows
         if len(order) != row[F.LENGTH]:
-            raise F.LeRobotFormatError(f"episode {row[F.EPISODE_INDEX]} has {len(order)} frames in {path}, "
-                                       f"its metadata says {row[F.LENGTH]}")
+            raise self._damage(row, {rel: self._why(rel, f"holds {len(order)} frames of the episode, its metadata "
+                                                         f"says {row[F.LENGTH]}")})
         columns = {name: values[order] for name, values in data.items()}
         images = {}
         for key in self.cameras:
@@ -154,8 +174,13 @@ class LeRobotDatasetReader:
                 images[key] = self._video_frames(row, key)
             else:
                 cells = table[key].take(self.pa.array(order)).to_pylist()
-                images[key] = np.stack([self._decode_png(cell, key) for cell in cells])
+                images[key] = np.stack([self._decode_png(row, cell, key, frame) for frame, cell in enumerate(cells)])
         return columns, images
+
+    def _why(self, rel: str, what: str) -> str:
+        """`what` is wrong with file `rel`, and whether it differs from what was written (when that is known)."""
+        differs = self.checksums.check_file(rel)
+        return f"{rel}: {what}" + (f"; {differs.removeprefix(f'{rel}: ')}" if differs else "")
 
     def _column(self, table, name: str) -> np.ndarray:
         column = table[name].combine_chunks()
@@ -164,14 +189,28 @@ class LeRobotDatasetReader:
             return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), width)
         return column.to_numpy(zero_copy_only=False)
 
-    def _decode_png(self, cell: dict, key: str) -> np.ndarray:
-        if cell.get("bytes") is not None:
-            from io import BytesIO
+    def _decode_png(self, row: dict, cell: dict, key: str, frame: int) -> np.ndarray:
+        """Frame `frame`'s image of camera `key` (H, W, 3) uint8: PNG bytes in the data file, or a file of its own.
+        One that cannot be decoded, or decodes to another shape, is damage naming the episode, frame and file."""
+        rel = cell.get("path") or self._data_file(row)
+        try:
+            if cell.get("bytes") is not None:
+                from io import BytesIO
 
-            return np.asarray(self.Image.open(BytesIO(cell["bytes"])).convert("RGB"))
-        if cell.get("path"):
-            return np.asarray(self.Image.open(self.root / cell["path"]).convert("RGB"))
-        raise F.LeRobotFormatError(f"an image of {key} has neither bytes nor a path")
+                image = np.asarray(self.Image.open(BytesIO(cell["bytes"])).convert("RGB"))
+            elif cell.get("path"):
+                image = np.asarray(self.Image.open(self.root / cell["path"]).convert("RGB"))
+            else:
+                raise ValueError("the image has neither bytes nor a path")
+        except Exception as exc:  # noqa: BLE001 - whatever the decoder raises is the finding, named
+            what = ("not an image Pillow can identify" if isinstance(exc, self.Image.UnidentifiedImageError)
+                    else f"{type(exc).__name__}: {exc}")
+            raise self._damage(row, {key: self._why(rel, f"the image of frame {frame} cannot be decoded ({what})")}) from exc
+        shape = tuple(self.features[key].get("shape") or image.shape)
+        if image.shape != shape:
+            raise self._damage(row, {key: self._why(rel, f"the image of frame {frame} decodes to {image.shape}, the "
+                                                         f"feature is {shape}")})
+        return image
 
     def _video_frames(self, row: dict, key: str) -> np.ndarray:
         prefix = f"videos/{key}/"
@@ -184,9 +223,9 @@ class LeRobotDatasetReader:
         first = round(row[prefix + "from_timestamp"] * self.fps)
         try:
             return cursor.frames(path, first, first + row[F.LENGTH])
-        except self.av.FFmpegError as exc:  # a damaged video (checked above when the dataset has checksums)
-            cursor.close()
-            raise self._damage(row, {key: f"video {rel} cannot be decoded ({exc})"}) from exc
+        except (self.av.FFmpegError, F.LeRobotFormatError, ValueError) as exc:  # a damaged video (checked above
+            cursor.close()  # when the dataset has checksums), or one short of frames
+            raise self._damage(row, {key: f"video {rel} cannot be decoded ({type(exc).__name__}: {exc})"}) from exc
 
     # -- schema ---------------------------------------------------------------------
     def _steps(self, row: dict, columns: dict[str, np.ndarray], images: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

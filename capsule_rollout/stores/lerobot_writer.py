@@ -24,7 +24,7 @@ from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores import lerobot_stats
 from capsule_rollout.stores.episode import Episode
-from capsule_rollout.stores.lerobot_checksums import column_checksums, write_checksums
+from capsule_rollout.stores.lerobot_checksums import CHECKSUMS_PATH, INFO_KEY, column_checksums, write_checksums
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.store_damage import StoreDamageError
 from capsule_rollout.stores.zarr_reader import EpisodeReader
@@ -384,6 +384,7 @@ class LeRobotWriter:
             "data_files_size_in_mb": opts.data_file_mb, "video_files_size_in_mb": opts.video_file_mb,
             "fps": opts.fps, "splits": {"train": f"0:{n}"}, "data_path": F.DATA_PATH,
             "video_path": F.VIDEO_PATH if self._videos else None, "features": self.features,
+            INFO_KEY: CHECKSUMS_PATH,
         }
 
     def _write_episodes(self) -> None:

@@ -23,6 +23,16 @@ manifest with the file, line number and content, and nothing rewrites it. The wr
 exclusive `flock` on the file, so a second driver on the same store is refused. Durability is that of
 the shards: the manifest's `fsync` keeps the manifest whole across a power loss, but a shard's zarr
 commit is made safe against a killed process (a rename), not flushed to disk.
+
+The manifest carries what it holds: after each append the writer replaces `manifest.count.json` (temp
+file, fsync, rename) with the number of committed entries, their bytes' CRC-32C and the last entry, and
+the header names that file. A manifest shorter than its count (the last entry deleted: its episode would
+vanish from the store, an orphan in its shard) or whose counted bytes differ (an entry edited or deleted)
+is refused naming the count and the last entry; a manifest longer than its count is a driver killed
+between its append and the count's rename, and the entries past the count are committed. A count file
+missing where the header names one is refused too by readers; the next driver writes it again (to drop
+an entry on purpose: delete its line and the count file, then resume). Manifests written before the
+count existed (no key in their header) read as before and get a count from their next driver.
 """
 
 from __future__ import annotations
@@ -34,7 +44,11 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import google_crc32c
+
 MANIFEST_FILE = "manifest.jsonl"
+COUNT_FILE = "manifest.count.json"  # what the manifest holds: entries, their bytes' CRC-32C, the last entry
+COUNT_KEY = "count"  # the header's key naming the count file
 FORMAT = "stores.sharded_store"
 VERSION = 1
 SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -60,7 +74,7 @@ class ManifestEntry:
 
 
 def _header_line() -> bytes:
-    return (json.dumps({"format": FORMAT, "version": VERSION}) + "\n").encode()
+    return (json.dumps({"format": FORMAT, "version": VERSION, COUNT_KEY: COUNT_FILE}) + "\n").encode()
 
 
 def parse_entry(text: str) -> ManifestEntry:
@@ -91,10 +105,12 @@ class Manifest:
     entries: tuple[ManifestEntry, ...]
     torn_bytes: int  # an append cut short by a crash: not committed, ignored
     committed_bytes: int  # the file's length up to the last complete line
+    crc32c: int  # of the committed bytes
 
 
-def read_manifest(path: str | os.PathLike) -> Manifest:
-    """Read and check a manifest; a damaged one raises ManifestError (the file is left as it is)."""
+def read_manifest(path: str | os.PathLike, *, require_count: bool = True) -> Manifest:
+    """Read and check a manifest against its count (`COUNT_FILE`); a damaged one raises ManifestError (the file
+    is left as it is). `require_count=False`: a count file that is missing is no error (the writer writes it)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -124,12 +140,59 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
         except ValueError as exc:  # json's, decode's and parse_entry's errors alike
             raise ManifestError(
                 f"{path} line {number} is not a valid manifest entry ({exc}): {line[:160]!r}. The {number - 2} "
-                "entries before it are intact and nothing was changed; repair or delete that line (an episode "
-                "it named stays in its shard, unnamed, and a resumed run records it again)") from None
+                "entries before it are intact and nothing was changed; restore that line from a copy of the store "
+                f"(or, to drop the episode it named, delete the line and {COUNT_FILE}, then resume the run: the "
+                "episode stays in its shard, unnamed, and the run records it again)") from None
         ids.add(entry.episode_id)
         places.add((entry.shard, entry.index))
         entries.append(entry)
-    return Manifest(path, tuple(entries), len(raw) - end, end)
+    _check_count(path, header.get(COUNT_KEY) == COUNT_FILE and require_count, raw[:end], entries)
+    return Manifest(path, tuple(entries), len(raw) - end, end, google_crc32c.value(raw[:end]))
+
+
+def _check_count(path: Path, required: bool, committed: bytes, entries: list[ManifestEntry]) -> None:
+    """Refuse a manifest that holds fewer entries than its count, or whose counted bytes differ."""
+    count_path = path.with_name(COUNT_FILE)
+    try:
+        count = json.loads(count_path.read_bytes())
+        n, size, crc = count["entries"], count["bytes"], count["crc32c"]
+        if not all(isinstance(v, int) for v in (n, size, crc)):
+            raise TypeError(f"entries, bytes and crc32c must be integers, got {n!r}, {size!r}, {crc!r}")
+    except FileNotFoundError:
+        if required and entries:
+            raise ManifestError(
+                f"{count_path} is missing: the manifest's header says it counts the {len(entries)} entries (without it "
+                "a deleted entry cannot be told); nothing was changed: restore it from a copy of the store, or resume "
+                "the run (its driver counts the entries anew)") from None
+        return
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(f"{count_path} cannot be read ({type(exc).__name__}: {exc}); nothing was changed: restore "
+                            "it from a copy of the store, or delete it and resume the run") from None
+    last = count.get("last") if isinstance(count.get("last"), dict) else {}
+    if n > len(entries) or size > len(committed):
+        lost = last.get("episode_id") not in {e.episode_id for e in entries}
+        named = (f", the last of them episode {last.get('episode_id')!r} (episode {last.get('index')} of shard "
+                 f"{last.get('shard')!r}), which no entry names now" if lost else "")
+        raise ManifestError(
+            f"{path} holds {len(entries)} entries; {COUNT_FILE} says {n} were committed{named}: entries were deleted "
+            "(or the manifest replaced by an older copy). Their episodes are still in their shards; nothing was "
+            "changed: restore the manifest from a copy of the store")
+    if google_crc32c.value(committed[:size]) != crc:
+        raise ManifestError(
+            f"{path}: its first {n} entries ({size} bytes) differ from what was committed ({COUNT_FILE}'s checksum): "
+            "an entry was edited or deleted; nothing was changed: restore the manifest from a copy of the store")
+
+
+def write_count(path: Path, entries: int, committed: int, crc: int, last: ManifestEntry | None) -> None:
+    """Replace the count file beside manifest `path` (temp file, fsync, rename)."""
+    count = {"entries": entries, "bytes": committed, "crc32c": crc, "last": asdict(last) if last else None}
+    count_path = path.with_name(COUNT_FILE)
+    tmp = count_path.with_name(f".{count_path.name}.{os.getpid()}.partial")
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(count).encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, count_path)
 
 
 def create_manifest(path: Path) -> None:
@@ -140,6 +203,7 @@ def create_manifest(path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    write_count(path, 0, len(_header_line()), google_crc32c.value(_header_line()), None)
     _fsync_dir(path.parent)
 
 
@@ -160,10 +224,13 @@ class ManifestWriter:
             raise ManifestError(f"{self.path} is being written by another process (a driver still running on "
                                 "this store?); one driver records to a store at a time") from None
         try:
-            manifest = read_manifest(self.path)
+            manifest = read_manifest(self.path, require_count=False)
             if manifest.torn_bytes:
                 os.ftruncate(self._fd, manifest.committed_bytes)
                 os.fsync(self._fd)
+            self._bytes, self._crc = manifest.committed_bytes, manifest.crc32c
+            self._last = manifest.entries[-1] if manifest.entries else None
+            write_count(self.path, len(manifest.entries), self._bytes, self._crc, self._last)
         except BaseException:
             os.close(self._fd)
             raise
@@ -195,12 +262,15 @@ class ManifestWriter:
             parse_entry(lines[-1].decode())  # the line must read back as this entry
         if not entries:
             return
-        lines = memoryview(b"".join(lines))
+        data = b"".join(lines)
+        lines = memoryview(data)
         while lines:
             lines = lines[os.write(self._fd, lines):]
         os.fsync(self._fd)
         for entry in entries:
             self.entries[entry.episode_id] = entry
+        self._bytes, self._crc, self._last = self._bytes + len(data), google_crc32c.extend(self._crc, data), entries[-1]
+        write_count(self.path, len(self.entries), self._bytes, self._crc, self._last)  # after the commit point
 
     def close(self) -> None:
         if self._fd >= 0:

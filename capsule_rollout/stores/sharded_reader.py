@@ -64,6 +64,8 @@ class ShardedEpisodeReader(EpisodeReader):
         self.starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)
         self._specs = self._common_specs()
         self._loaded: dict[str, np.ndarray] = {}
+        self.record_problems = {f"{shard_path(self.path, name).relative_to(self.path)}/{what}": why
+                                for name in self._names for what, why in self._shards[name].record_problems.items()}
 
     def _check(self, entry: ManifestEntry, line: int) -> None:
         where = (f"{self.path / MANIFEST_FILE} line {line} names episode {entry.episode_id!r} as episode "

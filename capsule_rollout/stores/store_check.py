@@ -18,7 +18,7 @@ import numpy as np
 
 from capsule_rollout.stores import store_damage as D
 from capsule_rollout.stores.episode import EpisodeError
-from capsule_rollout.stores.npz_recorder import read_npz_episode
+from capsule_rollout.stores.npz_recorder import INDEX_FILE, read_index, read_npz_episode, says_listed
 from capsule_rollout.stores.shard_manifest import MANIFEST_FILE, ManifestError
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import is_sharded_store, parse_store_root
@@ -58,7 +58,7 @@ def store_kind(root: Path) -> str:
         return SHARDED
     if (root / ".zgroup").is_file():
         return ZARR
-    if root.is_dir() and any(root.glob("*.npz")):
+    if root.is_dir() and ((root / INDEX_FILE).is_file() or any(root.glob("*.npz"))):
         return NPZ
     raise FileNotFoundError(f"{root} is not an episode store: not a zarr store (no .zgroup), a sharded store (no "
                             f"{MANIFEST_FILE}), a LeRobot dataset (no meta/info.json) or a directory of .npz episodes")
@@ -86,6 +86,7 @@ def check_store(location: str | os.PathLike, *, on_checked: Callable[[int], None
 
 def _check_zarr(report: StoreReport, tick: Callable[[int], None], block_mb: int) -> None:
     reader = open_episode_reader(report.store)
+    report.problems.update(reader.record_problems)
     step_bytes = max(1, sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in reader.specs.values()))
     limit = max(1, (block_mb << 20) // step_bytes)
     first = 0
@@ -120,12 +121,31 @@ def _check_lerobot(report: StoreReport, tick: Callable[[int], None]) -> None:
 
 
 def _check_npz(report: StoreReport, tick: Callable[[int], None]) -> None:
-    """npz files keep a CRC-32 of every array (zip): reading one whole checks it."""
-    for i, path in enumerate(sorted(p for p in report.store.glob("*.npz") if not p.name.startswith("."))):
+    """npz files keep a CRC-32 of every array (zip): reading one whole checks it; the directory's list
+    (`episodes.jsonl`) names each file it holds with its size and CRC-32C, so a missing one is damage."""
+    index = read_index(report.store)
+    files = {p.name: p for p in report.store.glob("*.npz") if not p.name.startswith(".")}
+    listed = index.entries if index is not None else {}
+    if index is not None:
+        report.problems.update(index.problems)
+    elif any(says_listed(p) for p in files.values()):
+        report.problems[INDEX_FILE] = ("the list of the directory's episodes is missing (its episode files say it "
+                                       "lists them): a deleted episode file cannot be told")
+    for i, name in enumerate(sorted(set(files) | set(listed))):
+        path, entry = report.store / name, listed.get(name)
+        episode_id = entry["episode_id"] if entry else path.stem
+        why = index.check(path) if entry else None
+        if why is not None:
+            report.episodes.append(EpisodeCheck(i, episode_id, D.DAMAGED, {name: why}))
+            tick(1)
+            continue
         try:
             read_npz_episode(path)
-            check = EpisodeCheck(i, path.stem, D.OK)
+            unlisted = entry is None and index is not None and says_listed(path)
+            check = (EpisodeCheck(i, episode_id, D.UNVERIFIED, {INDEX_FILE: f"does not list {name} (a recorder killed "
+                                  "before listing it, or its line was deleted: the next recorder lists it)"})
+                     if unlisted else EpisodeCheck(i, episode_id, D.OK))
         except StoreDamageError as exc:
-            check = EpisodeCheck(i, path.stem, D.DAMAGED, exc.problems)
+            check = EpisodeCheck(i, episode_id, D.DAMAGED, exc.problems)
         report.episodes.append(check)
         tick(1)

@@ -21,6 +21,22 @@ UNVERIFIED = "unverified"  # recorded before the store had checksums: read as it
 FIELDS = "meta"  # the name of an episode's per-episode fields in a damage report
 
 
+class UnverifiedStoreError(ValueError):
+    """Episodes recorded without checksums given to a command that copies only checked ones (consolidate, export,
+    import): a copy would give them checksums of whatever they hold now, damage included."""
+
+    def __init__(self, store: str | os.PathLike, labels: list[str], total: int) -> None:
+        self.store, self.labels = Path(store), list(labels)
+        shown = ", ".join(self.labels[:3]) + (f" and {len(self.labels) - 3} more" if len(self.labels) > 3 else "")
+        super().__init__(
+            f"{self.store}: {len(self.labels)} of its {total} episodes were recorded without checksums ({shown}), so "
+            "nothing can tell whether they still hold what was recorded, and a copy would certify whatever they "
+            "hold; nothing was written: pass --allow_unverified true to copy them as they are")
+
+    def __reduce__(self):
+        return type(self), (self.store, self.labels, 0)
+
+
 class StoreDamageError(ValueError):
     """Recorded data is missing or differs from what was written: `problems` maps each damaged array of
     `episode` (`episode 'id' (#index)`, or a range of episodes when the ids cannot be read) to what is wrong."""

@@ -55,6 +55,11 @@ class ShapeCommit:
         """Whether array `path`'s `.zarray` is a link into the commit directory."""
         return (self.root / path / ".zarray").is_symlink()
 
+    def lists(self, path: str) -> bool:
+        """Whether the current version holds array `path`'s metadata (it was committed, wherever its directory is)."""
+        current = self.current
+        return current is not None and (current / _file_name(path)).is_file()
+
     # -- setup --------------------------------------------------------------------
     def adopt(self, paths: list[str]) -> None:
         """Link each array's `.zarray` into the current version (a plain file becomes a link to a copy of itself).

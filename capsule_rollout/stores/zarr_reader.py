@@ -13,8 +13,9 @@ import zarr
 from capsule_rollout.stores import checksums as C
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores import store_damage as D
+from capsule_rollout.stores.checksum_record import ChecksumRecord, first_checked, read_record
 from capsule_rollout.stores.episode import Episode, EpisodeMeta
-from capsule_rollout.stores.store_damage import EpisodeCheck, StoreDamageError
+from capsule_rollout.stores.store_damage import EpisodeCheck, StoreDamageError, UnverifiedStoreError
 from capsule_rollout.stores.zarr_recorder import ENDS, committed_episodes
 
 
@@ -27,6 +28,7 @@ class EpisodeReader:
     ends: np.ndarray
     starts: np.ndarray
     _loaded: dict[str, np.ndarray]  # key -> all steps, once `load` read them
+    record_problems: dict[str, str]  # damage to what records the store's checksums that loses none of them
 
     @property
     def keys(self) -> list[str]:
@@ -42,6 +44,10 @@ class EpisodeReader:
         raise NotImplementedError
 
     def meta(self, index: int) -> EpisodeMeta:
+        raise NotImplementedError
+
+    def verified(self, index: int) -> bool:
+        """Whether episode `index` has checksums its reads are checked against."""
         raise NotImplementedError
 
     def episode(self, index: int, keys: Sequence[str] | None = None) -> Episode:
@@ -99,6 +105,18 @@ class EpisodeReader:
         return index % len(self)
 
 
+def require_verified(reader: EpisodeReader, indices: Sequence[int]) -> None:
+    """Refuse episodes `indices` unless each has checksums: one whose checksums are missing where the store records
+    them raises `StoreDamageError`; episodes recorded without raise `UnverifiedStoreError` naming them."""
+    unverified = []
+    for i in indices:
+        if not reader.verified(i):
+            meta = reader.meta(i)  # raises when the store records checksums for it
+            unverified.append(D.episode_label(meta.episode_id, int(i)))
+    if unverified:
+        raise UnverifiedStoreError(reader.path, unverified, len(indices))
+
+
 def store_episodes(reader: EpisodeReader, indices: Sequence[int], *, block_mb: int = 256) -> Iterator[Episode]:
     """Episodes `indices` of a store, read in blocks of consecutive episodes of up to `block_mb` (one
     `reader.steps` call per block: reading episode by episode costs about as much as writing them). A damaged
@@ -134,7 +152,8 @@ class ZarrEpisodeReader(EpisodeReader):
     Every read of whole episodes is checked against the checksums recorded with them (`stores.checksums`;
     a read of part of an episode reads and checks the whole episode): a missing chunk, one that cannot be
     decoded, or data that differs raises `StoreDamageError` naming the store, the episode and the array.
-    Episodes recorded without checksums (by older code) are read as they are: `verified(i)` is False.
+    Episodes recorded without checksums (by older code) are read as they are: `verified(i)` is False. From the
+    episode on which the store records checksums (`stores.checksum_record`), a missing checksum is damage too.
     `verify=False` skips the checksums (for measuring their cost); chunks that fail to decode still raise.
     """
 
@@ -147,30 +166,53 @@ class ZarrEpisodeReader(EpisodeReader):
         meta = root["meta"]
         arrays = dict(meta.arrays())
         self._meta = {name: arrays[name] for name in S.EPISODE_FIELDS if name in arrays}
-        sums = arrays.get(C.ARRAY) if verify else None
+        sums = arrays.get(C.ARRAY)
         try:
-            columns = C.columns_of(sums.attrs) if sums is not None else []
+            record = (read_record(self.path, root.attrs.asdict(), sums, sums.attrs.asdict() if sums is not None else None)
+                      if verify else ChecksumRecord(None))
         except ValueError as exc:
             raise ValueError(f"{self.path}: {exc}") from None
+        self.record_problems = dict(record.problems)  # damage to the record itself (`store_check` reports it)
         ends = self._meta_rows(ENDS, arrays[ENDS], arrays[ENDS].shape[0])
         lengths = [a.shape[0] for a in self._meta.values()]
         # a store with checksums is written by commits that grow every array at once: its shapes are the truth
         # (a damaged episode_ends entry is reported, not a reason to show fewer episodes)
-        if C.ARRAY in arrays and self._data:
+        if (record.writes_checksums or C.ARRAY in arrays) and self._data:
             n = min([len(ends), *lengths])
         else:
             n = committed_episodes(ends, [a.shape[0] for a in self._data.values()] or [0], lengths)
         self.ends = ends[:n].astype(np.int64) if self._data else ends[:0].astype(np.int64)
         self.starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)
         self._meta_cache = {name: self._meta_rows(name, array, len(self.ends)) for name, array in self._meta.items()}
+        columns = record.columns if record.lost is None else []
         table = np.full((len(self.ends), len(columns)), C.NO_CHECKSUM, np.int64)
-        if sums is not None:
+        if columns:
             rows = self._meta_rows(C.ARRAY, sums, min(len(self.ends), sums.shape[0]))
             table[: len(rows)] = rows
         self._sums = {column: table[:, c] for c, column in enumerate(columns)}  # column -> per-episode checksums
         self._lost = sorted(f"data/{k}" for k in self._sums if k != C.META and k not in self._data)
+        first = first_checked(self._sums.get(C.META, [])) if record.inferred else record.from_episode
+        self._unsummed = self._missing_checksums(first, record.lost, sums, table)
         self._meta_ok: set[int] = set()
         self._loaded: dict[str, np.ndarray] = {}
+
+    def _missing_checksums(self, first: int | None, lost: str | None, sums: zarr.Array | None,
+                           table: np.ndarray) -> dict[int, str]:
+        """Episode -> why its checksums are not there, for each episode from `first` on that the store records
+        them for and has none (the array or its attributes lost, a chunk missing, the fill value, too few rows)."""
+        if first is None or first >= len(self.ends):
+            return {}
+        if lost is not None:
+            return dict.fromkeys(range(first, len(self.ends)), lost)
+        out = {}
+        for i in (first + np.flatnonzero((table[first:] == C.NO_CHECKSUM).any(axis=1))).tolist():
+            if i >= sums.shape[0]:
+                out[i] = f"holds {sums.shape[0]} rows, the store {len(self.ends)} episodes: no checksum for this one"
+            elif missing := D.missing_chunks(self.path, f"meta/{C.ARRAY}", sums, i, i + 1):
+                out[i] = f"chunk {missing[0]} is missing (it reads as 'no checksum' for the episodes it held)"
+            else:
+                out[i] = "holds no checksum for the episode (the fill value) where the store records them"
+        return out
 
     def _meta_rows(self, name: str, array: zarr.Array, n: int) -> np.ndarray:
         try:
@@ -272,18 +314,21 @@ class ZarrEpisodeReader(EpisodeReader):
             for i in range(first, last + 1):
                 damage.update(self._rows(key, i, i, int(self.starts[i]), int(self.ends[i]))[1])
             return None, damage
-        if sums is None:
-            return values, {}
         damage: dict[int, str] = {}
         for i in range(first, last + 1):
-            want = int(sums[i])
+            want = int(sums[i]) if sums is not None else C.NO_CHECKSUM
             x, y = int(self.starts[i]) - a, int(self.ends[i]) - a
             if want != C.NO_CHECKSUM and (y > len(values) or C.checksum(values[x:y]) != want):
                 damage[i] = D.mismatch(self.path, path, array, x + a, y + a, len(values[x:y]))
+            elif i in self._unsummed and (missing := D.missing_chunks(self.path, path, array, x + a, y + a)):
+                damage[i] = f"chunk {', '.join(missing)} is missing (read as zeros)"  # unchecked, but told
         return values[lo - a:hi - a], damage
 
     def _meta_problems(self, i: int) -> dict[str, str]:
-        """What is wrong with episode i's fields and its `episode_ends` entry (empty when nothing, or unchecked)."""
+        """What is wrong with episode i's fields and its `episode_ends` entry (empty when nothing, or unchecked), or
+        that its checksums are missing where the store records them."""
+        if i in self._unsummed:
+            return {f"meta/{C.ARRAY}": self._unsummed[i]}
         sums = self._sums.get(C.META)
         if sums is None or int(sums[i]) == C.NO_CHECKSUM:
             self._meta_ok.add(i)

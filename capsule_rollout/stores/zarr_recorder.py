@@ -34,7 +34,9 @@ import zarr
 
 from capsule_rollout.stores import checksums as C
 from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.checksum_record import first_checked, read_record
 from capsule_rollout.stores.episode import Episode, EpisodeError, validate_episode
+from capsule_rollout.stores.store_damage import StoreDamageError
 from capsule_rollout.stores.writer_lock import WriterLock
 from capsule_rollout.stores.zarr_commit import ShapeCommit, write_rows
 
@@ -104,9 +106,8 @@ class ZarrRecorder:
         self.repair_report = self._repair()
         self._data_keys = {k for k, _ in self._data.arrays()}
         self._meta_keys = {k for k, _ in self._meta.arrays()}
-        # the checksum columns of the store (None: it has no checksums yet)
-        self._sum_columns = C.columns_of(self._meta[C.ARRAY].attrs) if C.ARRAY in self._meta_keys else None
         self._n_episodes = self.repair_report.episodes
+        self._sum_columns = self._checksum_columns()  # None: the store has no checksums yet
         self._n_steps = int(self._meta[ENDS][self._n_episodes - 1]) if self._n_episodes else 0
         self._keys: dict[str, tuple] | None = (
             {k: tuple(a.shape[1:]) for k, a in self._data.arrays()} if self._n_episodes else None
@@ -313,13 +314,41 @@ class ZarrRecorder:
         return rows
 
     def _create_checksum_array(self, columns: list[str], n: int) -> None:
-        """`meta/checksums`, `NO_CHECKSUM` for the n episodes already in the store (recorded without)."""
+        """`meta/checksums`, `NO_CHECKSUM` for the n episodes already in the store (recorded without), and the
+        record that the store writes checksums from episode n on. The record first: a creation cut short leaves a
+        record that no committed episode needs (episodes from n on), and the array is made again (overwritten)."""
+        self.root.attrs.update({C.RECORD: C.record(n)})
         self._meta.create_array(C.ARRAY, shape=(n, len(columns)), chunks=(META_CHUNK, len(columns)), dtype=np.int64,
                                 fill_value=C.NO_CHECKSUM, compressors=_compressor(np.dtype(np.int64)),
-                                attributes=C.attributes(columns))
+                                attributes=C.attributes(columns, n), overwrite=True)
         self._shapes.adopt([f"meta/{C.ARRAY}"])
         self._meta_keys.add(C.ARRAY)
         self._sum_columns = columns
+
+    def _checksum_columns(self) -> list[str] | None:
+        """The store's checksum columns (None: it records no checksums yet). A store whose record is damaged so
+        that appending would hide it is refused; a lost copy of the record is written again from the other; a
+        store written before the record existed gets one (its first episode holding a checksum)."""
+        sums = self._meta[C.ARRAY] if C.ARRAY in self._meta_keys else None
+        record = read_record(self.path, self.root.attrs.asdict(), sums, sums.attrs.asdict() if sums is not None else None)
+        if record.lost is not None and record.from_episode < self._n_episodes:
+            raise StoreDamageError(self.path, f"every episode from #{record.from_episode} on", {
+                f"meta/{C.ARRAY}": f"{record.lost}; appending would record the next episodes beside episodes whose "
+                "checksums are lost: restore the store from a copy, or record to a new store"})
+        if not record.writes_checksums:
+            return None
+        if not self.checksums:
+            raise ValueError(f"{self.path} records checksums of its episodes; a recorder with checksums=False would "
+                             "add episodes without: record them to another store")
+        if record.lost is not None:  # the array's creation cut short: no committed episode has checksums yet
+            return None
+        first = record.from_episode
+        if record.inferred:
+            first = first_checked(sums[: self._n_episodes, record.columns.index(C.META)])
+            sums.attrs.update({C.FROM_EPISODE: first})
+        if record.inferred or record.problems:
+            self.root.attrs.update({C.RECORD: C.record(first)})
+        return record.columns
 
     def _create_data_array(self, key: str, values: np.ndarray):
         row_bytes = values[0].nbytes if len(values) else 1

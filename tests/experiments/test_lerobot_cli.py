@@ -9,6 +9,7 @@ pytest.importorskip("av")
 
 from capsule_rollout.experiments.export_lerobot import TABLETOP_NAMES  # noqa: E402
 from capsule_rollout.experiments.run import main  # noqa: E402
+from capsule_rollout.stores.lerobot_checksums import CHECKSUMS_PATH, INFO_KEY  # noqa: E402
 from capsule_rollout.stores.lerobot_writer import LeRobotExportError  # noqa: E402
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader  # noqa: E402
 from tests.rollout.fakes import assert_same_episode  # noqa: E402
@@ -61,3 +62,17 @@ def test_export_chooses_episodes_and_refuses_to_overwrite(demos, tmp_path):
     with pytest.raises(LeRobotExportError, match="cannot read"):
         main(["export_lerobot", "--store", str(tmp_path / "none.zarr"), "--out", str(tmp_path / "x")])
     assert main(["export_lerobot", "--store", str(demos), "--out", ""]) == 2  # a config error, before any work
+
+
+def test_import_refuses_a_dataset_without_checksums_unless_told(demos, tmp_path, capsys):
+    dataset, store = tmp_path / "ds", tmp_path / "back.zarr"
+    assert main(["export_lerobot", "--store", str(demos), "--out", str(dataset), "--no-video", "--no-progress"]) == 0
+    (dataset / CHECKSUMS_PATH).unlink()  # what LeRobot's own tools write: no sidecar, none named in info.json
+    info = json.loads((dataset / "meta/info.json").read_text())
+    (dataset / "meta/info.json").write_text(json.dumps({k: v for k, v in info.items() if k != INFO_KEY}))
+    args = ["import_lerobot", "--src", str(dataset), "--out", str(store), "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "2 of its 2 episodes were recorded without checksums" in err and err.count("\n") == 1
+    assert not store.exists()
+    assert main([*args, "--allow_unverified", "true"]) == 0 and len(ZarrEpisodeReader(store)) == 2

@@ -15,7 +15,7 @@ av = pytest.importorskip("av")
 from capsule_rollout.stores import episode_schema as S  # noqa: E402
 from capsule_rollout.stores import lerobot_format as F  # noqa: E402
 from capsule_rollout.stores.episode import Episode  # noqa: E402
-from capsule_rollout.stores.lerobot_checksums import CHECKSUMS_PATH  # noqa: E402
+from capsule_rollout.stores.lerobot_checksums import CHECKSUMS_PATH, INFO_KEY  # noqa: E402
 from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader  # noqa: E402
 from capsule_rollout.stores.lerobot_stats import STAT_KEYS, ImageHistogram, vector_stats  # noqa: E402
 from capsule_rollout.stores.lerobot_writer import (  # noqa: E402
@@ -247,6 +247,7 @@ def test_reader_fills_what_a_lerobot_made_dataset_lacks(store, tmp_path):
     data = data.drop_columns(extras).append_column("next.reward", data["reward"])
     pq.write_table(data, data_path)
     info = json.loads((root / F.INFO_PATH).read_text())
+    info.pop(INFO_KEY)  # nor the key naming the sidecar
     info["features"] = {k: v for k, v in info["features"].items() if k not in extras}
     info["features"]["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
     (root / F.INFO_PATH).write_text(json.dumps(info))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from capsule_rollout.stores.episode import Episode, EpisodeError
-from capsule_rollout.stores.npz_recorder import NpzRecorder, read_npz_episode
+from capsule_rollout.stores.npz_recorder import INDEX_FILE, NpzRecorder, read_index, read_npz_episode, says_listed
 from tests.rollout.fakes import assert_same_episode, fake_episode
 
 
@@ -34,3 +34,16 @@ def test_duplicates_and_bad_episodes_write_nothing(tmp_path):
     with pytest.raises(EpisodeError, match="file name"):
         rec.path_for("../escape")
     assert [p.name for p in rec.episode_paths()] == ["ep-00001.npz"]
+
+
+def test_the_directory_lists_each_file_and_an_append_cut_short_is_cut(tmp_path):
+    rec = NpzRecorder(tmp_path)
+    paths = [rec.write(fake_episode(i)) for i in range(2)]
+    index = read_index(tmp_path)
+    assert [e["episode_id"] for e in index.entries.values()] == ["ep-00000", "ep-00001"] and not index.problems
+    assert all(index.check(p) is None and says_listed(p) for p in paths)
+    with open(tmp_path / INDEX_FILE, "ab") as f:
+        f.write(b'{"episode_id": "ep-0000')  # a recorder killed mid-append
+    assert len(read_index(tmp_path).entries) == 2
+    NpzRecorder(tmp_path).write(fake_episode(2))
+    assert (tmp_path / INDEX_FILE).read_bytes().count(b"\n") == 3 and len(read_index(tmp_path).entries) == 3

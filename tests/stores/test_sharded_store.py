@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capsule_rollout.stores.shard_manifest import MANIFEST_FILE, ManifestEntry, ManifestError
+from capsule_rollout.stores.shard_manifest import COUNT_FILE, MANIFEST_FILE, ManifestEntry, ManifestError
 from capsule_rollout.stores.sharded_reader import ShardedEpisodeReader, open_episode_reader
 from capsule_rollout.stores.sharded_store import (
     ShardedStore,
@@ -253,3 +253,30 @@ def test_every_shard_is_a_zarr_store_in_the_single_store_layout(tmp_path):
         single = ZarrEpisodeReader(shard)
         assert single.episode_ids in (["ep-00000", "ep-00002"], ["ep-00001", "ep-00003"])
         assert (shard / ".zgroup").exists() and (shard / "meta" / "episode_ends").is_dir()
+
+
+def test_the_manifest_carries_its_count_and_a_driver_killed_before_writing_it_loses_nothing(tmp_path):
+    root = _record(tmp_path / "s.zarr", [fake_episode(i) for i in range(2)])
+    behind = (root / COUNT_FILE).read_bytes()
+    with ShardedStore(root) as store:
+        writer = ShardWriter(root)
+        store.commit(writer.write(fake_episode(2)))
+        writer.close()
+    count = json.loads((root / COUNT_FILE).read_text())
+    assert (count["entries"], count["last"]["episode_id"]) == (3, "ep-00002")
+    (root / COUNT_FILE).write_bytes(behind)  # killed between the append and the count's rename
+    assert open_episode_reader(root).episode_ids == ["ep-00000", "ep-00001", "ep-00002"]
+    (root / COUNT_FILE).unlink()
+    with pytest.raises(ManifestError, match=f"{COUNT_FILE} is missing"):
+        open_episode_reader(root)
+    ShardedStore(root).close()  # a resumed driver counts the entries anew
+    assert json.loads((root / COUNT_FILE).read_text())["entries"] == 3 and len(open_episode_reader(root)) == 3
+
+
+def test_a_manifest_from_before_the_count_reads_as_it_is(tmp_path):
+    root = _record(tmp_path / "s.zarr", [fake_episode(i) for i in range(2)])
+    manifest = root / MANIFEST_FILE
+    lines = manifest.read_bytes().splitlines(keepends=True)
+    manifest.write_bytes(b'{"format": "stores.sharded_store", "version": 1}\n' + b"".join(lines[1:]))
+    (root / COUNT_FILE).unlink(missing_ok=True)
+    assert open_episode_reader(root).episode_ids == ["ep-00000", "ep-00001"]

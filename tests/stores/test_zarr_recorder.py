@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import subprocess
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
+from capsule_rollout.stores import checksums as C
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode, EpisodeError
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
@@ -297,3 +300,38 @@ def test_an_import_path_task_id_records_and_an_older_narrow_store_refuses_it_by_
             rec.write(_renamed(fake_episode(2), task=task))
         rec.write(fake_episode(3))  # what fits still records
     assert ZarrEpisodeReader(old).episode_ids == ["ep-00001", "ep-00003"]
+
+
+def test_a_store_records_that_it_writes_checksums_and_from_which_episode(tmp_path):
+    old = tmp_path / "old.zarr"
+    with ZarrRecorder(old, checksums=False) as rec:  # the format before checksums: no record
+        rec.write_many([fake_episode(0), fake_episode(1)])
+    assert not (old / ".zattrs").exists() or "checksums" not in json.loads((old / ".zattrs").read_text())
+    with ZarrRecorder(old) as rec:
+        rec.write(fake_episode(2))
+    assert json.loads((old / ".zattrs").read_text())["checksums"]["from_episode"] == 2
+    assert json.loads((old / "meta/checksums/.zattrs").read_text())["from_episode"] == 2
+    reader = ZarrEpisodeReader(old)
+    assert [reader.verified(i) for i in range(3)] == [False, False, True]
+    with pytest.raises(ValueError, match="records checksums of its episodes"):
+        ZarrRecorder(old, checksums=False)
+
+
+@pytest.mark.parametrize("cut", ["after the record", "after the array's metadata"])
+def test_a_checksum_array_whose_creation_was_cut_short_is_made_again(tmp_path, cut):
+    """The record is written before the array: a kill in between leaves a record no committed episode needs."""
+    path = tmp_path / "s.zarr"
+    with ZarrRecorder(path, checksums=False) as rec:
+        rec.write_many([fake_episode(0), fake_episode(1)])
+    root = zarr.open_group(str(path), mode="a", zarr_format=2)
+    root.attrs.update({C.RECORD: C.record(2)})  # what the first append with checksums writes first
+    if cut == "after the array's metadata":  # its .zarray, not yet its attributes
+        root["meta"].create_array(C.ARRAY, shape=(2, 2), chunks=(1024, 2), dtype=np.int64, fill_value=C.NO_CHECKSUM)
+    reader = ZarrEpisodeReader(path)
+    assert [reader.verified(i) for i in range(2)] == [False, False]
+    assert all(reader.episode(i).meta.episode_id == f"ep-0000{i}" for i in range(2))  # read, not refused
+    with ZarrRecorder(path) as rec:
+        rec.write(fake_episode(2))
+    reader = ZarrEpisodeReader(path)
+    assert [reader.verified(i) for i in range(3)] == [False, False, True]
+    assert_same_episode(reader.episode(2), fake_episode(2))
