@@ -60,9 +60,10 @@ def synthetic_actor(steps: int, image_size: int, cameras: int) -> type[RolloutAc
     """A `RolloutActor` class whose host returns a pre-built episode of this size."""
 
     class SyntheticActor(RolloutActor):
-        def __init__(self, spec: HostSpec, index: int = 0, *, host=None, observers=None, shard_root: str = ""):
+        def __init__(self, spec: HostSpec, index: int = 0, *, host=None, observers=None, shard_root: str = "",
+                     capsule_key: bytes | None = None):
             episode = synthetic_episode(steps, image_size, cameras, seed=index)
-            super().__init__(spec, index, host=PrebuiltHost(episode), shard_root=shard_root)
+            super().__init__(spec, index, host=PrebuiltHost(episode), shard_root=shard_root, capsule_key=capsule_key)
 
     return SyntheticActor
 
