@@ -19,13 +19,17 @@ Safety, enforced by the server whatever the backend does:
 - the server binds 127.0.0.1 by default; any other address needs a shared token,
   which every client must present in `hello`.
 Admission (`envs.robot_admission`): a connection must say a valid hello within `auth_timeout_s` of
-connecting; until then it waits, threadless, in a pool of at most `max_pending` (the oldest closed to make
-room) and never counts against `max_connections`, the limit on admitted connections. A wrong token's
-refusal comes `auth_backoff_s` after its check, doubling with each failure in a row from that address up
-to `auth_backoff_max_s`, and that address's next hello waits for it; other addresses are checked at once.
-`status()` reports these limits and counts.
+connecting; until then it waits, threadless, in a pool of at most `max_pending` (a full pool never closes one
+whose hello had the right token) and never counts against `max_connections`, the limit on admitted
+connections. A wrong token's refusal comes `auth_backoff_s` after its check, doubling with each failure in a
+row from that address up to `auth_backoff_max_s`, and that address's next hello waits for it; all addresses
+together have wrong tokens checked at most `auth_checks_per_s` a second, after a burst of as many (an address
+that has presented the right token is not held to that). `status()` reports these limits and counts.
 Connections are served concurrently, and the robot has one controller: the first
-client whose `hello` is accepted; another gets `busy` at once until it leaves.
+client whose `hello` is accepted; another gets `busy` at once until it leaves, unless the controller is in
+the middle of a frame begun before that hello: then the hello waits for the frame, `busy` if it completes,
+the robot if the controller is dropped for it (`frame_timeout_s`), ahead of any later hello (a client that
+stalls mid-frame and reconnects at once finds the robot taken).
 A frame must arrive whole within `frame_timeout_s` of its first byte, and a controller silent for
 `idle_timeout_s` is dropped, so no connection can keep the robot. A broken frame gets an error frame
 and, when the stream cannot be trusted, the connection is closed; an exception in
@@ -40,11 +44,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from capsule_rollout.envs.robot_admission import Admission, PeerBackoff
+from capsule_rollout.envs.robot_admission import WAIT, Admission, PeerBackoff, TokenBudget
 from capsule_rollout.envs.robot_backend import RobotBackend
 from capsule_rollout.envs.robot_protocol import (
     PREFIX_BYTES,
@@ -72,14 +76,15 @@ class RobotServer:
                  max_rate: float | np.ndarray | None = None, heartbeat_timeout_s: float = 1.0,
                  max_payload: int = 16 * 1024 * 1024, idle_timeout_s: float = 5.0, frame_timeout_s: float = 2.0,
                  max_connections: int = 8, auth_timeout_s: float = 2.0, max_pending: int = 32,
-                 auth_backoff_s: float = 0.25, auth_backoff_max_s: float = 4.0):
+                 auth_backoff_s: float = 0.25, auth_backoff_max_s: float = 4.0, auth_checks_per_s: float = 5.0):
         if host not in LOOPBACK and not token:
             raise ValueError(f"binding {host!r} exposes the robot beyond this machine: set a shared token "
                              "(and give it to the clients), or bind 127.0.0.1")
         for name, value in (("heartbeat_timeout_s", heartbeat_timeout_s), ("idle_timeout_s", idle_timeout_s),
-                            ("frame_timeout_s", frame_timeout_s), ("auth_timeout_s", auth_timeout_s)):
+                            ("frame_timeout_s", frame_timeout_s), ("auth_timeout_s", auth_timeout_s),
+                            ("auth_checks_per_s", auth_checks_per_s)):
             if not value > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+                raise ValueError(f"{name} must be > 0, got {value!r}")
         for name, count in (("max_connections", max_connections), ("max_pending", max_pending)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ValueError(f"{name} must be a positive int, got {count!r}")
@@ -102,11 +107,12 @@ class RobotServer:
         self.idle_timeout_s = idle_timeout_s  # a silent client is dropped, so it cannot keep the robot
         self.frame_timeout_s = frame_timeout_s  # a whole frame must arrive within this of its first byte
         self.max_connections = max_connections  # admitted connections served at once
-        self._sock = socket.create_server((host, port))
+        self._sock = socket.create_server((host, port), backlog=1024)
         self.address = self._sock.getsockname()[:2]
         self._stop = threading.Event()
         self._admission = Admission(self._sock, self._stop, self._admit, token=token, auth_timeout_s=auth_timeout_s,
-                                    max_pending=max_pending, backoff=PeerBackoff(auth_backoff_s, auth_backoff_max_s))
+                                    max_pending=max_pending, backoff=PeerBackoff(auth_backoff_s, auth_backoff_max_s),
+                                    budget=TokenBudget(auth_checks_per_s))
         self._threads: list[threading.Thread] = []
         self._conn_threads: list[threading.Thread] = []
         self._jobs: queue.Queue[_Job] = queue.Queue()
@@ -114,6 +120,7 @@ class RobotServer:
         self._open = 0  # admitted connections being served
         self._next_id = 0
         self._controller: int | None = None  # the connection that said hello: the robot has one controller
+        self._controller_reader: _FrameReader | None = None  # its frames: whether one is in progress, since when
         self.episode_owner: int | None = None  # the connection that reset the current episode
         self.episode_state = "idle"  # idle | running | safe_stopped | aborted | estopped
         self.last_action: np.ndarray | None = None
@@ -146,12 +153,16 @@ class RobotServer:
         return bool(self._threads) and all(t.is_alive() for t in self._threads)
 
     def status(self) -> dict:
-        """Health, the episode, admitted connections and their limit, and admission: connections waiting to say
-        hello, their limit and time, closed ones by cause, failed tokens by peer address (any thread)."""
+        """Health, the episode, admitted connections and their limit, how long the controller's frame in progress
+        has been coming (0: none), and admission: connections waiting to say hello or for the robot, their limit
+        and time, closed ones by cause, failed tokens by peer address and in all (any thread)."""
         with self._lock:
-            connections, controller = self._open, self._controller is not None
+            connections, controller, reader = self._open, self._controller is not None, self._controller_reader
+        started = reader.frame_started if reader else None
+        mid_frame = round(time.monotonic() - started, 3) if started is not None else 0.0
         return {"alive": self.alive, "episode_state": self.episode_state, "controller": controller,
-                "connections": connections, "max_connections": self.max_connections, **self._admission.status()}
+                "controller_mid_frame_s": mid_frame, "connections": connections,
+                "max_connections": self.max_connections, **self._admission.status()}
 
     # -- the robot thread: every backend call, and the watchdog --------------------------
     def _robot_loop(self) -> None:
@@ -198,35 +209,41 @@ class RobotServer:
         for thread in self._conn_threads:  # they see the stop flag within _POLL_S
             thread.join(2)
 
-    def _admit(self, conn: socket.socket, hello: Message, peer: str) -> Message | None:
-        """On the accept thread, a hello with the right token: the connection becomes the controller, served on
-        a thread of its own, or gets the `busy` error to be answered with."""
+    def _admit(self, conn: socket.socket, hello: Message, peer: str, heard: float) -> Message | None | Literal["wait"]:
+        """On the accept thread, a hello with the right token, whole at `heard`: the connection becomes the
+        controller, served on a thread of its own, gets the `busy` error to be answered with, or `WAIT`s (asked
+        again each tick) while the controller is in the middle of a frame begun before the hello."""
         with self._lock:
+            if self._controller is not None:
+                started = self._controller_reader.frame_started if self._controller_reader else None
+                if started is not None and started <= heard and \
+                        time.monotonic() < started + self.frame_timeout_s + _HANDOVER_S:
+                    return WAIT
+                return error_message("busy", "another client controls the robot; try again when it has left",
+                                     fatal=True, seq=hello.seq)
             if self._open >= self.max_connections:
                 return error_message("busy", f"the robot server is serving its {self.max_connections} connections",
                                      fatal=True, seq=hello.seq)
-            if self._controller is not None:
-                return error_message("busy", "another client controls the robot; try again when it has left",
-                                     fatal=True, seq=hello.seq)
             cid, self._next_id = self._next_id, self._next_id + 1
-            self._controller, self._open = cid, self._open + 1
+            reader = _FrameReader(conn, self._stop, self.frame_timeout_s, self.max_payload)
+            self._controller, self._controller_reader, self._open = cid, reader, self._open + 1
             self.last_heard = time.monotonic()
-        thread = threading.Thread(target=self._serve_connection, args=(conn, cid, hello.seq),
+        thread = threading.Thread(target=self._serve_connection, args=(conn, cid, hello.seq, reader),
                                   name=f"robot-conn-{cid}", daemon=True)
         try:
             thread.start()
         except BaseException:
             with self._lock:
-                self._controller, self._open = None, self._open - 1
+                self._controller, self._controller_reader, self._open = None, None, self._open - 1
             raise
         self._conn_threads = [t for t in self._conn_threads if t.is_alive()] + [thread]
         return None
 
-    def _serve_connection(self, conn: socket.socket, cid: int, hello_seq: int) -> None:
+    def _serve_connection(self, conn: socket.socket, cid: int, hello_seq: int, reader: _FrameReader) -> None:
         try:
             conn.settimeout(_POLL_S)
             if _send(conn, self._welcome(hello_seq)):
-                self._converse(conn, cid)
+                self._converse(conn, cid, reader)
         except Exception as exc:  # a bug in a handler must not take the server down, nor leave the robot moving
             self.events.append(f"handler failed: {type(exc).__name__}: {exc}")
             _send(conn, error_message("robot_fault", f"server error ({type(exc).__name__}); connection closed",
@@ -242,11 +259,10 @@ class RobotServer:
         self._call_quietly(lambda: self._hold_if_running("client disconnected"))
         with self._lock:
             if self._controller == cid:
-                self._controller = None
+                self._controller, self._controller_reader = None, None
 
-    def _converse(self, conn: socket.socket, cid: int) -> None:
+    def _converse(self, conn: socket.socket, cid: int, reader: _FrameReader) -> None:
         """Serve the controller's frames until it leaves."""
-        reader = _FrameReader(conn, self._stop, self.frame_timeout_s, self.max_payload)
         last = time.monotonic()
         while not self._stop.is_set():
             try:
@@ -373,6 +389,7 @@ class RobotServer:
 
 
 _POLL_S = 0.05  # how often a connection thread looks at the clock and the stop flag
+_HANDOVER_S = 1.0  # beyond its frame's deadline, how long a hello waits for a stalled controller to be dropped
 
 
 class _Idle(Exception):
@@ -408,11 +425,13 @@ class _Job:
 class _FrameReader:
     """Frames from a socket polled every `_POLL_S`: waiting for a frame to start ends at an idle
     deadline (`_Idle`); once its first byte is in, the whole frame must arrive within `frame_timeout_s`
-    (a slow drip is cut off, `frame_timeout`), whatever the pace of the bytes."""
+    (a slow drip is cut off, `frame_timeout`), whatever the pace of the bytes. `frame_started`: when the frame
+    in progress began (None between frames; it stays set once a frame fails, the connection then closing)."""
 
     def __init__(self, conn: socket.socket, stop: threading.Event, frame_timeout_s: float, max_payload: int) -> None:
         self.conn, self.stop = conn, stop
         self.frame_timeout_s, self.max_payload = frame_timeout_s, max_payload
+        self.frame_started: float | None = None
 
     def read(self, idle_deadline: float) -> Message:
         prefix, deadline = self._recv(PREFIX_BYTES, idle_deadline, idle=True)
@@ -420,6 +439,7 @@ class _FrameReader:
             raise ConnectionClosed("peer closed the connection")
         h_len, p_len = parse_prefix(prefix, max_payload=self.max_payload)
         body, _ = self._recv(h_len + p_len, deadline)
+        self.frame_started = None
         return decode_body(body[:h_len], body[h_len:])
 
     def _recv(self, n: int, deadline: float, idle: bool = False) -> tuple[bytes, float]:
@@ -443,7 +463,8 @@ class _FrameReader:
                     return b"", deadline
                 raise ProtocolError("truncated", f"connection ended {n - len(buf)} bytes before the frame's end")
             if idle and not buf:  # the frame starts: its own deadline from now
-                deadline = time.monotonic() + self.frame_timeout_s
+                self.frame_started = time.monotonic()
+                deadline = self.frame_started + self.frame_timeout_s
             buf += chunk
         return bytes(buf), deadline
 
