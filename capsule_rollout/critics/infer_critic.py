@@ -58,3 +58,16 @@ class InferCritic(BufferComponent):
             raise ValueError(f"{type(self.obj).__name__}.value answered {value}")
         self.buffers["value"].fill_(value)
         return self.buffers["value"]
+
+    @property
+    def batches(self) -> bool:
+        """Whether one object can serve a host's every slot (`infer_critic_rows.batches`)."""
+        from capsule_rollout.critics.infer_critic_rows import batches
+
+        return batches(self.obj)
+
+    def batched(self, n: int):
+        """This critic for a host of n slots: one call of the object over n rows (`InferCriticRows`)."""
+        from capsule_rollout.critics.infer_critic_rows import InferCriticRows
+
+        return InferCriticRows(self, n)

@@ -20,7 +20,7 @@ at every episode start.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,13 +46,33 @@ def accepts_noise(infer) -> bool:
                for p in params)
 
 
-def answer_chunk(answer: Any, obj: Any) -> np.ndarray:
+def answer_chunk(answer: Any, obj: Any, method: str = "infer") -> np.ndarray:
     """The chunk in an `infer` answer (the array, or a dict's `actions`), float32, a leading batch of 1 dropped."""
     chunk = answer.get("actions") if isinstance(answer, Mapping) else answer
     if chunk is None:
-        raise ValueError(f"{type(obj).__name__}.infer answered a dict without `actions` (keys {sorted(answer)})")
+        raise ValueError(f"{type(obj).__name__}.{method} answered a dict without `actions` (keys {sorted(answer)})")
     chunk = np.asarray(chunk, dtype=np.float32)
     return chunk[0] if chunk.ndim == 3 and chunk.shape[0] == 1 else chunk
+
+
+def answer_chunks(answer: Any, obj: Any, shape: tuple[int, ...], rows: Sequence[int] | None = None) -> np.ndarray:
+    """The chunks of an answer, checked: `shape` (`(T, A)`, or `(N, T, A)` for a batch) and finite in `rows` (all
+    when None); ValueError naming the object and method otherwise, so a bad action never reaches an env."""
+    method = "infer_batch" if len(shape) == 3 and callable(getattr(obj, "infer_batch", None)) else "infer"
+    raw = answer.get("actions") if isinstance(answer, Mapping) else answer
+    if raw is None:
+        raise ValueError(f"{type(obj).__name__}.{method} answered a dict without `actions` (keys {sorted(answer)})")
+    chunks = np.asarray(raw, dtype=np.float32)
+    if len(shape) == 2 and chunks.ndim == 3 and chunks.shape[0] == 1:
+        chunks = chunks[0]
+    if chunks.shape != shape:
+        raise ValueError(f"{type(obj).__name__}.{method} answered a chunk of shape {chunks.shape}; this policy acts "
+                         f"with {shape} ({'slots x ' if len(shape) == 3 else ''}chunk_length x action_dim)")
+    checked = chunks if rows is None else chunks[list(rows)]
+    if not np.isfinite(checked).all():
+        raise ValueError(f"{type(obj).__name__}.{method} answered non-finite actions (NaN or infinity): refused "
+                         "before they reach the env")
+    return chunks
 
 
 class InferPolicy(BufferComponent):
@@ -122,9 +142,22 @@ class InferPolicy(BufferComponent):
             obs[PROMPT_KEY] = prompt
         normal_(b["rng"], b["noise"], self._index)
         answer = self.obj.infer(obs, noise=b["noise"].numpy().copy()) if self._noise_kw else self.obj.infer(obs)
-        chunk = answer_chunk(answer, self.obj)
-        if chunk.shape != tuple(b["chunk"].shape):
-            raise ValueError(f"{type(self.obj).__name__}.infer answered a chunk of shape {chunk.shape}; this "
-                             f"policy acts with {tuple(b['chunk'].shape)} (chunk_length x action_dim)")
-        b["chunk"].copy_(torch.from_numpy(chunk))
+        b["chunk"].copy_(torch.from_numpy(answer_chunks(answer, self.obj, tuple(b["chunk"].shape))))
         return b["chunk"]
+
+    @property
+    def takes_noise(self) -> bool:
+        return self._noise_kw
+
+    @property
+    def batches(self) -> bool:
+        """Whether one object can serve a host's every slot (`infer_policy_rows.batches`)."""
+        from capsule_rollout.policies.infer_policy_rows import batches
+
+        return batches(self.obj)
+
+    def batched(self, n: int):
+        """This policy for a host of n slots: one call of the object over n rows (`InferPolicyRows`)."""
+        from capsule_rollout.policies.infer_policy_rows import InferPolicyRows
+
+        return InferPolicyRows(self, n)

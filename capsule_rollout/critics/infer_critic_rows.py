@@ -1,0 +1,108 @@
+"""`InferCritic` for a host of N slots: one `value` object serves every slot, one call over N rows.
+
+An object batches when it has `value_batch(obs)` or says `batches = True` (its `value` then takes the same
+batched argument):
+
+    critic.value_batch(obs: dict[str, np.ndarray | list]) -> np.ndarray  # (N,) values
+
+`obs[key]` is `(N, ...)` (row i: slot i's last observation), `step` `(N,)` int64 and `prompt` a list of N texts
+(None for a slot without one). Values of the rows that asked must be finite. Each slot is a `models.rows.RowSlot`
+with the one-row critic's state buffers (the prompt), so its capsules are one-slot capsules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec, Role
+from capsule_rollout.critics.infer_critic import InferCritic
+from capsule_rollout.models.inputs import require_keys
+from capsule_rollout.models.prompt_buffer import PROMPT_BYTES, read_prompt, write_prompt
+from capsule_rollout.models.rows import RowSlot
+
+
+def batches(obj: Any) -> bool:
+    """Whether `obj` values N rows in one call (`value_batch`, or `batches = True`)."""
+    return callable(getattr(obj, "value_batch", None)) or getattr(obj, "batches", False) is True
+
+
+class _Rows(BufferComponent):
+    def __init__(self, template: InferCritic, n: int) -> None:
+        super().__init__()
+        self.name, self.n = template.name, n
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        n = self.n
+        return [BufferSpec("prompt", (n, PROMPT_BYTES), torch.uint8, "cpu"),
+                BufferSpec("prompt_len", (n, 1), torch.int64, "cpu"),
+                BufferSpec("value", (n,), torch.float32, "cpu", Role.IO)]
+
+
+class InferCriticRows:
+    """N slots of one `InferCritic` whose object batches (`InferCritic.batched`)."""
+
+    def __init__(self, template: InferCritic, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"a batched critic has at least one row, got {n}")
+        if not batches(template.obj):
+            raise ValueError(f"{type(template.obj).__name__} does not batch (no value_batch, no `batches = True`): "
+                             "give each slot an instance of its own")
+        self.template, self.rows, self.spec, self.device = template, n, template.spec, template.device
+        self.obj = template.obj
+        self._rows = _Rows(template, n)
+        self.arena = Arena([self._rows]).allocate()
+        self.buffers = self._rows.buffers
+        self._obs: list[dict[str, Any] | None] = [None] * n
+        one_row = [s for s in template.buffer_specs() if s.role == Role.STATE]
+        self.slots = [InferCriticSlot(self, i, one_row) for i in range(n)]
+        self._call = getattr(self.obj, "value_batch", None) or self.obj.value
+        self._method = "value_batch" if callable(getattr(self.obj, "value_batch", None)) else "value"
+
+    def slot(self, i: int) -> InferCriticSlot:
+        return self.slots[i]
+
+    def evaluate_rows(self, active: Sequence[int]) -> torch.Tensor:
+        """One call over all N rows; the values `(N,)` of the `active` rows are valid (and checked)."""
+        loaded = next(o for o in self._obs if o is not None)
+        obs: dict[str, Any] = {k: np.stack([o[k] if o is not None else np.zeros_like(v) for o in self._obs])
+                               for k, v in loaded.items()}
+        obs["prompt"] = [self.slots[i].prompt for i in range(self.rows)]
+        values = np.asarray(self._call(obs), dtype=np.float32)
+        name = f"{type(self.obj).__name__}.{self._method}"
+        if values.shape != (self.rows,):
+            raise ValueError(f"{name} answered shape {values.shape}: return one value per row, ({self.rows},)")
+        if not np.isfinite(values[list(active)]).all():
+            raise ValueError(f"{name} answered a non-finite value (NaN or infinity)")
+        self.buffers["value"].copy_(torch.from_numpy(values))
+        return self.buffers["value"]
+
+
+class InferCriticSlot(RowSlot):
+    """Slot i of an `InferCriticRows`: the rollout protocol's critic, valuing through the shared object."""
+
+    def __init__(self, owner: InferCriticRows, index: int, specs) -> None:
+        super().__init__(owner.template.name, owner.buffers, index, specs, owner.template.fingerprint())
+        self.owner, self.spec, self.device = owner, owner.spec, owner.device
+
+    def _prompt_buffers(self) -> dict[str, torch.Tensor]:
+        return {"prompt": self.rows["prompt"][self.index], "prompt_len": self.rows["prompt_len"][self.index]}
+
+    def set_language(self, text: str) -> None:
+        write_prompt(self._prompt_buffers(), text, "an InferCritic")
+
+    @property
+    def prompt(self) -> str | None:
+        return read_prompt(self._prompt_buffers())
+
+    def load_observation(self, obs, step: int) -> None:
+        require_keys(obs, self.spec.observation_keys, "critic")
+        row = {k: np.array(obs[k]) for k in self.spec.observation_keys}
+        row["step"] = np.int64(step)
+        self.owner._obs[self.index] = row
+
+    def evaluate(self) -> torch.Tensor:
+        return self.owner.evaluate_rows([self.index])[self.index: self.index + 1]

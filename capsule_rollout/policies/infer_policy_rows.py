@@ -1,0 +1,134 @@
+"""`InferPolicy` for a host of N slots: one `infer` object serves every slot, one call over N rows.
+
+An object batches when it has `infer_batch(obs, *, noise)` or says `batches = True` (its `infer` then takes the
+same batched arguments):
+
+    policy.infer_batch(obs: dict[str, np.ndarray | list], *, noise: np.ndarray) -> dict | np.ndarray
+
+`obs[key]` is `(N, ...)`: row i is slot i's observation (the last one it loaded: a slot between episodes keeps its
+rows filled, so every call has N rows and what a row gets does not depend on which others act); `prompt` is a
+list of N texts (None for a slot without one); `noise` is `(N, T, A)`, row i drawn from slot i's counter-based
+stream (only rows that act advance). The answer is `(N, T, A)` (as it is or under `actions`). A batching object
+keeps no episode state across calls, or keeps it per row: its `reset_row(i)`, when it has one, is called when slot
+i starts an episode (its `reset()` is not: it would clear the other slots'). Each slot is a `models.rows.RowSlot`
+with the one-row policy's state buffers and fingerprint, so its capsules are one-slot capsules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec, Role
+from capsule_rollout.models.counter_rng import normal_rows_
+from capsule_rollout.models.inputs import require_keys
+from capsule_rollout.models.prompt_buffer import PROMPT_BYTES, read_prompt, write_prompt
+from capsule_rollout.models.rows import RowSlot, set_active
+from capsule_rollout.policies.infer_policy import PROMPT_KEY, InferPolicy, accepts_noise, answer_chunks
+
+
+def batches(obj: Any) -> bool:
+    """Whether `obj` serves N rows in one call (`infer_batch`, or `batches = True`)."""
+    return callable(getattr(obj, "infer_batch", None)) or getattr(obj, "batches", False) is True
+
+
+class _Rows(BufferComponent):
+    def __init__(self, template: InferPolicy, n: int) -> None:
+        super().__init__()
+        self.name, self.n, self.template = template.name, n, template
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        n, spec = self.n, self.template.spec
+        return [BufferSpec("rng", (n, 2), torch.int64, "cpu"),
+                BufferSpec("prompt", (n, PROMPT_BYTES), torch.uint8, "cpu"),
+                BufferSpec("prompt_len", (n, 1), torch.int64, "cpu"),
+                BufferSpec("active", (n,), torch.int64, "cpu", Role.IO),
+                BufferSpec("chunk", (n, spec.chunk_length, spec.action_dim), torch.float32, "cpu", Role.IO),
+                BufferSpec("noise", (n, spec.chunk_length, spec.action_dim), torch.float32, "cpu", Role.SCRATCH)]
+
+    def bind(self, buffers) -> None:
+        super().bind(buffers)
+        self.buffers["rng"].copy_(torch.tensor([self.template.seed, 0]).expand(self.n, 2))
+
+
+class InferPolicyRows:
+    """N slots of one `InferPolicy` whose object batches (`InferPolicy.batched`)."""
+
+    def __init__(self, template: InferPolicy, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"a batched policy has at least one row, got {n}")
+        if not batches(template.obj):
+            raise ValueError(f"{type(template.obj).__name__} does not batch (no infer_batch, no `batches = True`): "
+                             "give each slot an instance of its own")
+        self.template, self.rows, self.spec, self.device = template, n, template.spec, template.device
+        self.obj = template.obj
+        self._rows = _Rows(template, n)
+        self.arena = Arena([self._rows]).allocate()
+        self.buffers = self._rows.buffers
+        self._index = torch.arange(self.spec.chunk_length * self.spec.action_dim)
+        self._obs: list[dict[str, np.ndarray] | None] = [None] * n
+        one_row = [s for s in template.buffer_specs() if s.role == Role.STATE]
+        self.slots = [InferPolicySlot(self, i, one_row) for i in range(n)]
+        self._call = getattr(self.obj, "infer_batch", None) or self.obj.infer
+        self._noise_kw = accepts_noise(self._call)
+        if not self._noise_kw and not template.deterministic:
+            raise ValueError(f"{type(self.obj).__name__}.infer_batch takes no `noise` keyword: give it one (each row's "
+                             "sampling starts from its row), or declare the policy deterministic")
+
+    def slot(self, i: int) -> InferPolicySlot:
+        return self.slots[i]
+
+    def _batch(self) -> dict[str, Any]:
+        """Every row's observation `(N, ...)` (a row that never loaded one: zeros of the shape the others have)."""
+        loaded = next(o for o in self._obs if o is not None)
+        obs: dict[str, Any] = {k: np.stack([o[k] if o is not None else np.zeros_like(v) for o in self._obs])
+                               for k, v in loaded.items()}
+        obs[PROMPT_KEY] = [read_prompt({"prompt": self.buffers["prompt"][i], "prompt_len": self.buffers["prompt_len"][i]})
+                           for i in range(self.rows)]
+        return obs
+
+    def act_rows(self, active: Sequence[int]) -> torch.Tensor:
+        """One call over all N rows; the chunks `(N, T, A)` of the `active` rows are valid (and checked)."""
+        b = self.buffers
+        set_active(b["active"], active)
+        normal_rows_(b["rng"], b["noise"].view(self.rows, -1), self._index, b["active"])
+        obs = self._batch()
+        if self._noise_kw:
+            answer = self._call(obs, noise=b["noise"].numpy().copy())
+        else:
+            answer = self._call(obs)
+        chunks = answer_chunks(answer, self.obj, tuple(b["chunk"].shape), active)
+        b["chunk"].copy_(torch.from_numpy(chunks))
+        return b["chunk"]
+
+
+class InferPolicySlot(RowSlot):
+    """Slot i of an `InferPolicyRows`: the rollout protocol's policy, acting through the shared object."""
+
+    def __init__(self, owner: InferPolicyRows, index: int, specs) -> None:
+        super().__init__(owner.template.name, owner.buffers, index, specs, owner.template.fingerprint())
+        self.owner, self.spec, self.device = owner, owner.spec, owner.device
+
+    def reset(self, episode_seed: int) -> None:
+        self.row("rng").copy_(torch.tensor([[int(episode_seed), 0]]))
+        reset_row = getattr(self.owner.obj, "reset_row", None)
+        if callable(reset_row):
+            reset_row(self.index)
+
+    def set_language(self, text: str) -> None:
+        write_prompt({"prompt": self.rows["prompt"][self.index], "prompt_len": self.rows["prompt_len"][self.index]},
+                     text, "an InferPolicy")
+
+    @property
+    def prompt(self) -> str | None:
+        return read_prompt({"prompt": self.rows["prompt"][self.index], "prompt_len": self.rows["prompt_len"][self.index]})
+
+    def load_observation(self, obs) -> None:
+        require_keys(obs, self.spec.observation_keys, "policy")
+        self.owner._obs[self.index] = {k: np.array(obs[k]) for k in self.spec.observation_keys}
+
+    def act(self) -> torch.Tensor:
+        return self.owner.act_rows([self.index])[self.index]
