@@ -79,3 +79,9 @@ def test_value_ceiling_judges_the_users_env_and_policy(tmp_path):
     summary = json.loads((tmp_path / "v.json").read_text())
     assert summary["env"] == f"{EXAMPLE}:make_env" and summary["judged_episodes"] == len(summary["episodes"])
     assert all(0.0 <= row["branch_success"] <= 1.0 and row["step"] <= 5 for row in summary["episodes"])
+
+
+def test_stateful_policy_example_forks_mid_queue_into_another_slot_bit_for_bit(tmp_path):
+    out = _run(["-m", "examples.stateful_policy"], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "a fork into slot 3 plays slot 1's episode on bit for bit: True" in out.stdout

@@ -9,6 +9,8 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from capsule_rollout.capsules.graph_read import extent, span
+
 _SKIP_FIELDS = ("island", "efc_AR_")
 
 
@@ -57,47 +59,12 @@ class _Memory:
                                     "typestr": np.dtype(dtype).str, "version": 3}
 
 
-def _span(a: np.ndarray) -> tuple[int, int]:
-    """The bytes an array's elements lie in, from its first element's address (a struct array's field spans
-    more than its `nbytes`: MjData.warning.number strides over the whole struct)."""
-    if a.size == 0:
-        return 0, 0
-    low = sum((n - 1) * k for n, k in zip(a.shape, a.strides) if k < 0)
-    high = sum((n - 1) * k for n, k in zip(a.shape, a.strides) if k > 0) + a.itemsize
-    return low, high
+HANDLE_TYPES = (mujoco.MjModel, mujoco.MjData)
 
 
-def _extent(offset: Any, shape: Any, strides: Any, dtype: Any, span: tuple[int, int]) -> np.dtype:
-    """Check that a view (`offset` bytes in, `shape`, `strides`, `dtype`) lies inside `span`; its dtype.
-    A capsule gives these numbers, so nothing is trusted: a view past its memory would read or write
-    whatever lies there."""
-    if not (type(offset) is int and isinstance(shape, tuple) and isinstance(strides, tuple)
-            and len(shape) == len(strides) <= 32 and all(type(n) is int and n >= 0 for n in shape)
-            and all(type(k) is int for k in strides) and isinstance(dtype, str)):
-        raise ValueError("a malformed array view")
-    try:
-        dt = np.dtype(dtype)
-    except (TypeError, ValueError):
-        raise ValueError(f"a view of dtype {dtype!r}") from None
-    if dt.hasobject:
-        raise ValueError("a view of Python objects")
-    if 0 in shape:
-        return dt
-    low = offset + sum((n - 1) * k for n, k in zip(shape, strides) if k < 0)
-    high = offset + sum((n - 1) * k for n, k in zip(shape, strides) if k > 0) + dt.itemsize
-    if low < span[0] or high > span[1]:
-        raise ValueError(f"a view of bytes {low}..{high} of an array lying in bytes {span[0]}..{span[1]}")
-    return dt
-
-
-def bounded_view(base: np.ndarray, offset: Any, shape: Any, strides: Any, dtype: Any) -> np.ndarray:
-    """A view of `base`'s memory, refused (ValueError) unless it lies inside it."""
-    dt = _extent(offset, shape, strides, dtype, (0, base.nbytes))
-    return np.ndarray(shape, dt, buffer=base, offset=offset if 0 not in shape else 0, strides=strides)
-
-
-class _Aliases:
-    """Finds which handle field an array's memory lies in (fields cached per handle object)."""
+class Aliases:
+    """Finds which handle field an array's memory lies in (fields cached per handle object), and makes the same
+    view of another handle (`capsules.graph_state.GraphState`'s `aliases`)."""
 
     def __init__(self) -> None:
         self._fields: dict[int, tuple[Any, list[tuple[int, int, str]]]] = {}
@@ -115,7 +82,7 @@ class _Aliases:
         if not any(name == field for _, _, name in self.fields(h)):
             raise ValueError(f"an alias of {field!r}, which is no array of a {type(h).__name__}")
         base = _field_array(h, field)
-        dt = _extent(offset, shape, strides, dtype, _span(base))
+        dt = extent(offset, shape, strides, dtype, span(base))
         address = base.__array_interface__["data"][0] + offset
         return np.asarray(_Memory(address, shape, strides, dt, (h, base)))
 

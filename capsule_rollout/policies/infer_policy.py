@@ -11,10 +11,12 @@ What a capsule holds for it: the counter-based noise generator's (seed, counter)
 `(T, A)` standard normals drawn from that generator each call, is what makes a sampling policy restorable:
 a flow or diffusion policy that starts its chunk from `noise` (openpi's `Policy.infer(obs, noise=...)` does)
 replays bit for bit after a restore. An `infer` without a `noise` keyword has randomness the wrapper cannot
-see, so it is refused unless declared `deterministic=True` (the same obs always gives the same chunk);
-state the object keeps across calls (a history, a chunk broker) is not captured either: keep it out of the
-object, or make it a capsule component of its own. `reset()` of the object, when it has one, is called
-at every episode start.
+see, so it is refused unless declared `deterministic=True` (the same obs always gives the same chunk).
+State the object keeps across calls (an observation history, an action queue, a chunk broker) is capsule state
+with nothing declared (`policies.object_state`: its object graph, weights taken by reference; or its own
+`get_state()` / `set_state(state)`), so a restore, a fork or a replay resumes with the same history; an object
+that says `stateless = True` is not walked. `reset()` of the object, when it has one, is called at every
+episode start.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_
 from capsule_rollout.models.inputs import require_keys
 from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
+from capsule_rollout.policies.object_state import ObjectState
 from capsule_rollout.policies.rollout_policy import PolicySpec
 
 KIND = "infer_policy"
@@ -98,16 +101,34 @@ class InferPolicy(BufferComponent):
         self.deterministic = deterministic
         self._obs: dict[str, Any] = {}
         self._index = torch.arange(spec.chunk_length * spec.action_dim)
+        # what the object keeps across calls, as capsule state (none for an object that batches or says it is
+        # stateless: a batching object keeps no episode state, `infer_policy_rows`)
+        stateless = getattr(obj, "stateless", False) is True or self.batches
+        self._state = None if stateless else ObjectState(obj, type(obj).__name__)
         self._fingerprint = {"kind": KIND, "object": f"{type(obj).__module__}:{type(obj).__qualname__}",
                              "chunk": f"{spec.chunk_length}x{spec.action_dim}",
-                             "reads": ",".join(spec.observation_keys), "noise": "keyword" if self._noise_kw else "none"}
+                             "reads": ",".join(spec.observation_keys), "noise": "keyword" if self._noise_kw else "none",
+                             **(self._state.fingerprint() if self._state is not None else {"state": "none"})}
 
     def buffer_specs(self) -> list[BufferSpec]:
         T, A = self.spec.chunk_length, self.spec.action_dim
         return [BufferSpec("rng", (2,), torch.int64, "cpu", doc="noise generator (seed, counter)"),
                 *prompt_specs(),
+                *(self._state.buffer_specs() if self._state is not None else ()),
                 BufferSpec("chunk", (T, A), torch.float32, "cpu", Role.IO),
                 BufferSpec("noise", (T, A), torch.float32, "cpu", Role.SCRATCH)]
+
+    def before_snapshot(self) -> None:
+        if self._state is not None:
+            self._state.snapshot_into(self.buffers)
+
+    def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
+        if self._state is not None:
+            self._state.check(view)
+
+    def after_restore(self) -> None:
+        if self._state is not None:
+            self._state.restore_from(self.buffers)
 
     def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
         super().bind(buffers)
@@ -117,10 +138,14 @@ class InferPolicy(BufferComponent):
         return self._fingerprint
 
     def reset(self, episode_seed: int) -> None:
-        self.buffers["rng"].copy_(torch.tensor([int(episode_seed), 0]))
+        self.reseed(episode_seed)
         reset = getattr(self.obj, "reset", None)
         if callable(reset):
             reset()
+
+    def reseed(self, seed: int) -> None:
+        """New noise (a branch's), the state the object keeps left as it is."""
+        self.buffers["rng"].copy_(torch.tensor([int(seed), 0]))
 
     def set_language(self, text: str) -> None:
         write_prompt(self.buffers, text, "an InferPolicy")

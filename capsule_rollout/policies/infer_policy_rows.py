@@ -112,8 +112,11 @@ class InferPolicySlot(RowSlot):
         super().__init__(owner.template.name, owner.buffers, index, specs, owner.template.fingerprint())
         self.owner, self.spec, self.device = owner, owner.spec, owner.device
 
+    def reseed(self, seed: int) -> None:
+        self.row("rng").copy_(torch.tensor([[int(seed), 0]]))
+
     def reset(self, episode_seed: int) -> None:
-        self.row("rng").copy_(torch.tensor([[int(episode_seed), 0]]))
+        self.reseed(episode_seed)
         reset_row = getattr(self.owner.obj, "reset_row", None)
         if callable(reset_row):
             reset_row(self.index)

@@ -336,8 +336,9 @@ class RolloutHost(ChunkLoop):
         t0 = time.perf_counter()
         try:
             restore(self.arena, capsule)
-            if noise_seed is not None:
-                self.policy.reset(noise_seed)
+            if noise_seed is not None:  # new noise, the state the policy kept left as the capsule has it
+                reseed = getattr(self.policy, "reseed", None)
+                reseed(noise_seed) if callable(reseed) else self.policy.reset(noise_seed)
         except Exception:
             self.phase = Phase.IDLE
             raise

@@ -1,4 +1,4 @@
-"""The graph capture's Python state (`envs.object_graph`, `envs.graph_codec`): a crafted capsule runs no code
+"""The graph capture's Python state (`capsules.graph_state`, `envs.object_graph`): a crafted capsule runs no code
 and reaches no memory outside what it names, and a refused one leaves the env as it was."""
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
-"""The walk of an env's object graph (`envs.object_graph`): every object reachable from the env, breadth first,
-with its first path, and what kind of thing each is (handle, opaque, generator, array, object, container, value;
-see `object_graph`'s docstring for what each kind means to a capsule)."""
+"""The walk of an object graph (`capsules.graph_state`): every object reachable from a root (an env, a policy
+object), breadth first, with its first path, and what kind of thing each is (handle, opaque, generator, array,
+object, container, value; see `graph_state`'s docstring for what each kind means to a capsule).
+
+`handles` are the types whose objects are never copied but must be there (an env's MuJoCo `MjModel` / `MjData`:
+`envs.object_graph`). A torch module's weights, buffers and submodules are taken by reference (opaque): a capsule
+holds the module's own attributes (an action queue, a history), never its weights."""
 
 from __future__ import annotations
 
@@ -14,12 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import mujoco
 import numpy as np
 
-from capsule_rollout.envs.graph_codec import OPAQUE_MODULES, ref_key
+from capsule_rollout.capsules.graph_names import OPAQUE_MODULES, ref_key
 
-HANDLE_TYPES = (mujoco.MjModel, mujoco.MjData)
 ATOMIC_TYPES = (type(None), bool, int, float, complex, str, bytes, range, slice, type, types.BuiltinFunctionType,
                 types.ModuleType, np.generic, np.dtype, type(Ellipsis), type(NotImplemented), enum.Enum)
 GENERATOR_TYPES = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
@@ -59,9 +61,26 @@ def _python_call(t: type) -> bool:
     return any(isinstance(vars(k).get("__call__"), types.FunctionType) for k in t.__mro__)
 
 
-def classify(x: Any) -> str:
+TORCH_INTERNALS = frozenset({
+    "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "_backward_pre_hooks", "_backward_hooks",
+    "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
+"""A torch module's own bookkeeping: its weights, buffers, submodules and hooks, taken by reference."""
+
+
+def by_reference(obj: Any) -> frozenset[str]:
+    """Attribute names of `obj` whose values a capsule takes by reference (the target's own): a torch module's
+    internals."""
+    torch = __import__("sys").modules.get("torch")
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        return TORCH_INTERNALS
+    return frozenset()
+
+
+def classify(x: Any, handles: tuple[type, ...] = ()) -> str:
     """handle | atomic | opaque | generator | array | method | container | object | value."""
-    if isinstance(x, HANDLE_TYPES):
+    if handles and isinstance(x, handles):
         return "handle"
     if isinstance(x, ATOMIC_TYPES):
         return "atomic"
@@ -81,7 +100,7 @@ def classify(x: Any) -> str:
     if "<locals>" in t.__qualname__:
         return "opaque"  # a class made inside a function (dm_control's named indexers): not importable elsewhere
     if (isinstance(x, LOCK_TYPES) or isinstance(x, (weakref.ref, types.GeneratorType, types.CoroutineType))
-            or module.split(".")[0] in OPAQUE_MODULES or (module.startswith("mujoco") and "<" not in t.__qualname__)):
+            or module.split(".")[0] in OPAQUE_MODULES):
         return "opaque"
     if callable(x) and not isinstance(x, type) and not _python_call(t) and not hasattr(x, "__dict__"):
         return "atomic"  # C functions, method wrappers, numpy ufuncs: pickled by reference
@@ -133,29 +152,31 @@ class Node:
     path: Path | None  # None: reachable only through a set (no path to pair it by)
 
 
-def walk(root: Any, refs: set[str] | None = None) -> dict[int, Node]:
+def walk(root: Any, refs: set[str] | None = None, handles: tuple[type, ...] = ()) -> dict[int, Node]:
     """Every non-atomic object reachable from `root`, breadth first, with its first path; `refs` (when given)
-    gathers the `graph_codec.ref_key` of every class, function and module met (the names a capsule of this
-    graph may use)."""
+    gathers the `graph_names.ref_key` of every class, function and module met (the names a capsule of this
+    graph may use). What `by_reference` names is an opaque node the walk does not enter."""
     seen: dict[int, Node] = {}
-    queue = collections.deque([(root, ())])
+    queue = collections.deque([(root, (), False)])
     while queue:
-        x, path = queue.popleft()
+        x, path, held = queue.popleft()
         if id(x) in seen:
             continue
-        kind = classify(x)
+        kind = "opaque" if held and classify(x, handles) != "atomic" else classify(x, handles)
         if refs is not None:
-            held = x if kind == "atomic" and isinstance(x, REF_TYPES) else type(x)
-            key = ref_key(held)
+            ref = x if kind == "atomic" and isinstance(x, REF_TYPES) else type(x)
+            key = ref_key(ref)
             if key is not None:
                 refs.add(key)
         if kind == "atomic":
             continue
         seen[id(x)] = Node(x, kind, path)
-        if kind in ("handle", "array", "generator", "value"):
+        if held or kind in ("handle", "array", "generator", "value"):
             continue
+        internal = by_reference(x) if kind == "object" else frozenset()
         for step, v in _children(x, kind):
-            queue.append((v, None if path is None or step is None else (*path, step)))
+            queue.append((v, None if path is None or step is None else (*path, step),
+                          bool(internal) and step is not None and step[0] == "a" and step[1] in internal))
     return seen
 
 

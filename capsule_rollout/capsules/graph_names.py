@@ -1,11 +1,11 @@
-"""How `envs.object_graph` writes and reads a snapshot's Python state: `capsules.state_codec`, a format that
-cannot run code when it is read, with the names an env's capsule may use.
+"""The names a capsule of an object graph (`capsules.graph_state`: an env's, a policy object's) may use, read
+by `capsules.state_codec`, a format that cannot run code when it is read.
 
 A capsule's Python state may name (never call) only:
 
-- the classes, functions and modules the env's object graph holds now (`graph_refs`), each as the object
-  itself: a capsule cannot bring a name the env does not already use (no `os.system`, no `getattr`);
-- classes and functions of the env's own third-party packages (the top-level packages of those classes, less
+- the classes, functions and modules the object graph holds now (`graph_walk.walk(..., refs=)`), each as the
+  object itself: a capsule cannot bring a name the graph does not already use (no `os.system`, no `getattr`);
+- classes and functions of the graph's own third-party packages (the top-level packages of those classes, less
   the standard library, numpy, torch, mujoco and this project): an object the env makes later, as
   dm_control's render contexts;
 - the containers and random generators `state_codec.SAFE_TYPES` and `GENERATOR_TYPES` list.
@@ -30,9 +30,9 @@ GENERATOR_TYPES = frozenset({
     "numpy.random._sfc64:SFC64", "random:Random",
 })
 OPAQUE_MODULES = ("logging", "threading", "socket", "io", "_io", "subprocess", "multiprocessing", "concurrent",
-                  "asyncio", "ctypes", "OpenGL", "weakref", "queue", "selectors")
-"""Instances of classes from these modules are never copied (loggers, files, sockets, GL bindings...), nor made
-from a capsule."""
+                  "asyncio", "ctypes", "OpenGL", "weakref", "queue", "selectors", "mujoco")
+"""Instances of classes from these modules are never copied (loggers, files, sockets, GL bindings, MuJoCo's C
+structs...), nor made from a capsule."""
 NOT_ENV_PACKAGES = frozenset({"builtins", "numpy", "torch", "mujoco", "capsule_rollout"})
 
 

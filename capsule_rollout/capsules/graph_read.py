@@ -1,4 +1,4 @@
-"""Reading a snapshot of an env's Python state (`envs.object_graph`): its three parts, the checks on every
+"""Reading a snapshot of an object graph's Python state (`capsules.graph_state`): its three parts, the checks on every
 entry a capsule file could forge, and a cache of what was read.
 
 A snapshot's bytes come from a capsule file, so they are read only by `capsules.state_codec` and checked entry
@@ -20,9 +20,48 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from capsule_rollout.capsules import state_codec
+from capsule_rollout.capsules.graph_names import GENERATOR_TYPES, type_key
+from capsule_rollout.capsules.graph_walk import Path
 from capsule_rollout.capsules.state_codec import StateDecodeError
-from capsule_rollout.envs.graph_codec import GENERATOR_TYPES, type_key
-from capsule_rollout.envs.graph_walk import Path
+
+
+def span(a: np.ndarray) -> tuple[int, int]:
+    """The bytes an array's elements lie in, from its first element's address (a struct array's field spans
+    more than its `nbytes`: MjData.warning.number strides over the whole struct)."""
+    if a.size == 0:
+        return 0, 0
+    low = sum((n - 1) * k for n, k in zip(a.shape, a.strides) if k < 0)
+    high = sum((n - 1) * k for n, k in zip(a.shape, a.strides) if k > 0) + a.itemsize
+    return low, high
+
+
+def extent(offset: Any, shape: Any, strides: Any, dtype: Any, within: tuple[int, int]) -> np.dtype:
+    """Check that a view (`offset` bytes in, `shape`, `strides`, `dtype`) lies inside `within`; its dtype.
+    A capsule gives these numbers, so nothing is trusted: a view past its memory would read or write
+    whatever lies there."""
+    if not (type(offset) is int and isinstance(shape, tuple) and isinstance(strides, tuple)
+            and len(shape) == len(strides) <= 32 and all(type(n) is int and n >= 0 for n in shape)
+            and all(type(k) is int for k in strides) and isinstance(dtype, str)):
+        raise ValueError("a malformed array view")
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise ValueError(f"a view of dtype {dtype!r}") from None
+    if dt.hasobject:
+        raise ValueError("a view of Python objects")
+    if 0 in shape:
+        return dt
+    low = offset + sum((n - 1) * k for n, k in zip(shape, strides) if k < 0)
+    high = offset + sum((n - 1) * k for n, k in zip(shape, strides) if k > 0) + dt.itemsize
+    if low < within[0] or high > within[1]:
+        raise ValueError(f"a view of bytes {low}..{high} of an array lying in bytes {within[0]}..{within[1]}")
+    return dt
+
+
+def bounded_view(base: np.ndarray, offset: Any, shape: Any, strides: Any, dtype: Any) -> np.ndarray:
+    """A view of `base`'s memory, refused (ValueError) unless it lies inside it."""
+    dt = extent(offset, shape, strides, dtype, (0, base.nbytes))
+    return np.ndarray(shape, dt, buffer=base, offset=offset if 0 not in shape else 0, strides=strides)
 
 
 class GraphStateError(ValueError):

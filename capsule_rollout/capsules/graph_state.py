@@ -1,0 +1,554 @@
+"""The Python state of an object found without declarations: the whole object graph reachable from it (an
+env: `envs.object_graph`; a policy object: `policies.infer_policy`).
+
+`GraphState(root)` walks every object reachable from `root` (wrappers, nested envs, robots, controllers,
+samplers, caches, spaces, a policy's queues and histories...) breadth first, giving each its first path
+(`.env.robots[0].controller`), and classifies it:
+
+- **handle**: an object of one of `handles`' types (an env's `mujoco.MjModel` / `mujoco.MjData`). Never copied
+  here (the env adapter captures MuJoCo's state through MuJoCo); the target's own handle at the same path is used.
+- **alias**: an ndarray whose memory lies inside a handle's arrays (a view of `MjData.qpos`, dm_control's
+  `physics._warnings`), found by `aliases`: kept as (handle, field, byte offset, shape, strides) and re-linked
+  to the target's handle at a restore, never copied as a value.
+- **opaque**: what cannot or must not be copied: GL and render contexts and other classes with `__del__`
+  (a copy would free the original's resources), MuJoCo's other C structs, locks, weak references, file and
+  socket objects, closures and local functions or classes (not importable in another process), and a torch
+  module's weights, buffers and submodules (`graph_walk.by_reference`). The target's own object at the same
+  path is used; the walk still looks inside for handles (not inside a module's weights).
+- **generator**: numpy `Generator` / `RandomState` / `BitGenerator` and `random.Random`: restored in place
+  (the target's generator at the same path takes the saved state, so whoever else holds it sees it too).
+- **object**: any other instance with a `__dict__` or `__slots__`: its attributes are saved, and a restore
+  rewrites the target object at the same path (same type) in place, so identity is kept for whoever holds
+  it (the adapter, the user, a Ray actor); objects rebuilt at reset, or at paths the target lacks, are made
+  fresh. Attributes absent at the snapshot are removed.
+- everything else (containers, arrays, scalars, strings, module-level functions, an XML element) is saved by
+  value (views of another Python array stay views of its copy).
+
+`snapshot()` gives bytes in `capsules.state_codec`'s format, which cannot run code when read (the paths, the
+states), so the state fits a fixed-size capsule buffer and travels to another process; `restore(blob)`
+applies them to this graph: `prepare(blob)` reads and checks everything and resolves it in this graph, changing
+nothing (so a capsule refused there leaves the env as it was), `apply` then sets it. The names a snapshot may
+use are `graph_names.GraphNamespace`'s. The global `numpy.random` and
+`random` states are part of it (some suites seed those). `dump()` lists every value by path, for the
+diagnostics that name what a restore did not bring back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pickle
+import random
+import sys
+import types
+from typing import Any
+
+import numpy as np
+
+from capsule_rollout.capsules import state_codec
+from capsule_rollout.capsules.graph_names import GraphNamespace, type_key
+from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateError and split are part of this module's API
+    BIT_GENERATORS,
+    BoundRef,
+    GraphStateError,
+    Plan,
+    Prepared,
+    Read,
+    ReadCache,
+    Ref,
+    bounded_view,
+    checked_plan,
+    checked_states,
+    freeze,
+    generator_state,
+    new_generator,
+    pids,
+    set_generator_state,
+    split,
+    thaw,
+)
+from capsule_rollout.capsules.graph_walk import (  # noqa: F401 - the walk is part of this module's API
+    Node,
+    Path,
+    _children,
+    _slots,
+    classify,
+    fmt,
+    resolve,
+    walk,
+)
+from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError, StateNameError
+from capsule_rollout.capsules.state_reader import Decoder
+
+# -- snapshot / restore ----------------------------------------------------------------------------------
+
+def _state_of(obj: Any) -> tuple[dict | None, dict, Any]:
+    """An object's own state: (`__dict__` copy or None, slots, dict items / list items / None)."""
+    d = getattr(obj, "__dict__", None)
+    slots = {}
+    for k in _slots(type(obj)):
+        try:
+            slots[k] = object.__getattribute__(obj, k)
+        except AttributeError:
+            continue
+    items = dict(obj) if isinstance(obj, dict) else list(obj) if isinstance(obj, list) else None
+    return (dict(d) if isinstance(d, dict) else None), slots, items
+
+
+class _Missing:
+    """An opaque object the target does not have (yet): a GL context a fresh env makes at its first render."""
+
+    def __repr__(self) -> str:
+        return "<missing in the target>"
+
+
+MISSING = _Missing()
+
+
+def _holds_missing(v: Any, depth: int = 3) -> bool:
+    if v is MISSING:
+        return True
+    if depth and isinstance(v, (list, tuple)):
+        return any(_holds_missing(x, depth - 1) for x in v)
+    if depth and isinstance(v, dict):
+        return any(_holds_missing(x, depth - 1) for x in v.values())
+    return False
+
+
+def _apply_state(obj: Any, state: tuple[dict | None, dict, Any]) -> None:
+    d, slots, items = state
+    if d is not None:
+        own = obj.__dict__
+        # an attribute that holds an opaque object the target lacks keeps the target's own value
+        # attribute names interned, as Python interns them when it sets an attribute (a capsule's bytes then
+        # come out the same from a restored object as from the original)
+        new = {sys.intern(k) if type(k) is str else k: own[k] if _holds_missing(v) else v
+               for k, v in d.items() if not _holds_missing(v) or k in own}
+        own.clear()
+        own.update(new)
+    for k in _slots(type(obj)):
+        if k in slots:
+            object.__setattr__(obj, k, slots[k])
+        else:
+            try:
+                object.__delattr__(obj, k)
+            except AttributeError:
+                pass
+    if items is not None:
+        obj.clear()
+        obj.update(items) if isinstance(obj, dict) else obj.extend(items)
+
+
+class _NoAliases:
+    """A graph without handles: no array aliases one."""
+
+    def find(self, arr: np.ndarray, handles: list) -> None:
+        return None
+
+    def view(self, *args: Any) -> np.ndarray:
+        raise ValueError("an alias of a handle, and this graph has none")
+
+
+class GraphState:
+    """The Python state reachable from `root`, captured and restored without declarations.
+
+    `exclude`: attribute names never captured (their values are left as the target has them), e.g. a
+    renderer a suite keeps; `root` itself is the outermost env. `handles` and `aliases` (an object with
+    `find(array, [(ref index, handle)])` and `view(handle, field, offset, shape, strides, dtype)`): what the
+    graph's handles are and how an array aliasing one is found and re-linked (`envs.object_graph`).
+    `readonly_bytes`: numpy arrays this large that are not writeable are taken by reference, as weights (a
+    policy object's: `policies.infer_policy`).
+    """
+
+    STATIC_BYTES = 65536
+    """Arrays this large that still hold their values from when the env was built (observation spaces'
+    bounds, a suite's tables) are saved by path, not by value, once `remember_static` has recorded them."""
+
+    def __init__(self, root: Any, *, exclude: tuple[str, ...] = (), global_rngs: bool = True,
+                 handles: tuple[type, ...] = (), aliases: Any = None, readonly_bytes: int | None = None) -> None:
+        self.root, self.exclude, self.global_rngs = root, frozenset(exclude), global_rngs
+        self.readonly_bytes = readonly_bytes
+        self.handles = tuple(handles)
+        self._aliases = aliases if aliases is not None else _NoAliases()
+        self._static: dict[Path, np.ndarray] = {}
+        self._known: GraphNamespace | None = None  # the names its capsules may use
+        self._reads = ReadCache()  # snapshots read (a restore of the same capsule again thaws a copy)
+        self._spares: dict[type, Any] = {}  # a generator of each kind, to try a capsule's states on
+        self._spare_globals = (np.random.RandomState(), random.Random())
+
+    def remember_static(self) -> str:
+        """Record the large arrays the env holds now (call it right after building the env); returns a digest
+        of them, for the fingerprint: a capsule refers to them by path, so its target must hold the same."""
+        digest = hashlib.blake2b(digest_size=16)
+        graph = self.nodes()
+        handles = [(0, n.obj) for n in graph.values() if n.kind == "handle"]
+        self._static = {}
+        for node in graph.values():
+            obj = node.obj
+            if (node.kind == "array" and node.path is not None and obj.nbytes >= self.STATIC_BYTES
+                    and obj.dtype != object and self._aliases.find(obj, handles) is None):
+                self._static[node.path] = obj.copy()
+                digest.update(repr(node.path).encode())
+                digest.update(np.ascontiguousarray(obj).tobytes())
+        return digest.hexdigest()
+
+    # -- the walk, with exclusions ---------------------------------------------------------------------
+    def nodes(self) -> dict[int, Node]:
+        graph = walk(self.root, handles=self.handles)
+        if not self.exclude:
+            return graph
+        return {i: n for i, n in graph.items() if n.path is None or not any(
+            s[0] == "a" and s[1] in self.exclude for s in n.path)}
+
+    def snapshot(self) -> bytes:
+        """The state as bytes (`capsules.state_codec`, three parts: the plan of paths, the bases of views, then
+        the objects' and generators' states)."""
+        graph = self.nodes()
+        table: dict[int, tuple] = {}
+        plan = Plan([], [], [], [], [], [])
+        handles: list[tuple[int, Any]] = []
+        for node in graph.values():
+            if node.kind == "array" and self.readonly_bytes is not None and node.path is not None and \
+                    not node.obj.flags.writeable and node.obj.nbytes >= self.readonly_bytes:
+                node.kind = "opaque"  # read-only weights: the target's own (`readonly_bytes`)
+            if node.kind in ("handle", "opaque"):
+                if node.path is None:
+                    if node.kind == "handle":
+                        raise GraphStateError(f"a {type(node.obj).__name__} is reachable only through a set")
+                    continue  # an opaque object inside a set: saved by value if it can be, else named below
+                table[id(node.obj)] = ("r", len(plan.refs))
+                if node.kind == "handle":
+                    handles.append((len(plan.refs), node.obj))
+                plan.refs.append((node.path, type(node.obj).__qualname__, node.kind))
+        bases: list[np.ndarray] = []
+        base_index: dict[int, int] = {}
+        states: list[Any] = []  # the objects' states, then the generators'
+        generator_states: list[Any] = []
+        for node in graph.values():
+            obj = node.obj
+            if node.kind == "array":
+                alias = self._aliases.find(obj, handles)
+                if alias is not None:
+                    table[id(obj)] = ("a", len(plan.aliases))
+                    plan.aliases.append(alias)
+                    continue
+                static = self._static.get(node.path) if node.path is not None else None
+                if (static is not None and static.shape == obj.shape and static.dtype == obj.dtype
+                        and np.array_equal(static, obj)):
+                    table[id(obj)] = ("s", len(plan.statics))
+                    plan.statics.append(node.path)
+                    continue
+                base = obj
+                while isinstance(base.base, np.ndarray):
+                    base = base.base
+                # a view of another array of the graph stays a view of its copy (a base no one else holds,
+                # such as the buffer a decoded array keeps, is not state: the array is copied alone)
+                if base is not obj and obj.nbytes and base.dtype != object and id(base) in graph:
+                    if id(base) not in base_index:
+                        base_index[id(base)] = len(bases)
+                        bases.append(base)
+                    offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+                    table[id(obj)] = ("v", len(plan.views))
+                    plan.views.append((base_index[id(base)], offset, obj.shape, obj.strides, obj.dtype.str,
+                                       bool(obj.flags.writeable)))
+            elif node.kind == "object" and node.path is not None:
+                table[id(obj)] = ("o", len(plan.objects))
+                plan.objects.append((node.path, type_key(type(obj))))
+                d, slots, items = _state_of(obj)
+                if self.exclude and d is not None:  # left as the target has them
+                    d = {k: v for k, v in d.items() if k not in self.exclude}
+                states.append((d, slots, items))
+            elif node.kind == "generator":
+                table[id(obj)] = ("g", len(plan.generators))
+                plan.generators.append((node.path, type(obj)))
+                generator_states.append(generator_state(obj))
+        glob = (np.random.get_state(legacy=False), random.getstate()) if self.global_rngs else None
+        try:
+            head = state_codec.encode(tuple(getattr(plan, f.name) for f in dataclasses.fields(Plan)))
+            base_blob = state_codec.encode(bases)  # by value (a view's base is never a reference)
+            body = state_codec.encode((states + generator_states, glob), lambda x: table.get(id(x)))
+        except StateEncodeError as exc:
+            raise GraphStateError(self._unencodable(graph, table, exc)) from None
+        parts = (head, base_blob, body)
+        return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
+
+    def restore(self, blob: bytes) -> None:
+        """Apply a snapshot of this graph (or of one built the same way, in any process) to this graph."""
+        self.apply(self.prepare(blob))
+
+    def prepare(self, blob: bytes | memoryview) -> Prepared:
+        """Read a snapshot and resolve everything it refers to in this graph, changing nothing yet
+        (`GraphStateError` for a snapshot this graph cannot take, or that this reader refuses)."""
+        blob = bytes(blob)
+        read = self._reads.get(blob)
+        if read is None:
+            read = self._read(blob)
+            self._reads.put(blob, read)
+        plan = read.plan
+        bases = pickle.loads(read.bases)  # this process's own pickle of arrays the reader built (`graph_read`)
+        namespace = self._namespace()
+        root, resolved = self.root, {}
+        refs = []
+        for i, (path, type_name, kind) in enumerate(plan.refs):
+            try:
+                target = resolve(root, path)
+            except (KeyError, IndexError, AttributeError, TypeError):
+                target = None
+            if kind == "opaque" and (target is None or type(target).__qualname__ != type_name):
+                resolved[("r", i)] = MISSING
+                refs.append(None)
+                continue
+            if target is None or type(target).__qualname__ != type_name or (
+                    kind == "handle") != isinstance(target, self.handles):
+                raise GraphStateError(f"the env has no {type_name} at {fmt(path)} (found "
+                                      f"{type(target).__name__}): the capsule was taken from an env built "
+                                      "differently")
+            resolved[("r", i)] = target
+            refs.append(target)
+        for i, (h, field, offset, shape, strides, dtype) in enumerate(plan.aliases):
+            if h >= len(refs) or not isinstance(refs[h], self.handles):
+                raise GraphStateError(f"the capsule's Python state is refused: alias {i} names no MuJoCo handle")
+            try:
+                resolved[("a", i)] = self._aliases.view(refs[h], field, offset, shape, strides, dtype)
+            except ValueError as exc:
+                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        for i, (b, offset, shape, strides, dtype, writeable) in enumerate(plan.views):
+            view = bounded_view(bases[b], offset, shape, strides, dtype)  # checked when read
+            view.flags.writeable = writeable and bases[b].flags.writeable
+            resolved[("v", i)] = view
+        for i, path in enumerate(plan.statics):
+            static = self._static.get(path)
+            if static is None:
+                raise GraphStateError(f"the env built here holds no array at {fmt(path)} from its construction: the "
+                                      "capsule was taken from an env built differently")
+            resolved[("s", i)] = static.copy()
+        taken: set[int] = set()
+        objects = []
+        for i, (path, key) in enumerate(plan.objects):
+            target = self._paired(path, key, taken)
+            if target is None:
+                module, _, qualname = key.partition(":")
+                try:
+                    kind = namespace.lookup(module, qualname, "class")
+                    target = kind.__new__(kind)
+                except StateDecodeError as exc:
+                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
+                                          f"cannot be made here ({exc})") from None
+                except TypeError as exc:
+                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
+                                          f"cannot be made without arguments ({exc})") from None
+            resolved[("o", i)] = target
+            objects.append(target)
+        generators = []
+        for i, (path, kind) in enumerate(plan.generators):
+            target = self._paired(path, kind, taken)
+            resolved[("g", i)] = target  # None: made fresh below, once its state is read
+            generators.append(target)
+        states, glob = self._states(read, resolved)
+        n = len(objects)
+        fresh: dict[int, Any] = {}
+        for i, (_, kind) in enumerate(plan.generators):
+            if generators[i] is None:
+                fresh[i] = new_generator(kind, states[n + i])
+                generators[i] = fresh[i]
+        if fresh:
+            # a generator made fresh must replace the placeholder it was read as: rare (a generator created
+            # after the target was built); read the states again with it resolved
+            for i, g in fresh.items():
+                resolved[("g", i)] = g
+            states, glob = self._states(read, resolved)
+        for target, (d, _, items) in zip(objects, states[:n]):
+            if d is not None and not isinstance(getattr(target, "__dict__", None), dict) or items is not None and \
+                    not isinstance(target, dict if isinstance(items, dict) else list):
+                raise GraphStateError(f"the capsule's Python state is refused: a {type(target).__qualname__} given "
+                                      "attributes or items it cannot hold")
+        for g, state in zip(generators, states[n:]):
+            bits = g.bit_generator if isinstance(g, np.random.Generator) else g
+            if isinstance(bits, np.random.BitGenerator) and state.get("bit_generator") != type(bits).__name__:
+                raise GraphStateError(f"the capsule's Python state is refused: a {state.get('bit_generator')!r} "
+                                      f"state for a {type(bits).__name__} generator")
+        return Prepared(objects, states[:n], generators, states[n:], glob)
+
+    def _read(self, blob: bytes) -> Read:
+        """A snapshot read and checked once (nothing resolved in the env yet): its plan, and its view bases and
+        states kept for fresh copies at every restore (`graph_read`)."""
+        parts = split(blob)
+        namespace = self._namespace()
+        try:
+            plan = Plan(*checked_plan(state_codec.decode(parts[0], namespace)))
+            reader = Decoder(parts[1], namespace)
+            bases = reader.decode()
+        except StateDecodeError as exc:
+            raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        if not isinstance(bases, list) or not all(type(b) is np.ndarray for b in bases):
+            raise GraphStateError("the capsule's Python state is refused: its view bases are not arrays")
+        for i, (b, offset, shape, strides, dtype, _) in enumerate(plan.views):
+            if b >= len(bases):
+                raise GraphStateError(f"the capsule's Python state is refused: view {i} of base {b}, which it lacks")
+            try:
+                bounded_view(bases[b], offset, shape, strides, dtype)
+            except ValueError as exc:
+                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        defined = pids(plan)
+
+        def reference(pid: Any) -> Ref:
+            try:
+                if pid in defined:
+                    return Ref(pid)
+            except TypeError:
+                pass
+            raise StateDecodeError(f"the snapshot refers to {pid!r}, which it does not define")
+
+        def bind(owner: Any, name: str) -> Any:
+            return BoundRef(owner, name) if type(owner) is Ref else state_codec.bound_method(owner, name)
+
+        for fresh_names in (False, True):
+            reader = Decoder(parts[2], self._namespace(fresh_names), reference)
+            reader.bind = bind
+            try:
+                value = reader.decode()
+                break
+            except StateNameError as exc:  # a name not seen yet: looked for once more in the graph as it is now
+                if fresh_names:
+                    raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+            except StateDecodeError as exc:
+                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        states, glob = checked_states(value, len(plan.objects), len(plan.generators))
+        self._check_generator_states(plan, states[len(plan.objects):], glob)
+        return Read(plan, pickle.dumps(bases, protocol=5), freeze((states, glob), reader.built), parts[2])
+
+    def _states(self, read: Read, resolved: dict[tuple, Any]) -> tuple[list, tuple | None]:
+        """Fresh copies of a read snapshot's states, its references resolved in this graph."""
+        try:
+            if read.states is not None:
+                return thaw(read.states, resolved)
+            value = state_codec.decode(read.raw_states, self._namespace(), resolved.__getitem__)
+        except StateDecodeError as exc:
+            raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        return checked_states(value, len(read.plan.objects), len(read.plan.generators))
+
+    def _check_generator_states(self, plan: Plan, states: list[Any], glob: tuple | None) -> None:
+        """Try every generator state on a spare generator of its kind, so that `apply` cannot fail half way."""
+        try:
+            for (_, kind), state in zip(plan.generators, states):
+                if issubclass(kind, (np.random.Generator, np.random.BitGenerator)):
+                    name = state.get("bit_generator") if isinstance(state, dict) else None
+                    if name not in BIT_GENERATORS:
+                        raise ValueError(f"bit generator {name!r}")
+                    kind = getattr(np.random, name)
+                elif issubclass(kind, np.random.RandomState):
+                    kind = np.random.RandomState
+                else:
+                    kind = random.Random
+                spare = self._spares.get(kind)
+                if spare is None:
+                    spare = self._spares[kind] = kind()
+                set_generator_state(spare, state)
+            if glob is not None:
+                self._spare_globals[0].set_state(glob[0])
+                self._spare_globals[1].setstate(glob[1])
+        except Exception as exc:  # noqa: BLE001 - tried on a spare: whatever numpy or random raises, it is refused
+            raise GraphStateError(f"the capsule's Python state is refused: a generator state that numpy or random "
+                                  f"refuses ({exc})") from None
+
+    def apply(self, prepared: Prepared) -> None:
+        """Set this graph to a prepared snapshot (`prepare`)."""
+        for target, state in zip(prepared.objects, prepared.states):
+            if self.exclude and state[0] is not None:
+                own = getattr(target, "__dict__", {})
+                state = ({**state[0], **{k: own[k] for k in self.exclude if k in own}}, *state[1:])
+            _apply_state(target, state)
+        for g, state in zip(prepared.generators, prepared.generator_states):
+            set_generator_state(g, state)
+        if prepared.glob is not None:
+            np.random.set_state(prepared.glob[0])
+            random.setstate(prepared.glob[1])
+
+    def _namespace(self, fresh: bool = False) -> GraphNamespace:
+        """The names this graph's capsules may use: learnt once, and again when a snapshot names one not seen
+        yet (an object the env built since)."""
+        if fresh or self._known is None:
+            refs: set[str] = set()
+            walk(self.root, refs, self.handles)
+            self._known = GraphNamespace(frozenset(refs))
+        return self._known
+
+    def _paired(self, path: Path | None, kind: type | str, taken: set[int]) -> Any:
+        if path is None:
+            return None
+        try:
+            target = resolve(self.root, path)
+        except (KeyError, IndexError, AttributeError, TypeError):
+            return None
+        same = type_key(type(target)) == kind if isinstance(kind, str) else type(target) is kind
+        if not same or id(target) in taken:
+            return None
+        taken.add(id(target))
+        return target
+
+    def _unencodable(self, graph: dict[int, Node], table: dict[int, tuple], exc: Exception) -> str:
+        for node in graph.values():
+            if id(node.obj) in table or node.kind in ("object", "container", "handle"):
+                continue
+            try:
+                state_codec.encode(node.obj, lambda x: table.get(id(x)))
+            except StateEncodeError as inner:
+                return (f"the env's Python state cannot be captured: {type(node.obj).__module__}."
+                        f"{type(node.obj).__qualname__} at {fmt(node.path)} cannot be saved ({inner}); exclude that "
+                        "attribute (CaptureSpec.exclude) if it is not state")
+        return f"the env's Python state cannot be captured: {exc}"
+
+    # -- diagnostics ------------------------------------------------------------------------------------
+    def dump(self) -> dict[str, str]:
+        """Every value reachable, by path -> a short digest: arrays (shape, dtype, bytes), scalars, generator
+        states, which attributes an object has, aliases (field and offset). Handles' own arrays are left to the
+        MjData comparison; opaque objects to their owners."""
+        out: dict[str, str] = {}
+        graph = self.nodes()
+        handles = [(i, n.obj) for i, n in enumerate(graph.values()) if n.kind == "handle"]
+        names = {i: fmt(n.path) for i, n in enumerate(graph.values())}
+        for node in graph.values():
+            if node.path is None:
+                continue
+            p = fmt(node.path)
+            if node.kind == "array":
+                alias = self._aliases.find(node.obj, handles)
+                if alias is not None:
+                    out[p] = f"alias of {names[alias[0]]}.{alias[1]} +{alias[2]} B {alias[3]}"
+                elif node.obj.dtype == object:
+                    out[p] = f"array object {node.obj.shape} {node.obj!r}"[:200]
+                else:
+                    digest = hashlib.blake2b(np.ascontiguousarray(node.obj).tobytes(), digest_size=8).hexdigest()
+                    out[p] = f"array {node.obj.dtype} {node.obj.shape} {digest}"
+            elif node.kind == "generator":
+                out[p] = f"generator {hashlib.blake2b(repr(generator_state(node.obj)).encode(), digest_size=8).hexdigest()}"
+            elif node.kind in ("object", "container"):
+                if node.kind == "object":
+                    out[p + " (attributes)"] = ",".join(sorted(getattr(node.obj, "__dict__", {}) or ()))
+                elif not isinstance(node.obj, dict):  # a sequence or set: its plain items as one value
+                    plain = [repr(v) for v in node.obj if classify(v, self.handles) == "atomic"]
+                    if isinstance(node.obj, (set, frozenset)):
+                        plain.sort()
+                    digest = hashlib.blake2b("\n".join(plain).encode(), digest_size=8).hexdigest()
+                    out[p + " (items)"] = f"{len(node.obj)} items {digest}"
+                    continue
+                else:
+                    out[p + " (items)"] = str(len(node.obj))
+                for step, v in _children(node.obj, node.kind):
+                    if step is not None and classify(v, self.handles) == "atomic" and not isinstance(
+                            v, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
+                        out[fmt((*node.path, step))] = f"{type(v).__name__} {v!r}"[:200]
+            elif node.kind == "value":
+                try:
+                    digest = hashlib.blake2b(state_codec.encode(node.obj), digest_size=8).hexdigest()
+                    out[p] = f"{type(node.obj).__name__} {digest}"
+                except StateEncodeError:  # not comparable by value
+                    continue
+        return out
+
+
+def differing_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """Paths whose value differs between two dumps (or that one lacks), shortest first (causes before the
+    arrays inside them)."""
+    keys = set(before) | set(after)
+    return sorted((k for k in keys if before.get(k) != after.get(k)), key=lambda k: (k.count(".") + k.count("["), k))
