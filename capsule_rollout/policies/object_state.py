@@ -9,7 +9,7 @@
   what changes, not the weights).
 
 The state lives in two buffers of its component: `state` (bytes, a fixed size: `capacity`) and `state_len`. The
-capacity is 1 MiB, or four times what the object holds when it is built rounded up to a power of two (a
+capacity is 256 KiB, or four times what the object holds when it is built rounded up to a power of two (a
 history or queue fills during an episode), or what the object's `capsule_bytes` says; a snapshot that does not
 fit is refused naming the largest arrays and what to do. A restore reads and checks the state before anything is
 copied (`check`, in the component's `check_restore`) and applies it after (`restore`).
@@ -29,7 +29,7 @@ from capsule_rollout.capsules.graph_state import GraphState
 from capsule_rollout.capsules.graph_walk import fmt
 from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError
 
-MIN_BYTES = 1 << 20
+MIN_BYTES = 1 << 18
 READONLY_BYTES = 1 << 16
 HOOKS, GRAPH = "hooks", "graph"
 
