@@ -185,6 +185,26 @@ class BenchSlotsConfig:
             raise ValueError("--slots must be >= 2; --episodes, --rounds, --branch_items, --branches >= 1")
 
 
+@command("bench_slot_memory", "Env slots and a large policy: an actor's memory with N slots vs one, one batched infer "
+         "object per actor against an instance per slot.")
+@dataclass(frozen=True)
+class BenchSlotMemoryConfig:
+    slots: int = 8
+    """Slots of the batched host (against a host of one slot)."""
+    weights_mb: int = 200
+    """Weights the policy object holds (a read-only array: taken by reference, never copied into a capsule)."""
+    episodes: int = 8
+    """Episodes played in each layout before its memory is read."""
+    rounds: int = 3
+    """Times each layout is measured (fresh processes, alternated); medians."""
+    docs: str = ""
+    """Markdown file whose bench_slot_memory section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.slots < 2 or min(self.weights_mb, self.episodes, self.rounds) < 1:
+            raise ValueError("--slots must be >= 2; --weights_mb, --episodes and --rounds >= 1")
+
+
 @command(
     'bench_bridge',
     "Robot bridge round-trip latency on loopback (heartbeat, action, observe) against the SimRobotServer.",

@@ -325,7 +325,7 @@ class _Parts:
 
     policy: object
     critic: object | None
-    cameras: tuple[str, ...] | None  # what the env must render (None: its default camera)
+    cameras: tuple[str, ...] | None  # what the env must render (None: its default camera; (): none)
     image_size: int
     conditioning: Conditioning | None  # a flow policy's RECAP conditioning, set once the host is built
     checked: Conditioning  # what `check_spec` resolved: how the policy source is loaded
@@ -348,18 +348,21 @@ def _load_parts(spec: HostSpec, conditioning: Conditioning) -> _Parts:
     sizes = {part.image_size for part in loaded if part.image_size}
     if len(sizes) > 1:
         raise ValueError(f"the policy and critic read images of {sorted(sizes)} px: use ones made for the same images")
-    return _Parts(policy.part, critic.part if critic else None, cameras or None, sizes.pop() if sizes else 64,
+    # no camera when every part says what it reads and none reads an image (the env renders nothing); the env's
+    # default camera when a part reads whatever the env gives
+    render = cameras if cameras or all(part.declared for part in loaded) else None
+    return _Parts(policy.part, critic.part if critic else None, render, sizes.pop() if sizes else 64,
                   policy.conditioning, conditioning)
 
 
 def _make_env(spec: HostSpec, cameras: tuple[str, ...] | None, image_size: int) -> RolloutEnv:
-    """The spec's env (a registered id or an import path; cameras None: its default one)."""
+    """The spec's env (a registered id or an import path; cameras None: its default one, (): none)."""
     from capsule_rollout.envs.suites import make_env
 
     if not spec.env:
         raise ValueError("no env: give a registered id `suite:task` or a factory's import path "
                          "`package.module:make_env` (HostSpec.env, --env)")
-    return make_env(spec.env, cameras=cameras or None, image_size=image_size)
+    return make_env(spec.env, cameras=cameras, image_size=image_size)
 
 
 def is_multi_task(env: str) -> bool:

@@ -70,6 +70,7 @@ class Loaded:
     cameras: tuple[str, ...] = ()
     image_size: int | None = None
     conditioning: Conditioning | None = None  # set on the policy once the host is built
+    declared: bool = True  # whether `cameras` is all it reads (a factory's object without `observation_keys`: no)
 
 
 class CheckpointLoader(Protocol):
@@ -127,7 +128,11 @@ def load_source(source: str, role: str, *, device: str, conditioning: Conditioni
     """The policy or critic a source names: a factory's object (adapted later, with the env) or a checkpoint's
     part, loaded by its kind's loader."""
     if source_kind(source) == FACTORY:
-        return Loaded(make_from_factory(source, role))
+        obj = make_from_factory(source, role)
+        keys = getattr(obj, "observation_keys", None)
+        if keys is None:
+            return Loaded(obj, declared=False)  # reads whatever the env gives: its default camera too
+        return Loaded(obj, tuple(str(k).removeprefix("image_") for k in keys if str(k).startswith("image_")))
     return loader_for(source).load(source, role=role, device=device, conditioning=conditioning,
                                    noise_scale=noise_scale)
 

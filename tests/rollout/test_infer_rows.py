@@ -142,3 +142,24 @@ def test_a_batch_of_the_wrong_shape_is_refused_naming_the_object(answer):
     with pytest.raises(ValueError, match="Wrong.infer_batch answered"):
         rows.act_rows([0, 1])
     env.close()
+
+
+class StateOnly(NoisyPush):
+    observation_keys = ("state",)
+
+
+def state_only():
+    return StateOnly()
+
+
+def test_the_env_renders_only_the_cameras_the_policy_and_critic_read():
+    says = build_host(_spec("state_only", "distance", 1).__class__(env=ENV, policy=f"{__name__}:state_only",
+                                                                    host=HostConfig(n_exec=3, max_steps=6)))
+    reads_all = build_host(_spec("noisy_push", "distance", 1))
+    try:
+        assert [k for k in says.env.observation_spec.arrays if k.startswith("image_")] == []
+        assert [k for k in reads_all.env.observation_spec.arrays if k.startswith("image_")] == ["image_free"]
+        assert "image_free" not in says.run_episode(0).episode.steps
+    finally:
+        says.close()
+        reads_all.close()
