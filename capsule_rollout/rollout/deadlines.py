@@ -66,8 +66,12 @@ class PhaseDeadlines:
         self.times: dict[str, list[float]] = {}  # phase -> [longest first occurrence, longest later one]
 
     def merge(self, times: Mapping[str, tuple[float, float]]) -> bool:
-        """Learn from `times` (`phase_clock.Times`); True when a deadline may have grown."""
-        return merge_times(self.times, times)
+        """Learn from `times` (`phase_clock.Times`); True when a deadline changed (most stay at the floor)."""
+        before = self._deadlines()
+        return merge_times(self.times, times) and self._deadlines() != before
+
+    def _deadlines(self) -> dict[str, tuple[float, float]]:
+        return {phase: (self.phase_s(phase, True), self.phase_s(phase, False)) for phase in self.times}
 
     def snapshot(self) -> Times:
         return {phase: (t[0], t[1]) for phase, t in self.times.items()}
@@ -111,7 +115,7 @@ class CallDeadlines:
 
     def learn(self, reports: Iterable[ActorReport], rate: bool) -> bool:
         """Learn the phase times of a call's reports (and, `rate`: not an actor's first call, its seconds per
-        step); True when the phase deadlines may have grown."""
+        step); True when a phase deadline changed."""
         grew = False
         for report in reports:
             grew |= self.phases.merge(report.phases)

@@ -290,7 +290,7 @@ class RolloutActor:
     def _hung(self, items: list[WorkItem], clock: PhaseClock, hang: Hang) -> list[ActorReport]:
         """The reports of a call that hung: the items done, the hung ones, the rest unplayed (the play thread
         stays stuck; the driver kills this actor)."""
-        done = dict(self._done)
+        done = {} if hang.phase == WRITE else dict(self._done)  # a shard write that hung: none of them is recorded
         hung = [k for k in self._hung_items(clock, len(items)) if k not in done]
         if not hung:  # no item to blame: every item not done is
             hung = [k for k in range(len(items)) if k not in done]

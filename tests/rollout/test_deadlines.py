@@ -45,6 +45,8 @@ def test_a_phase_never_measured_gets_the_first_call_allowance_and_a_measured_one
     deadlines.merge({CHUNK: (40.0, NAN)})  # a compile of 40 s: 3 x 40 is past the allowance
     assert deadlines.phase_s(CHUNK, first=True) == 50.0  # bounded by it
     assert deadlines.merge({CHUNK: (1.0, 0.05)}) is False  # nothing longer: no deadline grew
+    assert deadlines.merge({CHUNK: (1.0, 0.2)}) is False  # longer, but 3 x 0.2 s is still under the floor
+    assert deadlines.merge({CHUNK: (1.0, 0.5)}) is True
 
 
 def test_a_slow_cold_reset_keeps_its_own_deadline_after_restores():
