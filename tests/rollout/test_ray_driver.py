@@ -2,6 +2,8 @@
 found per phase and told from slow resets; an episode that cannot be played is lost with its reason, and a run
 that cannot go on gives up saying why (the envs and policy that misbehave: `tests.rollout.hang_factories`)."""
 
+import dataclasses
+
 import pytest
 
 from capsule_rollout.commands.configs import SimRolloutConfig
@@ -182,3 +184,14 @@ def test_an_actor_that_keeps_crashing_ends_the_run_with_every_item_left_reported
     lost = sorted(r.item.episode_id for r in reports if r.episode is None)
     assert lost == sorted(it.episode_id + suffix for it in items[1:] for suffix in ("", "-r1"))
     assert all("the run gave up (every rollout actor crashed" in r.error for r in reports if r.episode is None)
+
+
+def test_a_hang_in_one_slot_charges_that_slot_s_episode_and_re_runs_the_others(tmp_path):
+    """2 slots, one call of 4 items: the slot playing the hanging episode stops the call; the other slot's episode
+    (in progress, behind the same round) and the items not started are handed out again without counting."""
+    items = _seeds("hangs_in_step", 4)
+    spec = dataclasses.replace(_factory_spec("hangs_in_step"), slots=2)
+    reports, stats = run_rollouts(spec, items, actors=1, deadlines=QUICK)
+    [lost] = [r for r in reports if r.episode is None]
+    assert lost.item.episode_id == items[1].episode_id and lost.error.startswith("hung: env step 3 ran ")
+    assert stats.hangs == 2 and stats.lost == 1 and stats.episodes == 3
