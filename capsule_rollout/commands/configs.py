@@ -225,7 +225,8 @@ class SimRolloutConfig:
     gpus_per_actor: float = 0.0
     """Ray GPU fraction per actor (the policy and critic then run on CUDA)."""
     max_restarts: int = 3
-    """Restarts Ray grants each actor that dies."""
+    """Restarts an actor gets after it dies on its own (a crash; a kill for a hang does not count); past them it is
+    gone, and with no actor left the run gives up (the summary says why, every episode left lost)."""
     episodes_per_call: int = 1
     """Episodes handed to an actor in one Ray call (their reports come back together): more than 1 spreads
     the driver's per-call cost over several episodes, for short episodes on many actors; an actor that dies

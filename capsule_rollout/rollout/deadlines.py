@@ -64,11 +64,14 @@ class PhaseDeadlines:
     def __init__(self, settings: DeadlineSettings = DeadlineSettings()) -> None:
         self.settings = settings
         self.times: dict[str, list[float]] = {}  # phase -> [longest first occurrence, longest later one]
+        self._known: dict[str, tuple[float, float]] = {}  # the deadlines as of the last change
 
     def merge(self, times: Mapping[str, tuple[float, float]]) -> bool:
         """Learn from `times` (`phase_clock.Times`); True when a deadline changed (most stay at the floor)."""
-        before = self._deadlines()
-        return merge_times(self.times, times) and self._deadlines() != before
+        if not merge_times(self.times, times):
+            return False
+        known, self._known = self._known, self._deadlines()
+        return self._known != known
 
     def _deadlines(self) -> dict[str, tuple[float, float]]:
         return {phase: (self.phase_s(phase, True), self.phase_s(phase, False)) for phase in self.times}
@@ -116,9 +119,11 @@ class CallDeadlines:
     def learn(self, reports: Iterable[ActorReport], rate: bool) -> bool:
         """Learn the phase times of a call's reports (and, `rate`: not an actor's first call, its seconds per
         step); True when a phase deadline changed."""
-        grew = False
+        grew, merged = False, set()
         for report in reports:
-            grew |= self.phases.merge(report.phases)
+            if id(report.phases) not in merged:  # a call's reports carry one table
+                merged.add(id(report.phases))
+                grew |= self.phases.merge(report.phases)
             if rate:
                 self.steps += report.steps
                 self.busy_s += report.busy_s

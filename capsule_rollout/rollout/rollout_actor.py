@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -47,6 +47,9 @@ from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.shard_manifest import ManifestEntry
 from capsule_rollout.stores.sharded_store import ShardWriter
+
+if TYPE_CHECKING:  # it imports this module
+    from capsule_rollout.rollout.deadlines import DeadlineSettings, PhaseDeadlines
 
 CUDA_FATAL: tuple[type[BaseException], ...] = (torch.AcceleratorError,)
 """What torch (>= 2.8, the project's floor) raises when the CUDA context is dead (an illegal access, a
@@ -135,7 +138,7 @@ class RolloutActor:
         self.spec, self.index = spec, index
         self.shard_root = shard_root
         self.clock = PhaseClock()  # the actor's own phases: building a host, writing the shard
-        self._deadlines = None  # PhaseDeadlines once the driver asked to `watch`
+        self._deadlines: PhaseDeadlines | None = None  # once the driver asked to `watch`
         # in a Ray actor: build, play and close on one thread of its own, so that the call's thread can watch
         self._player = ThreadPoolExecutor(1, thread_name_prefix="rollout-play") if _in_ray_actor() else None
         self._current: int | None = None  # the index in the call of the item played (or its host built) now
@@ -200,7 +203,7 @@ class RolloutActor:
 
     pid = ready
 
-    def watch(self, settings, times: Times) -> None:
+    def watch(self, settings: DeadlineSettings, times: Times) -> None:
         """Watch every call from now on: its phases against deadlines (`rollout.deadlines.DeadlineSettings`)
         learned from `times` (what the driver has learned) and from what this actor measures."""
         from capsule_rollout.rollout.deadlines import PhaseDeadlines  # it imports this module
