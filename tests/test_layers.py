@@ -35,7 +35,7 @@ ALLOWED = {
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
 # modules at the namespace's root that every layer may import: standard library only, importing no layer
-ROOT_MODULES = {"import_path"}
+ROOT_MODULES = {"import_path", "input_bounds"}
 
 
 def imported_modules(source: str, package_path: str) -> list[str]:

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import math
 import typing
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -73,6 +74,17 @@ def _help(helptext: Any, old: tuple[str, ...] = (), group: type | None = None) -
         return " ".join(doc.split()) + (f" (old name{'s' * (len(old) > 1)} {', '.join(old)} still accepted)" if old else "")
 
     return text
+
+
+def _check_finite(config: Any, prefix: str) -> None:
+    """Every float option is a finite number: none of them means anything at NaN or infinity (an option that
+    can be off or unbounded says so with `none` or 0)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ConfigError(f"--{prefix}{f.name} must be a finite number, got {value} (--help says what none or 0 "
+                              "means for it)")
 
 
 def _registry(config: Any):
@@ -157,9 +169,11 @@ def _registry(config: Any):
         @functools.wraps(spec.instantiate)  # the group's docstring stays its description in --help
         def instantiate(**kwargs):
             try:
-                return spec.instantiate(**kwargs)
+                made = spec.instantiate(**kwargs)
             except ValueError as exc:  # a group's check names its fields: say which options they are
                 raise ConfigError(f"--{prefix}*: {exc}" if prefix else str(exc)) from None
+            _check_finite(made, prefix)
+            return made
 
         return dataclasses.replace(spec, instantiate=instantiate, fields=tuple(fields))
 

@@ -25,6 +25,7 @@ from capsule_rollout.commands.store_configs import (  # noqa: F401 - the store t
     ImportLeRobotConfig,
     VerifyStoreConfig,
 )
+from capsule_rollout.input_bounds import check_finite, check_seeds
 from capsule_rollout.learning.options import (  # noqa: F401 - the learning layer's options are commands' configs too
     ADVANTAGE,
     CAMERAS,
@@ -70,6 +71,7 @@ class VerifyCapsuleConfig:
     """With --env: cameras rendered (None: the suite's default camera)."""
 
     def __post_init__(self) -> None:
+        check_seeds(self.seed, 1, "--seed")
         if self.steps < 1:
             raise ValueError(f"--steps must be >= 1 (got {self.steps})")
         if self.warmup < 0:
@@ -206,10 +208,16 @@ class SimRolloutConfig:
     pin_seeds: tuple[int, ...] = ()
     """Seeds whose initial capsules stay pinned in every actor's store (a fixed evaluation set)."""
     episode_timeout_s: float | None = None
-    """Seconds an episode may run before it is abandoned (its actor killed and restarted, the episode re-run).
-    None: derived from what the actors report, 3 x (the step limit x the measured seconds per step + the most
-    time an episode took besides its steps: reset, writes), at least 30 s, and at least 600 s for an actor's
-    first call (rollout/deadlines.py); 0: no deadline (a warning)."""
+    """None (the default): deadlines per phase (cold reset, restore, chunk, step...), each 3 x the longest time
+    the actors measured for it, at least --deadline_floor_s; a phase's first occurrence in a process at most
+    --first_call_s, and a phase never measured that (rollout/deadlines.py). A number: seconds an episode may run
+    instead. 0: no deadline (a warning); infinity is refused (0 says it). A hung episode's actor is killed and
+    restarted and the episode re-run; one that hangs at the same place twice is lost (the run goes on)."""
+    first_call_s: float = 600.0
+    """The first-call allowance: the deadline of a phase no actor has measured yet, and the most a phase's first
+    occurrence in a process (a first compile) may take, whatever was measured."""
+    deadline_floor_s: float = 30.0
+    """The shortest deadline of a phase (a GC pause or a slow disk is no hang)."""
     lanes: Literal["two", "serial"] = "two"
     """Policy and critic on two lanes at once, or one after the other."""
     cpus_per_actor: float = 1.0
@@ -217,7 +225,8 @@ class SimRolloutConfig:
     gpus_per_actor: float = 0.0
     """Ray GPU fraction per actor (the policy and critic then run on CUDA)."""
     max_restarts: int = 3
-    """Restarts Ray grants each actor that dies."""
+    """Restarts an actor gets after it dies on its own (a crash; a kill for a hang does not count); past them it is
+    gone, and with no actor left the run gives up (the summary says why, every episode left lost)."""
     episodes_per_call: int = 1
     """Episodes handed to an actor in one Ray call (their reports come back together): more than 1 spreads
     the driver's per-call cost over several episodes, for short episodes on many actors; an actor that dies
@@ -247,11 +256,34 @@ class SimRolloutConfig:
         if self.episodes_per_call < 1 or self.slots < 1 or self.env_threads < 1:
             raise ValueError(f"--episodes_per_call, --slots and --env_threads must be >= 1 (got "
                              f"{self.episodes_per_call}, {self.slots}, {self.env_threads})")
+        check_finite(self.value_threshold, "--value_threshold", "none: no low-value stop")
+        check_finite(self.episode_timeout_s, "--episode_timeout_s", "0: no deadline; none: derived per phase")
+        check_finite(self.capsule_budget_mb, "--capsule_budget_mb", "none: unbounded")
         if self.episode_timeout_s is not None and not self.episode_timeout_s >= 0:
             raise ValueError(f"--episode_timeout_s must be >= 0 (0: no deadline; none: derived), "
                              f"got {self.episode_timeout_s}")
         if self.capsule_budget_mb is not None and self.capsule_budget_mb < 0:
             raise ValueError(f"--capsule_budget_mb must be >= 0 (got {self.capsule_budget_mb})")
+        for name in ("first_call_s", "deadline_floor_s"):
+            value = getattr(self, name)
+            check_finite(value, f"--{name}")
+            if not value > 0:
+                raise ValueError(f"--{name} must be > 0 (got {value})")
+        if self.deadline_floor_s > self.first_call_s:
+            raise ValueError(f"--deadline_floor_s ({self.deadline_floor_s}) exceeds --first_call_s "
+                             f"({self.first_call_s}): lower the floor or raise the allowance")
+        if self.max_restarts < 0 or (self.max_steps is not None and self.max_steps < 1):
+            raise ValueError(f"--max_restarts must be >= 0 and --max_steps >= 1 (got {self.max_restarts}, "
+                             f"{self.max_steps})")
+        for seed in self.pin_seeds:
+            check_seeds(seed, 1, "--pin_seeds")
+
+    @property
+    def episodes_at_most(self) -> int:
+        """Episodes the run plays at most: every seed (of every family with --family all), each repeat, each
+        attempt."""
+        families = 4 if self.family == "all" and not self.env else 1  # tabletop.tasks.FAMILY_NAMES
+        return self.seeds.count * families * self.repeats * self.attempts
 
 
 @command(
@@ -336,6 +368,9 @@ class RealRecapConfig:
     """During a takeover, act with the robot side's teleoperation device (the scripted expert of a sim robot)."""
 
     def __post_init__(self) -> None:
+        check_finite(self.value_threshold, "--value_threshold", "none: no low-value stop")
+        if self.seed is not None:
+            check_seeds(self.seed, self.episodes, "--seed", "--episodes")
         if self.robot.port < 0:
             raise ValueError(f"--robot.port must be a port number, got {self.robot.port}")
         if self.episodes < 1 or self.max_steps < 1:
@@ -427,6 +462,7 @@ class TrainStatePolicyConfig:
     """torch threads (a small network trains fastest on one, and far faster than on two busy cores)."""
 
     def __post_init__(self) -> None:
+        check_seeds(self.seed, 1, "--seed")
         if min(self.chunk_length, self.hidden, self.steps, self.batch) < 1 or not self.lr > 0:
             raise ValueError("--chunk_length, --hidden, --steps, --batch must be >= 1 and --lr > 0")
 

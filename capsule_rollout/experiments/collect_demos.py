@@ -6,12 +6,14 @@ from __future__ import annotations
 from capsule_rollout.commands.configs import CollectDemosConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
+from capsule_rollout.input_bounds import check_output_dir
 from capsule_rollout.learning.demos import collect_demos
 from capsule_rollout.tabletop.demos import demo_source
 
 
 def run(config: CollectDemosConfig) -> ExperimentResult:
     with checking_inputs():
+        check_output_dir(config.out)
         source = demo_source(config)
     summary = collect_demos(config, source)
     episodes, skipped = summary["episodes"], summary["skipped_already_recorded"]

@@ -9,12 +9,15 @@ from tqdm import tqdm
 from capsule_rollout.commands.configs import ConsolidateConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
+from capsule_rollout.input_bounds import check_output_dir
 from capsule_rollout.stores.consolidate import consolidate_store
 from capsule_rollout.stores.sharded_reader import open_episode_reader
+from capsule_rollout.stores.sharded_store import parse_store_root
 
 
 def run(config: ConsolidateConfig) -> ExperimentResult:
     with checking_inputs():
+        check_output_dir(parse_store_root(config.out))
         total = len(open_episode_reader(config.store))
     bar = tqdm(total=total, desc="consolidate", unit="ep", disable=not config.progress)
     start = time.perf_counter()

@@ -12,6 +12,7 @@ from capsule_rollout.commands.configs import EvalPolicyConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.input_bounds import check_run
 from capsule_rollout.learning.evaluation import EpisodesLostError, evaluate_spec
 from capsule_rollout.policies.conditioning import resolve_conditioning
 from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
@@ -24,6 +25,9 @@ from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 
 def run(config: EvalPolicyConfig) -> ExperimentResult:
+    with checking_inputs():
+        families = len(FAMILY_NAMES) if config.family == "all" and not config.env else 1
+        check_run(config.seeds.count * families, "--seeds.count (--episodes)", config.actors, config.slots, 1.0)
     try:
         return _run_env(config) if config.env else _run_tabletop(config)
     except EpisodesLostError as exc:  # no figure to give: say why in one line

@@ -10,6 +10,7 @@ from capsule_rollout.commands.configs import ExportLeRobotConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.input_bounds import check_output_dir
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
 from capsule_rollout.stores.zarr_reader import require_verified, store_episodes
@@ -22,6 +23,8 @@ TABLETOP_NAMES = {
 
 
 def run(config: ExportLeRobotConfig) -> ExperimentResult:
+    with checking_inputs():
+        check_output_dir(config.out, beside=True)
     reader = open_store(resolve_input(config.store))
     indices = F.select_episodes(reader.episode_ids, config.episodes)
     if not config.allow_unverified:

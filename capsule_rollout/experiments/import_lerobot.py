@@ -10,6 +10,7 @@ from capsule_rollout.commands.configs import ImportLeRobotConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.input_bounds import check_output_dir
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
@@ -17,6 +18,7 @@ from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 def run(config: ImportLeRobotConfig) -> ExperimentResult:
     with checking_inputs():
+        check_output_dir(config.out)
         reader = LeRobotDatasetReader(resolve_input(config.src), id_prefix=config.id_prefix or None)
         if not config.allow_unverified:
             reader.require_verified()

@@ -8,7 +8,7 @@ from capsule_rollout.commands import registry
 from capsule_rollout.commands.cli import ConfigError, parse_config
 from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
 from capsule_rollout.stores.store_damage import StoreDamageError
-from capsule_rollout.stores.writer_lock import StoreLockedError
+from capsule_rollout.stores.writer_lock import WriterLockError
 
 
 def _usage() -> str:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         result: ExperimentResult = experiment.load_runner()(config)
-    except (UsageError, StoreLockedError) as exc:
+    except (UsageError, WriterLockError) as exc:  # a store another writes, or its lock unopenable
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except StoreDamageError as exc:  # recorded data that does not read back as written: not a usage error

@@ -21,7 +21,9 @@ from capsule_rollout.commands.configs import SimRolloutConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.input_bounds import check_output_dir, check_run
 from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
+from capsule_rollout.rollout.deadlines import DeadlineSettings
 from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec, parse_observers, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.record import CAPSULES, absolute_source, episode_id_of, open_run
@@ -61,6 +63,12 @@ def _open_run(config: SimRolloutConfig):
     """Check the inputs and open the run's output: (out, spec, store, conditioning, recorded outcomes, recorder)."""
     with checking_inputs():
         out = parse_store_root(config.out)
+        check_output_dir(out)
+        counts = f" x --repeats {config.repeats}" * (config.repeats > 1) + f" x --attempts {config.attempts}" * (
+            config.attempts > 1) + " x 4 families" * (config.episodes_at_most > config.seeds.count * config.repeats
+                                                        * config.attempts)
+        check_run(config.episodes_at_most, f"--seeds.count (--episodes){counts}",
+                  config.actors, config.slots, config.cpus_per_actor)
         spec = spec_from_config(config, out)
         if config.attempts > 1 and spec.noise_scale == 0:
             raise ValueError("--attempts: at noise scale 0 every retry plays the failed episode again; pass "
@@ -99,7 +107,9 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                                       cpus_per_actor=config.cpus_per_actor, gpus_per_actor=config.gpus_per_actor,
                                       max_restarts=config.max_restarts, repeats=config.repeats,
                                       attempts=config.attempts, episode_timeout_s=config.episode_timeout_s,
-                                      done=done, on_report=on_report, episodes_per_call=config.episodes_per_call)
+                                      done=done, on_report=on_report, episodes_per_call=config.episodes_per_call,
+                                      deadlines=DeadlineSettings(floor_s=config.deadline_floor_s,
+                                                                 first_call_s=config.first_call_s))
         orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0  # ignored by readers
     finally:
         bar.close()
@@ -118,12 +128,14 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
         if config.video:
             summary["video"] = str(_video(episodes, out / "episode.gif", store))
     _table(console, summary)
-    lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded
-    summary["lost"] = len(lost)
-    if lost:
+    lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded (each says why)
+    if stats.gave_up:
+        console.print(f"[red]gave up[/red]: {stats.gave_up}; {len(lost)} of {len(reports)} episodes lost (each "
+                      "with its reason in --json; a resumed run plays them)", markup=True, highlight=False, soft_wrap=True)
+    elif lost:
         console.print(f"[red]{len(lost)} of {len(reports)} episodes were lost to errors[/red]; the first "
                       f"({lost[0].item.episode_id if lost[0].item else '?'}): {lost[0].error}", markup=True,
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     return ExperimentResult(summary, exit_code=1 if lost else 0)
 
 
@@ -148,8 +160,8 @@ def _table(console, s: dict) -> None:
          f"{s['control_hz_per_actor_median']:.0f}"
          if s["control_hz_per_actor_median"] is not None else "-"),
         ("Ray nodes that played episodes", len(s["episodes_by_node"]) or "-"),
-        ("actors / failures / timeouts / re-run",
-         f"{s['actors']} / {s['actor_failures']} / {s['timeouts']} / {s['resubmitted']}"),
+        ("actors / failures / timeouts / re-run / lost",
+         f"{s['actors']} / {s['actor_failures']} / {s['timeouts']} / {s['resubmitted']} / {s['lost']}"),
         ("store", s["store"]),
     ]
     for name, value in rows:

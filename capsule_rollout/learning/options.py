@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from capsule_rollout.input_bounds import check_finite, check_seeds
+
 FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # tabletop.tasks.FAMILY_NAMES
 FAMILIES_OR_ALL = Literal["pick_place", "stack", "arrange", "sort", "all"]  # "all": every family, each on the seeds
 PHRASING = Literal["canonical", "train", "heldout"]  # tabletop.phrasing.PHRASINGS
@@ -39,6 +41,7 @@ class Seeds:
     def __post_init__(self) -> None:
         if self.first < 0 or self.count < 0:
             raise ValueError(f"first and count must be >= 0 (got {self.first}, {self.count})")
+        check_seeds(self.first, self.count, "first", "count")
 
     @property
     def range(self) -> range:
@@ -78,6 +81,7 @@ class Acting:
         if self.n_exec is not None and self.n_exec < 1:
             raise ValueError(f"n_exec must be >= 1 (got {self.n_exec})")
         check_noise_scale_option(self.noise_scale)
+        check_finite(self.beta, "beta", "none: the conditioned policy alone")
         if self.beta is not None and not self.beta > 0:
             raise ValueError(f"beta must be > 0 (got {self.beta})")
         if self.beta is not None and self.advantage == "none":
@@ -113,6 +117,7 @@ class Loop:
                              f"{self.steps}, {self.batch_size}, {self.eval_every}, {self.checkpoint_every}, {self.lr})")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (got {self.threads})")
+        check_seeds(self.seed, 1, "seed")
 
 
 LOOP_ALIASES = {name: f"loop.{name}" for name in ("steps", "batch_size", "lr", "eval_every", "checkpoint_every",
@@ -159,6 +164,7 @@ class CollectDemosConfig:
             raise ValueError(f"--cameras {bad} unknown; choose from {list(CAMERAS)}")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0 (got {self.seed})")
+        check_seeds(self.seed, self.episodes, "--seed", "--episodes")
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,9 @@ def _rollouts(config: RecapConfig, recipe: RecapRecipe, policy_dir: Path, critic
              for seed in range(first, first + config.rollout_episodes)]
     with ZarrRecorder(store) as recorder:
         todo = [it for it in items if it.episode_id not in recorder]  # a resumed run: recorded before it stopped
-        run_rollouts(spec, todo, actors=config.actors, recorder=recorder)
+        _, stats = run_rollouts(spec, todo, actors=config.actors, recorder=recorder)
+    if stats.gave_up:  # the driver raises nothing for what happens to actors: an iteration cannot go on without them
+        raise RuntimeError(f"iteration {k}'s rollouts gave up: {stats.gave_up}")
     ids = [it.episode_id for it in items]
     return _rollout_summary(store, ids, recipe.episode_limit(config) // 2), spec, ids
 

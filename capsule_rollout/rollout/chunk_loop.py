@@ -13,6 +13,7 @@ import numpy as np
 
 from capsule_rollout.envs.rollout_env import STATE_KEY
 from capsule_rollout.rollout.host_config import SafetyStop, Tick
+from capsule_rollout.rollout.phase_clock import CHUNK, HOST, STEP
 from capsule_rollout.stores.episode import EpisodeBuilder
 from capsule_rollout.stores.episode_schema import STOP_REASONS, StopReason
 
@@ -37,14 +38,18 @@ class ChunkLoop:
     def _drive(self, steps: Generator):
         """Run one of the loop's generators alone: each inference it asks for runs here, on this host's lanes
         (a `SlotHost` drives its slots' generators instead, with one batched call per round)."""
+        clock = self.clock
         try:
             next(steps)
             while True:
+                clock.enter(CHUNK)
                 try:
                     self._run_lanes()
                 except Exception as exc:  # raised where the loop asked for it (recorded like an env error)
+                    clock.enter(None)
                     steps.throw(exc)
                 else:
+                    clock.enter(None)
                     steps.send(None)
         except StopIteration as done:
             return done.value
@@ -62,7 +67,11 @@ class ChunkLoop:
         critic, st = self.critic, self.state
         if critic is not None:
             critic.load_observation(obs, self.env.steps)
-        yield  # the policy's (and critic's) call: this host's lanes, or one batched call over a SlotHost's slots
+        self.clock.enter(None)  # waiting for the chunk: the call is watched where it runs
+        try:
+            yield  # the policy's (and critic's) call: this host's lanes, or one batched call over a SlotHost's slots
+        finally:
+            self.clock.enter(HOST)
         if critic is not None:
             value = float(self._value_out.reshape(-1)[0])
             st.value[...] = value
@@ -88,7 +97,11 @@ class ChunkLoop:
         action = np.minimum(np.maximum(action, self.low), self.high)
         tick = Tick(new_chunk=False, value=float("nan"), action=action, subtask_id=self._subtask_index,
                     intervention=True)
-        tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
+        self.clock.enter(STEP)
+        try:
+            tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
+        finally:
+            self.clock.enter(HOST)
         if self.env.steps % self.config.planner_every == 0:
             self.planner.update(self.env)
         return tick
@@ -125,9 +138,11 @@ class ChunkLoop:
         lazy = self._lazy and pos + 1 < int(st.length)  # the next step executes a queued action: no image read
         if lazy:
             self.env.images_wanted = False
+        self.clock.enter(STEP)
         try:
             tick.obs, tick.reward, tick.terminated, tick.truncated, tick.info = self.env.step(action)
         finally:
+            self.clock.enter(HOST)
             if lazy:
                 self.env.images_wanted = True
         if self.env.steps % cfg.planner_every == 0:

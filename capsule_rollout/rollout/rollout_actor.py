@@ -7,6 +7,12 @@ several of a suite's tasks (`HostSpec.env` `suite:*`) first needs it, records it
 when the store is sharded, and turns a fatal CUDA error into the end of its process (the context is unusable;
 the driver re-runs the episode on a fresh one). The driver that places actors and hands them items is
 `rollout.ray_rollout`.
+
+In a Ray actor the host is built and played on a thread of its own ("rollout-play"), and once the driver has
+said how (`watch`), the thread that took the call watches the phase clocks of the hosts (`rollout.phase_clock`)
+against their deadlines (`rollout.deadlines`): a phase past its deadline ends the call at once with the items
+done, the hung one (`ActorReport.hang`: phase, step, seconds) and the rest unplayed; the driver then kills the
+actor (its play thread is stuck) and Ray restarts it.
 """
 
 from __future__ import annotations
@@ -14,7 +20,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -30,6 +40,7 @@ from capsule_rollout.rollout.host_factory import (
     save_initial_capsule,
 )
 from capsule_rollout.rollout.observer import EpisodeObserver
+from capsule_rollout.rollout.phase_clock import BUILD, WRITE, Hang, PhaseClock, Times, combined_times
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.slot_host import SlotHost, episode_job
 from capsule_rollout.stores import episode_schema as S
@@ -37,9 +48,14 @@ from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.shard_manifest import ManifestEntry
 from capsule_rollout.stores.sharded_store import ShardWriter
 
+if TYPE_CHECKING:  # it imports this module
+    from capsule_rollout.rollout.deadlines import DeadlineSettings, PhaseDeadlines
+
 CUDA_FATAL: tuple[type[BaseException], ...] = (torch.AcceleratorError,)
 """What torch (>= 2.8, the project's floor) raises when the CUDA context is dead (an illegal access, a
 device-side assert, a failed launch): the process cannot go on."""
+WATCH_POLL_S = 0.25
+"""How often a watched call looks at its phase clocks (a hang is found at most this much after its deadline)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +106,14 @@ class ActorReport:
     steps: int = 0  # control steps the item played (a branch item: its replays and branches too)
     busy_s: float = 0.0  # the actor's seconds on the item: host built, reset, steps, its share of the shard write
     step_limit: int = 0  # the host's step limit of one episode (0: no host); with `steps`, `busy_s`: the deadlines
+    phases: Times = field(default_factory=dict)  # the longest phase times measured in the call (each report of a
+    # call carries the same): what the driver learns the deadlines from
+    hang: Hang | None = None  # this item hung there (no episode); the actor's play thread is stuck: kill it
+    unplayed: bool = False  # the call ended (another item hung) before this one was played: hand it out again
+
+
+def _in_ray_actor() -> bool:
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def _is_cuda_fatal(exc: BaseException | None) -> bool:
@@ -116,6 +140,14 @@ class RolloutActor:
         self.spec, self.index = spec, index
         self.capsule_key = capsule_key if capsule_key is not None else signing_key()
         self.shard_root = shard_root
+        self.clock = PhaseClock()  # the actor's own phases: building a host, writing the shard
+        self._deadlines: PhaseDeadlines | None = None  # once the driver asked to `watch`
+        # in a Ray actor: build, play and close on one thread of its own, so that the call's thread can watch
+        self._player = ThreadPoolExecutor(1, thread_name_prefix="rollout-play") if _in_ray_actor() else None
+        self._current: int | None = None  # the index in the call of the item played (or its host built) now
+        self._done: dict[int, ActorReport] = {}  # the call's items played so far
+        self._groups: list[tuple[SlotHost, list[int]]] = []  # side by side: each host and its items' indices
+        self._side_by_side_now = False
         self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         self._shard: ShardWriter | None = None
         if spec.pin_cores and hasattr(os, "sched_setaffinity"):
@@ -133,9 +165,13 @@ class RolloutActor:
         if host is not None:
             self._adopt(host.task if is_multi_task(spec.env) else "", host)
         elif not is_multi_task(spec.env):
-            self._adopt("", self._build(spec))
+            self._adopt("", self._on_player(self._build, spec))
         else:
             self.host = None  # each task's host is built when its first item comes
+
+    def _on_player(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the play thread (here, in-process)."""
+        return fn(*args) if self._player is None else self._player.submit(fn, *args).result()
 
     def _build(self, spec: HostSpec) -> RolloutHost | SlotHost:
         return build_slots(spec) if spec.slots > 1 else build_host(spec, observers=self._observers)
@@ -155,8 +191,12 @@ class RolloutActor:
             raise ValueError(f"{item.episode_id}: a run over several tasks ({self.spec.env}) needs each work "
                              "item's task")
         if item.task not in self.hosts:
-            self._adopt(item.task, self._build(dataclasses.replace(self.spec, env=env_for_task(self.spec.env,
-                                                                                               item.task))))
+            self.clock.enter(BUILD)
+            try:
+                built = self._build(dataclasses.replace(self.spec, env=env_for_task(self.spec.env, item.task)))
+            finally:
+                self.clock.enter(None)
+            self._adopt(item.task, built)
         return self.hosts[item.task]
 
     def ready(self) -> int:
@@ -165,6 +205,15 @@ class RolloutActor:
         return os.getpid()
 
     pid = ready
+
+    def watch(self, settings: DeadlineSettings, times: Times) -> None:
+        """Watch every call from now on: its phases against deadlines (`rollout.deadlines.DeadlineSettings`)
+        learned from `times` (what the driver has learned) and from what this actor measures."""
+        from capsule_rollout.rollout.deadlines import PhaseDeadlines  # it imports this module
+
+        if self._deadlines is None or self._deadlines.settings != settings:
+            self._deadlines = PhaseDeadlines(settings)
+        self._deadlines.merge(times)
 
     def _saved_capsule(self, key: str, seed: int):
         """A seed's initial capsule saved under `capsule_dir` (by this or another actor), or None."""
@@ -183,40 +232,136 @@ class RolloutActor:
     def run_batch(self, items: list[WorkItem]) -> list[ActorReport]:
         """Play `items` (one after another; with slots, side by side on the slots); sharded, write their episodes to
         this actor's shard in one commit (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`).
-        The reports come back in the items' order."""
-        if self.spec.slots > 1 and self.side_by_side:
-            reports = self._play_slots(items)
-        else:
-            reports = self._play_each(items)
+        The reports come back in the items' order. Watched (`watch`), a phase past its deadline ends the call:
+        the hung item's report says where (`hang`), the items not played are marked `unplayed`."""
+        if self._player is None:
+            return self._play_batch(items)
+        if self._deadlines is None:
+            return self._player.submit(self._play_batch, items).result()
+        future = self._player.submit(self._play_batch, items)
+        while True:
+            try:
+                return future.result(timeout=WATCH_POLL_S)
+            except FutureTimeout:
+                found = self._overrun()
+                if found is not None:
+                    return self._hung(items, *found)
+
+    def _play_batch(self, items: list[WorkItem]) -> list[ActorReport]:
+        self._done, self._groups, self._current = {}, [], None
+        self._side_by_side_now = self.spec.slots > 1 and self.side_by_side
+        reports = self._play_slots(items) if self._side_by_side_now else self._play_each(items)
+        self._current = None
         self._write_shard(reports)
+        self._learned(reports)
         return reports
+
+    def _clocks(self) -> list[PhaseClock]:
+        """Every phase clock of this actor: its own, its hosts' (a slot host's and each slot's)."""
+        clocks = [self.clock]
+        for host in list(self.hosts.values()):
+            if isinstance(host, SlotHost):
+                clocks += [host.clock, *(slot.clock for slot in host.hosts)]
+            elif isinstance(getattr(host, "clock", None), PhaseClock):
+                clocks.append(host.clock)
+        return clocks
+
+    def _learned(self, reports: list[ActorReport]) -> None:
+        """Attach the call's phase times to its reports (the driver learns from them), and learn them here too."""
+        phases = combined_times(self._clocks())
+        for report in reports:
+            report.phases = phases
+        if self._deadlines is not None:
+            self._deadlines.merge(phases)
+
+    def _overrun(self) -> tuple[PhaseClock, Hang] | None:
+        """A clock whose phase has run past its deadline, and where, or None."""
+        from capsule_rollout.rollout.deadlines import PhaseDeadlines
+
+        deadlines = PhaseDeadlines(self._deadlines.settings)
+        deadlines.merge(self._deadlines.snapshot())
+        clocks = self._clocks()
+        for clock in clocks:  # what this call measured so far counts at once
+            deadlines.merge({phase: (t[0], t[1]) for phase, t in clock.peek_times().items()})
+        now = time.perf_counter()
+        for clock in clocks:
+            phase, since, first = clock.now
+            if phase is None:
+                continue
+            limit = deadlines.phase_s(phase, first)
+            if now - since > limit:
+                return clock, Hang(phase, int(clock.step()), now - since, limit, first)
+        return None
+
+    def _hung(self, items: list[WorkItem], clock: PhaseClock, hang: Hang) -> list[ActorReport]:
+        """The reports of a call that hung: the items done, the hung ones, the rest unplayed (the play thread
+        stays stuck; the driver kills this actor)."""
+        done = {} if hang.phase == WRITE else dict(self._done)  # a shard write that hung: none of them is recorded
+        hung = [k for k in self._hung_items(clock, len(items)) if k not in done]
+        if not hung:  # no item to blame: every item not done is
+            hung = [k for k in range(len(items)) if k not in done]
+        reports = []
+        for k, item in enumerate(items):
+            if k in hung:
+                report = self._lost(item, str(hang))
+                report.hang = hang
+            elif k in done:
+                report = done[k]
+            else:
+                report = self._lost(item, f"not played: the call ended when another item {hang}")
+                report.unplayed = True
+            reports.append(report)
+        self._write_shard([r for r in reports if r.episode is not None])
+        self._learned(reports)
+        return reports
+
+    def _hung_items(self, clock: PhaseClock, n: int) -> list[int]:
+        """The indices in the call of the items a hung `clock` was playing."""
+        if clock is self.clock or not self._side_by_side_now:  # building a host, or one item after another
+            current = self._current
+            return [current] if current is not None else list(range(n))  # none: the shard write, all of them
+        for host, ks in self._groups:
+            playing = dict(host.playing)
+            if clock is host.clock:  # a batched call: every item it serves, and the others wait for it
+                return [ks[j] for j in playing.values()]
+            for slot, slot_host in enumerate(host.hosts):
+                if clock is slot_host.clock:
+                    return [ks[playing[slot]]] if slot in playing else []
+        return []
+
+    def _lost(self, item: WorkItem, error: str) -> ActorReport:
+        return ActorReport(None, "failed", 0.0, 0.0, error, os.getpid(), item, {}, self.index, node=self.node)
 
     def _play_each(self, items: list[WorkItem]) -> list[ActorReport]:
         reports = []
-        for item in items:
+        for k, item in enumerate(items):
+            self._current = k
             t0 = time.perf_counter()
             try:
                 self.host = self._host_for(item)
             except Exception as exc:  # a host that cannot be built: this episode failed, the actor goes on
-                report = ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(), item,
-                                     {}, self.index, node=self.node)
+                report = self._lost(item, f"{type(exc).__name__}: {exc}")
             else:
                 report = self._play(item)
             report.busy_s = time.perf_counter() - t0
             report.step_limit = self.host.step_limit if self.host is not None else 0
             reports.append(report)
+            self._done[k] = report
         return reports
 
     def _play_slots(self, items: list[WorkItem]) -> list[ActorReport]:
         """The items on the slots of their task's host, side by side (a task's items in one `play`). An item's
         `busy_s` is its share, by steps, of the wall time its task's items took together."""
-        reports: dict[int, ActorReport] = {}
+        reports = self._done  # filled as items finish (what a watched call that hangs returns)
         groups: dict[SlotHost, list[int]] = {}  # each task's host: the indices of its items
         for k, item in enumerate(items):
+            self._current = k
             try:
                 groups.setdefault(self._host_for(item), []).append(k)
             except Exception as exc:  # a host that cannot be built: this episode failed, the actor goes on
                 reports[k] = self._failed(item, exc)
+        self._current = None
+        self._groups = list(groups.items())
         for host, ks in groups.items():
             self.host = host  # what `_saved_capsule` reads a task from
             t0 = time.perf_counter()
@@ -238,8 +383,7 @@ class RolloutActor:
     def _failed(self, item: WorkItem, exc: BaseException) -> ActorReport:
         if _is_cuda_fatal(exc):
             os._exit(3)  # the CUDA context is dead: Ray restarts the process, the driver re-runs the item
-        return ActorReport(None, "failed", 0.0, 0.0, f"{type(exc).__name__}: {exc}", os.getpid(), item, {},
-                           self.index, node=self.node)
+        return self._lost(item, f"{type(exc).__name__}: {exc}")
 
     def _write_shard(self, reports: list[ActorReport]) -> None:
         recorded = [r for r in reports if r.episode is not None]
@@ -247,7 +391,11 @@ class RolloutActor:
             if self._shard is None:
                 self._shard = ShardWriter(self.shard_root, prefix=f"a{self.index:03d}")
             t0 = time.perf_counter()
-            entries = self._shard.write_many([r.episode for r in recorded])
+            self.clock.enter(WRITE)
+            try:
+                entries = self._shard.write_many([r.episode for r in recorded])
+            finally:
+                self.clock.enter(None)
             share = (time.perf_counter() - t0) / len(recorded)
             for report, entry in zip(recorded, entries, strict=True):
                 episode = report.episode
@@ -281,6 +429,11 @@ class RolloutActor:
 
     def close(self) -> None:
         self.close_shard()
+        self._on_player(self._close_hosts)
+        if self._player is not None:
+            self._player.shutdown(wait=False)
+
+    def _close_hosts(self) -> None:
         for host in self.hosts.values():
             host.close()
 

@@ -62,6 +62,7 @@ from capsule_rollout.rollout.host_config import (  # noqa: F401 (capsule_key, ep
 from capsule_rollout.rollout.host_state import HostState
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.operator_control import OperatorControl
+from capsule_rollout.rollout.phase_clock import COLD_RESET, HOST, RESTORE, PhaseClock
 from capsule_rollout.rollout.planner import Planner, ScriptedPlanner
 from capsule_rollout.stores.episode import EpisodeBuilder
 
@@ -143,6 +144,7 @@ class RolloutHost(ChunkLoop):
         self.episode_id = ""  # the episode being played (or played last), for observers
         self._exception: BaseException | None = None  # what ended the current episode with an error
         self._lock = threading.Lock()
+        self.clock = PhaseClock(lambda: self.env.steps)  # the phase this host is in, for a watchdog (rollout_actor)
 
     @property
     def task(self) -> str:
@@ -229,14 +231,20 @@ class RolloutHost(ChunkLoop):
         key = capsule_key(self.task, seed)
         obs = None
         if not getattr(self.env, "restorable", True):  # a robot: home it every time; nothing is kept
+            self.clock.enter(COLD_RESET)
             capsule, obs = self._cold_reset(seed, key, keep=False)
             kind = "physical"
-        elif (capsule := self._kept(key, seed)) is not None:
-            restore(self.arena, capsule)  # the host component's hook republishes the subtask
-            kind = "restore"
         else:
-            capsule, obs = self._cold_reset(seed, key)
-            kind = "cold"
+            self.clock.enter(RESTORE)
+            capsule = self._kept(key, seed)
+            if capsule is not None:
+                restore(self.arena, capsule)  # the host component's hook republishes the subtask
+                kind = "restore"
+            else:
+                self.clock.switch(COLD_RESET)  # nothing kept: the time so far was the cold reset's
+                capsule, obs = self._cold_reset(seed, key)
+                kind = "cold"
+        self.clock.enter(HOST)
         self.initial_capsule = capsule
         if attempt or repeat:  # another rollout from the same initial state: noise of its own
             self.policy.reset(episode_noise_seed(self.config.noise_seed, self.task, seed, attempt, repeat))
@@ -312,12 +320,16 @@ class RolloutHost(ChunkLoop):
         """`run_episode` as a generator that yields where it needs an inference (see `_drive`)."""
         self.transitions = []
         try:
-            kind, reset_ms, capsule_id, obs = self.reset(seed, attempt=attempt, repeat=repeat)
-        except Exception as exc:  # nothing ran: no episode to record
-            self.phase = Phase.IDLE
-            raise RuntimeError(f"reset of {episode_id or f'seed {seed}'} failed: {type(exc).__name__}: {exc}") from exc
-        episode_id = episode_id or f"{self.task}-s{seed:07d}"  # a robot names its task at reset
-        return (yield from self._run(seed, episode_id, kind, reset_ms, capsule_id, obs, None, attempt, repeat))
+            try:
+                kind, reset_ms, capsule_id, obs = self.reset(seed, attempt=attempt, repeat=repeat)
+            except Exception as exc:  # nothing ran: no episode to record
+                self.phase = Phase.IDLE
+                raise RuntimeError(f"reset of {episode_id or f'seed {seed}'} failed: {type(exc).__name__}: "
+                                   f"{exc}") from exc
+            episode_id = episode_id or f"{self.task}-s{seed:07d}"  # a robot names its task at reset
+            return (yield from self._run(seed, episode_id, kind, reset_ms, capsule_id, obs, None, attempt, repeat))
+        finally:
+            self.clock.enter(None)  # done: nothing to watch until the next item
 
     def branch(self, capsule: Capsule, *, seed: int, noise_seed: int | None = None, episode_id: str = "",
                max_steps: int | None = None) -> EpisodeResult:
@@ -334,6 +346,7 @@ class RolloutHost(ChunkLoop):
         self.transitions = []
         self._go(Phase.RESET)
         t0 = time.perf_counter()
+        self.clock.enter(RESTORE)
         try:
             restore(self.arena, capsule)
             if noise_seed is not None:  # new noise, the state the policy kept left as the capsule has it
@@ -341,7 +354,9 @@ class RolloutHost(ChunkLoop):
                 reseed(noise_seed) if callable(reseed) else self.policy.reset(noise_seed)
         except Exception:
             self.phase = Phase.IDLE
+            self.clock.enter(None)
             raise
+        self.clock.enter(HOST)
         with self._lock:
             self._end_request = None
         reset_ms = (time.perf_counter() - t0) * 1e3
@@ -351,6 +366,7 @@ class RolloutHost(ChunkLoop):
                                          capsule.meta.capsule_id, None, max_steps, 0, 0))
         finally:
             self.recorder = recorder
+            self.clock.enter(None)
 
     def _run(self, seed: int, episode_id: str, kind: str, reset_ms: float, capsule_id: str, obs: dict | None,
              max_steps: int | None, attempt: int, repeat: int) -> Generator:

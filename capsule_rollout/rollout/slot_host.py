@@ -33,6 +33,7 @@ from typing import Any
 from capsule_rollout.capsules import Capsule, fork
 from capsule_rollout.policies.execution_context import TwoLaneContext
 from capsule_rollout.rollout.host_config import EpisodeResult
+from capsule_rollout.rollout.phase_clock import CHUNK, PhaseClock
 from capsule_rollout.rollout.rollout_host import RolloutHost
 
 Job = Callable[[RolloutHost], Generator]
@@ -116,6 +117,8 @@ class SlotHost:
         self.calls = 0  # batched calls made
         self.rows_served = 0  # slots served by them (the batch's fill: rows_served / calls / slots)
         self.on_call: Callable[[list[int]], None] | None = None  # told the active slots of each call (tests)
+        self.clock = PhaseClock()  # the batched calls' phase (each slot's host has its own), for a watchdog
+        self.playing: dict[int, int] = {}  # slot -> the index of the work it plays now (in `play`'s jobs)
         self._chunks: Any = None
         self._values: Any = None
 
@@ -176,12 +179,16 @@ class SlotHost:
         def critic_lane() -> None:
             self._values = critic.evaluate_rows(active)
 
-        if critic is None:
-            policy_lane()
-        elif self.config.lanes == "two":
-            self.lanes.run(policy_lane, critic_lane)
-        else:
-            self.lanes.serial(policy_lane, critic_lane)
+        self.clock.enter(CHUNK)
+        try:
+            if critic is None:
+                policy_lane()
+            elif self.config.lanes == "two":
+                self.lanes.run(policy_lane, critic_lane)
+            else:
+                self.lanes.serial(policy_lane, critic_lane)
+        finally:
+            self.clock.enter(None)
 
     def play(self, jobs: Iterable[Job]) -> Iterator[SlotResult]:
         """Play `jobs` on the slots (each a free slot's next work, in order); yields each as it finishes."""
@@ -210,6 +217,7 @@ class SlotHost:
                 with lock:
                     finished.append(result)
                     del running[slot]
+                    self.playing.pop(slot, None)
                     if not start(slot):
                         return
 
@@ -220,6 +228,7 @@ class SlotHost:
                     return False
                 index, job = item
                 running[slot] = (index, job(self.hosts[slot]))
+                self.playing[slot] = index
                 return True
 
         def advance_all(todo: list[tuple[int, BaseException | None]]) -> None:

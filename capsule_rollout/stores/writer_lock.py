@@ -20,7 +20,12 @@ from pathlib import Path
 LOCK_FILE = ".writer.lock"
 
 
-class StoreLockedError(RuntimeError):
+class WriterLockError(RuntimeError):
+    """The store's writer lock cannot be taken: its file cannot be opened (a read-only directory, a directory
+    where the file goes), or another process holds it (`StoreLockedError`)."""
+
+
+class StoreLockedError(WriterLockError):
     """Another process is writing the store."""
 
 
@@ -28,7 +33,13 @@ class WriterLock:
     def __init__(self, directory: str | os.PathLike, what: str = "store") -> None:
         self.path = Path(directory) / LOCK_FILE
         self._guard = threading.Lock()  # the writer thread may release it on a failure while the owner closes
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd: int | None = None
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise WriterLockError(f"cannot open the {what}'s writer lock {self.path}: {exc.strerror or exc}; record "
+                                  "to a directory you can write (another --out), or remove what is in the lock "
+                                  "file's place") from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -56,5 +67,5 @@ class WriterLock:
                 self._fd = None
 
     def __del__(self) -> None:
-        if getattr(self, "_guard", None) is not None:
+        if getattr(self, "_guard", None) is not None and getattr(self, "_fd", None) is not None:
             self.release()

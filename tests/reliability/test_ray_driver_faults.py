@@ -1,7 +1,9 @@
-"""The Ray driver with default flags: an actor hung mid-episode is killed at the derived deadline and every
-episode is recorded once; a driver SIGKILLed mid-run leaves no process of the local Ray it started.
+"""The Ray driver from the command line: an actor hung mid-episode is killed at the derived deadline and every
+episode is recorded once; an episode that hangs every time is lost with its reason in the summary and one line,
+exit 1 (and a resumed run finds it at the learned deadline, not the first-call allowance); a run that gives up
+says why the same way; a driver SIGKILLed mid-run leaves no process of the local Ray it started.
 
-Both run the driver in a child process (its own local Ray), so a driver that hangs or leaks fails the test
+Each runs the driver in a child process (its own local Ray), so a driver that hangs or leaks fails the test
 instead of stalling the suite.
 """
 
@@ -52,9 +54,66 @@ def test_a_hung_actor_is_killed_at_the_derived_deadline_and_every_episode_record
                killed_at_deadline=data["timeouts"], episodes_recorded=len(set(ids)), duplicates=len(ids) - len(set(ids)))
     assert marker.read_text() == "hang\n"  # the actor really hung mid-episode
     assert data["timeouts"] == 1 and data["actor_failures"] == 1 and data["resubmitted"] == 1
-    assert data["episode_deadline_s"] >= FLOOR_S  # derived (the flag was not given)
+    assert data["hangs"] == 1 and data["lost"] == 0  # found by the actor's watch: the phase said where
+    assert data["phase_deadlines"]["host"]["deadline_s"] == FLOOR_S  # derived (the flag was not given)
     assert sorted(ids) == [f"pick_place-s{s:07d}" for s in range(1_000_000, 1_000_004)]  # each exactly once
     assert "deadlines are off" not in run.stderr
+
+
+def _sim_rollout(tmp_path, name: str, env: str, *extra: str, policy="tests.envs.user_factories:make_noise_policy"):
+    """`sim_rollout` on one of `tests.rollout.hang_factories`' envs with the deadlines scaled down (floor 2 s,
+    allowance 20 s); returns the run and its JSON summary."""
+    summary = tmp_path / f"{name}.json"
+    args = [sys.executable, "-m", "capsule_rollout", "sim_rollout", "--actors", "1", "--episodes", "3",
+            "--env", f"tests.rollout.hang_factories:{env}", "--policy", policy, "--max_steps", "12",
+            "--out", str(tmp_path / "run"), "--no-progress", "--video", "false", "--deadline_floor_s", "2",
+            "--first_call_s", "20", "--json", str(summary), *extra]
+    run = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=400)
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    return run, json.loads(summary.read_text())
+
+
+def _last_lines(run) -> list[str]:
+    """The lines after the table (a rich table's last line starts with its corner)."""
+    lines = run.stdout.splitlines()
+    end = max(i for i, line in enumerate(lines) if line.startswith("└"))
+    return [line for line in lines[end + 1:] if line.strip()]
+
+
+@pytest.mark.slow  # two runs, each starting a local Ray
+def test_an_episode_that_hangs_every_time_ends_in_a_summary_and_one_line_and_a_resumed_run_finds_it_at_once(
+        tmp_path, report):
+    """The issue's deterministic hang (an env step that hangs on every attempt): before, a traceback after 212 s
+    with no summary; a resumed run with only that episode left took 1,837 s (the first-call allowance, 3 times)."""
+    run, data = _sim_rollout(tmp_path, "first", "hangs_in_step")
+    victim = "tests.rollout.hang_factories:hangs_in_step-s1000001"
+    assert run.returncode == 1, run.stderr[-3000:]
+    line, written = _last_lines(run)
+    assert line.startswith(f"1 of 3 episodes were lost to errors; the first ({victim}): hung: env step 3 ran ")
+    assert line.endswith("it hung at the same place on an earlier try (an episode plays the same every time: it "
+                         "would hang again)") and written.startswith("summary written to")
+    assert data["episodes"] == 2 and data["lost"] == 1 and data["hangs"] == 2 and data["gave_up"] is None
+    assert data["lost_episodes"] == [{"episode_id": victim, "why": line.split(": ", 1)[1]}]
+    resumed, again = _sim_rollout(tmp_path, "resumed", "hangs_in_step")  # only the hanging episode is left
+    assert resumed.returncode == 1 and again["episodes"] == 0 and again["lost"] == 1 and again["hangs"] == 2
+    why = again["lost_episodes"][0]["why"]
+    assert "past its 2.0 s deadline" in why  # measured in its own process, not the 20 s allowance
+    report.add("episode hanging every time (sim_rollout, floor 2 s)", runs=2, hangs=data["hangs"] + again["hangs"],
+               lost_with_reason=data["lost"] + again["lost"], tracebacks=0, exit_1=2)
+
+
+@pytest.mark.slow  # a local Ray
+def test_a_run_that_gives_up_writes_its_summary_and_says_why_in_one_line(tmp_path, report):
+    """The second episode's step ends its actor's process every time; one restart allowed: the actor is gone
+    after its second crash, and so is the run's last actor."""
+    run, data = _sim_rollout(tmp_path, "crash", "exits_in_step", "--max_restarts", "1")
+    assert run.returncode == 1, run.stderr[-3000:]
+    line, written = _last_lines(run)
+    assert line.startswith("gave up: every rollout actor crashed more than 1 times (--max_restarts); the last: ")
+    assert line.endswith("; 2 of 3 episodes lost (each with its reason in --json; a resumed run plays them)")
+    assert data["gave_up"] and data["episodes"] == 1 and data["lost"] == 2
+    report.add("run that gives up (sim_rollout, an actor crashing)", runs=1, summaries_written=1, tracebacks=0,
+               lost_with_reason=data["lost"])
 
 
 def _processes() -> dict[int, tuple[int, str, str]]:

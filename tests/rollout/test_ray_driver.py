@@ -1,9 +1,13 @@
-"""The Ray driver: work only for placed actors, a fatal CUDA error ends the actor and its episode is re-run."""
+"""The Ray driver: work only for placed actors, a fatal CUDA error ends the actor and its episode is re-run; hangs
+found per phase and told from slow resets; an episode that cannot be played is lost with its reason, and a run
+that cannot go on gives up saying why (the envs and policy that misbehave: `tests.rollout.hang_factories`)."""
+
+import dataclasses
 
 import pytest
 
 from capsule_rollout.commands.configs import SimRolloutConfig
-from capsule_rollout.rollout.deadlines import FLOOR_S
+from capsule_rollout.rollout.deadlines import FLOOR_S, DeadlineSettings
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
@@ -26,9 +30,13 @@ def _items(n):
     return [WorkItem(f"pick_place-s{s:07d}", s) for s in range(1_000_000, 1_000_000 + n)]
 
 
-def test_no_work_goes_to_an_actor_ray_cannot_place(spec):
-    with pytest.raises(RuntimeError, match=r"no rollout actor was placed within 5 s: each asks for 1.0 CPU and 1.0 GPU"):
-        run_rollouts(spec, _items(2), actors=2, gpus_per_actor=1.0, placement_timeout_s=5)
+def test_no_work_goes_to_an_actor_ray_cannot_place_and_the_run_gives_up_saying_why(spec):
+    reports, stats = run_rollouts(spec, _items(2), actors=2, gpus_per_actor=1.0, placement_timeout_s=5, repeats=2)
+    assert stats.gave_up.startswith("no rollout actor was placed within 5 s: each asks for 1.0 CPU and 1.0 GPU")
+    assert stats.episodes == 0 and stats.lost == 4  # both items and the repeat each would lead to
+    assert sorted(r.item.episode_id for r in reports) == ["pick_place-s1000000", "pick_place-s1000000-r1",
+                                                          "pick_place-s1000001", "pick_place-s1000001-r1"]
+    assert all(r.episode is None and r.error.startswith("not played: the run gave up (no rollout actor") for r in reports)
 
 
 def test_the_actors_that_fit_do_all_the_work(spec, ray_session):
@@ -80,8 +88,9 @@ def test_a_zero_timeout_turns_deadlines_off_with_a_one_line_warning(spec, capsys
     assert stats.episodes == 2 and stats.episode_deadline_s is None
     warnings = [line for line in capsys.readouterr().err.splitlines() if "deadlines are off" in line]
     assert warnings == ["warning: episode deadlines are off (episode_timeout_s 0): an actor that hangs stalls the run"]
-    with pytest.raises(ValueError, match=r"episode_timeout_s must be >= 0 \(0: no deadline\)"):
-        run_rollouts(spec, _items(1), actors=1, episode_timeout_s=-1)
+    for bad in (-1, float("inf"), float("nan")):  # no deadline is 0, not infinity
+        with pytest.raises(ValueError, match=r"episode_timeout_s must be a finite number >= 0 \(0: no deadline\)"):
+            run_rollouts(spec, _items(1), actors=1, episode_timeout_s=bad)
     assert SimRolloutConfig(episode_timeout_s=0).episode_timeout_s == 0
     with pytest.raises(ValueError, match="--episode_timeout_s must be >= 0"):
         SimRolloutConfig(episode_timeout_s=-5)
@@ -106,3 +115,83 @@ def test_an_actor_of_slots_that_dies_in_slot_3_has_its_call_rerun_and_every_epis
     for report in reports:
         for key in ("action", "value", "state"):
             np.testing.assert_array_equal(report.episode.steps[key], want[report.item.episode_id].steps[key])
+
+
+def _factory_spec(env: str, policy: str = "tests.envs.user_factories:make_noise_policy", **host) -> HostSpec:
+    """A host of one of `tests.rollout.hang_factories`' envs (a user's factory, captured with nothing declared)."""
+    return HostSpec(env=f"tests.rollout.hang_factories:{env}", policy=policy, host=HostConfig(max_steps=12, **host))
+
+
+def _seeds(env: str, n: int) -> list[WorkItem]:
+    return [WorkItem(f"{env}-s{s:07d}", s) for s in range(1_000_000, 1_000_000 + n)]
+
+
+QUICK = DeadlineSettings(floor_s=1.0, first_call_s=20.0)  # the defaults scaled down, so hangs are found in seconds
+
+
+def test_an_episode_that_hangs_in_a_step_every_time_is_lost_at_its_second_hang_and_the_run_goes_on(tmp_path):
+    """The call of three items hangs in the second (env step 3, every time): the first is recorded, the third
+    handed out again without counting a try; the second hangs again at the same place and is lost, saying where;
+    nothing is raised. The hang is found at the step's learned deadline (the floor), not the allowance."""
+    items = _seeds("hangs_in_step", 3)
+    with ZarrRecorder(tmp_path / "e.zarr") as recorder:
+        reports, stats = run_rollouts(_factory_spec("hangs_in_step"), items, actors=1, recorder=recorder,
+                                      episodes_per_call=3, deadlines=QUICK)
+    victim = items[1].episode_id
+    assert stats.hangs == 2 and stats.timeouts == 2 and stats.lost == 1 and not stats.gave_up
+    assert stats.resubmitted == 3  # the victim once; the third item twice, unplayed behind it
+    [lost] = [r for r in reports if r.episode is None]
+    assert lost.item.episode_id == victim
+    assert lost.error.startswith("hung: env step 3 ran ") and "past its 1.0 s deadline" in lost.error
+    assert "it hung at the same place on an earlier try" in lost.error
+    assert sorted(ZarrEpisodeReader(tmp_path / "e.zarr").episode_ids) == [items[0].episode_id, items[2].episode_id]
+    assert stats.phase_deadlines["step"]["deadline_s"] == 1.0  # learned: 3 x well under a second, the floor
+
+
+def test_an_episode_that_hangs_in_the_policy_is_told_by_its_chunk(tmp_path):
+    items = _seeds("marked", 2)
+    spec = _factory_spec("marked", policy="tests.rollout.hang_factories:hangs_in_infer")
+    reports, stats = run_rollouts(spec, items, actors=1, deadlines=QUICK)
+    [lost] = [r for r in reports if r.episode is None]
+    assert lost.item.episode_id == items[1].episode_id and stats.hangs == 2 and stats.episodes == 1
+    assert lost.error.startswith("hung: the policy's chunk at step 8 ran ")
+
+
+def test_slow_cold_resets_are_never_taken_for_hangs_after_restores(tmp_path):
+    """Every cold reset takes 2 s (a generated scene's), a restore milliseconds; the floor is 1 s. Each seed's
+    second rollout is a restore, so each later cold reset comes after a restore: its deadline is the cold
+    reset's own, learned from the first (an actor's first call included), and none is killed."""
+    from tests.rollout.hang_factories import COLD_RESET_S
+
+    reports, stats = run_rollouts(_factory_spec("slow_cold_reset"), _seeds("slow_cold_reset", 3), actors=1,
+                                  repeats=2, deadlines=QUICK)
+    assert stats.timeouts == 0 and stats.hangs == 0 and stats.episodes == 6
+    assert [r.reset_kind for r in reports] == ["cold", "restore"] * 3
+    cold, restore = stats.phase_deadlines["cold_reset"], stats.phase_deadlines["restore"]
+    assert cold["longest_first_s"] >= COLD_RESET_S and cold["deadline_s"] >= 3 * COLD_RESET_S
+    assert restore["deadline_s"] == 1.0
+
+
+def test_an_actor_that_keeps_crashing_ends_the_run_with_every_item_left_reported_lost(tmp_path):
+    """The second episode's step 3 ends the process, every time; with --max_restarts 1 the one actor is gone
+    after its second crash: the run gives up, saying why, and reports the rest lost (nothing raised)."""
+    items = _seeds("exits_in_step", 3)
+    reports, stats = run_rollouts(_factory_spec("exits_in_step"), items, actors=1, max_restarts=1, deadlines=QUICK,
+                                  repeats=2)
+    assert stats.gave_up.startswith("every rollout actor crashed more than 1 times (--max_restarts); the last: its "
+                                    "actor died: ")
+    assert stats.episodes == 2 and stats.actor_failures == 2  # the first seed and its repeat
+    lost = sorted(r.item.episode_id for r in reports if r.episode is None)
+    assert lost == sorted(it.episode_id + suffix for it in items[1:] for suffix in ("", "-r1"))
+    assert all("the run gave up (every rollout actor crashed" in r.error for r in reports if r.episode is None)
+
+
+def test_a_hang_in_one_slot_charges_that_slot_s_episode_and_re_runs_the_others(tmp_path):
+    """2 slots, one call of 4 items: the slot playing the hanging episode stops the call; the other slot's episode
+    (in progress, behind the same round) and the items not started are handed out again without counting."""
+    items = _seeds("hangs_in_step", 4)
+    spec = dataclasses.replace(_factory_spec("hangs_in_step"), slots=2)
+    reports, stats = run_rollouts(spec, items, actors=1, deadlines=QUICK)
+    [lost] = [r for r in reports if r.episode is None]
+    assert lost.item.episode_id == items[1].episode_id and lost.error.startswith("hung: env step 3 ran ")
+    assert stats.hangs == 2 and stats.lost == 1 and stats.episodes == 3

@@ -1,0 +1,304 @@
+"""`RayDriver`: the loop of `run_rollouts` on Ray actors: hand items to placed actors, record what comes back,
+re-run what was not played, give up what cannot be, and say why.
+
+Retries count episodes, not actor restarts. An item whose phase hung (the actor's watchdog says where: phase and
+step) is handed out again; when it hangs at the same place a second time it is lost at once (an episode plays the
+same every time, so it would hang again), else after `max_attempts` failed tries. The other items of that call
+are handed out again without counting. An actor that dies on its own (a crash) charges each item of its call a
+try and is restarted up to `max_restarts` times (a kill for a hang costs the actor nothing: Ray's own restart
+count is unlimited and the driver keeps its own). An item lost gets a report saying why; the run goes on.
+
+The run gives up when it cannot go on (no actor placed in `placement_timeout_s`, an actor that cannot start,
+every actor out of restarts): `DriverStats.gave_up` says why, and every item not recorded (with the repeats
+it would lead to) gets a lost report. Nothing here raises for what happens to actors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from capsule_rollout.capsules import signing_key
+from capsule_rollout.rollout.deadlines import CallDeadlines, DeadlineSettings, FixedDeadlines
+from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
+from capsule_rollout.rollout.work_plan import (
+    DriverStats,
+    WorkPlan,
+    lost_report,
+    record_reports,
+    succeeded,
+    without_images,
+)
+
+ACTOR_ERRORS = (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
+@dataclass
+class _Call:
+    index: int  # the actor's
+    items: list[WorkItem]
+    deadline: float | None  # time.monotonic() past which the actor is killed (None: never)
+    seconds: float | None
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).strip().splitlines()
+    line = f"{type(exc).__name__}: {text[0] if text else ''}"
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+class RayDriver:
+    """One run of `run_rollouts` on `actors` Ray actors (what `run_rollouts` documents)."""
+
+    def __init__(self, spec: HostSpec, plan: WorkPlan, *, actors: int, recorder, shard_root: str,
+                 actor_cls: type[RolloutActor], cpus_per_actor: float, gpus_per_actor: float, max_restarts: int,
+                 max_attempts: int, deadlines: CallDeadlines | FixedDeadlines, settings: DeadlineSettings,
+                 placement_timeout_s: float, on_report: Callable[[ActorReport, DriverStats], None] | None,
+                 episodes_per_call: int) -> None:
+        self.spec, self.plan, self.recorder, self.on_report = spec, plan, recorder, on_report
+        self.actors, self.max_restarts, self.max_attempts = actors, max_restarts, max_attempts
+        self.deadlines, self.settings = deadlines, settings
+        self.placement_timeout_s, self.per_call = placement_timeout_s, episodes_per_call
+        self.cpus, self.gpus = cpus_per_actor, gpus_per_actor
+        # SPREAD: on a cluster the actors go to as many nodes as can take them (the default packs the driver's
+        # node first); on one node it changes nothing. Ray restarts an actor however often it dies: this driver
+        # counts the crashes (`max_restarts`), a kill for a hang is no crash
+        remote = ray.remote(actor_cls).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor, max_restarts=-1,
+                                               max_task_retries=0, scheduling_strategy="SPREAD")
+        key = signing_key()  # the actors sign and check the run's capsules with the driver's key
+        self.pool = [remote.remote(spec, i, shard_root=shard_root, capsule_key=key) for i in range(actors)]
+        self.idle: deque[int] = deque()
+        self.in_flight: dict = {}  # object ref -> _Call
+        self.probes: dict = {actor.ready.remote(): i for i, actor in enumerate(self.pool)}  # placed and built?
+        self.alive = set(range(actors))
+        self.placed: set[int] = set()
+        self.warm: set[int] = set()  # actors that finished a call since they were placed or restarted
+        self.crashes: Counter[int] = Counter()
+        self.killed: dict[int, int] = {}  # actor killed for a hang, not yet seen restarted -> its old process id
+        self.failures: Counter[str] = Counter()  # episode id -> tries that failed (hung, or its actor died)
+        self.hung_at: dict[str, list[tuple[str, int]]] = {}  # episode id -> where it hung (phase, step)
+        self.version = 0  # of the phase times learned; each actor is sent them when it has an older one
+        self.sent: dict[int, int] = {}
+        self.timed_out: set = set()
+        self.stats = DriverStats()
+        self.reports: list[ActorReport] = []
+        self.started = time.monotonic()
+
+    def run(self) -> tuple[list[ActorReport], DriverStats]:
+        try:
+            while (self.plan or self.in_flight) and not self.stats.gave_up:
+                self._hand_out()
+                if not self.in_flight and not self.probes:
+                    self._give_up("every rollout actor is gone")
+                    break
+                done, _ = ray.wait([*self.in_flight, *self.probes], num_returns=1, timeout=self._wait())
+                if not done:
+                    self._expire()
+                elif done[0] in self.probes:
+                    self._probed(done[0])
+                else:
+                    self._returned(done[0])
+            if self.stats.gave_up:
+                self._lose_the_rest()
+        finally:
+            for actor in self.pool:
+                ray.kill(actor, no_restart=True)
+        if self.deadlines.phases is not None:
+            self.stats.phase_deadlines = self.deadlines.phases.table()
+        return self.reports, self.stats
+
+    # -- handing out ---------------------------------------------------------------------
+    def _hand_out(self) -> None:
+        plan, spec = self.plan, self.spec
+        while plan and self.idle:
+            index = self.idle.popleft()
+            # slots: share what is left among the actors rather than fill one actor's call with all of it
+            share = max(spec.slots, -(-len(plan) // self.actors)) if spec.slots > 1 else self.per_call
+            batch = [plan.take(index) for _ in range(min(self.per_call, share, len(plan)))]
+            seconds = self.deadlines.call_s(batch, first_call=index not in self.warm)
+            self.stats.episode_deadline_s = None if seconds is None else seconds / len(batch)
+            actor = self.pool[index]
+            if self.deadlines.watches_phases and self.sent.get(index) != self.version:
+                actor.watch.remote(self.settings, self.deadlines.phases.snapshot())  # runs before the call
+                self.sent[index] = self.version
+            deadline = None if seconds is None else time.monotonic() + seconds
+            self.in_flight[actor.run_batch.remote(batch)] = _Call(index, batch, deadline, seconds)
+
+    def _wait(self) -> float | None:
+        """Seconds until the next deadline (a call's, or placement's while no actor is placed)."""
+        now = time.monotonic()
+        waits = [call.deadline - now for call in self.in_flight.values() if call.deadline is not None]
+        if not (self.placed & self.alive) and self.probes:
+            waits.append(self.started + self.placement_timeout_s - now)
+        return max(0.0, min(waits)) if waits else None
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        if not (self.placed & self.alive) and self.probes and now >= self.started + self.placement_timeout_s:
+            self._give_up(f"no rollout actor was placed within {self.placement_timeout_s:.0f} s: each asks for "
+                          f"{self.cpus} CPU and {self.gpus} GPU; the cluster has {ray.available_resources()} free. "
+                          "Ask for less (--cpus_per_actor, --gpus_per_actor) or fewer --actors")
+            return
+        for ref, call in list(self.in_flight.items()):
+            if call.deadline is not None and now >= call.deadline and ref not in self.timed_out:
+                self.timed_out.add(ref)
+                self.stats.timeouts += 1
+                ray.kill(self.pool[call.index], no_restart=False)  # Ray restarts it; the pending call then fails
+
+    # -- what comes back ---------------------------------------------------------------------
+    def _probed(self, ref) -> None:
+        """An actor placed (or restarted): to work; still restarting; or gone."""
+        index = self.probes.pop(ref)
+        try:
+            pid = ray.get(ref)
+        except ActorUnavailableError:
+            time.sleep(0.2)
+            self.probes[self.pool[index].ready.remote()] = index
+            return
+        except (RayActorError, ActorDiedError) as exc:
+            if getattr(exc, "actor_init_failed", False) or index not in self.placed:
+                self._give_up(f"a rollout actor could not start: {_first_line(exc)}")
+                return
+            if index in self.killed:  # the probe reached the process killed for a hang: ask the new one
+                self.killed.pop(index)
+            else:
+                self.crashes[index] += 1
+            if self.crashes[index] > self.max_restarts:
+                self._drop(index, f"it died restarting: {_first_line(exc)}")
+            else:
+                time.sleep(0.2)
+                self.probes[self.pool[index].ready.remote()] = index
+            return
+        if self.killed.get(index) == pid:  # the process killed for a hang answered before it was gone
+            time.sleep(0.2)
+            self.probes[self.pool[index].ready.remote()] = index
+            return
+        self.killed.pop(index, None)
+        self.placed.add(index)
+        self.stats.actors_placed = len(self.placed)
+        self.idle.append(index)
+
+    def _returned(self, ref) -> None:
+        call = self.in_flight.pop(ref)
+        try:
+            got = ray.get(ref)
+        except ACTOR_ERRORS as exc:
+            if getattr(exc, "actor_init_failed", False):  # the host could not be built: retrying will not help
+                self._give_up(f"a rollout actor could not start: {_first_line(exc)}")
+                return
+            self._died(call, exc, killed=ref in self.timed_out)
+            return
+        hung = any(r.hang is not None for r in got)
+        if self.deadlines.learn(got, rate=call.index in self.warm and not hung):
+            self.version += 1
+        if hung:  # its play thread is stuck: a fresh process (Ray restarts it; no crash)
+            self.stats.timeouts += 1
+            self.stats.actor_failures += 1
+            self._restart(call.index, kill=got[0].actor_pid)
+        else:
+            self.idle.append(call.index)
+            self.warm.add(call.index)
+        played = [r for r in got if r.hang is None and not r.unplayed]
+        record_reports(played, self.recorder, self.stats)
+        again = []
+        for item, report in zip(call.items, got, strict=True):
+            if report.unplayed:
+                again.append(item)
+            elif report.hang is not None:
+                self.stats.hangs += 1
+                if self._failed(item, str(report.hang), report.hang.place):
+                    again.append(item)
+            else:
+                self.stats.follow_ups += self.plan.follow(item, succeeded(report), call.index)
+                self._report(report)
+        self._again(again)
+
+    def _died(self, call: _Call, exc: BaseException, killed: bool) -> None:
+        """An actor died holding `call`: each of its items charged a try (which one did it is not known)."""
+        self.stats.actor_failures += 1
+        if killed:
+            why = f"no answer within the call's {call.seconds:.0f} s deadline (the actor was killed)"
+        else:
+            why = f"its actor died: {_first_line(exc)}"
+            self.crashes[call.index] += 1
+        self._again([item for item in call.items if self._failed(item, why)])
+        if self.crashes[call.index] > self.max_restarts:
+            self._drop(call.index, why)
+        else:
+            self._restart(call.index)
+
+    def _restart(self, index: int, kill: int | None = None) -> None:
+        """Probe actor `index` until Ray has restarted it; `kill`: the process id to kill first (a hung one)."""
+        self.warm.discard(index)
+        self.sent.pop(index, None)  # a fresh process knows no deadlines
+        if kill is not None:
+            self.killed[index] = kill
+            ray.kill(self.pool[index], no_restart=False)
+        self.probes[self.pool[index].ready.remote()] = index  # Ray restarts it meanwhile
+
+    def _drop(self, index: int, why: str) -> None:
+        """An actor out of restarts: gone for this run."""
+        ray.kill(self.pool[index], no_restart=True)
+        self.alive.discard(index)
+        self.warm.discard(index)
+        if not self.alive:
+            self._give_up(f"every rollout actor crashed more than {self.max_restarts} times (--max_restarts); "
+                          f"the last: {why}")
+
+    # -- retries and losses --------------------------------------------------------------------
+    def _again(self, items: list[WorkItem]) -> None:
+        """Hand `items` out again first, in their order, on the next actors that are ready."""
+        self.stats.resubmitted += len(items)
+        for item in reversed(items):
+            self.plan.retry(item)
+
+    def _failed(self, item: WorkItem, why: str, place: tuple[str, int] | None = None) -> bool:
+        """A try of `item` failed: True to hand it out again, else it is lost."""
+        self.failures[item.episode_id] += 1
+        tries = self.failures[item.episode_id]
+        places = self.hung_at.setdefault(item.episode_id, [])
+        same_place = place is not None and place in places
+        if place is not None:
+            places.append(place)
+        if same_place:
+            self._lose(item, f"{why}; it hung at the same place on an earlier try (an episode plays the same every "
+                             "time: it would hang again)")
+        elif tries >= self.max_attempts:
+            self._lose(item, f"failed {tries} times; the last: {why}")
+        else:
+            return True
+        return False
+
+    def _lose(self, item: WorkItem, why: str) -> None:
+        self.stats.lost += 1
+        self._report(lost_report(item, why))
+        self.stats.follow_ups += self.plan.follow(item, False, None)
+
+    def _report(self, report: ActorReport) -> None:
+        self.reports.append(report)
+        if self.on_report is not None:
+            self.on_report(report, self.stats)
+        if self.recorder is not None:
+            without_images(report)  # recorded: the store has them
+
+    def _give_up(self, why: str) -> None:
+        self.stats.gave_up = why
+
+    def _lose_the_rest(self) -> None:
+        """After giving up: every item in flight or left (and the repeats each would lead to) is lost."""
+        why = f"not played: the run gave up ({self.stats.gave_up})"
+        items = [it for call in self.in_flight.values() for it in call.items]
+        self.in_flight.clear()
+        for item in items:
+            for lost in (item, *self.plan.unplayed_repeats(item)):
+                self.stats.lost += 1
+                self._report(lost_report(lost, why))
+        for item in self.plan.drain():
+            self.stats.lost += 1
+            self._report(lost_report(item, why))
