@@ -66,6 +66,15 @@ class LoopRows:
         return out
 
 
+def instances(host: Any) -> dict[str, int]:
+    """How many policy and critic objects a host holds: one for a host of one slot or rows that batch, one per
+    slot for `LoopRows` (an object that does not batch)."""
+    if not isinstance(host, SlotHost):
+        return {"policy": 1, "critic": int(getattr(host, "critic", None) is not None)}
+    rows = {"policy": host.policy_rows, "critic": host.critic_rows}
+    return {k: 0 if r is None else r.rows if isinstance(r, LoopRows) else 1 for k, r in rows.items()}
+
+
 def rows_of(part: Any, n: int, make: Callable[[], Any]) -> Any:
     """`part` for `n` slots: its own `batched(n)` when it has one (and does not say `batches = False`), else
     `LoopRows` over `part` and `n - 1` more

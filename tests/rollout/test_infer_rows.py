@@ -163,3 +163,19 @@ def test_the_env_renders_only_the_cameras_the_policy_and_critic_read():
     finally:
         says.close()
         reads_all.close()
+
+
+def test_the_run_summary_says_how_many_objects_each_actor_holds(tmp_path, capsys):
+    from capsule_rollout.experiments.run import main
+
+    summary = tmp_path / "s.json"
+    assert main(["sim_rollout", "--env", ENV, "--policy", f"{__name__}:batch_push", "--critic",
+                 f"{__name__}:distance", "--actors", "0", "--slots", "2", "--episodes", "4", "--max_steps", "9",
+                 "--n_exec", "3", "--out", str(tmp_path / "run"), "--no-progress", "--video", "false",
+                 "--json", str(summary)]) == 0
+    import json
+
+    data = json.loads(summary.read_text())
+    assert data["model_instances_per_actor"] == {"policy": 1, "critic": 2}  # the critic does not batch
+    out = capsys.readouterr().out
+    assert "objects per actor" in out and "1 / 2" in out
