@@ -143,6 +143,7 @@ def _table(console, s: dict) -> None:
     table = Table(title="sim_rollout")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    instances = s.get("model_instances_per_actor", {})
     rows = [
         ("episodes", s["episodes"]),
         ("policy acts: actions per chunk, noise scale", f"{s['n_exec']}, {s['noise_scale']:g}"),
@@ -157,8 +158,7 @@ def _table(console, s: dict) -> None:
         ("steps/s, all actors (wall, incl. start-up)", f"{s['steps_per_s']:.0f}"),
         ("env slots per actor (episodes side by side, batched policy and critic)", s["slots"]),
         ("policy / critic objects per actor" + (" (one per slot: an object that does not batch)" if max(
-            s["model_instances_per_actor"].values(), default=0) > 1 else ""),
-         " / ".join(str(s["model_instances_per_actor"].get(k, 0)) for k in ("policy", "critic"))),
+            instances.values(), default=0) > 1 else ""), " / ".join(str(instances.get(k, 0)) for k in ("policy", "critic"))),
         ("control Hz per " + ("slot" if s["slots"] > 1 else "actor") + " (median episode)",
          f"{s['control_hz_per_actor_median']:.0f}"
          if s["control_hz_per_actor_median"] is not None else "-"),
