@@ -16,6 +16,7 @@ time, the connection lost, a text frame (the server's error), a frame that is no
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,10 +111,10 @@ class WebsocketPolicyClient:
 
     def _connect(self) -> dict:
         headers = {W.AUTH_HEADER: f"{W.AUTH_SCHEME} {self._token}"} if self._token else None
-        try:
-            self._ws = websockets.sync.client.connect(
+        try:  # entered as a context manager (websockets >= 16 asks for that), left in close()
+            self._ws = contextlib.ExitStack().enter_context(websockets.sync.client.connect(
                 self.address.uri, compression=None, max_size=MAX_ANSWER_BYTES, additional_headers=headers,
-                open_timeout=self.address.connect_timeout_s, close_timeout=1.0, proxy=None)
+                open_timeout=self.address.connect_timeout_s, close_timeout=1.0, proxy=None))
         except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
             raise RemotePolicyError(f"policy server {self.address.display}: cannot connect "
                                     f"({type(exc).__name__}: {exc})") from None
@@ -183,6 +184,6 @@ def chunk_of(answer: Mapping[str, Any], shape: tuple[int, int], where: str) -> n
         chunk = actions.astype(np.float32)
     if not np.isfinite(chunk).all():
         bad = np.argwhere(~np.isfinite(chunk))[0]
-        raise RemoteActionError(f"policy server {where}: non-finite action {actions[tuple(bad)]!r} at row {bad[0]} "
+        raise RemoteActionError(f"policy server {where}: non-finite action {float(actions[tuple(bad)])!r} at row {bad[0]} "
                                 "(as float32); nothing of this chunk is executed")
     return chunk
