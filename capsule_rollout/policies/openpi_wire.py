@@ -87,7 +87,7 @@ def _unpack(obj: dict) -> Any:
             size = len(data) if isinstance(data, bytes) else type(data).__name__
             raise WireError(f"array of shape {shape} and dtype {dtype} needs {math.prod(shape) * dtype.itemsize} "
                             f"bytes; the frame holds {size}")
-        return np.frombuffer(data, dtype=dtype).reshape(shape)
+        return np.frombuffer(bytearray(data), dtype=dtype).reshape(shape)  # writable: a policy may write its inputs
     if _NG in obj:
         if set(obj) != _NG_KEYS or not isinstance(obj[b"data"], bool | int | float):
             raise WireError("a numpy scalar map must hold __npgeneric__, data (a number) and dtype")
