@@ -16,6 +16,7 @@ from capsule_rollout.commands.bench_configs import (  # noqa: F401 - the benchma
     BenchLeRobotConfig,
     BenchPolicyConfig,
     BenchRecordingConfig,
+    BenchRemotePolicyConfig,
     BenchRolloutConfig,
 )
 from capsule_rollout.commands.registry import command

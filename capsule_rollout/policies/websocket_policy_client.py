@@ -99,6 +99,7 @@ class WebsocketPolicyClient:
             raise ValueError(f"policy server {self.address.display} is not on this machine: give a token "
                              f"(${W.TOKEN_ENV} or token=); without one only loopback addresses are used")
         self._ws = None
+        self.server_ms: float | None = None  # the server's own time on the last answer (openpi's server_timing)
         self.metadata: dict = self._connect()
 
     @property
@@ -160,6 +161,8 @@ class WebsocketPolicyClient:
         if not isinstance(answer, dict) or W.ACTIONS not in answer:
             keys = sorted(answer) if isinstance(answer, dict) else type(answer).__name__
             raise self._fail(f"malformed answer: a map with {W.ACTIONS!r} expected, got {keys}")
+        timing = answer.get(W.SERVER_TIMING)
+        self.server_ms = timing.get("infer_ms") if isinstance(timing, dict) else None
         return answer
 
     def close(self) -> None:
