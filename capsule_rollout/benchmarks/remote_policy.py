@@ -93,8 +93,9 @@ def measure(spec: HostSpec, rounds: int, log: Callable[[str], None] = print) -> 
         proc.kill()
         proc.wait()
     stats = {k: stats_us(v) for k, v in samples.items()}
-    return {"machine": machine(), "cores": os.cpu_count(), "policy": spec.policy, "env": spec.env, "rounds": rounds,
-            "threads": spec.threads, "chunk": [remote.spec.chunk_length, remote.spec.action_dim],
-            "request_bytes": len(W.encode(request)), "answer_bytes": len(W.encode({W.ACTIONS: np.zeros(
-                (remote.spec.chunk_length, remote.spec.action_dim), np.float32), W.SERVER_TIMING: {"infer_ms": 0.0}})),
-            "stats": stats, "overhead_us": {q: stats["websocket"][q] - stats["in_process"][q] for q in ("median", "p99")}}
+    T, A = remote.spec.chunk_length, remote.spec.action_dim
+    answer = {W.ACTIONS: np.zeros((T, A), np.float32), W.SERVER_TIMING: {"infer_ms": 0.0}}
+    return {"machine": machine(), "cores": os.cpu_count(), "load_average": os.getloadavg()[0],
+            "policy": spec.policy, "env": spec.env, "rounds": rounds, "threads": spec.threads, "chunk": [T, A],
+            "request_bytes": len(W.encode(request)), "answer_bytes": len(W.encode(answer)), "stats": stats,
+            "overhead_us": {q: stats["websocket"][q] - stats["in_process"][q] for q in ("median", "p99")}}

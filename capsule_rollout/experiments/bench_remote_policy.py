@@ -22,8 +22,9 @@ ROWS = (("in_process", "in process (`load_observation` + `act`)"),
 
 def markdown(s: dict) -> str:
     m = s["machine"]
-    lines = [f"Machine: {m['cpu']}, {s['cores']} cores (shared), torch {m['torch']}, {s['threads']} torch thread(s) "
-             f"per side; policy `{s['policy']}` on `{s['env']}`, chunk {s['chunk'][0]} x {s['chunk'][1]}; a request of "
+    lines = [f"Machine: {m['cpu']}, {s['cores']} cores shared with other work (load average {s['load_average']:.1f} "
+             f"at the end), torch {m['torch']}, {s['threads']} torch thread(s) per side; policy `{s['policy']}` on "
+             f"`{s['env']}`, chunk {s['chunk'][0]} x {s['chunk'][1]}; a request of "
              f"{s['request_bytes']:,} bytes, an answer of {s['answer_bytes']:,}; {s['rounds']} interleaved rounds.", "",
              "| per chunk | median (us) | p99 (us) |", "|---|---|---|"]
     for key, label in ROWS:
@@ -37,7 +38,7 @@ def run(config: BenchRemotePolicyConfig) -> ExperimentResult:
     console = make_console()
     spec = HostSpec(env=config.env or f"tabletop:{config.family}",
                     policy=absolute_source(resolve_input(config.policy)), threads=config.threads)
-    summary = measure(spec, config.rounds, console.print)
+    summary = {**measure(spec, config.rounds, console.print), "policy": config.policy}
     table = Table(title="policy per chunk: in process vs over openpi's websocket (loopback)")
     for col in ("", "median us", "p99 us"):
         table.add_column(col, justify="right")

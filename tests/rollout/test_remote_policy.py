@@ -14,6 +14,7 @@ import pytest
 from capsule_rollout.capsules import CapsuleMismatchError, restore
 from capsule_rollout.commands.configs import ReplayConfig, SimRolloutConfig
 from capsule_rollout.experiments import replay, sim_rollout
+from capsule_rollout.experiments.run import main
 from capsule_rollout.learning.branch_values import BranchPlan, collect_branches
 from capsule_rollout.learning.options import Acting, Models, Seeds
 from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
@@ -111,6 +112,15 @@ def test_remote_sources_are_checked_before_anything_plays(server, tmp_path):
                               act=Acting(advantage="positive"), progress=False)
     with pytest.raises(ValueError, match="RECAP conditioning"):
         sim_rollout.run(config)
+    asked = server.counts["requests"]
+    assert main(["value_ceiling", "--env", ENV, "--model.policy", server.url, "--episodes", "2"]) == 2
+    assert server.counts["requests"] == asked
+
+
+def test_slots_each_hold_a_connection_and_replay_with_the_recorded_actions(server, tmp_path):
+    assert _sim_rollout(tmp_path / "slots", server.url, slots=2).exit_code == 0
+    result = replay.run(ReplayConfig(store=str(tmp_path / "slots" / "episodes.zarr"), episode=f"{ENV}-s0000002"))
+    assert result.exit_code == 0 and result.summary["mode"] == "recorded_actions"
 
 
 def _fault(answer, *, metadata=None, seed=0, **options):
