@@ -44,7 +44,7 @@ from capsule_rollout.policies.remote_policy import connect_remote_policy
 from capsule_rollout.policies.rollout_policy import PolicySpec, RolloutPolicy
 from capsule_rollout.policies.torch_policy import KIND as TORCH_POLICY_KIND
 from capsule_rollout.policies.torch_policy import TorchPolicy, load_torch_policy
-from capsule_rollout.policies.websocket_policy_client import WebsocketPolicyClient, is_remote
+from capsule_rollout.policies.websocket_policy_client import RemotePolicyError, WebsocketPolicyClient, is_remote
 
 FACTORY, CHECKPOINT, REMOTE = "factory", "checkpoint", "remote"
 LOADERS_GROUP = "capsule_rollout.checkpoints"
@@ -136,8 +136,12 @@ def describe_source(source: str) -> Described | None:
 
 
 def describe_remote(source: str) -> WebsocketPolicyClient:
-    """A policy server's client after reading its metadata, closed again (`client.metadata`)."""
-    client = WebsocketPolicyClient(source)
+    """A policy server's client after reading its metadata, closed again (`client.metadata`); a server that cannot
+    be reached is a `ValueError` here, where inputs are checked (before any actor starts)."""
+    try:
+        client = WebsocketPolicyClient(source)
+    except RemotePolicyError as exc:
+        raise ValueError(f"{exc}; start it first (serve_policy, or openpi's serve_policy.py)") from None
     client.close()
     return client
 

@@ -1,7 +1,7 @@
 """Run in openpi-client's own venv (`make openpi-venv`; numpy < 2, nothing of this project): drive a policy server
 with `WebsocketClientPolicy.infer` and `ActionChunkBroker` exactly as a robot runtime does.
 
-    python openpi_client_driver.py URL OBS.npz OUT.npz
+    python openpi_client_driver.py URL OBS.npz OUT.npz [API_KEY]
 
 OBS.npz holds observations `o<i>/<key>` and a `prompt`; OUT.npz gets `infer<i>` (each observation in turn, one
 connection), `broker<i>` (a broker of the chunk's length on a second connection: the rows it hands out one
@@ -15,7 +15,7 @@ import numpy as np
 from openpi_client import action_chunk_broker, websocket_client_policy
 
 
-def main(url: str, obs_path: str, out_path: str) -> None:
+def main(url: str, obs_path: str, out_path: str, api_key: str = "") -> None:
     data = np.load(obs_path, allow_pickle=False)
     prompt = str(data["prompt"])
     n = len({k.split("/")[0] for k in data.files if k.startswith("o")})
@@ -23,13 +23,14 @@ def main(url: str, obs_path: str, out_path: str) -> None:
     for obs in observations:
         obs["prompt"] = prompt
     out = {}
-    client = websocket_client_policy.WebsocketClientPolicy(host=url)
+    client = websocket_client_policy.WebsocketClientPolicy(host=url, api_key=api_key or None)
     meta = client.get_server_metadata()
     out["metadata"] = np.array(json.dumps(meta))
     for i, obs in enumerate(observations):
         out[f"infer{i}"] = client.infer(obs)["actions"]
     horizon = int(meta["action_horizon"])
-    broker = action_chunk_broker.ActionChunkBroker(websocket_client_policy.WebsocketClientPolicy(host=url), horizon)
+    second = websocket_client_policy.WebsocketClientPolicy(host=url, api_key=api_key or None)
+    broker = action_chunk_broker.ActionChunkBroker(second, horizon)
     for i, obs in enumerate(observations):
         out[f"broker{i}"] = np.stack([broker.infer(obs)["actions"] for _ in range(horizon)])
     wrong = dict(observations[0])

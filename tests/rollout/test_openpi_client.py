@@ -61,28 +61,31 @@ def _expected(served, observations, prompt: str, seed: int = 0) -> list[np.ndarr
     return chunks
 
 
-def _drive(python: str, url: str, observations: list[dict], wire: dict[str, str], prompt: str, tmp_path) -> dict:
+def _drive(python: str, url: str, observations: list[dict], wire: dict[str, str], prompt: str, tmp_path,
+           token: str = "") -> dict:
     arrays = {f"o{i}/{w}": obs[k] for i, obs in enumerate(observations) for w, k in wire.items()}
     np.savez(tmp_path / "obs.npz", prompt=np.array(prompt), **arrays)
-    done = subprocess.run([python, str(DRIVER), url, str(tmp_path / "obs.npz"), str(tmp_path / "out.npz")],
+    done = subprocess.run([python, str(DRIVER), url, str(tmp_path / "obs.npz"), str(tmp_path / "out.npz"), token],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     with np.load(tmp_path / "out.npz", allow_pickle=False) as out:
         return {k: out[k] for k in out.files}
 
 
-@pytest.mark.parametrize("env_id, policy, keys, prompt", [
-    ("examples.own_env_and_policy:make_env", "examples.own_env_and_policy:make_policy", "project", "push it"),
-    ("examples.own_env_and_policy:make_env", "examples.own_env_and_policy:make_policy", "openpi", "push it"),
-    ("tabletop:pick_place", SHIPPED, "project", "pick up the red block"),
+@pytest.mark.parametrize("env_id, policy, keys, prompt, token", [
+    ("examples.own_env_and_policy:make_env", "examples.own_env_and_policy:make_policy", "project", "push it", ""),
+    ("examples.own_env_and_policy:make_env", "examples.own_env_and_policy:make_policy", "openpi", "push it", "t0ken"),
+    ("tabletop:pick_place", SHIPPED, "project", "pick up the red block", ""),
 ])
-def test_openpi_client_and_its_chunk_broker_get_the_policys_own_chunks(env_id, policy, keys, prompt, tmp_path):
+def test_openpi_client_and_its_chunk_broker_get_the_policys_own_chunks(env_id, policy, keys, prompt, token, tmp_path):
+    """(The token: openpi-client's api_key is what the server checks.)"""
     python = _openpi_python()
     served = serve_spec(HostSpec(env=env_id, policy=policy), keys=keys)
     observations = _observations(env_id, served.policy.spec.observation_keys)
     expected = _expected(served, observations, prompt)
-    with PolicyServer(served) as server:
-        out = _drive(python, server.url, observations, {w: k for w, k in served.wire.items()}, prompt, tmp_path)
+    with PolicyServer(served, token=token) as server:
+        out = _drive(python, server.url, observations, dict(served.wire), prompt, tmp_path, token)
+        assert server.counts["refused"] == 0 and server.counts["connections"] == 2
     meta = json.loads(str(out["metadata"]))
     assert meta["observation"] == json.loads(json.dumps(served.metadata()["observation"]))
     assert meta["action_horizon"] == served.shape[0] and meta["prompt"]["key"] == "prompt"

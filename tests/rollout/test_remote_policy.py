@@ -112,6 +112,10 @@ def test_remote_sources_are_checked_before_anything_plays(server, tmp_path):
                               act=Acting(advantage="positive"), progress=False)
     with pytest.raises(ValueError, match="RECAP conditioning"):
         sim_rollout.run(config)
+    with socket.socket() as s:  # a port where nothing listens: one error line, exit 2
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"ws://127.0.0.1:{s.getsockname()[1]}"
+    assert main(["sim_rollout", "--env", ENV, "--policy", nowhere, "--actors", "0", "--out", str(tmp_path / "y")]) == 2
     asked = server.counts["requests"]
     assert main(["value_ceiling", "--env", ENV, "--model.policy", server.url, "--episodes", "2"]) == 2
     assert server.counts["requests"] == asked
