@@ -35,7 +35,14 @@ LEROBOT_PROJECT_STAMP := $(LEROBOT_VENV)/.project
 SUITES_VENV ?= .venv-suites
 SUITES_STAMP := $(SUITES_VENV)/.installed
 
-.PHONY: install test test-slow lint lerobot-venv suites-venv demo bench gpu-check gpu-present clean
+# openpi-client 0.1.2 in a venv of its own (it pins numpy < 2 and imports typing_extensions without declaring it),
+# nothing of this project: the real client drives `serve_policy` in tests/rollout/test_openpi_client.py, which
+# `make test-slow` runs with it (a few seconds to install: numpy 1.26, dm-tree, msgpack, websockets, pillow).
+OPENPI_VENV ?= .venv-openpi
+OPENPI_SPEC ?= openpi-client==0.1.2 typing_extensions==4.16.0
+OPENPI_STAMP := $(OPENPI_VENV)/.installed
+
+.PHONY: install test test-slow lint lerobot-venv suites-venv openpi-venv demo bench gpu-check gpu-present clean
 
 install: $(STAMP)
 
@@ -52,8 +59,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test-slow: $(STAMP) $(LEROBOT_PROJECT_STAMP) $(SUITES_STAMP)
+test-slow: $(STAMP) $(LEROBOT_PROJECT_STAMP) $(SUITES_STAMP) $(OPENPI_STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
+	CAPSULE_ROLLOUT_OPENPI_PYTHON=$(abspath $(OPENPI_VENV))/bin/python $(PY) -m pytest tests/rollout/test_openpi_client.py $(PYTEST_ARGS)
 	$(SUITES_VENV)/bin/python -m pytest -m "slow" -p no:cacheprovider tests/envs/test_suite_extras.py $(PYTEST_ARGS)
 
 suites-venv: $(SUITES_STAMP)
@@ -63,6 +71,13 @@ $(SUITES_STAMP): pyproject.toml constraints.txt
 	$(SUITES_VENV)/bin/python -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
 	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics,aloha,so101,robosuite]" -c constraints.txt
 	$(SUITES_VENV)/bin/python -m pip install --no-deps robosuite==1.5.2
+	touch $@
+
+openpi-venv: $(OPENPI_STAMP)
+
+$(OPENPI_STAMP):
+	test -x $(OPENPI_VENV)/bin/python || $(PYTHON) -m venv $(OPENPI_VENV)
+	$(OPENPI_VENV)/bin/python -m pip install $(OPENPI_SPEC)
 	touch $@
 
 lerobot-venv: $(LEROBOT_PROJECT_STAMP)
@@ -120,4 +135,4 @@ gpu-check: gpu-present $(STAMP)
 	$(PY) -m capsule_rollout gpu_check --out $(GPU_CHECK_OUT) --json $(GPU_CHECK_OUT)/gpu_check.json $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) $(SUITES_VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LEROBOT_VENV) $(SUITES_VENV) $(OPENPI_VENV) runs .pytest_cache .hypothesis

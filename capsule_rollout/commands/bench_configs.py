@@ -311,3 +311,24 @@ class BenchChecksumsConfig:
         bad = [kind for kind in self.images if kind not in ("random", "smooth")]
         if bad or not self.images:
             raise ValueError(f"--images must name random and/or smooth, got {list(self.images)}")
+
+
+@command("bench_remote_policy", "Per-chunk latency of a policy in process vs served over openpi's websocket protocol.")
+@dataclass(frozen=True)
+class BenchRemotePolicyConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint or factory import path served and measured."""
+    env: str = ""
+    """The env it acts in (sizes it; gives the observation); empty: the tabletop --family."""
+    family: FAMILIES = "pick_place"
+    """Tabletop family (without --env)."""
+    rounds: int = 500
+    """Interleaved rounds; each times one chunk in process and one over the websocket."""
+    threads: int = 1
+    """torch threads of the policy, in process and in the server."""
+    docs: str = ""
+    """Markdown file whose bench_remote_policy section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 3 or self.threads < 1:
+            raise ValueError("--rounds must be >= 3 and --threads >= 1")

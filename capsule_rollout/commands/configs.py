@@ -16,9 +16,11 @@ from capsule_rollout.commands.bench_configs import (  # noqa: F401 - the benchma
     BenchLeRobotConfig,
     BenchPolicyConfig,
     BenchRecordingConfig,
+    BenchRemotePolicyConfig,
     BenchRolloutConfig,
 )
 from capsule_rollout.commands.registry import command
+from capsule_rollout.commands.serve_configs import ServePolicyConfig  # noqa: F401 - serve_policy's config
 from capsule_rollout.commands.store_configs import (  # noqa: F401 - the store tools' configs
     ConsolidateConfig,
     ExportLeRobotConfig,

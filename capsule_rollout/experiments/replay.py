@@ -5,7 +5,8 @@ episode's initial capsule is loaded from disk (signed with this user's key, or `
 restored (a capsule whose fingerprint does not match the
 rebuilt host, e.g. other weights, is refused with the differing keys); the episode is played again and its
 actions, proposed actions, values, states and images are compared with the recording
-(`rollout.record.replay_episode`).
+(`rollout.record.replay_episode`). An episode of a policy server (which no capsule can hold) replays its
+recorded actions into the env, and says so.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ def run(config: ReplayConfig) -> ExperimentResult:
         inputs = prepare_replay(parse_store_root(config.store), config.episode, config.capsules or None,
                                 trust=config.trust)
     report = play_replay(inputs)
+    if report.mode == "recorded_actions":
+        console.print("the policy acted through a policy server, which no capsule holds: its recorded actions are "
+                      "played into the env from the initial capsule (the critic and the host run again)")
     console.print(f"replay {report.episode_id} (seed {report.seed}, {report.length} steps, {report.stop_reason}): "
                   + ("[green]bit-identical[/green]" if report.exact else
                      "[red]DIFFERS[/red] in " + ", ".join(k for k, ok in report.checks.items() if not ok)))
     return ExperimentResult({"episode": report.episode_id, "exact": report.exact, "checks": report.checks,
-                             "reset_kind": report.reset_kind}, exit_code=0 if report.exact else 1)
+                             "reset_kind": report.reset_kind, "mode": report.mode}, exit_code=0 if report.exact else 1)

@@ -32,6 +32,7 @@ from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.evaluation import EpisodesLostError
 from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
 from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
+from capsule_rollout.rollout.branching import require_capturable_source
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.tabletop.evaluation import task_phase
@@ -46,6 +47,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     # branches sample the learned distribution (scale 1) unless told otherwise, whatever the policy is deployed with
     scale = 1.0 if config.act.noise_scale is None else config.act.noise_scale
     with checking_inputs():
+        require_capturable_source(policy)  # branches restore mid-episode capsules: a policy server cannot
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, scale)
         spec = HostSpec(env=config.env or f"tabletop:{config.family}", policy=policy,
                         critic=resolve_input(config.model.critic) if config.model.critic else "",

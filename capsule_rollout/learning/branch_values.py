@@ -45,7 +45,13 @@ from capsule_rollout.critics.returns import normalized_returns
 from capsule_rollout.learning.advantage_labels import SIDECAR_VERSION, LabelledStore, load_npz, save_npz, write_sidecar
 from capsule_rollout.learning.policy_data import training_order
 from capsule_rollout.learning.training import Log
-from capsule_rollout.rollout.branching import BranchActor, BranchItem, BranchValue, ReplayDivergedError
+from capsule_rollout.rollout.branching import (
+    BranchActor,
+    BranchItem,
+    BranchValue,
+    ReplayDivergedError,
+    require_capturable_source,
+)
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.stores import episode_schema as S
@@ -224,7 +230,9 @@ def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list
     """Branch values for the sampled chunks of `episode_ids` (recorded in `store` by a host built from
     `spec`), played on `actors` Ray actors (0: this process, or `host`); written to the sidecar after each
     episode, so a resumed call plays only the episodes not yet there. Returns the whole table (with `open`,
-    the deepened boundaries; the screening pass's table is its `screen`)."""
+    the deepened boundaries; the screening pass's table is its `screen`). A policy server is refused
+    (`NotCapturableError`): its episodes cannot be branched."""
+    require_capturable_source(spec.policy)
     if plan.select == "open":
         return _collect_open(spec, store, episode_ids, plan, max_steps=max_steps, actors=actors, host=host, log=log)
     return _collect_sampled(spec, store, episode_ids, plan, branches_path(store), max_steps=max_steps, actors=actors,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from capsule_rollout.learning.evaluation import EpisodesLostError
-from capsule_rollout.rollout.branching import branch_value
+from capsule_rollout.rollout.branching import branch_value, require_capturable
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.slot_host import SlotHost
@@ -39,7 +39,9 @@ def judge_state(host: RolloutHost | SlotHost, keeper: BoundaryKeeper, seed: int,
                 critic: bool) -> dict | None:
     """Play `seed`; from its capsule at the last boundary before `at_step`, replay it (it must end as it did)
     and play `branches` continuations with other noise. None: the episode ended before that step. On a `SlotHost`
-    (the keeper observing its first slot) the episode plays in that slot and the branches side by side."""
+    (the keeper observing its first slot) the episode plays in that slot and the branches side by side. A policy
+    that cannot be captured (a policy server) is refused before the episode is played."""
+    require_capturable(host)
     result = host.run_episode(seed)
     if result.episode is None:
         raise EpisodesLostError(f"seed {seed}: the episode was lost to an error: {result.error}")

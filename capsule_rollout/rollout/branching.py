@@ -13,7 +13,8 @@ bit for bit). `BranchActor` does that on the Ray actor pool: `run_rollouts(spec,
 actor_cls=BranchActor)` with the spec the episodes were recorded with. On a `SlotHost` (`HostSpec.slots` > 1) the
 continuations of every boundary, and the replay check, are forks of the boundary's capsule into the slots, played
 side by side with their policy calls batched (`branch_values_in_slots`): the same values as one at a time on a
-host of those slots.
+host of those slots. A policy that cannot be captured (a policy server: `capturable = False`) is refused
+before anything is played (`NotCapturableError`): its mid-episode state is on the server.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from capsule_rollout.capsules import Capsule
 from capsule_rollout.rollout.host_config import EpisodeResult
 from capsule_rollout.rollout.observer import EpisodeObserver
+from capsule_rollout.rollout.plug_in import REMOTE, source_kind
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.slot_host import SlotHost, branch_job
@@ -35,6 +37,30 @@ from capsule_rollout.stores.episode import Episode
 
 class ReplayDivergedError(RuntimeError):
     """Replaying an episode from its own capsule did not reproduce it: a restore is not exact."""
+
+
+class NotCapturableError(ValueError):
+    """Branching needs mid-episode capsules, and the policy's state cannot be captured (a policy server)."""
+
+
+def _refusal(where: str) -> NotCapturableError:
+    return NotCapturableError(
+        f"branch values restore capsules taken mid-episode, and the policy acts through the policy server {where}, "
+        "whose state no capsule holds: branch with the policy in process (its checkpoint or factory; serve_policy "
+        "serves the same one), or label the recorded episodes with a critic (label_advantages)")
+
+
+def require_capturable(host: RolloutHost | SlotHost) -> None:
+    """Refuse (`NotCapturableError`) a host whose policy cannot be captured, before anything is played."""
+    policy = (host.hosts[0] if isinstance(host, SlotHost) else host).policy
+    if not getattr(policy, "capturable", True):
+        raise _refusal(getattr(policy, "server", "?"))
+
+
+def require_capturable_source(policy: str) -> None:
+    """`require_capturable` for a spec's policy source, before any host is built."""
+    if source_kind(policy) == REMOTE:
+        raise _refusal(policy)
 
 
 def branch_seed(seed: int, branch: int) -> int:
@@ -86,6 +112,7 @@ def branch_value(host: RolloutHost | SlotHost, capsule: Capsule, *, seed: int, s
     episode's own noise and must end the same way (else `ReplayDivergedError`). On a `SlotHost` the replay and
     the continuations are forks of the capsule into the slots, side by side (`branch_values_in_slots`).
     """
+    require_capturable(host)
     if isinstance(host, SlotHost):
         return branch_values_in_slots(host, {step: capsule}, seed=seed, branches=branches, expect=expect,
                                       first=first)[0]
@@ -116,6 +143,7 @@ def branch_values_in_slots(slots: SlotHost, capsules: dict[int, Capsule], *, see
     """`branch_value` from each of `capsules` (control step -> the capsule taken there), every continuation a fork
     of its boundary's capsule into a free slot, all of them (and the replay check from the first boundary, when
     `expect` is given) played side by side; the values in step order."""
+    require_capturable(slots)
     if branches < 1:
         raise ValueError(f"branches must be >= 1, got {branches}")
     steps = sorted(capsules)
@@ -163,6 +191,7 @@ def branch_episode(host: RolloutHost | SlotHost, seed: int, *, steps, branches: 
     chunk start of the episode (past its end, between boundaries) get no value. The replay check runs at the first boundary
     (one exact replay shows the restore is exact for this host and episode). On a `SlotHost` the episode plays in
     its first slot, then every continuation of every boundary in the slots side by side (`branch_values_in_slots`)."""
+    require_capturable(host)
     keeper = BoundaryCapsules(steps)
     watched = host.hosts[0] if isinstance(host, SlotHost) else host  # where the episode plays
     watched.observers.append(keeper)

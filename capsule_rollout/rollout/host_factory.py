@@ -13,22 +13,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from capsule_rollout.capsules import CapsuleStore, save_capsule, signing_key
-from capsule_rollout.envs.rollout_env import RolloutEnv
+from capsule_rollout.capsules import Arena, CapsuleStore, save_capsule, signing_key
+from capsule_rollout.envs.rollout_env import ArraySpec, RolloutEnv
 from capsule_rollout.import_path import resolve
 from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
+from capsule_rollout.policies.rollout_policy import RolloutPolicy
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.plug_in import (
     FACTORY,
+    REMOTE,
     Described,
     Loaded,
     as_rollout_critic,
     as_rollout_policy,
+    describe_remote,
     describe_source,
     load_source,
     source_kind,
@@ -52,6 +56,8 @@ def recorded_acting(policy: str) -> dict:
     commands that then need it say what is missing, from `check_spec` / `build_host`)."""
     from capsule_rollout.models.checkpoint import META_FILE, Checkpoint
 
+    if source_kind(policy) == REMOTE:  # a policy server: the receding horizon it announces, if any
+        return {k: v for k, v in (describe_remote(policy).metadata.get(ACTING_INFO) or {}).items() if k == "n_exec"}
     if not (Path(policy) / META_FILE).is_file():
         return {}
     return dict(Checkpoint(policy).meta.get("info", {}).get(ACTING_INFO) or {})
@@ -177,15 +183,19 @@ def check_same_run(out: Path, spec: HostSpec) -> None:
                          f"{out / 'rollout.json'}): use another --out, or the same settings to resume it")
 
 
-def check_spec(spec: HostSpec) -> Conditioning:
+def check_spec(spec: HostSpec, *, policy_given: bool = False) -> Conditioning:
     """Fail fast (before any process starts) on sources that are missing or do not fit together; returns how the
-    policy acts (`HostSpec.conditioning`), read on the way."""
+    policy acts (`HostSpec.conditioning`), read on the way. `policy_given`: the host gets its policy object
+    otherwise (a replay's recorded chunks): the spec's policy source is not checked."""
     if not spec.policy:
         raise ValueError("no policy: give a checkpoint directory or a factory's import path (--policy)")
-    for what, path in (("policy", spec.policy), ("critic", spec.critic)):
+    for what, path in (("policy", "" if policy_given else spec.policy), ("critic", spec.critic)):
         if not path:
             continue
-        if source_kind(path) == FACTORY:
+        if source_kind(path) == REMOTE:
+            if what != "policy":
+                raise ValueError(f"{path!r} is a policy server; a critic is a checkpoint or a factory's import path")
+        elif source_kind(path) == FACTORY:
             resolve(path, what)  # a factory that cannot be imported fails here, before any process starts
         elif not Path(path).is_dir():
             raise FileNotFoundError(f"{what} checkpoint {path!r} not found: give a checkpoint directory (train_{what} "
@@ -205,7 +215,7 @@ def check_spec(spec: HostSpec) -> Conditioning:
     for path, kwargs in spec.observers:
         _resolve(path)
         json.loads(kwargs or "{}")
-    policy = describe_source(spec.policy)
+    policy = None if policy_given else describe_source(spec.policy)
     critic = describe_source(spec.critic) if spec.critic else None
     if policy is None or not policy.takes_conditioning:
         if spec.advantage == "positive" or spec.beta is not None:
@@ -246,11 +256,12 @@ def make_observers(spec: HostSpec) -> list[EpisodeObserver]:
 
 
 def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver] | None = None,
-               env: RolloutEnv | None = None, operator=None, teleop=None) -> RolloutHost:
+               env: RolloutEnv | None = None, operator=None, teleop=None,
+               policy: Callable[[], Loaded] | None = None) -> RolloutHost:
     """The host a spec describes. `observers`: instead of the spec's (e.g. objects built in-process);
     `env`: instead of the spec's (a `RobotEnv`, an env made in this process); `operator`, `teleop`:
-    see `RolloutHost`."""
-    parts = _prepare(spec, env_given=env is not None)
+    see `RolloutHost`; `policy`: makes the policy instead of the spec's source (a replay's recorded chunks)."""
+    parts = _prepare(spec, env_given=env is not None, policy=policy)
     if env is None:
         env = _make_env(spec, parts.cameras, parts.image_size)
     policy = as_rollout_policy(parts.policy, env, device=spec.device)
@@ -260,34 +271,62 @@ def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver
     return _equip(host, spec, parts)
 
 
+@dataclass
+class BuiltPolicy:
+    """A spec's policy alone, in an arena of its own, its RECAP conditioning set (`build_policy`)."""
+
+    policy: RolloutPolicy
+    arena: Arena
+    arrays: dict[str, ArraySpec]  # each observation key it reads: shape and dtype, as the spec's env gives it
+    conditioning: Conditioning  # how it acts (what `check_spec` resolved)
+
+
+def build_policy(spec: HostSpec) -> BuiltPolicy:
+    """The policy a spec describes without a host (what `serve_policy` serves): loaded and adapted as a host
+    would (sized from the spec's env, made once to read its spaces and closed), its conditioning set."""
+    parts = _prepare(spec)
+    env = _make_env(spec, parts.cameras, parts.image_size)
+    try:
+        policy = as_rollout_policy(parts.policy, env, device=spec.device)
+        arrays = {k: env.observation_spec.arrays[k] for k in policy.spec.observation_keys}
+    finally:
+        env.close()
+    arena = Arena([policy]).allocate()
+    if parts.conditioning is not None:
+        policy.set_conditioning(parts.conditioning.indicator, parts.conditioning.beta)
+    return BuiltPolicy(policy, arena, arrays, parts.checked)
+
+
 def _store(spec: HostSpec) -> CapsuleStore:
     return CapsuleStore(device_bytes=None if spec.capsule_budget_mb is None else int(spec.capsule_budget_mb * 2**20),
                         host_bytes=0)
 
 
-def _prepare(spec: HostSpec, *, env_given: bool = False) -> _Parts:
-    """What every host of `spec` starts from: the checks, torch's threads, the policy and critic loaded."""
+def _prepare(spec: HostSpec, *, env_given: bool = False, policy: Callable[[], Loaded] | None = None) -> _Parts:
+    """What every host of `spec` starts from: the checks, torch's threads, the policy and critic loaded
+    (`policy`: made by this instead of loaded from the spec's source)."""
     if not env_given and is_multi_task(spec.env):
         raise ValueError(f"a spec over several tasks ({spec.env!r}) builds one host per task: pass "
                          "dataclasses.replace(spec, env=env_for_task(spec.env, <the task>))")
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    return _load_parts(spec, check_spec(spec))
+    return _load_parts(spec, check_spec(spec, policy_given=policy is not None), policy)
 
 
-def build_slots(spec: HostSpec, *, recorder=None):
+def build_slots(spec: HostSpec, *, recorder=None, policy: Callable[[], Loaded] | None = None):
     """The `SlotHost` of `spec.slots` slots a spec describes: an env per slot, the policy and critic as rows (one
     batched runtime when they batch, else an instance per slot), one capsule store, the spec's observers per
-    slot."""
+    slot. `policy`: as `build_host`'s (called once per instance)."""
     from capsule_rollout.rollout.slot_host import SlotHost, rows_of
 
-    parts = _prepare(spec)
+    parts = _prepare(spec, policy=policy)
     n = spec.slots
     envs = [_make_env(spec, parts.cameras, parts.image_size) for _ in range(n)]
     as_policy = lambda part: as_rollout_policy(part, envs[0], device=spec.device)  # noqa: E731
     as_critic = lambda part: as_rollout_critic(part, envs[0])  # noqa: E731
     # a part that does not batch: another instance per slot, loaded from its source again (that part alone)
-    policy = rows_of(as_policy(parts.policy), n, lambda: as_policy(_load_policy(spec, parts.checked).part))
+    load = policy if policy is not None else lambda: _load_policy(spec, parts.checked)
+    policy = rows_of(as_policy(parts.policy), n, lambda: as_policy(load().part))
     critic = None if parts.critic is None else rows_of(as_critic(parts.critic), n,
                                                        lambda: as_critic(_load_critic(spec).part))
     lanes = None
@@ -340,8 +379,8 @@ def _load_critic(spec: HostSpec) -> Loaded:
     return load_source(spec.critic, "critic", device=spec.device, conditioning=Conditioning(), noise_scale=1.0)
 
 
-def _load_parts(spec: HostSpec, conditioning: Conditioning) -> _Parts:
-    policy = _load_policy(spec, conditioning)
+def _load_parts(spec: HostSpec, conditioning: Conditioning, make_policy: Callable[[], Loaded] | None = None) -> _Parts:
+    policy = make_policy() if make_policy is not None else _load_policy(spec, conditioning)
     critic = _load_critic(spec) if spec.critic else None
     loaded = [part for part in (policy, critic) if part is not None]
     cameras = tuple(dict.fromkeys(c for part in loaded for c in part.cameras))

@@ -10,8 +10,11 @@ too) and returns one of:
 - a rollout-protocol policy (`policies.rollout_policy.RolloutPolicy`: a capsule component), used as it is;
 - an object with `infer(obs) -> chunk` (openpi's shape), wrapped by `policies.infer_policy.InferPolicy`;
 - a torch module `module(inputs, noise) -> chunk`, wrapped by `policies.torch_policy.TorchPolicy`.
-A critic source (`HostSpec.critic`, `--critic`) likewise: a value-critic checkpoint, or a factory returning a
-rollout-protocol critic or an object with `value(obs) -> float` (`critics.infer_critic.InferCritic`).
+A policy source may also be a policy server's address, `ws://host:port` (`wss://`, `openpi://`): the policy
+acts through it (`policies.remote_policy.RemotePolicy`, openpi's websocket protocol), sized from the server's
+metadata; it cannot be captured (see that module). A critic source (`HostSpec.critic`, `--critic`) likewise: a
+value-critic checkpoint, or a factory returning a rollout-protocol critic or an object with `value(obs) -> float`
+(`critics.infer_critic.InferCritic`).
 
 `as_rollout_policy(obj, env)` / `as_rollout_critic(obj, env)` do the wrapping in-process, sized from the env:
 the action dimension from its action space, the observation keys from its observation spec (or the
@@ -37,16 +40,21 @@ from capsule_rollout.import_path import resolve
 from capsule_rollout.models.checkpoint import META_FILE, Checkpoint
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.policies.infer_policy import InferPolicy, accepts_noise, answer_chunk
+from capsule_rollout.policies.remote_policy import connect_remote_policy
 from capsule_rollout.policies.rollout_policy import PolicySpec, RolloutPolicy
 from capsule_rollout.policies.torch_policy import KIND as TORCH_POLICY_KIND
 from capsule_rollout.policies.torch_policy import TorchPolicy, load_torch_policy
+from capsule_rollout.policies.websocket_policy_client import RemotePolicyError, WebsocketPolicyClient, is_remote
 
-FACTORY, CHECKPOINT = "factory", "checkpoint"
+FACTORY, CHECKPOINT, REMOTE = "factory", "checkpoint", "remote"
 LOADERS_GROUP = "capsule_rollout.checkpoints"
 
 
 def source_kind(source: str) -> str:
-    """`factory` for an import path, else `checkpoint` (a directory, checked when it is described)."""
+    """`remote` for a policy server's address, `factory` for an import path, else `checkpoint` (a directory,
+    checked when it is described)."""
+    if is_remote(source):
+        return REMOTE
     if not Path(source).is_dir() and ":" in source and not source.startswith(("/", ".", "~")):
         return FACTORY
     return CHECKPOINT
@@ -120,19 +128,57 @@ def loader_for(path: str) -> CheckpointLoader:
 
 
 def describe_source(source: str) -> Described | None:
-    """A checkpoint's description; None for a factory (known once it is built)."""
-    return None if source_kind(source) == FACTORY else loader_for(source).describe(source)
+    """A checkpoint's description, or a policy server's (its metadata, read on connecting); None for a factory
+    (known once it is built)."""
+    kind = source_kind(source)
+    if kind == REMOTE:
+        return _described(describe_remote(source))
+    return None if kind == FACTORY else loader_for(source).describe(source)
+
+
+def describe_remote(source: str) -> WebsocketPolicyClient:
+    """A policy server's client after reading its metadata, closed again (`client.metadata`); a server that cannot
+    be reached is a `ValueError` here, where inputs are checked (before any actor starts)."""
+    try:
+        client = WebsocketPolicyClient(source)
+    except RemotePolicyError as exc:
+        raise ValueError(f"{exc}; start it first (serve_policy, or openpi's serve_policy.py)") from None
+    client.close()
+    return client
+
+
+def _remote_images(client: WebsocketPolicyClient) -> dict[str, int]:
+    """Camera -> image size of the observation a policy server announces (none for a server that does not)."""
+    announced = client.metadata.get("observation")
+    if not isinstance(announced, dict):
+        return {}
+    return {e["key"].removeprefix("image_"): int(e["shape"][0]) for e in announced.values()
+            if isinstance(e, dict) and str(e.get("key", "")).startswith("image_") and e.get("shape")}
+
+
+def _described(client: WebsocketPolicyClient) -> Described:
+    length = client.metadata.get("action_horizon")
+    images = _remote_images(client)
+    return Described(chunk_length=length if isinstance(length, int) else client.address.chunk_length,
+                     image_size=max(images.values()) if images else None)
 
 
 def load_source(source: str, role: str, *, device: str, conditioning: Conditioning, noise_scale: float) -> Loaded:
     """The policy or critic a source names: a factory's object (adapted later, with the env) or a checkpoint's
     part, loaded by its kind's loader."""
-    if source_kind(source) == FACTORY:
+    kind = source_kind(source)
+    if kind == FACTORY:
         obj = make_from_factory(source, role)
         keys = getattr(obj, "observation_keys", None)
         if keys is None:
             return Loaded(obj, declared=False)  # reads whatever the env gives: its default camera too
         return Loaded(obj, tuple(str(k).removeprefix("image_") for k in keys if str(k).startswith("image_")))
+    if kind == REMOTE:
+        if role != "policy":
+            raise ValueError(f"{source!r} is a policy server: it serves a policy, not a {role}")
+        client = WebsocketPolicyClient(source)
+        images = _remote_images(client)
+        return Loaded(client, tuple(images), max(images.values()) if images else None)
     return loader_for(source).load(source, role=role, device=device, conditioning=conditioning,
                                    noise_scale=noise_scale)
 
@@ -172,6 +218,10 @@ def as_rollout_policy(obj: Any, env: RolloutEnv, *, chunk_length: int | None = N
     if isinstance(obj, RolloutPolicy):
         return obj
     action_dim = action_bounds(env)[0].shape[0]
+    if isinstance(obj, WebsocketPolicyClient):  # a policy server (load_source connected to it)
+        arrays = env.observation_spec.arrays
+        return connect_remote_policy(obj.source, action_dim=action_dim, client=obj,
+                                     arrays={k: (tuple(a.shape), np.dtype(a.dtype).name) for k, a in arrays.items()})
     keys = _keys(obj, env, observation_keys)
     length = chunk_length or getattr(obj, "chunk_length", None) or getattr(obj, "action_horizon", None)
     if isinstance(obj, torch.nn.Module):

@@ -7,7 +7,9 @@
 A run directory holds `episodes.zarr` (every episode, recorded once), `capsules/` (each seed's initial
 capsule), and `rollout.json` (the `HostSpec` the episodes were played with, which `replay_episode` rebuilds
 the host from). The first rollout of a seed is a cold reset that makes the seed's initial capsule; every
-repeat is a restore of it.
+repeat is a restore of it. An episode played by a policy that cannot be captured (a policy server: the capsule's
+fingerprint says `capturable: no`) replays its recorded actions: the env, critic and host from the initial
+capsule, the policy's chunks read from the recording, and the same comparisons.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from capsule_rollout.capsules import CapsuleError, CapsuleSignatureError, key_source, load_capsule, signing_key
+from capsule_rollout.policies.remote_policy import RecordedChunks, RemotePolicy
 from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
@@ -31,6 +34,7 @@ from capsule_rollout.rollout.host_factory import (
     read_spec,
     write_spec,
 )
+from capsule_rollout.rollout.plug_in import Loaded
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
@@ -120,6 +124,9 @@ class ReplayReport:
     seed: int
     length: int
     stop_reason: str
+    mode: str = "policy"
+    """`policy`: the policy acted again; `recorded_actions`: it could not be captured (a policy server), so its
+    recorded chunks were played into the env."""
 
 
 @dataclass
@@ -174,7 +181,14 @@ def play_replay(inputs: ReplayInputs) -> ReplayReport:
     """Play the prepared episode again and compare it with the recording."""
     spec, recorded, capsule = inputs.spec, inputs.recorded, inputs.capsule
     meta = recorded.meta
-    host = build_slots(spec) if spec.slots > 1 else build_host(spec)  # slots: as the run played (its rounding)
+    remote = uncapturable_policy(capsule)
+    make = None if remote is None else lambda: _recorded_policy(remote)
+    # slots: as the run played (its rounding)
+    host = build_slots(spec, policy=make) if spec.slots > 1 else build_host(spec, policy=make)
+    if remote is not None:  # each slot's policy answers the recording's chunk at its env's step
+        for h in getattr(host, "hosts", [host]):
+            h.policy.source = RecordedChunks(recorded.steps[S.POLICY_ACTION], lambda h=h: h.env.steps,
+                                             h.policy.spec.chunk_length, meta.stop_reason)
     try:
         host.store.put(capsule_key(meta.task, meta.seed), capsule, pin=True)
         result = host.run_episode(meta.seed, episode_id=meta.episode_id, attempt=meta.attempt, repeat=meta.repeat)
@@ -190,4 +204,20 @@ def play_replay(inputs: ReplayInputs) -> ReplayReport:
         a, b = recorded.steps[key], replayed.steps[key]
         checks[key] = a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
     return ReplayReport(meta.episode_id, all(checks.values()), checks, result.reset_kind, meta.seed, meta.length,
-                        meta.stop_reason)
+                        meta.stop_reason, "policy" if remote is None else "recorded_actions")
+
+
+def uncapturable_policy(capsule) -> dict[str, str] | None:
+    """The policy's fingerprint (its `policy/*` keys, prefix removed) when the capsule says it cannot be
+    captured (a `RemotePolicy`); None otherwise."""
+    fingerprint = capsule.meta.fingerprint
+    if not str(fingerprint.get("policy/capturable", "")).startswith("no"):
+        return None
+    return {k.removeprefix("policy/"): v for k, v in fingerprint.items() if k.startswith("policy/")}
+
+
+def _recorded_policy(fingerprint: dict[str, str]) -> Loaded:
+    """A `RemotePolicy` as the capsule describes it, its chunks from the recording (set once the host is built)."""
+    policy = RemotePolicy.from_fingerprint(fingerprint, RecordedChunks(np.zeros((0, 1), np.float32), lambda: 0, 1, ""))
+    cameras = tuple(k.removeprefix("image_") for k in policy.spec.observation_keys if k.startswith("image_"))
+    return Loaded(policy, cameras, policy.image_size)
