@@ -7,7 +7,13 @@ robots or Ray. It imports torch, numpy and (optionally) triton and safetensors.
 from capsule_rollout.capsules.arena import Arena
 from capsule_rollout.capsules.buffer_spec import BufferSpec, Role
 from capsule_rollout.capsules.capsule import Capsule, CapsuleMeta, fork, mismatches, restore, snapshot
-from capsule_rollout.capsules.capsule_file import capsule_from_bytes, capsule_to_bytes, load_capsule, save_capsule
+from capsule_rollout.capsules.capsule_file import (
+    USER_KEY,
+    capsule_from_bytes,
+    capsule_to_bytes,
+    load_capsule,
+    save_capsule,
+)
 from capsule_rollout.capsules.capsule_store import CapsuleStore, StoreStats, Tier
 from capsule_rollout.capsules.component import BufferComponent, CapsuleComponent
 from capsule_rollout.capsules.digest import BackendChoice, digest_backend, digest_slab, digest_tensors
@@ -28,6 +34,7 @@ from capsule_rollout.capsules.timeline import Timeline
 from capsule_rollout.capsules.verify import Steppable, VerifyReport, verify_steppable
 
 __all__ = [
+    "USER_KEY",
     "Arena",
     "BackendChoice",
     "BufferComponent",

@@ -255,8 +255,6 @@ def capsule_from_bytes(data: bytes, *, source: str = "<bytes>", key: bytes | str
         tensors = safetensors.torch.load(bytes(data))
     except Exception as exc:  # the Rust reader raises its own error type
         raise CapsuleFormatError(f"{source}: unreadable tensor data ({exc})") from None
-    if key is not None:
-        _verify_signature(data, tensors, key, source)
     _check_tensors(tensors, specs, digests, source)
     slabs = []
     for layout in plan_slabs(specs):
@@ -267,6 +265,8 @@ def capsule_from_bytes(data: bytes, *, source: str = "<bytes>", key: bytes | str
         slabs.append((layout, slab))
     capsule = Capsule(capsule_meta, slabs, digests)
     capsule.check_integrity(source)
+    if key is not None:  # damage is named first (by buffer, above), then tampering; nothing is returned either way
+        _verify_signature(data, tensors, key, source)
     return capsule
 
 
@@ -304,12 +304,34 @@ def _check_tensors(
             )
 
 
+class _UserKey:
+    """The user's key (`capsules.signing_key()`), resolved when a file is written or read."""
+
+    def __repr__(self) -> str:
+        return "USER_KEY"
+
+
+USER_KEY: Any = _UserKey()
+"""The default `key` of `save_capsule`, `load_capsule` and `CapsuleStore`: files are signed with, and read only
+when signed with, the user's key (`capsules.signing_key`); `key=None` writes an unsigned file, or reads one
+without checking its signature (a capsule whose source you trust)."""
+
+
+def _resolved(key: Any) -> bytes | str | None:
+    if key is USER_KEY:
+        from capsule_rollout.capsules.signing_key import signing_key
+
+        return signing_key()
+    return key
+
+
 def save_capsule(capsule: Capsule, path: str | os.PathLike, *, annotations: Mapping[str, str] | None = None,
-                 key: bytes | str | None = None) -> Path:
-    """Write atomically (temp file, fsync, rename), signed with `key` when given; returns the final path."""
+                 key: Any = USER_KEY) -> Path:
+    """Write atomically (temp file, fsync, rename), signed with `key` (the user's by default, `USER_KEY`; None:
+    unsigned); returns the final path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = capsule_to_bytes(capsule, annotations=annotations, key=key)
+    data = capsule_to_bytes(capsule, annotations=annotations, key=_resolved(key))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -323,15 +345,16 @@ def save_capsule(capsule: Capsule, path: str | os.PathLike, *, annotations: Mapp
     return path
 
 
-def load_capsule(path: str | os.PathLike, *, key: bytes | str | None = None) -> Capsule:
-    """Read and validate a capsule file; raises CapsuleFormatError / CapsuleIntegrityError, and with a `key`
-    CapsuleSignatureError for a file not signed with it."""
+def load_capsule(path: str | os.PathLike, *, key: Any = USER_KEY) -> Capsule:
+    """Read and validate a capsule file; raises CapsuleFormatError / CapsuleIntegrityError, and
+    CapsuleSignatureError for a file not signed with `key` (the user's by default, `USER_KEY`; None: the signature
+    is not checked, for a capsule whose source you trust)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise CapsuleFormatError(f"{path}: no such capsule file") from None
-    return capsule_from_bytes(data, source=str(path), key=key)
+    return capsule_from_bytes(data, source=str(path), key=_resolved(key))
 
 
 def nbytes_from_header(meta: dict[str, Any], source: str = "<header>") -> int:

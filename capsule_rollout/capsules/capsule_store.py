@@ -27,12 +27,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from capsule_rollout.capsules.capsule import Capsule
 from capsule_rollout.capsules.capsule_file import (
     FILE_SUFFIX,
+    USER_KEY,
     load_capsule,
     nbytes_from_header,
     read_file_header,
@@ -98,7 +100,7 @@ class CapsuleStore:
         disk_dir: str | os.PathLike | None = None,
         disk_bytes: int | None = None,
         pin_host_memory: bool | None = None,
-        key: bytes | str | None = None,
+        key: Any = USER_KEY,
     ) -> None:
         for name, value in (("device_bytes", device_bytes), ("host_bytes", host_bytes), ("disk_bytes", disk_bytes)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -107,7 +109,7 @@ class CapsuleStore:
             raise ValueError("disk_bytes needs disk_dir: set the directory the disk tier writes to")
         self._budget = {Tier.DEVICE: device_bytes, Tier.HOST: host_bytes, Tier.DISK: disk_bytes}
         self._disk_dir = Path(disk_dir) if disk_dir is not None else None
-        self._key = key  # the disk tier's files are signed with it and read only when signed with it
+        self._key = key  # the disk tier's files are signed with it and read only when signed with it (the user's)
         self._pin_host = torch.cuda.is_available() if pin_host_memory is None else pin_host_memory
         self._entries: dict[str, _Entry] = {}
         self._lru: dict[Tier, OrderedDict[str, None]] = {t: OrderedDict() for t in Tier}

@@ -178,7 +178,8 @@ def load_source(source: str, role: str, *, device: str, conditioning: Conditioni
             raise ValueError(f"{source!r} is a policy server: it serves a policy, not a {role}")
         client = WebsocketPolicyClient(source)
         images = _remote_images(client)
-        return Loaded(client, tuple(images), max(images.values()) if images else None)
+        announced = isinstance(client.metadata.get("observation"), dict)  # else it may read any camera
+        return Loaded(client, tuple(images), max(images.values()) if images else None, declared=announced)
     return loader_for(source).load(source, role=role, device=device, conditioning=conditioning,
                                    noise_scale=noise_scale)
 

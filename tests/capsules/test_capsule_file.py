@@ -285,12 +285,17 @@ def test_a_signed_capsule_loads_with_its_key_and_is_refused_with_another_or_unsi
 
     signed = save_capsule(capsule, tmp_path / "signed.capsule", key=KEY)
     assert load_capsule(signed, key=KEY).meta == capsule.meta
-    assert load_capsule(signed).meta == capsule.meta  # no key asked: digests only, as before
+    assert load_capsule(signed, key=None).meta == capsule.meta  # the signature not checked: digests only
+    with pytest.raises(CapsuleSignatureError, match="does not match this key"):
+        load_capsule(signed)  # by default, the user's key (capsules.signing_key): another one here
     with pytest.raises(CapsuleSignatureError, match="does not match this key"):
         load_capsule(signed, key="another-key-0123456789")
-    unsigned = save_capsule(capsule, tmp_path / "unsigned.capsule")
+    unsigned = save_capsule(capsule, tmp_path / "unsigned.capsule", key=None)
     with pytest.raises(CapsuleSignatureError, match="not signed"):
         load_capsule(unsigned, key=KEY)
+    with pytest.raises(CapsuleSignatureError, match="not signed"):
+        load_capsule(unsigned)  # every loader checks the user's key unless told otherwise
+    assert load_capsule(save_capsule(capsule, tmp_path / "mine.capsule")).meta == capsule.meta  # signed by default
     with pytest.raises(ValueError, match="too short to sign with"):
         save_capsule(capsule, tmp_path / "weak.capsule", key="short")
 

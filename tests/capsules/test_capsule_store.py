@@ -293,7 +293,7 @@ def test_with_a_key_the_disk_tier_reads_back_only_what_it_signed(arena, tmp_path
     assert dict(store.get("mine").digests) == dict(caps[0].digests)  # signed when demoted, checked when read back
     path = store._entries["swapped"].path
     load_capsule(path, key=key)  # the file on disk is signed
-    save_capsule(caps[1], path, annotations={"store_key": "swapped"})  # replaced by an unsigned one
+    save_capsule(caps[1], path, annotations={"store_key": "swapped"}, key=None)  # replaced by an unsigned one
     with pytest.raises(CapsuleSignatureError, match="not signed"):
         store.get("swapped")
     assert "swapped" not in store and path.with_name(path.name + ".corrupt").exists()
