@@ -2,9 +2,10 @@
 
     critic.value(obs: dict[str, np.ndarray | str | int]) -> float
 
-`obs` holds each observation key the critic reads (as the env gives it, no batch dimension), `step` (control
-steps so far in the episode: values depend on the time left) and `prompt` when the host has handed a text
-over. The critic must be a function of that: the capsule holds only the prompt.
+`obs` holds each observation key the critic reads (as the env gives it, no batch dimension; `observation` of a
+Dict env is its nested dict), `step` (control steps so far in the episode: values depend on the time left) and
+`prompt` when the host has handed a text over; a `key_map` renames them, as for an `InferPolicy`. The critic must
+be a function of that: the capsule holds only the prompt.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
-from capsule_rollout.models.inputs import require_keys
+from capsule_rollout.models.inputs import gather, key_names, require_keys
 from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
 
 KIND = "infer_critic"
@@ -32,6 +33,7 @@ class InferCritic(BufferComponent):
         self.obj, self.spec, self.name = obj, spec, name
         self.device = torch.device("cpu")
         self._obs: dict[str, Any] = {}
+        self._names = key_names(obj)
         self._fingerprint = {"kind": KIND, "object": f"{type(obj).__module__}:{type(obj).__qualname__}",
                              "reads": ",".join(spec.observation_keys)}
 
@@ -46,11 +48,11 @@ class InferCritic(BufferComponent):
 
     def load_observation(self, obs: Mapping[str, Any], step: int) -> None:
         require_keys(obs, self.spec.observation_keys, "critic")
-        self._obs = {k: np.asarray(obs[k]) for k in self.spec.observation_keys}
+        self._obs = {self._names.get(k, k): gather(obs, k) for k in self.spec.observation_keys}
         self._obs["step"] = int(step)
         prompt = read_prompt(self.buffers)
         if prompt is not None:
-            self._obs["prompt"] = prompt
+            self._obs[self._names.get("prompt", "prompt")] = prompt
 
     def evaluate(self) -> torch.Tensor:
         value = float(self.obj.value(dict(self._obs)))

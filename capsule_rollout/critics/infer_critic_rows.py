@@ -20,7 +20,7 @@ import torch
 
 from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec, Role
 from capsule_rollout.critics.infer_critic import InferCritic
-from capsule_rollout.models.inputs import require_keys
+from capsule_rollout.models.inputs import gather, require_keys, stack_rows
 from capsule_rollout.models.prompt_buffer import PROMPT_BYTES, read_prompt, write_prompt
 from capsule_rollout.models.rows import RowSlot
 
@@ -68,9 +68,9 @@ class InferCriticRows:
     def evaluate_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all N rows; the values `(N,)` of the `active` rows are valid (and checked)."""
         loaded = next(o for o in self._obs if o is not None)
-        obs: dict[str, Any] = {k: np.stack([o[k] if o is not None else np.zeros_like(v) for o in self._obs])
+        obs: dict[str, Any] = {k: stack_rows([o[k] if o is not None else None for o in self._obs], v)
                                for k, v in loaded.items()}
-        obs["prompt"] = [self.slots[i].prompt for i in range(self.rows)]
+        obs[self.template._names.get("prompt", "prompt")] = [self.slots[i].prompt for i in range(self.rows)]
         values = np.asarray(self._call(obs), dtype=np.float32)
         name = f"{type(self.obj).__name__}.{self._method}"
         if values.shape != (self.rows,):
@@ -100,7 +100,8 @@ class InferCriticSlot(RowSlot):
 
     def load_observation(self, obs, step: int) -> None:
         require_keys(obs, self.spec.observation_keys, "critic")
-        row = {k: np.array(obs[k]) for k in self.spec.observation_keys}
+        names = self.owner.template._names
+        row = {names.get(k, k): gather(obs, k) for k in self.spec.observation_keys}
         row["step"] = np.int64(step)
         self.owner._obs[self.index] = row
 

@@ -74,6 +74,7 @@ from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declaratio
     mjv_camera,
     model_identity,
     model_value_runs,
+    native_leaves,
     pcg64_addresses,
     resolve_attr,
     slab_overflow,
@@ -131,7 +132,9 @@ class MujocoCapsuleEnv(BufferComponent):
         raw = self._probe_observation()
         self._obs_dim = raw.shape[0]
         state_dim = self._state(raw_obs=None, flat=raw).shape[0]
-        extra = {OBSERVATION_KEY: ArraySpec((self._obs_dim,), np.float64)}
+        # the env's own observation, as it gives it: each leaf under its key, its shape and dtype kept
+        self._natives = native_leaves(self._kept_space(), self.capture.task)
+        extra = {key: ArraySpec(shape, dtype) for key, _, shape, dtype in self._natives}
         self.observation_spec = ObservationSpec.of(state_dim=state_dim, cameras=self.cameras,
                                                    image_size=self.image_size, **extra)
         self._mjv_cameras = {c: mjv_camera(self.model, capture.cameras[c], capture.task) for c in self.cameras}
@@ -238,9 +241,10 @@ class MujocoCapsuleEnv(BufferComponent):
                        doc="declared Python attributes and wrapper counters"),
             BufferSpec("attrs_present", (max(1, len(self._attrs)),), torch.bool, doc="attribute is not None"),
             BufferSpec("counters", (2,), torch.int64, doc="control steps, reset called"),
-            BufferSpec("obs_observation", (self._obs_dim,), torch.float64, doc="boundary observation, flattened"),
             BufferSpec("obs_state", (self.observation_spec.state_dim,), torch.float32, doc="boundary state vector"),
         ]
+        specs += [BufferSpec(f"obs_native_{i}", shape, _torch_dtype(dtype), doc=f"boundary observation {key!r}")
+                  for i, (key, _, shape, dtype) in enumerate(self._natives)]
         specs += [BufferSpec(f"model_{name}", arr.shape, _torch_dtype(arr.dtype), doc=f"MjModel.{name}")
                   for name, arr in self._model_fields]
         if self._graph is not None:
@@ -262,7 +266,8 @@ class MujocoCapsuleEnv(BufferComponent):
     def _bind_views(self, buffers: Mapping[str, torch.Tensor], carry: bool) -> None:
         b = {k: v.numpy() for k, v in buffers.items()}
         if carry:  # what the env did before the arena existed (a reset, steps) carries over
-            for key in ("counters", "obs_observation", "obs_state", *(f"obs_{image_key(c)}" for c in self.cameras)):
+            for key in ("counters", "obs_state", *(f"obs_native_{i}" for i in range(len(self._natives))),
+                        *(f"obs_{image_key(c)}" for c in self.cameras)):
                 b[key][...] = self._np[key]
         self._np = b
         self._counters = b["counters"]
@@ -283,6 +288,7 @@ class MujocoCapsuleEnv(BufferComponent):
             self._attr_views.append((owner, name, attr, view, i))
             offset += attr.slots
         self._images = {c: b[f"obs_{image_key(c)}"] for c in self.cameras}
+        self._native_views = [(key, path, b[f"obs_native_{i}"]) for i, (key, path, _, _) in enumerate(self._natives)]
         self._rng_present, self._attrs_present = b["rng_present"], b["attrs_present"]
         self._attr_loads = [(owner, name, _LOADERS[attr.kind] if attr.kind in _LOADERS else
                              (lambda v, attr=attr: _load(attr, v)), view, i)
@@ -460,12 +466,20 @@ class MujocoCapsuleEnv(BufferComponent):
         return self.observe(), float(reward), bool(terminated), truncated, info
 
     def observe(self) -> dict:
-        """The boundary observation (copies): `state`, `observation` and `image_<camera>`."""
-        b = self._np
-        obs = {"state": b["obs_state"].copy(), OBSERVATION_KEY: b["obs_observation"].copy()}
+        """The boundary observation (copies): `state`, the env's own observation (`observation` for a Box space;
+        `observation.<key>[.<key>...]` for each leaf of a Dict space; shapes and dtypes as its space says) and
+        `image_<camera>`."""
+        obs = {"state": self._np["obs_state"].copy()}
+        for key, _, view in self._native_views:
+            obs[key] = view.copy()
         for c, img in self._images.items():
             obs[image_key(c)] = img.copy()
         return obs
+
+    def flat_observation(self) -> np.ndarray:
+        """The env's boundary observation as one float64 vector (its leaves in the space's key order)."""
+        return np.concatenate([view.reshape(-1).astype(np.float64) for _, _, view in self._native_views]
+                              or [np.zeros(0)])
 
     def success(self, info: Mapping[str, Any]) -> bool:
         return bool(self.capture.success(info)) if self.capture.success is not None else False
@@ -491,6 +505,13 @@ class MujocoCapsuleEnv(BufferComponent):
         keys = self.capture.observation_keys
         return raw if keys is None or not isinstance(raw, Mapping) else {k: raw[k] for k in keys}
 
+    def _kept_space(self) -> Any:
+        space = getattr(self.env, "observation_space", None)
+        keys = self.capture.observation_keys
+        if keys is None or not isinstance(space, gym.spaces.Dict):
+            return space
+        return gym.spaces.Dict({k: space.spaces[k] for k in keys})
+
     def _commit(self, raw: Any) -> None:
         b = self._np
         flat = flatten(self._kept(raw))
@@ -501,7 +522,12 @@ class MujocoCapsuleEnv(BufferComponent):
                 f"{self.capture.task} returned an observation of {flat.shape[0]:,} values ({parts}) where its "
                 f"observation_space says {self._obs_dim:,}: the env does not honour its own space (an image "
                 "rendered at a fixed size whatever its size options say?); make the env with options it honours")
-        b["obs_observation"][:] = flat
+        kept = self._kept(raw)
+        for _, path, view in self._native_views:
+            leaf = kept
+            for k in path:
+                leaf = leaf[k]
+            view[...] = np.asarray(leaf).reshape(view.shape)
         b["obs_state"][:] = self._state(raw, flat)
         for c, img in self._images.items():
             img[...] = self.render(c)

@@ -339,6 +339,28 @@ def space_bytes(space: Any) -> int:
     return 0
 
 
+def native_leaves(space: Any, task: str) -> list[tuple[str, tuple, tuple[int, ...], np.dtype]]:
+    """(key, path into the observation, shape, dtype) of each leaf of an observation space: `observation` for a
+    Box, `observation.<key>[.<key>...]` for a Dict's leaves (nested dicts by their keys, in order)."""
+    out = []
+
+    def visit(s: Any, path: tuple) -> None:
+        if isinstance(s, gym.spaces.Dict):
+            for k, v in s.spaces.items():
+                visit(v, (*path, k))
+        elif isinstance(s, gym.spaces.Box):
+            dtype = np.dtype(s.dtype)
+            if dtype.kind not in "biuf":
+                raise MujocoCapsuleError(f"{task}: observation {'.'.join(map(str, path)) or 'space'} has dtype {dtype}; a "
+                                 "capsule holds bool, integer and float observations")
+            out.append((".".join((OBSERVATION_KEY, *map(str, path))), path, tuple(s.shape), dtype))
+        else:
+            raise MujocoCapsuleError(f"{task}: observation space {s} is not made of Boxes and Dicts")
+
+    visit(space, ())
+    return out
+
+
 def zeros_like_space(space: gym.spaces.Space) -> Any:
     if isinstance(space, gym.spaces.Dict):
         return {k: zeros_like_space(v) for k, v in space.spaces.items()}

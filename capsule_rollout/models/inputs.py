@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,9 +35,35 @@ def observation_keys(cameras: tuple[str, ...]) -> tuple[str, ...]:
     return (*(f"image_{cam}" for cam in cameras), "state")
 
 
+def provides(keys: Iterable[str], key: str) -> bool:
+    """Whether observations with `keys` give `key`: the key itself, or the leaves under it (`observation` is the
+    dict of an env's `observation.<leaf>` keys)."""
+    keys = list(keys)
+    return key in keys or any(k.startswith(key + ".") for k in keys)
+
+
+def gather(obs: Mapping[str, Any], key: str) -> Any:
+    """`obs[key]`, or the nested dict of the leaves under `key` (`observation.pixels.top` -> `["pixels"]["top"]`),
+    each as a numpy array; KeyError when there is neither."""
+    if key in obs:
+        return np.asarray(obs[key])
+    prefix, out = key + ".", {}
+    for k, v in obs.items():
+        if k.startswith(prefix):
+            node = out
+            *parents, leaf = k[len(prefix):].split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = np.asarray(v)
+    if not out:
+        raise KeyError(key)
+    return out
+
+
 def require_keys(obs: Mapping[str, object], keys: tuple[str, ...], who: str) -> None:
-    """Refuse an observation without every one of `keys`, naming what the `who` reads."""
-    missing = [key for key in keys if key not in obs]
+    """Refuse an observation without every one of `keys` (a key or the leaves under it), naming what the `who`
+    reads."""
+    missing = [key for key in keys if not provides(obs, key)]
     if missing:
         raise ValueError(f"observation lacks {missing}; the {who} reads {list(keys)}")
 
@@ -76,3 +103,21 @@ def write_language(buffer: torch.Tensor, model, text: str) -> None:
     tokens = torch.from_numpy(model.tokenizer.encode(text))[None].to(buffer.device)
     with torch.no_grad():
         buffer.copy_(model.embed_language(tokens).expand(buffer.shape[0], -1))
+
+
+def key_names(obj: Any) -> dict[str, str]:
+    """env key -> the name `obj` reads it under, from its `key_map` ({its name: env key, or `prompt`}: LeRobot's
+    `observation.state` from an env's `observation.agent_pos`, openpi's `observation/image` from `image_top`)."""
+    key_map = getattr(obj, "key_map", None) or {}
+    if not isinstance(key_map, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in key_map.items()):
+        raise ValueError(f"{type(obj).__name__}.key_map must map the names it reads to env keys (str -> str), "
+                         f"got {key_map!r}")
+    return {env: name for name, env in key_map.items()}
+
+
+def stack_rows(rows: list[Any], like: Any) -> Any:
+    """Rows of one key stacked `(N, ...)` (a nested dict leaf by leaf; a missing row: zeros like `like`)."""
+    if isinstance(like, dict):
+        return {k: stack_rows([r[k] if r is not None else None for r in rows], v) for k, v in like.items()}
+    return np.stack([r if r is not None else np.zeros_like(like) for r in rows])

@@ -3,9 +3,11 @@
     policy.infer(obs: dict[str, np.ndarray | str], *, noise: np.ndarray) -> dict | np.ndarray
 
 `obs` holds each observation key the policy reads, as the env gives it (no batch dimension: `state` `(D,)`
-float32, `image_<camera>` `(H, W, 3)` uint8), and `prompt`, the current subtask's (or instruction's) text
-when the host has handed one over. The answer is the chunk `(T, A)`, either as it is or under `actions` in a
-dict (openpi answers `{"actions": ...}`).
+float32, `image_<camera>` `(H, W, 3)` uint8, the env's own observation `observation` or its leaves
+`observation.<key>` with their shapes and dtypes; `observation` of a Dict env is its nested dict), and `prompt`,
+the current subtask's (or instruction's) text when the host has handed one over. An object with a `key_map`
+({the name it reads: env key or `prompt`}) gets those keys under its own names. The answer is the chunk `(T, A)`,
+either as it is or under `actions` in a dict (openpi answers `{"actions": ...}`).
 
 What a capsule holds for it: the counter-based noise generator's (seed, counter) and the prompt. `noise`,
 `(T, A)` standard normals drawn from that generator each call, is what makes a sampling policy restorable:
@@ -30,7 +32,7 @@ import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_
-from capsule_rollout.models.inputs import require_keys
+from capsule_rollout.models.inputs import gather, key_names, require_keys
 from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
 from capsule_rollout.policies.object_state import ObjectState
 from capsule_rollout.policies.rollout_policy import PolicySpec
@@ -100,6 +102,7 @@ class InferPolicy(BufferComponent):
         self.device = torch.device("cpu")
         self.deterministic = deterministic
         self._obs: dict[str, Any] = {}
+        self._names = key_names(obj)
         self._index = torch.arange(spec.chunk_length * spec.action_dim)
         # what the object keeps across calls, as capsule state (none for an object that batches or says it is
         # stateless: a batching object keeps no episode state, `infer_policy_rows`)
@@ -156,7 +159,7 @@ class InferPolicy(BufferComponent):
 
     def load_observation(self, obs: Mapping[str, Any]) -> None:
         require_keys(obs, self.spec.observation_keys, "policy")
-        self._obs = {k: np.asarray(obs[k]) for k in self.spec.observation_keys}
+        self._obs = {self._names.get(k, k): gather(obs, k) for k in self.spec.observation_keys}
 
     def act(self) -> torch.Tensor:
         """The next chunk `(T, A)`: `infer` on the loaded observation (and prompt), with this call's noise."""
@@ -164,7 +167,7 @@ class InferPolicy(BufferComponent):
         obs = dict(self._obs)
         prompt = self.prompt
         if prompt is not None:
-            obs[PROMPT_KEY] = prompt
+            obs[self._names.get(PROMPT_KEY, PROMPT_KEY)] = prompt
         normal_(b["rng"], b["noise"], self._index)
         answer = self.obj.infer(obs, noise=b["noise"].numpy().copy()) if self._noise_kw else self.obj.infer(obs)
         b["chunk"].copy_(torch.from_numpy(answer_chunks(answer, self.obj, tuple(b["chunk"].shape))))

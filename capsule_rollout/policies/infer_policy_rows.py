@@ -24,7 +24,7 @@ import torch
 
 from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_rows_
-from capsule_rollout.models.inputs import require_keys
+from capsule_rollout.models.inputs import gather, require_keys, stack_rows
 from capsule_rollout.models.prompt_buffer import PROMPT_BYTES, read_prompt, write_prompt
 from capsule_rollout.models.rows import RowSlot, set_active
 from capsule_rollout.policies.infer_policy import PROMPT_KEY, InferPolicy, accepts_noise, answer_chunks
@@ -84,10 +84,12 @@ class InferPolicyRows:
     def _batch(self) -> dict[str, Any]:
         """Every row's observation `(N, ...)` (a row that never loaded one: zeros of the shape the others have)."""
         loaded = next(o for o in self._obs if o is not None)
-        obs: dict[str, Any] = {k: np.stack([o[k] if o is not None else np.zeros_like(v) for o in self._obs])
+        obs: dict[str, Any] = {k: stack_rows([o[k] if o is not None else None for o in self._obs], v)
                                for k, v in loaded.items()}
-        obs[PROMPT_KEY] = [read_prompt({"prompt": self.buffers["prompt"][i], "prompt_len": self.buffers["prompt_len"][i]})
-                           for i in range(self.rows)]
+        names = self.template._names
+        obs[names.get(PROMPT_KEY, PROMPT_KEY)] = [
+            read_prompt({"prompt": self.buffers["prompt"][i], "prompt_len": self.buffers["prompt_len"][i]})
+            for i in range(self.rows)]
         return obs
 
     def act_rows(self, active: Sequence[int]) -> torch.Tensor:
@@ -131,7 +133,8 @@ class InferPolicySlot(RowSlot):
 
     def load_observation(self, obs) -> None:
         require_keys(obs, self.spec.observation_keys, "policy")
-        self.owner._obs[self.index] = {k: np.array(obs[k]) for k in self.spec.observation_keys}
+        names = self.owner.template._names
+        self.owner._obs[self.index] = {names.get(k, k): gather(obs, k) for k in self.spec.observation_keys}
 
     def act(self) -> torch.Tensor:
         return self.owner.act_rows([self.index])[self.index]

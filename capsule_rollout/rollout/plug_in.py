@@ -38,8 +38,9 @@ from capsule_rollout.critics.rollout_critic import CriticSpec, RolloutCritic
 from capsule_rollout.envs.rollout_env import RolloutEnv, action_bounds
 from capsule_rollout.import_path import resolve
 from capsule_rollout.models.checkpoint import META_FILE, Checkpoint
+from capsule_rollout.models.inputs import provides
 from capsule_rollout.policies.conditioning import Conditioning
-from capsule_rollout.policies.infer_policy import InferPolicy, accepts_noise, answer_chunk
+from capsule_rollout.policies.infer_policy import PROMPT_KEY, InferPolicy, accepts_noise, answer_chunk
 from capsule_rollout.policies.remote_policy import connect_remote_policy
 from capsule_rollout.policies.rollout_policy import PolicySpec, RolloutPolicy
 from capsule_rollout.policies.torch_policy import KIND as TORCH_POLICY_KIND
@@ -169,10 +170,12 @@ def load_source(source: str, role: str, *, device: str, conditioning: Conditioni
     kind = source_kind(source)
     if kind == FACTORY:
         obj = make_from_factory(source, role)
-        keys = getattr(obj, "observation_keys", None)
-        if keys is None:
+        keys, key_map = getattr(obj, "observation_keys", None), getattr(obj, "key_map", None)
+        if keys is None and not key_map:
             return Loaded(obj, declared=False)  # reads whatever the env gives: its default camera too
-        return Loaded(obj, tuple(str(k).removeprefix("image_") for k in keys if str(k).startswith("image_")))
+        read = [*(keys or ()), *(key_map.values() if isinstance(key_map, dict) else ())]
+        return Loaded(obj, tuple(dict.fromkeys(str(k).removeprefix("image_") for k in read
+                                               if str(k).startswith("image_"))))
     if kind == REMOTE:
         if role != "policy":
             raise ValueError(f"{source!r} is a policy server: it serves a policy, not a {role}")
@@ -196,8 +199,13 @@ def make_from_factory(source: str, what: str) -> Any:
 
 
 def _keys(obj: Any, env: RolloutEnv, observation_keys) -> tuple[str, ...]:
-    keys = tuple(observation_keys or getattr(obj, "observation_keys", None) or env.observation_spec.arrays)
-    missing = [k for k in keys if k not in env.observation_spec.arrays]
+    """What `obj` reads of the env's observation: `observation_keys` (given, or the object's own), and the env
+    keys its `key_map` names; every key the env gives when it says nothing."""
+    mapped = tuple(v for v in (getattr(obj, "key_map", None) or {}).values() if v != PROMPT_KEY)
+    declared = observation_keys or getattr(obj, "observation_keys", None)
+    keys = tuple(dict.fromkeys((*(declared or ()), *mapped))) if declared or mapped else tuple(
+        env.observation_spec.arrays)
+    missing = [k for k in keys if not provides(env.observation_spec.arrays, k)]
     if missing:
         raise ValueError(f"{type(obj).__name__} reads observation key(s) {missing}; the env gives "
                          f"{sorted(env.observation_spec.arrays)}")

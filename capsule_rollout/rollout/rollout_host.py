@@ -45,6 +45,7 @@ from capsule_rollout.capsules import Arena, Capsule, CapsuleStore, restore, snap
 from capsule_rollout.critics.rollout_critic import RolloutCritic
 from capsule_rollout.envs.operator_input import OperatorSource
 from capsule_rollout.envs.rollout_env import RolloutEnv, action_bounds, image_key
+from capsule_rollout.models.inputs import provides
 from capsule_rollout.policies.execution_context import TwoLaneContext
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
 from capsule_rollout.rollout.chunk_loop import ChunkLoop
@@ -110,7 +111,8 @@ class RolloutHost(ChunkLoop):
             raise ValueError("value_threshold needs a critic: pass one, or leave value_threshold None")
         available = set(env.observation_spec.arrays)
         for who, part in (("policy", policy), ("critic", critic)):
-            missing = [k for k in (part.spec.observation_keys if part is not None else ()) if k not in available]
+            missing = [k for k in (part.spec.observation_keys if part is not None else ())
+                       if not provides(available, k)]
             if missing:
                 raise ValueError(f"the {who} reads observation key(s) {missing}; the env gives {sorted(available)}")
         self.env, self.policy, self.critic, self.config = env, policy, critic, config

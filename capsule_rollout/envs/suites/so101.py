@@ -51,6 +51,6 @@ def expert(env) -> Callable[[], np.ndarray]:
     from lerobot_env_so101.scripted import scripted_reach_close
 
     def act() -> np.ndarray:
-        return scripted_reach_close(env.observe()["observation"])
+        return scripted_reach_close(env.flat_observation())
 
     return act
