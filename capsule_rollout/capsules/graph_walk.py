@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from capsule_rollout.capsules.graph_names import OPAQUE_MODULES, ref_key
+from capsule_rollout.capsules.state_codec import _slot_names as _slots
 
 ATOMIC_TYPES = (type(None), bool, int, float, complex, str, bytes, range, slice, type, types.BuiltinFunctionType,
                 types.ModuleType, np.generic, np.dtype, type(Ellipsis), type(NotImplemented), enum.Enum)
@@ -43,14 +44,6 @@ def fmt(path: Path | None) -> str:
         kind = step[0]
         out += f".{step[1]}" if kind == "a" else f"[{step[1]!r}]" if kind in ("k", "i") else ".__self__"
     return out or "<root>"
-
-
-def _slots(t: type) -> list[str]:
-    out = []
-    for k in t.__mro__:
-        s = vars(k).get("__slots__", ())
-        out += [s] if isinstance(s, str) else [n for n in s if n not in ("__dict__", "__weakref__")]
-    return out
 
 
 def _has_del(t: type) -> bool:

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec, Role
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.critics.infer_critic import InferCritic
-from capsule_rollout.models.inputs import gather, require_keys, stack_rows
+from capsule_rollout.models.inputs import gather, require_keys
 from capsule_rollout.models.prompt_buffer import PROMPT_BYTES, read_prompt, write_prompt
-from capsule_rollout.models.rows import RowSlot
+from capsule_rollout.models.rows import ObjectRows, RowSlot
 
 
 def batches(obj: Any) -> bool:
@@ -42,35 +42,16 @@ class _Rows(BufferComponent):
                 BufferSpec("value", (n,), torch.float32, "cpu", Role.IO)]
 
 
-class InferCriticRows:
+class InferCriticRows(ObjectRows):
     """N slots of one `InferCritic` whose object batches (`InferCritic.batched`)."""
 
     def __init__(self, template: InferCritic, n: int) -> None:
-        if n < 1:
-            raise ValueError(f"a batched critic has at least one row, got {n}")
-        if not batches(template.obj):
-            raise ValueError(f"{type(template.obj).__name__} does not batch (no value_batch, no `batches = True`): "
-                             "give each slot an instance of its own")
-        self.template, self.rows, self.spec, self.device = template, n, template.spec, template.device
-        self.obj = template.obj
-        self._rows = _Rows(template, n)
-        self.arena = Arena([self._rows]).allocate()
-        self.buffers = self._rows.buffers
-        self._obs: list[dict[str, Any] | None] = [None] * n
-        one_row = [s for s in template.buffer_specs() if s.role == Role.STATE]
-        self.slots = [InferCriticSlot(self, i, one_row) for i in range(n)]
-        self._call = getattr(self.obj, "value_batch", None) or self.obj.value
-        self._method = "value_batch" if callable(getattr(self.obj, "value_batch", None)) else "value"
-
-    def slot(self, i: int) -> InferCriticSlot:
-        return self.slots[i]
+        super().__init__(template, n, _Rows(template, n), InferCriticSlot, batch_method="value_batch", method="value",
+                         what="critic")
 
     def evaluate_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all N rows; the values `(N,)` of the `active` rows are valid (and checked)."""
-        loaded = next(o for o in self._obs if o is not None)
-        obs: dict[str, Any] = {k: stack_rows([o[k] if o is not None else None for o in self._obs], v)
-                               for k, v in loaded.items()}
-        obs[self.template._names.get("prompt", "prompt")] = [self.slots[i].prompt for i in range(self.rows)]
+        obs = self.batch(self.template._names.get("prompt", "prompt"), [slot.prompt for slot in self.slots])
         values = np.asarray(self._call(obs), dtype=np.float32)
         name = f"{type(self.obj).__name__}.{self._method}"
         if values.shape != (self.rows,):

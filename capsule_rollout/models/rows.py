@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from capsule_rollout.capsules import BufferComponent, BufferSpec
-from capsule_rollout.models.inputs import load_observation
+from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec, Role
+from capsule_rollout.models.inputs import load_observation, stack_rows
 
 
 def set_active(buffer: torch.Tensor, active: Sequence[int]) -> None:
@@ -68,3 +68,40 @@ class RowSlot(BufferComponent):
         """Validate one observation and copy it into this slot's row of the io buffers (nothing on failure)."""
         keys = [f"image_{cam}" for cam in cameras] + ["state"]
         load_observation({k: self.row(k) for k in keys}, obs, cameras=cameras, who=who)
+
+
+class ObjectRows:
+    """N slots of one user object that batches (`policies.infer_policy_rows`, `critics.infer_critic_rows`): its
+    own arena of N rows (`rows_component`), each slot a `slot_cls` (a `RowSlot` of the one-row component's state
+    buffers), and every slot's last observation kept for the next call over all N rows. `batch_method` (say,
+    `infer_batch`) is called when the object has it, else `method` (an object that says `batches = True`)."""
+
+    def __init__(self, template, n: int, rows_component: BufferComponent, slot_cls: type, *, batch_method: str,
+                 method: str, what: str) -> None:
+        if n < 1:
+            raise ValueError(f"a batched {what} has at least one row, got {n}")
+        obj = template.obj
+        has_batch = callable(getattr(obj, batch_method, None))
+        if not (has_batch or getattr(obj, "batches", False) is True):
+            raise ValueError(f"{type(obj).__name__} does not batch (no {batch_method}, no `batches = True`): give "
+                             "each slot an instance of its own")
+        self.template, self.rows, self.spec, self.device, self.obj = template, n, template.spec, template.device, obj
+        self._rows = rows_component
+        self.arena = Arena([rows_component]).allocate()
+        self.buffers = rows_component.buffers
+        self._obs: list[dict | None] = [None] * n
+        one_row = [s for s in template.buffer_specs() if s.role == Role.STATE]
+        self.slots = [slot_cls(self, i, one_row) for i in range(n)]
+        self._method = batch_method if has_batch else method
+        self._call = getattr(obj, self._method)
+
+    def slot(self, i: int):
+        return self.slots[i]
+
+    def batch(self, prompt_key: str, prompts: Sequence[str | None]) -> dict:
+        """Every row's observation `(N, ...)` (a row that never loaded one: zeros of the shape the others have),
+        and the rows' prompts (a list) under `prompt_key`."""
+        loaded = next(o for o in self._obs if o is not None)
+        obs = {k: stack_rows([o[k] if o is not None else None for o in self._obs], v) for k, v in loaded.items()}
+        obs[prompt_key] = list(prompts)
+        return obs

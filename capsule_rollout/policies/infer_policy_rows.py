@@ -19,14 +19,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from capsule_rollout.capsules import Arena, BufferComponent, BufferSpec, Role
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_rows_
-from capsule_rollout.models.inputs import gather, require_keys, stack_rows
+from capsule_rollout.models.inputs import gather, require_keys
 from capsule_rollout.models.prompt_buffer import PROMPT_BYTES, read_prompt, write_prompt
-from capsule_rollout.models.rows import RowSlot, set_active
+from capsule_rollout.models.rows import ObjectRows, RowSlot, set_active
 from capsule_rollout.policies.infer_policy import PROMPT_KEY, InferPolicy, accepts_noise, answer_chunks
 
 
@@ -54,50 +53,27 @@ class _Rows(BufferComponent):
         self.buffers["rng"].copy_(torch.tensor([self.template.seed, 0]).expand(self.n, 2))
 
 
-class InferPolicyRows:
+class InferPolicyRows(ObjectRows):
     """N slots of one `InferPolicy` whose object batches (`InferPolicy.batched`)."""
 
     def __init__(self, template: InferPolicy, n: int) -> None:
-        if n < 1:
-            raise ValueError(f"a batched policy has at least one row, got {n}")
-        if not batches(template.obj):
-            raise ValueError(f"{type(template.obj).__name__} does not batch (no infer_batch, no `batches = True`): "
-                             "give each slot an instance of its own")
-        self.template, self.rows, self.spec, self.device = template, n, template.spec, template.device
-        self.obj = template.obj
-        self._rows = _Rows(template, n)
-        self.arena = Arena([self._rows]).allocate()
-        self.buffers = self._rows.buffers
+        super().__init__(template, n, _Rows(template, n), InferPolicySlot, batch_method="infer_batch", method="infer",
+                         what="policy")
         self._index = torch.arange(self.spec.chunk_length * self.spec.action_dim)
-        self._obs: list[dict[str, np.ndarray] | None] = [None] * n
-        one_row = [s for s in template.buffer_specs() if s.role == Role.STATE]
-        self.slots = [InferPolicySlot(self, i, one_row) for i in range(n)]
-        self._call = getattr(self.obj, "infer_batch", None) or self.obj.infer
         self._noise_kw = accepts_noise(self._call)
         if not self._noise_kw and not template.deterministic:
-            raise ValueError(f"{type(self.obj).__name__}.infer_batch takes no `noise` keyword: give it one (each row's "
-                             "sampling starts from its row), or declare the policy deterministic")
+            raise ValueError(f"{type(self.obj).__name__}.{self._method} takes no `noise` keyword: give it one (each "
+                             "row's sampling starts from its row), or declare the policy deterministic")
 
-    def slot(self, i: int) -> InferPolicySlot:
-        return self.slots[i]
-
-    def _batch(self) -> dict[str, Any]:
-        """Every row's observation `(N, ...)` (a row that never loaded one: zeros of the shape the others have)."""
-        loaded = next(o for o in self._obs if o is not None)
-        obs: dict[str, Any] = {k: stack_rows([o[k] if o is not None else None for o in self._obs], v)
-                               for k, v in loaded.items()}
-        names = self.template._names
-        obs[names.get(PROMPT_KEY, PROMPT_KEY)] = [
-            read_prompt({"prompt": self.buffers["prompt"][i], "prompt_len": self.buffers["prompt_len"][i]})
-            for i in range(self.rows)]
-        return obs
+    def _prompt(self, i: int) -> str | None:
+        return read_prompt({"prompt": self.buffers["prompt"][i], "prompt_len": self.buffers["prompt_len"][i]})
 
     def act_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all N rows; the chunks `(N, T, A)` of the `active` rows are valid (and checked)."""
         b = self.buffers
         set_active(b["active"], active)
         normal_rows_(b["rng"], b["noise"].view(self.rows, -1), self._index, b["active"])
-        obs = self._batch()
+        obs = self.batch(self.template._names.get(PROMPT_KEY, PROMPT_KEY), [self._prompt(i) for i in range(self.rows)])
         if self._noise_kw:
             answer = self._call(obs, noise=b["noise"].numpy().copy())
         else:
