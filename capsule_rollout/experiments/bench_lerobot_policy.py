@@ -27,7 +27,8 @@ def run(config: BenchLeRobotPolicyConfig) -> ExperimentResult:
         for path in config.policies:
             describe_source(resolve_input(path))  # a directory that is no LeRobot policy: refused here
     summary = measure(config, console.print)
-    console.print(measure_table("bench_lerobot_policy (one torch thread)", _rows(summary)))
+    rows = [(a, f"{b} ({c})" if c else b, "") for a, b, c in _rows(summary)]
+    console.print(measure_table("bench_lerobot_policy (one torch thread)", rows))
     if config.docs:
         update_markdown_section(config.docs, "bench_lerobot_policy", _markdown(summary))
     return ExperimentResult(summary)
