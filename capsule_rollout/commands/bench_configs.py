@@ -247,6 +247,33 @@ class BenchLeRobotConfig:
             raise ValueError(f"--vcodecs {bad} unknown; choose from h264, libsvtav1, hevc")
 
 
+@command("bench_lerobot_policy", "A LeRobot policy (ACT, Diffusion) through the adapter vs its network called "
+                                "directly (per network call and per step), and env slots' steps/s with it; run it "
+                                "where LeRobot is installed (make lerobot-venv).")
+@dataclass(frozen=True)
+class BenchLeRobotPolicyConfig:
+    policies: tuple[str, ...] = ()
+    """LeRobot policy directories (`<lerobot-train output>/checkpoints/last/pretrained_model`), each measured."""
+    rounds: int = 5
+    """Interleaved rounds of the latency measure (order shuffled per round), and paired rounds of steps/s."""
+    calls: int = 10
+    """Network calls timed per method and round (each followed by the steps its queued actions serve)."""
+    slots: int = 4
+    """Slots of the batched host (against a host of one slot)."""
+    episodes: int = 8
+    """Episodes (seeds) per host and round of the steps/s measure."""
+    max_steps: int = 40
+    """Episode length cap of the steps/s measure."""
+    seed: int = 1_000_000
+    """First seed of the steps/s measure."""
+    docs: str = ""
+    """Markdown file whose bench_lerobot_policy section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if min(self.rounds, self.calls, self.episodes, self.max_steps) < 1 or self.slots < 2:
+            raise ValueError("--rounds, --calls, --episodes and --max_steps must be >= 1, --slots >= 2")
+
+
 @command("bench_recording", "Recording throughput with synthetic actors: single writer vs sharded, 1-8 actors.")
 @dataclass(frozen=True)
 class BenchRecordingConfig:

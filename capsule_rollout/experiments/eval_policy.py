@@ -14,7 +14,6 @@ from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.input_bounds import check_run
 from capsule_rollout.learning.evaluation import EpisodesLostError, evaluate_spec
-from capsule_rollout.policies.conditioning import resolve_conditioning
 from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
 from capsule_rollout.rollout.record import absolute_source
@@ -38,11 +37,14 @@ def run(config: EvalPolicyConfig) -> ExperimentResult:
 def _run_tabletop(config: EvalPolicyConfig) -> ExperimentResult:
     console = make_console()
     policy_dir = resolve_input(config.model.policy)
-    with checking_inputs():
-        conditioning = resolve_conditioning(policy_dir, config.act.advantage, config.act.beta)
-        n_exec, noise_scale = resolve_acting(policy_dir, config.act.n_exec, config.act.noise_scale)
-    seeds = list(config.seeds.range)
     families = FAMILY_NAMES if config.family == "all" else (config.family,)
+    with checking_inputs():
+        n_exec, noise_scale = resolve_acting(policy_dir, config.act.n_exec, config.act.noise_scale)
+        # how the policy acts (a flow policy: its RECAP record unless overridden; any other checkpoint: as it is)
+        conditioning = check_spec(HostSpec(env=f"tabletop:{families[0]}", policy=policy_dir,
+                                           advantage=config.act.advantage, beta=config.act.beta,
+                                           noise_scale=noise_scale, host=HostConfig(n_exec=n_exec)))
+    seeds = list(config.seeds.range)
     critics = [resolve_input(c) for c in config.model.critic]
     results: dict[str, dict] = {}
     where = init_ray() if config.actors else ""
@@ -116,6 +118,10 @@ def _print_summary(console, config: EvalPolicyConfig, summary: dict) -> None:
         console.print(f"{family}: policy{acting}{worded}, {summary['n_exec']} actions per chunk{scaled}: "
                       f"{policy['successes']}/{policy['episodes']} = {policy['success_rate']:.0%} "
                       f"(95% CI {lo:.0%}-{hi:.0%}), mean steps to success {policy['mean_steps_to_success']}")
+        if policy.get("instances_by_actor"):  # played on slot hosts
+            console.print(f"{family}: policy / critic instances per actor: " + ", ".join(
+                f"actor {a} ({n['slots']} slots) {n['policy']} / {n['critic']}"
+                for a, n in policy["instances_by_actor"].items()))
         _print_critics(console, config, policy)
         if "expert" in result:
             expert = result["expert"]

@@ -29,6 +29,7 @@ from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown
 from capsule_rollout.rollout.record import CAPSULES, absolute_source, episode_id_of, open_run
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.rollout.slot_host import instances_by_actor
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import ShardedStore, parse_store_root
@@ -122,7 +123,8 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
                "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors,
                "slots": spec.slots, "wall_s": wall,
-               "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where}
+               "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where,
+               "instances_by_actor": instances_by_actor(reports)}
     if episodes:
         summary["plot"] = str(_plot(episodes, out / "rollout.png"))
         if config.video:
@@ -143,7 +145,6 @@ def _table(console, s: dict) -> None:
     table = Table(title="sim_rollout")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    instances = s.get("model_instances_per_actor", {})
     rows = [
         ("episodes", s["episodes"]),
         ("policy acts: actions per chunk, noise scale", f"{s['n_exec']}, {s['noise_scale']:g}"),
@@ -157,8 +158,8 @@ def _table(console, s: dict) -> None:
           for a, kinds in s["reset_kinds_by_actor"].items()),
         ("steps/s, all actors (wall, incl. start-up)", f"{s['steps_per_s']:.0f}"),
         ("env slots per actor (episodes side by side, batched policy and critic)", s["slots"]),
-        ("policy / critic objects per actor" + (" (one per slot: an object that does not batch)" if max(
-            instances.values(), default=0) > 1 else ""), " / ".join(str(instances.get(k, 0)) for k in ("policy", "critic"))),
+        *((f"  actor {a}: policy / critic instances", f"{n['policy']} / {n['critic']}")
+          for a, n in s["instances_by_actor"].items()),
         ("control Hz per " + ("slot" if s["slots"] > 1 else "actor") + " (median episode)",
          f"{s['control_hz_per_actor_median']:.0f}"
          if s["control_hz_per_actor_median"] is not None else "-"),

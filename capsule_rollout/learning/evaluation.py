@@ -23,6 +23,7 @@ from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.record import episode_id_of
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
+from capsule_rollout.rollout.slot_host import instances_by_actor
 
 
 class EpisodesLostError(RuntimeError):
@@ -120,6 +121,9 @@ def summarize(reports: list, *, control_hz: float | None, n_critics: int = 0, pl
     results = [(bool(r.episode.meta.success), int(r.episode.meta.length),
                  r.extra.get(EVAL, {}).get("failure_kind") or "failed") for r in reports]
     summary = outcome_summary(results, control_hz)
+    by_actor = instances_by_actor(reports)
+    if by_actor:  # played on slot hosts: the models behind each actor's slots
+        summary["instances_by_actor"] = by_actor
     if not n_critics:
         return summary
     mids = [(np.array(r.extra["eval"]["mid_values"]), bool(r.episode.meta.success), r.extra["eval"]["phase"],

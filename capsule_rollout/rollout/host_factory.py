@@ -65,10 +65,26 @@ def recorded_acting(policy: str) -> dict:
 
 def resolve_acting(policy: str, n_exec: int | None = None, noise_scale: float | None = None) -> tuple[int, float]:
     """How to act: (actions of each chunk executed, scale of the policy noise); each as given, else what the
-    policy checkpoint records, else `DEFAULT_N_EXEC` and 1."""
+    policy checkpoint records (or, for a checkpoint of another format, what its loader describes: a LeRobot
+    policy acts one action per chunk), else `DEFAULT_N_EXEC` and 1."""
     recorded = recorded_acting(policy)
+    if n_exec is None and "n_exec" not in recorded:
+        n_exec = _described_n_exec(policy)
     return (n_exec if n_exec is not None else int(recorded.get("n_exec", DEFAULT_N_EXEC)),
             noise_scale if noise_scale is not None else float(recorded.get("noise_scale", 1.0)))
+
+
+def _described_n_exec(policy: str) -> int | None:
+    """The `n_exec` a checkpoint without `checkpoint.json` describes (None: none, or not such a checkpoint; a
+    source that cannot be described is reported where it is checked, by `check_spec`)."""
+    from capsule_rollout.models.checkpoint import META_FILE
+
+    if source_kind(policy) == FACTORY or not Path(policy).is_dir() or (Path(policy) / META_FILE).is_file():
+        return None
+    try:
+        return describe_source(policy).n_exec
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 A policy source (`HostSpec.policy`, `--policy`) is a checkpoint directory or an import path
 `package.module:factory`. A checkpoint is loaded by the loader registered for its kind (`checkpoint.json`'s
-`kind`): `torch_policy` is built in; a package adds its own kinds through the entry-point group
-`capsule_rollout.checkpoints` (`kind = "package.module:LOADER"`, an object with `describe(path)` and
-`load(path, role=, device=, conditioning=, noise_scale=)`), as the tabletop example does for its flow policy and
+`kind`): `torch_policy` is built in, and so is `lerobot`, a directory LeRobot saved a policy in (its `config.json`
+and `model.safetensors`, no `checkpoint.json`: `rollout.lerobot_loader`, LeRobot imported only to load one); a
+package adds its own kinds through the entry-point group `capsule_rollout.checkpoints` (`kind =
+"package.module:LOADER"`, an object with `describe(path)` and `load(path, role=, device=, conditioning=,
+noise_scale=)`), as the tabletop example does for its flow policy and
 value critic. A factory is called with no arguments in every process that builds a host (on each Ray actor
 too) and returns one of:
 - a rollout-protocol policy (`policies.rollout_policy.RolloutPolicy`: a capsule component), used as it is;
@@ -41,6 +43,7 @@ from capsule_rollout.models.checkpoint import META_FILE, Checkpoint
 from capsule_rollout.models.inputs import provides
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.policies.infer_policy import PROMPT_KEY, InferPolicy, accepts_noise, answer_chunk
+from capsule_rollout.policies.lerobot_model import is_lerobot_checkpoint
 from capsule_rollout.policies.remote_policy import connect_remote_policy
 from capsule_rollout.policies.rollout_policy import PolicySpec, RolloutPolicy
 from capsule_rollout.policies.torch_policy import KIND as TORCH_POLICY_KIND
@@ -69,6 +72,7 @@ class Described:
     image_size: int | None = None
     takes_conditioning: bool = False  # RECAP conditioning (--advantage, --beta)
     takes_noise_scale: bool = False  # a sampling temperature (--act.noise_scale)
+    n_exec: int | None = None  # actions of each chunk executed when neither the command nor the checkpoint says
 
 
 @dataclass
@@ -105,13 +109,18 @@ class TorchPolicyLoader:
 
 
 BUILT_IN_LOADERS: dict[str, CheckpointLoader] = {TORCH_POLICY_KIND: TorchPolicyLoader()}
+LEROBOT_KIND = "lerobot"  # a directory LeRobot saved a policy in (`rollout.lerobot_loader`, imported when named)
 
 
 def checkpoint_kind(path: str) -> str:
-    if not (Path(path) / META_FILE).is_file():
-        raise FileNotFoundError(f"{path} is not a checkpoint (no {META_FILE}): give a checkpoint directory or a "
-                                "factory's import path `package.module:factory`")
-    return str(Checkpoint(path).meta.get("kind"))
+    """`checkpoint.json`'s kind; `lerobot` for a LeRobot policy directory."""
+    if (Path(path) / META_FILE).is_file():
+        return str(Checkpoint(path).meta.get("kind"))
+    if is_lerobot_checkpoint(path):
+        return LEROBOT_KIND
+    raise FileNotFoundError(f"{path} is not a checkpoint (no {META_FILE}, nor LeRobot's config.json and "
+                            "model.safetensors): give a checkpoint directory or a factory's import path "
+                            "`package.module:factory`")
 
 
 def loader_for(path: str) -> CheckpointLoader:
@@ -119,9 +128,13 @@ def loader_for(path: str) -> CheckpointLoader:
     kind = checkpoint_kind(path)
     if kind in BUILT_IN_LOADERS:
         return BUILT_IN_LOADERS[kind]
+    if kind == LEROBOT_KIND:
+        from capsule_rollout.rollout.lerobot_loader import LOADER
+
+        return LOADER
     found = {e.name: e for e in entry_points(group=LOADERS_GROUP)}
     if kind not in found:
-        known = sorted({*BUILT_IN_LOADERS, *found})
+        known = sorted({*BUILT_IN_LOADERS, LEROBOT_KIND, *found})
         raise ValueError(f"{path} is a {kind!r} checkpoint and no loader is registered for that kind (known: "
                          f"{', '.join(known)}): install the package that provides it (entry-point group "
                          f"{LOADERS_GROUP!r})")

@@ -244,9 +244,6 @@ def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
         "lost_episodes": [{"episode_id": r.item.episode_id if r.item else "?", "why": r.error}
                           for r in lost[:LOST_LISTED]],
         "gave_up": stats.gave_up or None,
-        # the most policy / critic objects one actor held (one per slot when the object does not batch)
-        "model_instances_per_actor": {k: max((r.instances.get(k, 0) for r in played), default=0)
-                                      for k in ("policy", "critic")},
     }
 
 

@@ -42,7 +42,7 @@ from capsule_rollout.rollout.host_factory import (
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.phase_clock import BUILD, WRITE, Hang, PhaseClock, Times, combined_times
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.slot_host import SlotHost, episode_job, instances
+from capsule_rollout.rollout.slot_host import SlotHost, episode_job
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.shard_manifest import ManifestEntry
@@ -110,7 +110,6 @@ class ActorReport:
     # call carries the same): what the driver learns the deadlines from
     hang: Hang | None = None  # this item hung there (no episode); the actor's play thread is stuck: kill it
     unplayed: bool = False  # the call ended (another item hung) before this one was played: hand it out again
-    instances: dict = field(default_factory=dict)  # policy and critic objects the actor holds (all its hosts)
 
 
 def _in_ray_actor() -> bool:
@@ -420,16 +419,7 @@ class RolloutActor:
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
                            extra=result.extra, actor_index=self.index, node=self.node,
-                           steps=result.episode.meta.length if result.episode is not None else 0,
-                           instances=self.instances())
-
-    def instances(self) -> dict[str, int]:
-        """Policy and critic objects this actor holds, over its hosts (`slot_host.instances`)."""
-        out = {"policy": 0, "critic": 0}
-        for host in self.hosts.values():
-            for k, v in instances(host).items():
-                out[k] += v
-        return out
+                           steps=result.episode.meta.length if result.episode is not None else 0)
 
     def close_shard(self) -> None:
         """Close this process's shard writer (every episode it returned is committed to the shard already)."""

@@ -24,6 +24,7 @@ plays which item then depends on timing; what each item plays does not.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,11 @@ from capsule_rollout.rollout.rollout_host import RolloutHost
 
 Job = Callable[[RolloutHost], Generator]
 """A work item for a slot: given the slot's host, the generator that plays it (`host.episode_steps(...)`)."""
+ROWS_REPORT = "slots"
+"""The key of a slot host's record in every episode result's `extra` it plays (it travels back from a Ray actor in
+the report): `slots`, `policy_instances` and `critic_instances` (models behind the rows: 1 for rows that batch, one
+per slot for `LoopRows`), how the policy's rows are called (`policy_calls`: the rows' `mode`, e.g. a LeRobot
+policy's), the process and the host (`instances_by_actor` sums them per actor)."""
 
 
 class LoopRows:
@@ -49,6 +55,11 @@ class LoopRows:
             raise ValueError("LoopRows needs at least one instance")
         self.parts = list(parts)
         self.rows = len(self.parts)
+
+    @property
+    def instances(self) -> int:
+        """Policy (or critic) instances behind the rows: one per slot."""
+        return len(self.parts)
 
     def slot(self, i: int) -> Any:
         return self.parts[i]
@@ -66,13 +77,26 @@ class LoopRows:
         return out
 
 
-def instances(host: Any) -> dict[str, int]:
-    """How many policy and critic objects a host holds: one for a host of one slot or rows that batch, one per
-    slot for `LoopRows` (an object that does not batch)."""
-    if not isinstance(host, SlotHost):
-        return {"policy": 1, "critic": int(getattr(host, "critic", None) is not None)}
-    rows = {"policy": host.policy_rows, "critic": host.critic_rows}
-    return {k: 0 if r is None else r.rows if isinstance(r, LoopRows) else 1 for k, r in rows.items()}
+def instances(rows: Any) -> int:
+    """The model instances behind a host's rows: their `instances` (`LoopRows`: one per slot), else 1 (one batched
+    model serves every row)."""
+    return int(getattr(rows, "instances", 1))
+
+
+def instances_by_actor(reports: Iterable[Any]) -> dict[str, dict[str, int]]:
+    """Per actor (its index, or its process): the policy and critic instances of the slot hosts that played its
+    reports (summed over its hosts: a run over several tasks builds one per task); {} when no report came from a
+    slot host."""
+    hosts: dict[str, dict[str, dict]] = {}
+    for report in reports:
+        record = getattr(report, "extra", {}).get(ROWS_REPORT)
+        if record is not None:
+            actor = str(report.actor_index if report.actor_index >= 0 else record["pid"])
+            hosts.setdefault(actor, {})[record["host"]] = record
+    return {actor: {"policy": sum(r["policy_instances"] for r in mine.values()),
+                    "critic": sum(r["critic_instances"] for r in mine.values()), "slots": max(
+                        r["slots"] for r in mine.values())}
+            for actor, mine in sorted(hosts.items())}
 
 
 def rows_of(part: Any, n: int, make: Callable[[], Any]) -> Any:
@@ -130,6 +154,12 @@ class SlotHost:
         self.playing: dict[int, int] = {}  # slot -> the index of the work it plays now (in `play`'s jobs)
         self._chunks: Any = None
         self._values: Any = None
+        self.report = {"slots": len(self.hosts), "policy_instances": instances(policy_rows),
+                       "critic_instances": 0 if critic_rows is None else instances(critic_rows),
+                       "policy_calls": str(getattr(policy_rows, "mode", "one instance per slot" if isinstance(
+                           policy_rows, LoopRows) else "batched")),
+                       "pid": os.getpid(), "host": f"{os.getpid()}-{id(self)}"}
+        """What every result this host plays carries in `extra[ROWS_REPORT]`."""
 
     @property
     def slots(self) -> int:
@@ -216,6 +246,8 @@ class SlotHost:
                     steps.throw(exc) if exc is not None else next(steps)
                 except StopIteration as done:
                     result = SlotResult(index, slot, value=done.value)
+                    if isinstance(getattr(done.value, "extra", None), dict):
+                        done.value.extra[ROWS_REPORT] = dict(self.report)
                 except Exception as error:  # the work failed (a reset that raised): this item, not the others
                     result = SlotResult(index, slot, error=error)
                 else:

@@ -176,6 +176,6 @@ def test_the_run_summary_says_how_many_objects_each_actor_holds(tmp_path, capsys
     import json
 
     data = json.loads(summary.read_text())
-    assert data["model_instances_per_actor"] == {"policy": 1, "critic": 2}  # the critic does not batch
+    assert data["instances_by_actor"] == {"0": {"policy": 1, "critic": 2, "slots": 2}}  # the critic does not batch
     out = capsys.readouterr().out
-    assert "objects per actor" in out and "1 / 2" in out
+    assert "policy / critic instances" in out and "1 / 2" in out
