@@ -161,9 +161,9 @@ def _ints(x: Any) -> bool:
 
 def checked_plan(value: Any) -> tuple:
     """A snapshot's plan, every entry of the shape `GraphState.snapshot` writes (a capsule file is input)."""
-    ok = isinstance(value, tuple) and len(value) == 6 and all(isinstance(v, list) for v in value)
+    ok = isinstance(value, tuple) and len(value) == 7 and all(isinstance(v, list) for v in value)
     if ok:
-        refs, objects, generators, aliases, views, statics = value
+        refs, objects, generators, aliases, views, statics, externals = value
         ok = (all(isinstance(r, tuple) and len(r) == 3 and _is_path(r[0]) and type(r[1]) is str
                   and r[2] in ("handle", "opaque") for r in refs)
               and all(isinstance(o, tuple) and len(o) == 2 and _is_path(o[0], True) and type(o[1]) is str
@@ -173,7 +173,7 @@ def checked_plan(value: Any) -> tuple:
               and all(isinstance(a, tuple) and len(a) == 6 and type(a[0]) is int and a[0] >= 0 for a in aliases)
               and all(isinstance(v, tuple) and len(v) == 6 and type(v[0]) is int and v[0] >= 0
                       and type(v[5]) is bool for v in views)
-              and all(_is_path(p) for p in statics))
+              and all(_is_path(p) for p in statics) and all(type(k) is str for k in externals))
     if not ok:
         raise StateDecodeError("its plan of paths is malformed")
     return value
@@ -209,6 +209,7 @@ class Plan:
     aliases: list[tuple[int, str, int, tuple, tuple, str]]  # (ref index of the handle, field, offset, ...)
     views: list[tuple[int, int, tuple, tuple, str, bool]]  # (base index, offset, shape, strides, dtype, writeable)
     statics: list[Path]  # large arrays holding what they held when the env was built: by path, not by value
+    externals: list[str]  # arrays the owner keeps elsewhere in the capsule (an env's boundary observation), by key
 
 
 
@@ -230,7 +231,7 @@ def pids(plan: Plan) -> frozenset[tuple]:
     """The references a snapshot's states may use: one per entry of its plan."""
     out = []
     for kind, entries in (("r", plan.refs), ("a", plan.aliases), ("v", plan.views), ("s", plan.statics),
-                          ("o", plan.objects), ("g", plan.generators)):
+                          ("o", plan.objects), ("g", plan.generators), ("x", plan.externals)):
         out += [(kind, i) for i in range(len(entries))]
     return frozenset(out)
 

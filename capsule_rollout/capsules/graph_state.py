@@ -200,12 +200,15 @@ class GraphState:
         return {i: n for i, n in graph.items() if n.path is None or not any(
             s[0] == "a" and s[1] in self.exclude for s in n.path)}
 
-    def snapshot(self) -> bytes:
+    def snapshot(self, externals: dict[int, tuple[str, np.ndarray]] | None = None) -> bytes:
         """The state as bytes (`capsules.state_codec`, three parts: the plan of paths, the bases of views, then
-        the objects' and generators' states)."""
+        the objects' and generators' states). `externals`: arrays the owner keeps elsewhere in the capsule, by
+        id -> (key, the array): one of the graph's arrays that is one of them (the same object, still equal) is
+        written as its key, and `prepare(..., externals=)` gives it back (an env's last observation, which a
+        wrapper keeps too, held once)."""
         graph = self.nodes()
         table: dict[int, tuple] = {}
-        plan = Plan([], [], [], [], [], [])
+        plan = Plan([], [], [], [], [], [], [])
         handles: list[tuple[int, Any]] = []
         for node in graph.values():
             if node.kind == "array" and self.readonly_bytes is not None and node.path is not None and \
@@ -227,6 +230,11 @@ class GraphState:
         for node in graph.values():
             obj = node.obj
             if node.kind == "array":
+                kept = externals.get(id(obj)) if externals else None
+                if kept is not None and kept[1] is obj and obj.dtype != object:
+                    table[id(obj)] = ("x", len(plan.externals))
+                    plan.externals.append(kept[0])
+                    continue
                 alias = self._aliases.find(obj, handles)
                 if alias is not None:
                     table[id(obj)] = ("a", len(plan.aliases))
@@ -276,9 +284,10 @@ class GraphState:
         """Apply a snapshot of this graph (or of one built the same way, in any process) to this graph."""
         self.apply(self.prepare(blob))
 
-    def prepare(self, blob: bytes | memoryview) -> Prepared:
+    def prepare(self, blob: bytes | memoryview, externals: Any = None) -> Prepared:
         """Read a snapshot and resolve everything it refers to in this graph, changing nothing yet
-        (`GraphStateError` for a snapshot this graph cannot take, or that this reader refuses)."""
+        (`GraphStateError` for a snapshot this graph cannot take, or that this reader refuses). `externals(key)`
+        gives the array a snapshot wrote by its key (`snapshot(externals=)`), or raises KeyError."""
         blob = bytes(blob)
         read = self._reads.get(blob)
         if read is None:
@@ -316,6 +325,12 @@ class GraphState:
             view = bounded_view(bases[b], offset, shape, strides, dtype)  # checked when read
             view.flags.writeable = writeable and bases[b].flags.writeable
             resolved[("v", i)] = view
+        for i, key in enumerate(plan.externals):
+            try:
+                resolved[("x", i)] = externals(key)
+            except (KeyError, TypeError):
+                raise GraphStateError(f"the capsule's Python state refers to {key!r}, which this owner does not keep "
+                                      "beside it") from None
         for i, path in enumerate(plan.statics):
             static = self._static.get(path)
             if static is None:

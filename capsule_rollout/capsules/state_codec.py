@@ -8,7 +8,8 @@ reads itself:
 - plain values: None, bool, int, float, complex, str, bytes, bytearray, slice, range, Ellipsis;
 - containers: list, tuple, dict, set, frozenset, OrderedDict, defaultdict, deque (sharing and cycles kept
   through back references);
-- numpy arrays, scalars and dtypes (never of object dtype), torch tensors, parameters and CPU generators,
+- numpy arrays, scalars and dtypes, torch tensors, parameters and CPU generators (an array of Python objects is
+  its shape and its items, each a value of this list),
   `xml.etree.ElementTree` elements (a suite's model XML);
 - references to existing objects, never called: a class, function or module by name (`Namespace.lookup`
   decides which names a reader accepts), an enum member by name, a bound method by its owner and name, and
@@ -43,7 +44,7 @@ containers and instances it makes are counted by their size as they are made and
 # tags: one byte each
 (NONE, FALSE, TRUE, INT, FLOAT, COMPLEX, STR, BYTES, BYTEARRAY, SLICE, RANGE, ELLIPSIS, NOTIMPL) = range(13)
 (LIST, TUPLE, DICT, SET, FROZENSET, ODICT, DDICT, DEQUE) = range(0x10, 0x18)
-(ARRAY, NPSCALAR, DTYPE, TENSOR, TORCH_GEN, ELEMENT) = range(0x20, 0x26)
+(ARRAY, NPSCALAR, DTYPE, TENSOR, TORCH_GEN, ELEMENT, OBJECT_ARRAY) = range(0x20, 0x27)
 (GLOBAL, ENUM, METHOD, PERSISTENT, MEMO, OBJECT, SUBCLASS) = range(0x30, 0x37)
 (SMALLINT, INTS, FLOATS) = range(0x40, 0x43)  # an int of 63 bits or less (zigzag varint); packed sequences
 PACKED_MIN = 8

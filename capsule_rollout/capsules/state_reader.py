@@ -45,6 +45,7 @@ from capsule_rollout.capsules.state_codec import (
     NOTIMPL,
     NPSCALAR,
     OBJECT,
+    OBJECT_ARRAY,
     ODICT,
     PERSISTENT,
     RANGE,
@@ -89,6 +90,7 @@ class Decoder:
                            ((PERSISTENT,), self._persistent), ((MEMO,), self._memo), ((DTYPE,), self._dtype),
                            ((NPSCALAR,), self._npscalar), ((ARRAY,), self._array), ((TENSOR,), lambda d: self._tensor()),
                            ((TORCH_GEN,), lambda d: self._torch_generator()), ((ELEMENT,), self._element),
+                           ((OBJECT_ARRAY,), self._object_array),
                            ((TUPLE,), self._tuple), ((OBJECT,), self._object), ((SUBCLASS,), self._subclass),
                            ((INTS, FLOATS), None),
                            ((LIST, DICT, SET, FROZENSET, ODICT, DDICT, DEQUE, BYTEARRAY), None)):
@@ -340,6 +342,24 @@ class Decoder:
         out.flags.writeable = bool(writeable)
         self._charge(out)
         self.memo[i] = out
+        return out
+
+    def _object_array(self, depth: int) -> np.ndarray:
+        i = len(self.memo)
+        self.memo.append(None)
+        shape = self._shape()
+        writeable = self._byte()
+        out = np.empty(shape, object)
+        self._charge(out)
+        self.memo[i] = out  # its items may refer back to it
+        items = self._value(depth + 1)
+        if not isinstance(items, list) or len(items) != out.size:
+            raise StateDecodeError(f"an array of Python objects of shape {shape} given {type(items).__name__} "
+                                   f"of {len(items) if isinstance(items, list) else '?'} items")
+        flat = out.reshape(-1)
+        for j, v in enumerate(items):
+            flat[j] = v
+        out.flags.writeable = bool(writeable)
         return out
 
     def _tensor(self) -> Any:

@@ -41,6 +41,7 @@ from capsule_rollout.capsules.state_codec import (
     NOTIMPL,
     NPSCALAR,
     OBJECT,
+    OBJECT_ARRAY,
     ODICT,
     PACKED_MIN,
     PERSISTENT,
@@ -247,6 +248,14 @@ class Encoder:
                 self._value(v, depth + 1)
             self.building.discard(id(x))
             self._remember(x)
+        elif t is np.ndarray and x.dtype.hasobject and x.dtype.fields is None:
+            out.append(OBJECT_ARRAY)
+            self._remember(x)
+            out += _varint(x.ndim)
+            for n in x.shape:
+                out += _varint(n)
+            out.append(1 if x.flags.writeable else 0)
+            self._value(x.ravel(order="C").tolist(), depth + 1)
         elif t is np.ndarray:
             out.append(ARRAY)
             self._remember(x)

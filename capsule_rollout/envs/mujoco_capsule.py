@@ -324,7 +324,7 @@ class MujocoCapsuleEnv(BufferComponent):
                 raise ValueError(f"the capsule's Python state claims {n:,} bytes of a {self._python_bytes:,} buffer")
             blob = view["python"][:n].numpy().tobytes()
             try:
-                self._prepared = (blob, self._graph.prepare(blob))
+                self._prepared = (blob, self._graph.prepare(blob, self._natives_in(view)))
             except GraphStateError as exc:
                 raise ValueError(str(exc)) from None
 
@@ -371,7 +371,7 @@ class MujocoCapsuleEnv(BufferComponent):
             blob = self._np["python"][:n].tobytes()
             prepared, self._prepared = self._prepared, None
             if prepared is None or prepared[0] != blob:  # restored without check_restore (not through the arena)
-                prepared = (blob, self._graph.prepare(blob))
+                prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
             self._graph.apply(prepared[1])
         present = self._rng_present
         for owner, name, _, row, i in self._rng_rows:
@@ -400,8 +400,10 @@ class MujocoCapsuleEnv(BufferComponent):
         scratch.time = self.data.time
         mujoco.mj_step1(self.model, scratch)
         b["physics_flags"][0] = int(np.array_equal(self._scratch_view, b["mjdata"]))
+        kept = {id(leaf): (key, leaf) for key, leaf, view in getattr(self, "_raw_leaves", ())
+                if leaf.shape == view.shape and leaf.dtype == view.dtype and np.array_equal(leaf, view)}
         try:
-            blob = self._graph.snapshot()
+            blob = self._graph.snapshot(externals=kept)
         except GraphStateError as exc:
             raise MujocoCapsuleError(f"{self.capture.task}: {exc}") from None
         if len(blob) > self._python_bytes:
@@ -505,6 +507,15 @@ class MujocoCapsuleEnv(BufferComponent):
         keys = self.capture.observation_keys
         return raw if keys is None or not isinstance(raw, Mapping) else {k: raw[k] for k in keys}
 
+    def _natives_in(self, buffers: Mapping[str, Any]) -> Any:
+        """The boundary observation's leaves in `buffers` (a capsule's view, or the arena's), by key: what a
+        snapshot wrote by key instead of a second copy (a wrapper keeping the last observation)."""
+        index = {key: i for i, (key, _, _, _) in enumerate(self._natives)}
+
+        def leaf(key: str) -> np.ndarray:
+            return np.array(buffers[f"obs_native_{index[key]}"])  # a copy: the env's own array from now on
+        return leaf
+
     def _kept_space(self) -> Any:
         space = getattr(self.env, "observation_space", None)
         keys = self.capture.observation_keys
@@ -523,11 +534,14 @@ class MujocoCapsuleEnv(BufferComponent):
                 f"observation_space says {self._obs_dim:,}: the env does not honour its own space (an image "
                 "rendered at a fixed size whatever its size options say?); make the env with options it honours")
         kept = self._kept(raw)
-        for _, path, view in self._native_views:
+        self._raw_leaves = []
+        for key, path, view in self._native_views:
             leaf = kept
             for k in path:
                 leaf = leaf[k]
             view[...] = np.asarray(leaf).reshape(view.shape)
+            if isinstance(leaf, np.ndarray):  # a wrapper may keep this very array: the capsule holds it once
+                self._raw_leaves.append((key, leaf, view))
         b["obs_state"][:] = self._state(raw, flat)
         for c, img in self._images.items():
             img[...] = self.render(c)

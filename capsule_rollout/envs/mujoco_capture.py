@@ -456,10 +456,15 @@ def mjv_camera(model: mujoco.MjModel, cam: Camera, task: str) -> mujoco.MjvCamer
     return free
 
 
+SLAB_MIN = 1 << 16
+
+
 def slab_size(held: int, observation: int) -> int:
-    """The graph capture's Python buffer: 1 MiB, or twice what the env holds (`held` bytes pickled, plus an
-    observation or two it may keep: PassiveEnvChecker keeps the last one) rounded up to a power of two."""
-    size = 1 << 20
+    """The graph capture's Python buffer, sized from the env: twice what it holds when built (`held`: its Python
+    state's bytes) and an observation it may keep by value, rounded up to a power of two, at least 64 KiB. Room
+    to grow to twice its size; past it a snapshot is refused naming the largest arrays and the fix
+    (`slab_overflow`)."""
+    size = SLAB_MIN
     while size < 2 * (held + observation):
         size *= 2
     return size

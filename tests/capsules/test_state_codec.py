@@ -138,8 +138,17 @@ def test_sharing_cycles_and_bound_methods_are_kept():
     assert back[4].__self__ is back[3] and back[4]() is back[3]
 
 
+def test_an_array_of_python_objects_is_its_items():
+    value = np.empty((2, 2), object)
+    value[0, 0], value[0, 1], value[1, 0], value[1, 1] = None, np.zeros(3), [1, 2], "x"
+    back, data = roundtrip([value, value])
+    assert back[0] is back[1] and back[0].dtype == object and back[0].shape == (2, 2)
+    assert back[0][0, 0] is None and np.array_equal(back[0][0, 1], np.zeros(3)) and back[0][1, 0] == [1, 2]
+    assert encode(back) == data
+
+
 def test_what_it_cannot_hold_is_named_when_written():
-    with pytest.raises(StateEncodeError, match="dtype object"):
+    with pytest.raises(StateEncodeError, match="builtins.object cannot be saved by value"):
         encode(np.array([object()]))
     with pytest.raises(StateEncodeError, match="not found again"):
         encode(lambda: 0)
