@@ -119,6 +119,7 @@ class Prepared(NamedTuple):
     generators: list[Any]
     generator_states: list[Any]
     glob: tuple | None
+    missing: bool = False  # an opaque object the target lacks is referred to (applying checks every attribute)
 
 
 def split(blob: bytes | memoryview) -> list[bytes]:

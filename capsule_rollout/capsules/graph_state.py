@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import pickle
 import random
-import sys
 import types
 from typing import Any
 
@@ -115,17 +114,14 @@ def _holds_missing(v: Any, depth: int = 3) -> bool:
     return False
 
 
-def _apply_state(obj: Any, state: tuple[dict | None, dict, Any]) -> None:
+def _apply_state(obj: Any, state: tuple[dict | None, dict, Any], missing: bool) -> None:
     d, slots, items = state
     if d is not None:
         own = obj.__dict__
-        # an attribute that holds an opaque object the target lacks keeps the target's own value
-        # attribute names interned, as Python interns them when it sets an attribute (a capsule's bytes then
-        # come out the same from a restored object as from the original)
-        new = {sys.intern(k) if type(k) is str else k: own[k] if _holds_missing(v) else v
-               for k, v in d.items() if not _holds_missing(v) or k in own}
+        if missing:  # an attribute that holds an opaque object the target lacks keeps the target's own value
+            d = {k: own[k] if _holds_missing(v) else v for k, v in d.items() if not _holds_missing(v) or k in own}
         own.clear()
-        own.update(new)
+        own.update(d)
     for k in _slots(type(obj)):
         if k in slots:
             object.__setattr__(obj, k, slots[k])
@@ -382,7 +378,8 @@ class GraphState:
             if isinstance(bits, np.random.BitGenerator) and state.get("bit_generator") != type(bits).__name__:
                 raise GraphStateError(f"the capsule's Python state is refused: a {state.get('bit_generator')!r} "
                                       f"state for a {type(bits).__name__} generator")
-        return Prepared(objects, states[:n], generators, states[n:], glob)
+        return Prepared(objects, states[:n], generators, states[n:], glob,
+                        any(v is MISSING for v in resolved.values()))
 
     def _read(self, blob: bytes) -> Read:
         """A snapshot read and checked once (nothing resolved in the env yet): its plan, and its view bases and
@@ -472,7 +469,7 @@ class GraphState:
             if self.exclude and state[0] is not None:
                 own = getattr(target, "__dict__", {})
                 state = ({**state[0], **{k: own[k] for k in self.exclude if k in own}}, *state[1:])
-            _apply_state(target, state)
+            _apply_state(target, state, prepared.missing)
         for g, state in zip(prepared.generators, prepared.generator_states):
             set_generator_state(g, state)
         if prepared.glob is not None:
