@@ -105,7 +105,7 @@ def lerobot_configs(args: Sequence[str]) -> tuple[Any, Any | None]:
         from lerobot.teleoperators import TeleoperatorConfig
         from lerobot.utils.import_utils import register_third_party_plugins
     except ImportError as exc:
-        raise SystemExit(f"--robot.type needs LeRobot in this environment ({exc}): pip install lerobot, or serve "
+        raise ValueError(f"--robot.type needs LeRobot in this environment ({exc}): pip install lerobot, or serve "
                          "your own backend with --backend") from None
     for package in ("lerobot.robots", "lerobot.teleoperators", "lerobot.cameras"):  # their types, for the parser
         for module in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
@@ -129,9 +129,11 @@ def lerobot_configs(args: Sequence[str]) -> tuple[Any, Any | None]:
 
 def build(args: argparse.Namespace, lerobot_args: Sequence[str]) -> tuple[RobotBackend, OperatorSource | None]:
     """The backend (not yet connected) and the operator input near the robot."""
+    limits = limits_of(args)
     if args.backend:
-        if lerobot_args:
-            raise ValueError(f"--backend serves your own backend: drop {list(lerobot_args)}")
+        if lerobot_args or limits != LeRobotLimits():
+            raise ValueError("--backend serves your own backend, which sets its own limits: drop the --robot.*, "
+                             "--teleop.* and limits options")
         backend = resolve(args.backend, "backend")()
         if not isinstance(backend, RobotBackend):
             raise ValueError(f"--backend {args.backend} made a {type(backend).__name__}, not a RobotBackend")
@@ -140,7 +142,7 @@ def build(args: argparse.Namespace, lerobot_args: Sequence[str]) -> tuple[RobotB
                          "or --backend package.module:make_backend")
     else:
         robot_config, teleop_config = lerobot_configs(lerobot_args)
-        backend = LeRobotBackend.from_configs(robot_config, teleop_config, limits_of(args))
+        backend = LeRobotBackend.from_configs(robot_config, teleop_config, limits)
     sources: list[OperatorSource] = []
     teleop = getattr(backend, "teleop", None)
     if teleop is not None and callable(getattr(teleop, "get_teleop_events", None)):

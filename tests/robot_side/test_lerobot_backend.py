@@ -177,3 +177,12 @@ def test_the_serve_command_names_what_is_missing(capsys):
     assert "name the robot: --robot.type" in capsys.readouterr().err
     assert serve_main(["--backend", "tests.robot_side.test_lerobot_backend:FakeArm", "--port", "0"]) == 2
     assert "not a RobotBackend" in capsys.readouterr().err
+    assert serve_main(["--backend", "tests.robot_side.test_lerobot_backend:FakeArm", "--max_speed", "5"]) == 2
+    assert "sets its own limits" in capsys.readouterr().err
+    assert serve_main(["--robot.type=so101_follower", "--low", "elbow.pos"]) == 2
+    assert "expected NAME=NUMBER" in capsys.readouterr().err
+    try:
+        import lerobot  # noqa: F401
+    except ImportError:  # this venv: the message says how to get it
+        assert serve_main(["--robot.type=so101_follower"]) == 2
+        assert "needs LeRobot in this environment" in capsys.readouterr().err

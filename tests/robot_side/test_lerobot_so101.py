@@ -158,3 +158,15 @@ def test_real_recap_with_a_lerobot_robot_and_teleoperator(calibration, tmp_path)
     limited = np.any(np.abs(received[:len(commanded)] - commanded) > 1e-3, axis=1)
     flags = np.concatenate([first.steps["intervention"], second.steps["intervention"]])
     assert limited[flags].any() and limited[~flags].any()  # the leader's and the policy's both held back
+
+
+def test_bench_lerobot_bridge_smoke(calibration, tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run([str(LEROBOT_PYTHON), "-m", "capsule_rollout", "bench_lerobot_bridge", "--steps", "20",
+                           "--camera_sizes", "16", "--json", str(out), "--robot_id", "test_follower",
+                           "--calibration_dir", str(calibration)], env=_env(tmp_path), cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["camera"] for r in rows] == ["16x16"] and rows[0]["period_ms"] == pytest.approx(1000 / HZ)
+    assert all(r["bridge_us"]["n"] == 20 and r["paced_interval_us"]["n"] == 19 for r in rows)
