@@ -26,6 +26,8 @@ class RobotBackend:
     """(H, W) of every camera image."""
 
     task: str = "task"
+    has_teleop: bool = True
+    """`teleop_action` gives the operator's device action (False: takeovers are ignored, and recorded so)."""
     # Largest change of each action component between consecutive actions (one control step);
     # None: half of each component's range. The server enforces it.
     max_rate: np.ndarray | None = None

@@ -66,6 +66,8 @@ class RobotClient:
         self.action_low, self.action_high = welcome.arrays["action_low"], welcome.arrays["action_high"]
         self.has_operator = bool(welcome.fields.get("operator", False))
         """The robot side reads operator input of its own (a teleoperator's buttons, its computer's keys)."""
+        self.has_teleop = bool(welcome.fields.get("teleop", True))
+        """The robot side has a teleoperation device for takeovers (`teleop_action`)."""
         self._operator_events: list[str] = []  # what came with observations, until `operator_events()` takes it
         self._stop = threading.Event()
         self._beat = None

@@ -296,7 +296,8 @@ class RobotServer:
         b = self.backend
         return Message("welcome", {"robot": b.name, "control_hz": b.control_hz, "cameras": list(b.cameras),
                                    "state_dim": int(b.state_dim), "image_shape": [int(x) for x in b.image_shape],
-                                   "operator": self.operator is not None},
+                                   "operator": self.operator is not None,
+                                   "teleop": bool(getattr(b, "has_teleop", True))},
                        {"action_low": np.asarray(b.action_low, np.float32),
                         "action_high": np.asarray(b.action_high, np.float32)}, seq)
 

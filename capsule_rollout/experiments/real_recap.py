@@ -53,7 +53,7 @@ def run(config: RealRecapConfig) -> ExperimentResult:
     try:
         env = RobotEnv(client, max_steps=config.max_steps)
         host = build_host(spec, env=env, observers=[], operator=operator,
-                          teleop=client.teleop_action if config.teleop else None)
+                          teleop=client.teleop_action if config.teleop and client.has_teleop else None)
     except Exception:
         client.close()
         raise

@@ -274,6 +274,10 @@ class LeRobotBackend(RobotBackend):
         self.steps += 1
         return np.asarray([float(sent.get(k, goal[k])) for k in self.action_keys], np.float32)
 
+    @property
+    def has_teleop(self) -> bool:
+        return self.teleop is not None
+
     def teleop_action(self) -> np.ndarray:
         if self.teleop is None:
             raise RuntimeError("this robot side has no teleoperator: start it with --teleop.type=... (a leader arm)")

@@ -89,6 +89,7 @@ def test_features_bounds_and_rates_come_from_the_robot_and_its_calibration():
     tight = LeRobotBackend(FakeArm(), limits=LeRobotLimits(control_hz=5, low={"elbow.pos": -45}, max_speed=10,
                                                            image_size=(4, 6), realtime=False))
     assert tight.action_low[0] == -45 and np.allclose(tight.max_rate, [2.0, 2.0]) and tight.control_hz == 5
+    assert not tight.has_teleop
     with tight:
         tight.reset(seed=None)
         arrays, fields = tight.observe()
@@ -122,7 +123,7 @@ def test_the_server_over_it_acks_what_the_hardware_took_and_limits_from_where_th
     backend = LeRobotBackend(arm, leader, LeRobotLimits(max_speed=30, realtime=False))  # 2 degrees a step
     with backend, RobotServer(backend, operator=TeleopButtons(leader)) as server, \
             RobotClient(*server.address) as robot:
-        assert robot.has_operator and robot.robot == "fake_arm:left"
+        assert robot.has_operator and robot.has_teleop and robot.robot == "fake_arm:left"
         robot.reset_to_initial()
         assert robot.teleop_action().tolist() == [-3.0, 20.0]  # the leader's, in the robot's order
         assert robot.send_action(np.array([50.0, 100.0])).tolist() == [2.0, 52.0]  # from the present (0, 50)
@@ -186,3 +187,9 @@ def test_the_serve_command_names_what_is_missing(capsys):
     except ImportError:  # this venv: the message says how to get it
         assert serve_main(["--robot.type=so101_follower"]) == 2
         assert "needs LeRobot in this environment" in capsys.readouterr().err
+
+
+def test_a_robot_side_without_a_teleoperator_says_so():
+    backend = LeRobotBackend(FakeArm(), limits=LeRobotLimits(realtime=False))
+    with backend, RobotServer(backend) as server, RobotClient(*server.address) as robot:
+        assert not robot.has_teleop and not robot.has_operator  # real_recap then records takeovers as ignored
