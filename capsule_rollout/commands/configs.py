@@ -13,6 +13,7 @@ from capsule_rollout.commands.bench_configs import (  # noqa: F401 - the benchma
     BenchCapsulesConfig,
     BenchChecksumsConfig,
     BenchEnvConfig,
+    BenchLeRobotBridgeConfig,
     BenchLeRobotConfig,
     BenchPolicyConfig,
     BenchRecordingConfig,
