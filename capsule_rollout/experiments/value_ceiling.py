@@ -53,7 +53,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
                         critic=resolve_input(config.model.critic) if config.model.critic else "",
                         host=HostConfig(n_exec=n_exec, record_images=False),
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
-                        slots=config.slots)
+                        slots=config.slots, cameras=config.cameras, image_size=config.image_size)
         if config.slots > 1:  # the keeper watches the first slot, where each episode plays
             host = build_slots(spec)
             host.hosts[0].observers.append(keeper)
