@@ -50,7 +50,7 @@ class OperatorSource(Protocol):
     branch from a mid-episode capsule meets the operator as the episode did: it implements `reset()` (a new
     episode), `capsule_state() -> tuple[int, ...]` (at most `rollout.host_state.OPERATOR_SLOTS` integers) and
     `load_capsule_state(values)` (the same integers back, after a restore). A source without them (the
-    keyboard) keeps its own state across restores. A source may also have `episode_start()`, called when each
+    keyboard) keeps its own state across restores. A source may also have `begin_episode()`, called when each
     episode starts (after its reset, before its first poll): the keyboard starts reading keys there, so nothing
     pressed while the policy loads or the robot homes for the first episode acts before it."""
 
@@ -120,9 +120,9 @@ class KeyboardOperator:
             self._saved_tty = termios.tcgetattr(fd)
             tty.setcbreak(fd)
         self._fd = fd
-        self._thread: threading.Thread | None = None  # started with the first episode (`episode_start`)
+        self._thread: threading.Thread | None = None  # started with the first episode (`begin_episode`)
 
-    def episode_start(self) -> None:
+    def begin_episode(self) -> None:
         """An episode starts: read keys from now on. At the first, keys typed before it (while the policy loaded
         or the robot homed) are dropped and the keys are shown; later episodes go on reading."""
         if self._thread is not None:

@@ -27,7 +27,7 @@ class OperatorControl:
 
     def start_episode(self) -> None:
         self.takeover, self.events = False, []
-        begin = getattr(self.operator, "episode_start", None)
+        begin = getattr(self.operator, "begin_episode", None)
         if callable(begin):  # e.g. the keyboard starts reading keys only now
             begin()
 

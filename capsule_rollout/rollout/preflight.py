@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from capsule_rollout.envs.describe_env import describe_env
 from capsule_rollout.envs.rollout_env import action_bounds
+from capsule_rollout.rollout.host_config import SafetyStop
 from capsule_rollout.rollout.host_factory import FACTORY, HostSpec, build_host, env_for_task, source_kind
 from capsule_rollout.rollout.process_state import kept_process_state
 from capsule_rollout.user_code import UserCodeError, describe, join, name_of
@@ -102,6 +103,9 @@ def _probe(host, spec: HostSpec, seed: int) -> dict:
         tick = host.tick(obs if obs is not None else host.env.observe())
     except UserCodeError as exc:  # names the object and method already
         raise PreflightError(exc.message, exc.frames or describe(exc)[1]) from exc
+    except SafetyStop as exc:  # a chunk the host refuses before it reaches the env (a non-finite action)
+        raise PreflightError(f"{_policy_name(host.policy)} ({spec.policy}) on the first observation of seed {seed}: "
+                             f"{exc}") from exc
     except Exception as exc:
         line, frames = describe(exc)
         raise PreflightError(f"env {env!r}, the first control step: {line}", frames) from exc

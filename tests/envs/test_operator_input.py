@@ -23,7 +23,7 @@ def test_keyboard_operator_reads_a_stream_without_blocking():
     read_fd, write_fd = os.pipe()
     with os.fdopen(read_fd, "rb", buffering=0) as stream:
         op = KeyboardOperator(stream)
-        op.episode_start()
+        op.begin_episode()
         assert op.poll(0) == []  # nothing typed: returns at once
         os.write(write_fd, b"tcgo left\n")
         deadline = time.monotonic() + 5
@@ -53,7 +53,7 @@ def test_keyboard_operator_in_a_pseudo_terminal_acts_on_single_keys_and_restores
     with os.fdopen(slave, "rb", buffering=0, closefd=False) as tty_in:
         op = KeyboardOperator(tty_in, echo=echo)
         assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak: keys act without Enter
-        op.episode_start()
+        op.begin_episode()
         os.write(master, b"t?")
         deadline = time.monotonic() + 5
         while not (got := op.poll(0)) and time.monotonic() < deadline:

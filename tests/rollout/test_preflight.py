@@ -123,3 +123,9 @@ def test_an_actor_whose_host_cannot_be_built_says_why_in_one_line(monkeypatch):
     assert failure.error == f"env factory '{LAB}:raising_env' raised RuntimeError: the lab's env could not find its assets"
     assert "in raising_env" in failure.traceback
     actor.close()
+
+
+def test_a_torch_module_answering_nan_is_named_before_the_run():
+    error = _refused(HostSpec(env=ENV, policy=f"{LAB}:make_nan_module"))
+    assert error.message.startswith(f"NanModule ({LAB}:make_nan_module) on the first observation of seed 1: policy "
+                                    "proposed a non-finite action")
