@@ -7,8 +7,9 @@ first seed; one `infer` (or forward) and one `value` answer on that observation 
 finiteness; the value one finite number: `policies.infer_policy.answer_chunks`, `critics.infer_critic
 .answer_value`); the env takes one step with the chunk's first action; the policy's chunk holds `n_exec`
 actions. `n_exec` not given defaults to the policy's chunk length for a factory's policy (what it plans is
-what it executes). The probe runs on the CPU, with no observers, no capsule files and the caller's process left
-as it was found (`rollout.process_state`).
+what it executes). The probe runs on the CPU, on one slot (a batching object's `infer_batch` is checked the same
+way in the episodes), with no observers, no capsule files and the caller's process left as it was found
+(`rollout.process_state`).
 """
 
 from __future__ import annotations
