@@ -39,7 +39,7 @@ ALLOWED = {
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
 # modules at the namespace's root that every layer may import: standard library only, importing no layer
-ROOT_MODULES = {"import_path", "input_bounds"}
+ROOT_MODULES = {"extras", "import_path", "input_bounds", "user_code"}
 
 
 def imported_modules(source: str, package_path: str) -> list[str]:
@@ -258,3 +258,18 @@ def test_the_robot_side_imports_numpy_alone_and_ships_all_it_imports():
     main = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
     assert project["project"]["version"] == main["project"]["version"]
     assert project["project"]["dependencies"] == ["numpy>=1.26"]
+
+
+def test_a_missing_extra_says_the_command_a_wheel_user_runs(monkeypatch):
+    """Extras are named the way that works where the user stands (a wheel: the distribution's extra)."""
+    import sys
+
+    from capsule_rollout.extras import MissingExtraError
+    from capsule_rollout.stores import lerobot_format
+
+    monkeypatch.setitem(sys.modules, "av", None)  # as if PyAV were not installed
+    with pytest.raises(MissingExtraError) as caught:
+        lerobot_format.require_optional()
+    message = str(caught.value)
+    assert 'pip install "capsule-rollout[lerobot]"' in message and "\n" not in message
+    assert isinstance(caught.value, ImportError) and caught.value.__cause__ is None
