@@ -27,7 +27,7 @@ from capsule_rollout.capsules import CapsuleError, CapsuleSignatureError, key_so
 from capsule_rollout.envs.describe_env import describe_env
 from capsule_rollout.policies.remote_policy import RecordedChunks, RemotePolicy
 from capsule_rollout.rollout.deadlines import DeadlineSettings
-from capsule_rollout.rollout.host_config import episode_id
+from capsule_rollout.rollout.host_config import episode_id, file_safe
 from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
@@ -302,6 +302,8 @@ def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None
     store = Path(run) / STORE if (Path(run) / STORE).exists() else Path(run)
     reader = open_episode_reader(store)
     ids = reader.episode_ids
+    if episode_id not in ids and file_safe(episode_id) in ids:
+        episode_id = file_safe(episode_id)  # the task as the user wrote it (`so101:SO101PickCube-v0-s1000001`)
     if episode_id not in ids:
         raise ValueError(f"episode {episode_id!r} is not in {store}; it has {len(ids)} episodes, e.g. {ids[:3]}")
     recorded = reader.episode(ids.index(episode_id))
