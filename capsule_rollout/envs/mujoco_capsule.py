@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec
+from capsule_rollout.envs.gl_current import collect_with_no_context, none_current
 from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declarations are part of this module's API
     _LOADERS,
     KNOWN_WRAPPERS,
@@ -96,6 +97,8 @@ class MujocoCapsuleEnv(BufferComponent):
                  max_steps: int | None = None) -> None:
         super().__init__()
         self.name = "env"
+        # a suite's renderer freed by the garbage collector must not touch the live GL context (`gl_current`)
+        collect_with_no_context()
         self.env, self.capture = env, capture
         self.unwrapped = env.unwrapped
         self.model, self.data, self._physics_path = find_physics(env)
@@ -497,7 +500,8 @@ class MujocoCapsuleEnv(BufferComponent):
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
-        self.env.close()
+        with none_current():  # the suite frees its renderer: none of another env's GL objects (`gl_current`)
+            self.env.close()
 
     def _state(self, raw_obs: Any, flat: np.ndarray) -> np.ndarray:
         fn = self.capture.state

@@ -58,6 +58,28 @@ def robosuite_door():
     return _robosuite("Door")
 
 
+def robosuite_lift_camera():
+    """Lift as image policies see it (robomimic, LIBERO): robosuite renders its own camera observation."""
+    import robosuite
+    from robosuite.wrappers import GymWrapper
+
+    env = robosuite.make("Lift", robots="Panda", has_renderer=False, has_offscreen_renderer=True,
+                         use_camera_obs=True, camera_names="agentview", camera_heights=64, camera_widths=64)
+    return GymWrapper(env)
+
+
+def pendulum_pixels():
+    """gymnasium's `AddRenderObservation` around a MuJoCo env: the rendered frame is the observation."""
+    env = gymnasium.make("InvertedPendulum-v5", render_mode="rgb_array", width=64, height=64)
+    return gymnasium.wrappers.AddRenderObservation(env, render_only=True)
+
+
+def reacher_pixels_and_state():
+    """`AddRenderObservation` keeping the state beside the frame (a dict observation)."""
+    env = gymnasium.make("Reacher-v5", render_mode="rgb_array", width=64, height=64)
+    return gymnasium.wrappers.AddRenderObservation(env, render_only=False)
+
+
 class NoisePolicy:
     """Any env's actions from the noise it is handed (a capsule holds that noise, so replays hold): a policy
     a foreign env runs with, for the entry points' tests."""
