@@ -132,6 +132,7 @@ class MujocoCapsuleEnv(BufferComponent):
         self._static_digest = self._graph.remember_static() if self._graph is not None else ""
         self._python_bytes = self._slab_size() if self._graph is not None else 0
         self._prepared: tuple[bytes, Any] | None = None  # the Python state check_restore read
+        self._unrendered: set[str] = set()  # struct paths a render of the env did not make
         raw = self._probe_observation()
         self._obs_dim = raw.shape[0]
         state_dim = self._state(raw_obs=None, flat=raw).shape[0]
@@ -363,6 +364,7 @@ class MujocoCapsuleEnv(BufferComponent):
     def after_restore(self) -> None:
         if self._graph is not None:
             self._follow_rebuilds()
+            prepared = self._prepared_graph()
         memmove = ctypes.memmove
         for dst, src, n in self._plan:
             memmove(dst, src, n)
@@ -370,12 +372,7 @@ class MujocoCapsuleEnv(BufferComponent):
         if self._graph is not None:
             if self._np["physics_flags"][0] & 1:
                 mujoco.mj_step1(self.model, self.data)  # the arena as mj_step1 left it (checked at the snapshot)
-            n = int(self._np["python_len"][0])
-            blob = self._np["python"][:n].tobytes()
-            prepared, self._prepared = self._prepared, None
-            if prepared is None or prepared[0] != blob:  # restored without check_restore (not through the arena)
-                prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
-            self._graph.apply(prepared[1])
+            self._graph.apply(prepared)
         present = self._rng_present
         for owner, name, _, row, i in self._rng_rows:
             if present[i]:
@@ -392,6 +389,26 @@ class MujocoCapsuleEnv(BufferComponent):
         flags = self._attrs_present
         for owner, name, load, view, i in self._attr_loads:
             setattr(owner, name, load(view) if flags[i] else None)
+
+    def _prepared_graph(self) -> Any:
+        """The capsule's Python state read and resolved in the env (by check_restore, when restored through
+        the arena). A renderer the capsule's env had made and this one has not yet (a viewer made at the first
+        render: a fresh process) is made by one render of the env's own, before MjData is restored, so that
+        the capsule's camera and options are set in it rather than the ones it would pick at its first render."""
+        n = int(self._np["python_len"][0])
+        blob = self._np["python"][:n].tobytes()
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared[0] != blob:  # restored without check_restore (not through the arena)
+            prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
+        missing = set(prepared[1].missing) - self._unrendered
+        if missing:
+            try:
+                self.unwrapped.render()
+            except Exception:  # noqa: BLE001 - a suite that cannot render now keeps the renderer it makes later
+                pass
+            prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
+            self._unrendered |= missing & set(prepared[1].missing)  # not made by a render: not tried again
+        return prepared[1]
 
     def _snapshot_graph(self, b: dict[str, np.ndarray]) -> None:
         for src, dst, n in self._model_copies:

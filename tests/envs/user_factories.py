@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import gymnasium
+import numpy as np
 
 
 def so101():
@@ -78,6 +79,24 @@ def reacher_pixels_and_state():
     """`AddRenderObservation` keeping the state beside the frame (a dict observation)."""
     env = gymnasium.make("Reacher-v5", render_mode="rgb_array", width=64, height=64)
     return gymnasium.wrappers.AddRenderObservation(env, render_only=False)
+
+
+class FrameAsObservation(gymnasium.ObservationWrapper):
+    """A user's own wrapper whose observation is the env's frame: unlike `AddRenderObservation` it renders
+    nothing when built, so the env's viewer (and the camera it aims at the geometry then) is made at the first
+    reset, and in a fresh process at the first render after a restore."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.observation_space = gymnasium.spaces.Box(0, 255, (env.unwrapped.height, env.unwrapped.width, 3),
+                                                      np.uint8)
+
+    def observation(self, observation):
+        return self.env.render()
+
+
+def pendulum_frames_lazily():
+    return FrameAsObservation(gymnasium.make("InvertedPendulum-v5", render_mode="rgb_array", width=64, height=64))
 
 
 class NoisePolicy:
