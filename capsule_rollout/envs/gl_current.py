@@ -1,16 +1,17 @@
 """The thread's current GL context, kept as a suite's renderer expects it (EGL).
 
 A suite's own renderer is state outside MjData that no capsule can hold: a GL context and the objects in it
-(robosuite's `MjRenderContext`, gymnasium's `OffScreenViewer`, dm_control's contexts). They render with
-their context assumed current and never make it current again, and they free their objects by name in
-whatever context is current when Python collects them. Two rules keep their images a function of MjData:
+(robosuite's `MjRenderContext`, gymnasium's `OffScreenViewer`, dm_control's contexts). robosuite and
+gymnasium render with their context assumed current and never make it current again (dm_control believes
+its own is current while it last made it so), and all of them free their objects by name in whatever context
+is current when Python frees them (GL names are per context: a dropped robosuite simulator's
+`mjr_freeContext` deletes the textures and framebuffers of whichever context is current; MuJoCo's EGL class
+then releases the thread's context). Three rules keep their images a function of MjData:
 
-- `others_kept`: the framework's renderer leaves the thread's current context as it found it (MuJoCo's EGL
-  context class also releases the thread's context when one is made or freed);
+- `EnvContext.turn`: an env's own context is current during the adapter's calls into it, none between them;
+- `as_found`: the framework's renderer leaves the thread's current context as it found it;
 - `collect_with_no_context`: the garbage collector runs with no context current (a `gc.callbacks` hook,
-  installed once by the first env adapter), and `none_current` around a suite's `close`: a renderer freed
-  then deletes nothing of the live context's (GL names are per context: a dropped robosuite simulator's
-  `mjr_freeContext` would delete the textures and framebuffers of the next one's) and cannot release it.
+  installed once by the first env adapter): what it frees touches no live context.
 
 EGL only, through libEGL's own entry points (no PyOpenGL platform chosen); OSMesa's and GLFW's current
 context are left alone.
@@ -74,35 +75,45 @@ def context_address(gl_context: Any) -> int | None:
 
 
 @contextlib.contextmanager
-def others_kept(own: Any = None) -> Iterator[None]:
-    """Another renderer's context current on this thread when the block starts (a suite's) is current again
-    when it ends, whatever the block made current, created or freed. With none current, or `own` (the
-    block's MuJoCo `GLContext`), the block's may stay current: no other renderer expects one then."""
+def as_found(own: Any = None) -> Iterator[None]:
+    """The thread's current context when the block starts (another renderer's, or none) is current again when
+    it ends, whatever the block made current, created or freed; `own` (the block's MuJoCo `GLContext`) found
+    current counts as none."""
     before = current()
-    if before is None or before[3] == context_address(own):
-        yield
-        return
+    if before is not None and before[3] == context_address(own):
+        before = None
     try:
         yield
     finally:
         now = current()
-        if now is None or now[3] != before[3]:
+        if before is None:
+            if now is not None:
+                release(now)
+        elif now is None or now[3] != before[3]:
             make_current(before)
 
 
-@contextlib.contextmanager
-def none_current() -> Iterator[None]:
-    """No context current during the block (a suite freeing its renderer), the one before current again."""
-    before = current()
-    if before is not None:
-        release(before)
-    try:
-        yield
-    finally:
-        if before is not None:
-            now = current()
-            if now is None or now[3] != before[3]:
-                make_current(before)
+class EnvContext:
+    """The GL context one env's own renderer keeps current (robosuite's, gymnasium's viewer, dm_control's),
+    current during the env's calls only (`turn`), none between them: several envs in one thread (an actor's
+    slots) each render in their own, and a renderer another env frees deletes nothing of theirs. Taken at
+    construction from what the env's constructor left current."""
+
+    def __init__(self) -> None:
+        self.state = current()
+        if self.state is not None:
+            release(self.state)
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        if self.state is not None:
+            make_current(self.state)
+        try:
+            yield
+        finally:
+            self.state = current()  # a suite that rebuilt its renderer (robosuite at reset) made a new one current
+            if self.state is not None:
+                release(self.state)
 
 
 _released: list[tuple[int, int, int, int] | None] = []

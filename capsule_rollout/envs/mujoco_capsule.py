@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec
-from capsule_rollout.envs.gl_current import collect_with_no_context, none_current
+from capsule_rollout.envs.gl_current import EnvContext, collect_with_no_context
 from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declarations are part of this module's API
     _LOADERS,
     KNOWN_WRAPPERS,
@@ -97,8 +97,10 @@ class MujocoCapsuleEnv(BufferComponent):
                  max_steps: int | None = None) -> None:
         super().__init__()
         self.name = "env"
-        # a suite's renderer freed by the garbage collector must not touch the live GL context (`gl_current`)
+        # the env's own renderer's GL context: current during its calls only; a renderer the garbage collector
+        # frees touches no live context (`gl_current`)
         collect_with_no_context()
+        self._gl_env = EnvContext()
         self.env, self.capture = env, capture
         self.unwrapped = env.unwrapped
         self.model, self.data, self._physics_path = find_physics(env)
@@ -403,7 +405,8 @@ class MujocoCapsuleEnv(BufferComponent):
         missing = set(prepared[1].missing) - self._unrendered
         if missing:
             try:
-                self.unwrapped.render()
+                with self._gl_env.turn():
+                    self.unwrapped.render()
             except Exception:  # noqa: BLE001 - a suite that cannot render now keeps the renderer it makes later
                 pass
             prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
@@ -469,7 +472,8 @@ class MujocoCapsuleEnv(BufferComponent):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         if seed is not None and self.capture.seed is not None:
             self.capture.seed(self.env, int(seed))
-        raw, info = self.env.reset(seed=seed, options=options)
+        with self._gl_env.turn():
+            raw, info = self.env.reset(seed=seed, options=options)
         if self._graph is not None:
             self._follow_rebuilds()
         self._counters[:] = (0, 1)
@@ -479,7 +483,8 @@ class MujocoCapsuleEnv(BufferComponent):
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
         if not self._counters[1]:
             raise RuntimeError("call reset() before step()")
-        raw, reward, terminated, truncated, info = self.env.step(np.asarray(action, dtype=self.action_space.dtype))
+        with self._gl_env.turn():
+            raw, reward, terminated, truncated, info = self.env.step(np.asarray(action, dtype=self.action_space.dtype))
         self._counters[0] += 1
         self._commit(raw)
         if self.capture.terminate_on_success and self.success(info):
@@ -517,7 +522,7 @@ class MujocoCapsuleEnv(BufferComponent):
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
-        with none_current():  # the suite frees its renderer: none of another env's GL objects (`gl_current`)
+        with self._gl_env.turn():  # the suite frees its renderer in its own context
             self.env.close()
 
     def _state(self, raw_obs: Any, flat: np.ndarray) -> np.ndarray:

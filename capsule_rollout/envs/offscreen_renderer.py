@@ -15,7 +15,7 @@ from capsule_rollout.envs.gl_backend import (
     prepare_first_context,
     select_backend,
 )
-from capsule_rollout.envs.gl_current import others_kept
+from capsule_rollout.envs.gl_current import as_found
 
 MAX_GEOM = 10000  # scene capacity, as mujoco.Renderer's default
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # renderers not closed yet: closed at exit, while GL is still loaded
@@ -58,7 +58,7 @@ class OffscreenRenderer:
         prepare_first_context()
         self.backend = backend
         try:
-            with others_kept():
+            with as_found():
                 self._gl = context_class(backend)(width, height)
                 self._gl.make_current()
                 self._mjr = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150.value)
@@ -114,7 +114,7 @@ class OffscreenRenderer:
         if out is not None and out.shape != shape:
             raise ValueError(f"out has shape {out.shape}; this renderer makes {shape}")
         buffer = out if out is not None and out.dtype == np.uint8 and out.flags.c_contiguous else np.empty(shape, np.uint8)
-        with others_kept(self._gl):
+        with as_found(self._gl):
             self._gl.make_current()
             mujoco.mjr_render(self._rect, self.scene, self._mjr)
             mujoco.mjr_readPixels(buffer, None, self._rect, self._mjr)
@@ -128,7 +128,7 @@ class OffscreenRenderer:
         _OPEN.discard(self)
         if self._gl is None:
             return
-        with others_kept(self._gl):
+        with as_found(self._gl):
             if self._mjr is not None:
                 self._gl.make_current()
                 self._mjr.free()
