@@ -95,7 +95,7 @@ def first_difference(key: str, ref: np.ndarray, got: np.ndarray) -> str | None:
         pixels = int(differ.reshape(ref.shape).any(axis=2).sum())
         return (f"{key}[{row}, {col}, {channel}]: {_value(a[i])} vs {_value(b[i])}, {pixels:,} of "
                 f"{ref.shape[0] * ref.shape[1]:,} pixels differ")
-    index = f"[{i}]" if ref.ndim <= 1 else f"[{', '.join(str(int(n)) for n in np.unravel_index(i, ref.shape))}]"
+    index = "" if ref.ndim == 0 else f"[{', '.join(str(int(n)) for n in np.unravel_index(i, ref.shape))}]"
     return f"{key}{index}: {_value(a[i])} vs {_value(b[i])}, {where.size:,} of {a.size:,} values differ"
 
 
@@ -141,7 +141,9 @@ class _Comparison:
                 ok = False
                 self.first = self.first or f"step {step}: outputs {sorted(r)} vs {sorted(g)}"
                 continue
-            for k in r:
+            # images first: the first difference named is a pixel rather than the state flattening it
+            for k in sorted(r, key=lambda k: not (r[k].dtype == torch.uint8 and r[k].dim() == 3
+                                                  and r[k].shape[2] in (1, 3, 4))):
                 ok &= self.same(r[k], g[k], f"{what or f'step {step}'} {k}")
         return ok
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from capsule_rollout.capsules import Arena, load_capsule, restore, save_capsule, signing_key, snapshot
 from capsule_rollout.capsules.signing_key import KEY_ENV
-from capsule_rollout.capsules.verify import first_difference
+from capsule_rollout.capsules.verify import first_difference, is_image
 from capsule_rollout.envs.mujoco_capture import buffer_bytes, mjdata_buffer
 from capsule_rollout.envs.object_graph import GraphState, differing_paths, fmt
 
@@ -146,7 +146,8 @@ def first_divergence(ref: list[dict], got: list[dict], fields: list[tuple[int, i
     """The first output of `got` that is not bit-identical to `ref`'s (None: all are): step, key, element."""
     for step, (r, g) in enumerate(zip(ref, got)):
         physics_same = "mjdata" in r and "mjdata" in g and bool(np.all(_same(r["mjdata"], g["mjdata"])))
-        for key in sorted(r, key=lambda k: k != "mjdata"):  # the physics first: a cause, not an effect
+        # the physics first (a cause, not an effect), then images (a pixel says more than the state flattening it)
+        for key in sorted(r, key=lambda k: (k != "mjdata", not is_image(np.asarray(r[k])))):
             if key != "mjdata":  # an image by pixel, as the harness names it (`capsules.verify.first_difference`)
                 why = first_difference(f"step {step} {key}", np.asarray(r[key]), np.asarray(g.get(key)))
                 if why is not None:
