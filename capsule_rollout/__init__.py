@@ -10,7 +10,14 @@ registered (the tabletop gymnasium ids: `capsule_rollout.tabletop.register_envs(
 
 from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("capsule-rollout")
-except PackageNotFoundError:  # run from a checkout that was never installed
-    __version__ = "0+unknown"
+
+def _version() -> str:
+    for name in ("capsule-rollout", "capsule-rollout-robot"):  # the whole project, or its robot side alone
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            pass
+    return "0+unknown"  # run from a checkout that was never installed
+
+
+__version__ = _version()

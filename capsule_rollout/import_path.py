@@ -1,17 +1,44 @@
 """`resolve(path)`: the object an import path `package.module:name` names, the one resolver every layer uses
 (envs, policies, critics, observers, runners and torch module factories given on a command line or in a
-checkpoint). Standard library only, so any layer may import it."""
+checkpoint). A factory named with keyword arguments is `package.module:factory={JSON object}` (`split_kwargs`,
+`with_kwargs`), on the command line and in Python alike. Standard library only, so any layer may import it."""
 
 from __future__ import annotations
 
 import difflib
 import importlib
 import importlib.util
+import json
 from typing import Any
+
+KWARGS_SEP = "="
 
 
 class ImportPathError(ValueError):
     """An import path that names nothing importable; the message says which part failed and what to write."""
+
+
+def split_kwargs(source: str, what: str = "factory") -> tuple[str, dict[str, Any]]:
+    """(`package.module:factory`, its keyword arguments) of `package.module:factory={JSON object}`; a source
+    without `=` has none. A malformed object is an `ImportPathError` naming the source."""
+    path, sep, raw = source.partition(KWARGS_SEP)
+    if not sep:
+        return source, {}
+    try:
+        kwargs = json.loads(raw)
+    except ValueError as exc:
+        raise ImportPathError(f"{what} {source!r}: the keyword arguments after '=' must be a JSON object "
+                              f"({exc}), e.g. {path}={{\"size\": 3}}") from None
+    if not isinstance(kwargs, dict):
+        raise ImportPathError(f"{what} {source!r}: the keyword arguments after '=' must be a JSON object, "
+                              f"e.g. {path}={{\"size\": 3}}")
+    return path, kwargs
+
+
+def with_kwargs(path: str, **kwargs: Any) -> str:
+    """The source naming factory `path` called with `kwargs` (JSON values): `package.module:factory={...}`, what
+    `split_kwargs` reads back (and what a run's `rollout.json` records)."""
+    return f"{path}{KWARGS_SEP}{json.dumps(kwargs, sort_keys=True, separators=(',', ':'))}" if kwargs else path
 
 
 def resolve(path: str, what: str = "object") -> Any:

@@ -6,10 +6,7 @@ import sys
 
 import numpy as np
 
-from capsule_rollout.rollout.branching import BoundaryCapsules
-from capsule_rollout.rollout.host_factory import HostSpec, build_slots
-from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.slot_host import episode_job
+from capsule_rollout.rollout import BoundaryCapsules, HostConfig, HostSpec, build_slots, episode_job
 
 
 def main(checkpoint: str, episodes: int = 4) -> None:

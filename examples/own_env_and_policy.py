@@ -1,5 +1,5 @@
-"""Your own MuJoCo env and an openpi-style `infer(obs)` policy on 2 Ray actors: capsule resets, every episode
-recorded, one replayed bit for bit. `python -m examples.own_env_and_policy` (or sim_rollout: examples/README.md)."""
+"""Your own MuJoCo env, an openpi-style `infer(obs)` policy and a `value(obs)` critic on 2 Ray actors: capsule
+resets, every episode recorded, one replayed bit for bit. `python -m examples.own_env_and_policy` (README.md)."""
 import gymnasium as gym
 import mujoco
 import numpy as np
@@ -13,6 +13,7 @@ ctrlrange="-1 1"/><motor joint="y" ctrlrange="-1 1"/></actuator></mujoco>"""
 
 class PuckToGoal(gym.Env):
     """Push a puck onto a goal drawn from the seed (kept in MjData as a mocap body's position)."""
+    metadata = {"render_fps": 100}  # its control rate (5 steps of 2 ms), kept with its stores for export_lerobot
     def __init__(self):
         self.model = mujoco.MjModel.from_xml_string(XML)
         self.data = mujoco.MjData(self.model)
@@ -45,16 +46,22 @@ class PushTowardGoal:
         return {"actions": np.clip(3.0 * (s[4:6] - s[0:2]) - 0.5 * s[2:4] + 0.2 * noise, -1.0, 1.0)}
 
 
-def make_env():  # as its users make it: the env in gymnasium's TimeLimit
-    return gym.wrappers.TimeLimit(PuckToGoal(), max_episode_steps=150)
+class GoalDistance:
+    def value(self, obs):  # a critic: how good the state is (here: minus the puck's distance to the goal)
+        return -float(np.linalg.norm(obs["state"][4:6] - obs["state"][0:2]))
 
 
-make_policy = PushTowardGoal  # a factory: called with no arguments in each process that plays episodes
+def make_env(steps: int = 150):  # as its users make it (gymnasium's TimeLimit); `make_env={"steps": 50}`: 50
+    return gym.wrappers.TimeLimit(PuckToGoal(), max_episode_steps=steps)
+
+
+make_policy, make_critic = PushTowardGoal, GoalDistance  # factories, called in each process that plays episodes
 
 
 if __name__ == "__main__":
-    from capsule_rollout.rollout.record import record_rollouts, replay_episode
+    from capsule_rollout.rollout import record_rollouts, replay_episode
     me = __spec__.name  # this module, as the actors import it
-    run = record_rollouts("runs/example", env=f"{me}:make_env", policy=f"{me}:make_policy", seeds=range(3), repeats=2)
+    run = record_rollouts("runs/example", env=f"{me}:make_env", policy=f"{me}:make_policy", critic=f"{me}:make_critic",
+                          seeds=range(3), repeats=2)
     print("resets", run.summary["reset_kinds"], "successes", run.summary["successes"], "of", run.summary["episodes"])
     print("replay bit-identical:", replay_episode(run.out, run.episode_ids[-1]).exact)

@@ -10,6 +10,7 @@ import numpy as np
 class HistoryAndQueue:
     """Plans 8 actions from the last two states (a velocity estimate) and hands them out 4 per call."""
     chunk_length = 4
+    observation_keys = ("state",)  # what it reads: no camera is rendered for it
 
     def __init__(self):
         self.history = deque(maxlen=2)  # the last two states seen
@@ -34,10 +35,7 @@ make_policy = HistoryAndQueue
 
 
 if __name__ == "__main__":
-    from capsule_rollout.rollout.branching import BoundaryCapsules
-    from capsule_rollout.rollout.host_factory import HostSpec, build_slots
-    from capsule_rollout.rollout.rollout_host import HostConfig
-    from capsule_rollout.rollout.slot_host import episode_job
+    from capsule_rollout.rollout import BoundaryCapsules, HostConfig, HostSpec, build_slots, episode_job
     me = __spec__.name
     slots = build_slots(HostSpec(env="examples.own_env_and_policy:make_env", policy=f"{me}:make_policy", slots=4,
                                  host=HostConfig(n_exec=4)))

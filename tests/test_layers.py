@@ -12,9 +12,12 @@ import pytest
 NS = "capsule_rollout"  # the one import namespace; its layers are subpackages
 ROOT = Path(__file__).resolve().parents[1] / NS
 PACKAGES = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "tabletop", "commands",
-            "benchmarks", "experiments")
+            "benchmarks", "experiments", "robot_side")
 # The core: knows nothing of the tabletop example, which plugs into it as a user's package does (entry points)
-CORE = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning")
+CORE = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "robot_side")
+# what runs on the robot's computer (numpy alone, LeRobot inside functions): these modules of envs/ and no other
+ROBOT_SIDE_ENVS = {"envs.robot_backend", "envs.robot_server", "envs.robot_protocol", "envs.robot_admission",
+                   "envs.operator_input", "envs.robot_operator"}
 # package -> project modules it may import (a dotted entry allows that module only)
 ALLOWED = {
     "capsules": set(),
@@ -29,13 +32,14 @@ ALLOWED = {
     "tabletop": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
     "commands": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
     "benchmarks": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
-                   "commands"},
+                   "commands", "robot_side"},
     "experiments": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
-                    "commands", "benchmarks"},
+                    "commands", "benchmarks", "robot_side"},
+    "robot_side": ROBOT_SIDE_ENVS,
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
 # modules at the namespace's root that every layer may import: standard library only, importing no layer
-ROOT_MODULES = {"import_path", "input_bounds"}
+ROOT_MODULES = {"extras", "import_path", "input_bounds", "user_code"}
 
 
 def imported_modules(source: str, package_path: str) -> list[str]:
@@ -177,3 +181,95 @@ def test_commands_never_import_each_other():
                 if (ROOT / "experiments" / f"{parts[1]}.py").exists() and parts[1] != path.stem:
                     problems.append(f"{path.relative_to(ROOT)} imports {mod}")
     assert not problems, "\n".join(problems)
+
+
+def _imports_by_depth(source: str, package_path: str) -> tuple[list[str], list[str]]:
+    """(modules imported when the module is imported, modules imported inside its functions); what an
+    `if TYPE_CHECKING:` block imports is neither."""
+    top, inner = [], []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                (inner if in_function else top).extend(imported_modules(ast.unparse(child), package_path))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(source), False)
+    return top, inner
+
+
+def _project_module(name: str) -> str | None:
+    """`capsule_rollout.envs.robot_server` for any name under it that is a module file of the project."""
+    parts = name.split(".")
+    while parts and parts[0] == NS:
+        path = ROOT.parent.joinpath(*parts)
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return ".".join(parts)
+        parts = parts[:-1]
+    return None
+
+
+def robot_side_closure() -> tuple[set[str], set[str], set[str]]:
+    """(project modules the robot side imports, transitively; third-party packages they import at module level;
+    third-party packages they import inside functions)."""
+    todo = [f"{NS}.robot_side.{p.stem}" for p in (ROOT / "robot_side").glob("*.py") if p.stem != "__init__"]
+    seen, top_level, in_functions = set(), set(), set()
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        path = ROOT.parent.joinpath(*mod.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        package_path = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        top, inner = _imports_by_depth(path.read_text(), package_path)
+        for names, third in ((top, top_level), (inner, in_functions)):
+            for name in names:
+                project = _project_module(name)
+                if project is not None:
+                    todo.append(project)
+                elif name.split(".")[0] not in (NS, "__future__") and name.split(".")[0] not in sys.stdlib_module_names:
+                    third.add(name.split(".")[0])
+        parent = mod.rpartition(".")[0]
+        while parent:  # importing a module imports its packages
+            todo.append(parent)
+            parent = parent.rpartition(".")[0]
+    return seen, top_level, in_functions
+
+
+def test_the_robot_side_imports_numpy_alone_and_ships_all_it_imports():
+    """The robot side (robot_side/ and the envs modules it uses) imports numpy alone when imported, LeRobot and its
+    parser (draccus) only inside the functions that build a LeRobot robot; the robot side's distribution
+    (packaging/robot) ships exactly those modules."""
+    import tomllib
+
+    modules, top_level, in_functions = robot_side_closure()
+    assert top_level == {"numpy"}, top_level
+    assert in_functions <= {"numpy", "lerobot", "draccus"}, in_functions
+    layers = {m[len(NS) + 1:] for m in modules if m != NS}
+    assert {m for m in layers if m.startswith("envs.")} == ROBOT_SIDE_ENVS
+    assert not {m.split(".")[0] for m in layers} - {"envs", "robot_side"} - ROOT_MODULES
+    project = tomllib.loads((ROOT.parent / "packaging" / "robot" / "pyproject.toml").read_text())
+    shipped = set(project["tool"]["setuptools"]["py-modules"])
+    packages = {m for m in modules if (ROOT.parent.joinpath(*m.split(".")) / "__init__.py").is_file()}
+    assert shipped == modules - packages, (sorted(shipped - modules), sorted(modules - packages - shipped))
+    main = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
+    assert project["project"]["version"] == main["project"]["version"]
+    assert project["project"]["dependencies"] == ["numpy>=1.26"]
+
+
+def test_a_missing_extra_says_the_command_a_wheel_user_runs(monkeypatch):
+    """Extras are named the way that works where the user stands (a wheel: the distribution's extra)."""
+    import sys
+
+    from capsule_rollout.extras import MissingExtraError
+    from capsule_rollout.stores import lerobot_format
+
+    monkeypatch.setitem(sys.modules, "av", None)  # as if PyAV were not installed
+    with pytest.raises(MissingExtraError) as caught:
+        lerobot_format.require_optional()
+    message = str(caught.value)
+    assert 'pip install "capsule-rollout[lerobot]"' in message and "\n" not in message
+    assert isinstance(caught.value, ImportError) and caught.value.__cause__ is None

@@ -120,9 +120,10 @@ class Prepared(NamedTuple):
     generators: list[Any]
     generator_states: list[Any]
     glob: tuple | None
+    missing: bool = False  # an opaque object the target lacks is referred to (applying checks every attribute)
     structs: Sequence[Any] = ()  # the target's structs (None: it has none there yet)
     struct_states: Sequence[Any] = ()
-    missing: tuple[str, ...] = ()  # paths of structs the target lacks (a renderer it has not made yet)
+    missing_structs: tuple[str, ...] = ()  # paths of structs the target lacks (a renderer it has not made yet)
 
 
 def split(blob: bytes | memoryview) -> list[bytes]:

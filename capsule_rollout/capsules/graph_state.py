@@ -24,7 +24,8 @@ samplers, caches, spaces, a policy's queues and histories...) breadth first, giv
 - **struct**: an object of one of `structs`' types (an env's MuJoCo visualization structs: a renderer's camera,
   options, perturbation and scene settings, `envs.graph_structs`): its fields are saved and set in place in the
   target's struct at the same path, also inside an opaque object (the renderer that holds it); a target that has
-  none there yet (a renderer made at the first render) is listed in `Prepared.missing`, for its owner to make.
+  none there yet (a renderer made at the first render) is listed in `Prepared.missing_structs`, for its owner
+  to make.
 - everything else (containers, arrays, scalars, strings, module-level functions, an XML element) is saved by
   value (views of another Python array stay views of its copy).
 
@@ -43,7 +44,6 @@ import dataclasses
 import hashlib
 import pickle
 import random
-import sys
 import types
 from typing import Any
 
@@ -119,17 +119,14 @@ def _holds_missing(v: Any, depth: int = 3) -> bool:
     return False
 
 
-def _apply_state(obj: Any, state: tuple[dict | None, dict, Any]) -> None:
+def _apply_state(obj: Any, state: tuple[dict | None, dict, Any], missing: bool) -> None:
     d, slots, items = state
     if d is not None:
         own = obj.__dict__
-        # an attribute that holds an opaque object the target lacks keeps the target's own value
-        # attribute names interned, as Python interns them when it sets an attribute (a capsule's bytes then
-        # come out the same from a restored object as from the original)
-        new = {sys.intern(k) if type(k) is str else k: own[k] if _holds_missing(v) else v
-               for k, v in d.items() if not _holds_missing(v) or k in own}
+        if missing:  # an attribute that holds an opaque object the target lacks keeps the target's own value
+            d = {k: own[k] if _holds_missing(v) else v for k, v in d.items() if not _holds_missing(v) or k in own}
         own.clear()
-        own.update(new)
+        own.update(d)
     for k in _slots(type(obj)):
         if k in slots:
             object.__setattr__(obj, k, slots[k])
@@ -423,8 +420,8 @@ class GraphState:
             if isinstance(bits, np.random.BitGenerator) and state.get("bit_generator") != type(bits).__name__:
                 raise GraphStateError(f"the capsule's Python state is refused: a {state.get('bit_generator')!r} "
                                       f"state for a {type(bits).__name__} generator")
-        return Prepared(objects, states[:n], generators, states[n:n + ng], glob, structs, states[n + ng:],
-                        tuple(missing))
+        return Prepared(objects, states[:n], generators, states[n:n + ng], glob,
+                        any(v is MISSING for v in resolved.values()), structs, states[n + ng:], tuple(missing))
 
     def _read(self, blob: bytes) -> Read:
         """A snapshot read and checked once (nothing resolved in the env yet): its plan, and its view bases and
@@ -515,7 +512,7 @@ class GraphState:
             if self.exclude and state[0] is not None:
                 own = getattr(target, "__dict__", {})
                 state = ({**state[0], **{k: own[k] for k in self.exclude if k in own}}, *state[1:])
-            _apply_state(target, state)
+            _apply_state(target, state, prepared.missing)
         for g, state in zip(prepared.generators, prepared.generator_states):
             set_generator_state(g, state)
         for t, state in zip(prepared.structs, prepared.struct_states):

@@ -28,6 +28,7 @@ in C order, no identity of strings).
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from collections.abc import Callable
@@ -133,12 +134,13 @@ def _is_element(t: type) -> bool:
     return et is not None and t is et.Element
 
 
-def _slot_names(t: type) -> list[str]:
+@functools.cache
+def _slot_names(t: type) -> tuple[str, ...]:
     out = []
     for k in t.__mro__:
         s = vars(k).get("__slots__", ())
         out += [s] if isinstance(s, str) else [n for n in s if n not in ("__dict__", "__weakref__")]
-    return out
+    return tuple(out)
 
 
 TORCH_DTYPE_NAMES = frozenset({"float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",

@@ -223,6 +223,35 @@ class BenchBridgeConfig:
             raise ValueError("--rounds must be >= 10")
 
 
+@command(
+    'bench_lerobot_bridge',
+    "In LeRobot's venv: a control step over the bridge to a LeRobot robot (the robot side's command in a process of "
+    "its own) against the robot's own calls and its control period.",
+)
+@dataclass(frozen=True)
+class BenchLeRobotBridgeConfig:
+    robot_type: str = "so101_sim"
+    """LeRobot robot type (`--robot.type`; default: the SO-101 follower in MuJoCo, examples/lerobot_so101_sim)."""
+    plugin: str = "examples.lerobot_so101_sim"
+    """Package that registers that type with LeRobot (`--robot.discover_packages_path`; empty: none)."""
+    robot_id: str = "bench"
+    """The robot's id, which names its calibration (`--robot.id`)."""
+    calibration_dir: str = "runs/bench/calibration"
+    """Where LeRobot keeps that calibration (empty: LeRobot's own place)."""
+    camera_sizes: tuple[int, ...] = (0, 64)
+    """Square sizes of one `front` camera of type `mujoco` (the sim's), one measurement each (0: no camera)."""
+    fps: int = 30
+    """The cameras' fps, and so the control rate."""
+    steps: int = 300
+    """Control steps timed per measurement (the first 10 left out)."""
+    docs: str = ""
+    """Markdown file whose bench_lerobot_bridge section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 20 or self.fps < 1:
+            raise ValueError("--steps must be >= 20 and --fps >= 1")
+
+
 @command("bench_lerobot", "LeRobot export and import speed (frames/s) with and without video, and the dataset's size.")
 @dataclass(frozen=True)
 class BenchLeRobotConfig:

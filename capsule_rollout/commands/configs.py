@@ -13,6 +13,7 @@ from capsule_rollout.commands.bench_configs import (  # noqa: F401 - the benchma
     BenchCapsulesConfig,
     BenchChecksumsConfig,
     BenchEnvConfig,
+    BenchLeRobotBridgeConfig,
     BenchLeRobotConfig,
     BenchPolicyConfig,
     BenchRecordingConfig,
@@ -46,6 +47,12 @@ from capsule_rollout.learning.options import (  # noqa: F401 - the learning laye
     check_noise_scale_option,
 )
 
+
+def check_image_size(size: int | None) -> None:
+    if size is not None and not 8 <= size <= 1024:
+        raise ValueError(f"--image_size must be within 8..1024 pixels, got {size}")
+
+
 # the option groups' old flat names, kept for one release
 MODEL_ALIASES = {"policy": "model.policy", "critic": "model.critic"}
 ACT_ALIASES = {"advantage": "act.advantage", "beta": "act.beta", "n_exec": "act.n_exec"}
@@ -70,10 +77,14 @@ class VerifyCapsuleConfig:
     """Verify only this env (`suite:task` or `package.module:factory`): observations, rewards, the whole MjData,
     images; empty: every component of the project."""
     cameras: tuple[str, ...] | None = None
-    """With --env: cameras rendered (None: the suite's default camera)."""
+    """With --env: cameras rendered, by the env's names (a camera the MuJoCo model defines too; None: the suite's
+    default camera; `--cameras` with no name: none)."""
+    image_size: int = 64
+    """With --env: side of the rendered images in pixels."""
 
     def __post_init__(self) -> None:
         check_seeds(self.seed, 1, "--seed")
+        check_image_size(self.image_size)
         if self.steps < 1:
             raise ValueError(f"--steps must be >= 1 (got {self.steps})")
         if self.warmup < 0:
@@ -121,7 +132,18 @@ class EvalPolicyConfig:
     subtask: when the policy starts placing, an operator overwrites the subtask with "place it on the <other>
     pad instead"; the share of episodes that end with the block on the coached pad."""
 
+    cameras: tuple[str, ...] | None = None
+    """Cameras rendered (with --env), by the env's names (a camera the MuJoCo model defines too); `--cameras`
+    with no name: no images; unset: what the policy and critic read (the env's default camera for one that does
+    not say)."""
+    image_size: int | None = None
+    """Side of the rendered images in pixels (unset: what the policy and critic were made for, else 64)."""
+
     def __post_init__(self) -> None:
+        check_image_size(self.image_size)
+        if (self.cameras is not None or self.image_size is not None) and not self.env:
+            raise ValueError("--cameras and --image_size go with --env: the tabletop's policy reads what it was "
+                             "trained on")
         if self.seeds.count < 1 or self.actors < 0 or self.slots < 1:
             raise ValueError("--seeds.count (--episodes) and --slots must be >= 1, --actors >= 0")
         if self.env:
@@ -157,8 +179,14 @@ class ValueCeilingConfig:
     """Continuations played from each mid-episode capsule, each with its own noise seed."""
     at_step: int | None = None
     """The control step judged (None: half the episode limit, as the critic's failure AUC elsewhere)."""
+    cameras: tuple[str, ...] | None = None
+    """With --env: cameras rendered, by the env's names (`--cameras` with no name: none; unset: what the policy
+    and critic read)."""
+    image_size: int | None = None
+    """With --env: side of the rendered images in pixels (unset: what the policy was made for, else 64)."""
 
     def __post_init__(self) -> None:
+        check_image_size(self.image_size)
         if min(self.seeds.count, self.branches, self.slots) < 1:
             raise ValueError("--seeds.count (--episodes), --branches and --slots must be >= 1")
         if self.env and self.model.policy == SHIPPED_POLICY:
@@ -250,7 +278,15 @@ class SimRolloutConfig:
     """Episode observers built in every actor, each `package.module:factory` or `package.module:factory={JSON
     kwargs}` (called as factory(**kwargs); its hooks: rollout.observer.EpisodeObserver)."""
 
+    cameras: tuple[str, ...] | None = None
+    """Cameras rendered (and recorded), by the env's names (a camera the MuJoCo model defines too); `--cameras`
+    with no name: no images; unset: what the policy and critic read (the env's default camera for one that does
+    not say)."""
+    image_size: int | None = None
+    """Side of the rendered images in pixels (unset: what the policy and critic were made for, else 64)."""
+
     def __post_init__(self) -> None:
+        check_image_size(self.image_size)
         if self.actors < 0 or self.seeds.count < 1 or self.value_patience < 1:
             raise ValueError("--actors must be >= 0; --seeds.count (--episodes) and --value_patience >= 1")
         if self.repeats < 1 or self.attempts < 1:

@@ -44,9 +44,10 @@ class ExportLeRobotConfig:
     episodes: tuple[str, ...] = ()
     """Episodes to export, by id or index in the store; none: all."""
     fps: int = 0
-    """Frames per second in meta/info.json; 0: the tabletop env's control rate (10 Hz)."""
-    names: Literal["tabletop", "none"] = "tabletop"
-    """Dimension names of observation.state and action: the tabletop env's, or none (other robots)."""
+    """Frames per second in meta/info.json; 0: the control rate the store records (what its env says of itself,
+    kept as env.json when the episodes were recorded)."""
+    names: Literal["store", "none"] = "store"
+    """Dimension names of observation.state and action: those the store records (its env's own), or none."""
     vcodec: Literal["h264", "libsvtav1", "hevc"] = "h264"
     """Video encoder: h264, libsvtav1 (AV1, slower here: its fast presets drop motion in small images) or hevc."""
     crf: int = 18
@@ -64,7 +65,7 @@ class ExportLeRobotConfig:
         if not self.out:
             raise ValueError("--out is required: the directory the LeRobot dataset is written to")
         if self.fps < 0:
-            raise ValueError(f"--fps must be >= 0 (0: the env's control rate), got {self.fps}")
+            raise ValueError(f"--fps must be >= 0 (0: the control rate the store records), got {self.fps}")
         if not 0 <= self.crf <= 63:
             raise ValueError(f"--crf must be within 0..63, got {self.crf}")
 

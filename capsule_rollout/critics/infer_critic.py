@@ -20,8 +20,29 @@ from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
 from capsule_rollout.models.inputs import gather, key_names, require_keys
 from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
+from capsule_rollout.user_code import ContractError, calling
 
 KIND = "infer_critic"
+
+
+def answer_value(answer: Any, obj: Any, method: str = "value") -> float:
+    """A `value` answer checked: one real, finite number (a Python or numpy number, a 0-d array or tensor);
+    ValueError naming the object and method otherwise ("DistanceCritic.value returned ndarray (1,): return a
+    float")."""
+    name = f"{type(obj).__name__}.{method}"
+    if isinstance(answer, (bool, np.bool_)) or not isinstance(answer, (int, float, np.number, np.ndarray,
+                                                                        torch.Tensor)):
+        raise ContractError(f"{name} returned {type(answer).__name__}: return a float")
+    if isinstance(answer, (np.ndarray, torch.Tensor)):
+        shape = tuple(answer.shape)
+        if shape != () or (answer.dtype.kind if isinstance(answer, np.ndarray) else
+                           "f" if answer.is_floating_point() else "i") not in "fiu":
+            raise ContractError(f"{name} returned {type(answer).__name__} {shape if shape else answer.dtype}: "
+                             "return a float")
+    value = float(answer)
+    if not np.isfinite(value):
+        raise ContractError(f"{name} returned {value}: return a finite float")
+    return value
 
 
 class InferCritic(BufferComponent):
@@ -55,10 +76,9 @@ class InferCritic(BufferComponent):
             self._obs[self._names.get("prompt", "prompt")] = prompt
 
     def evaluate(self) -> torch.Tensor:
-        value = float(self.obj.value(dict(self._obs)))
-        if not np.isfinite(value):
-            raise ValueError(f"{type(self.obj).__name__}.value answered {value}")
-        self.buffers["value"].fill_(value)
+        with calling(self.obj, "value"):
+            answer = self.obj.value(dict(self._obs))
+        self.buffers["value"].fill_(answer_value(answer, self.obj))
         return self.buffers["value"]
 
     @property

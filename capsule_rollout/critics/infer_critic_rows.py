@@ -23,6 +23,7 @@ from capsule_rollout.critics.infer_critic import InferCritic
 from capsule_rollout.models.inputs import gather, require_keys
 from capsule_rollout.models.prompt_buffer import PROMPT_BYTES, read_prompt, write_prompt
 from capsule_rollout.models.rows import ObjectRows, RowSlot
+from capsule_rollout.user_code import ContractError, calling
 
 
 def batches(obj: Any) -> bool:
@@ -52,12 +53,16 @@ class InferCriticRows(ObjectRows):
     def evaluate_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all N rows; the values `(N,)` of the `active` rows are valid (and checked)."""
         obs = self.batch(self.template._names.get("prompt", "prompt"), [slot.prompt for slot in self.slots])
-        values = np.asarray(self._call(obs), dtype=np.float32)
+        with calling(self.obj, self._method):
+            answer = self._call(obs)
         name = f"{type(self.obj).__name__}.{self._method}"
-        if values.shape != (self.rows,):
-            raise ValueError(f"{name} answered shape {values.shape}: return one value per row, ({self.rows},)")
+        values = np.asarray(answer.detach().cpu() if isinstance(answer, torch.Tensor) else answer)
+        if values.dtype.kind not in "fiu" or values.shape != (self.rows,):
+            raise ContractError(f"{name} returned {type(answer).__name__} {values.dtype}{values.shape}: return one "
+                             f"number per row, ({self.rows},)")
+        values = values.astype(np.float32)
         if not np.isfinite(values[list(active)]).all():
-            raise ValueError(f"{name} answered a non-finite value (NaN or infinity)")
+            raise ContractError(f"{name} answered a non-finite value (NaN or infinity)")
         self.buffers["value"].copy_(torch.from_numpy(values))
         return self.buffers["value"]
 

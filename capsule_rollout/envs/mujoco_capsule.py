@@ -402,7 +402,7 @@ class MujocoCapsuleEnv(BufferComponent):
         prepared, self._prepared = self._prepared, None
         if prepared is None or prepared[0] != blob:  # restored without check_restore (not through the arena)
             prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
-        missing = set(prepared[1].missing) - self._unrendered
+        missing = set(prepared[1].missing_structs) - self._unrendered
         if missing:
             try:
                 with self._gl_env.turn():
@@ -410,7 +410,7 @@ class MujocoCapsuleEnv(BufferComponent):
             except Exception:  # noqa: BLE001 - a suite that cannot render now keeps the renderer it makes later
                 pass
             prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
-            self._unrendered |= missing & set(prepared[1].missing)  # not made by a render: not tried again
+            self._unrendered |= missing & set(prepared[1].missing_structs)  # not made by a render: not tried again
         return prepared[1]
 
     def _snapshot_graph(self, b: dict[str, np.ndarray]) -> None:

@@ -50,7 +50,9 @@ class OperatorSource(Protocol):
     branch from a mid-episode capsule meets the operator as the episode did: it implements `reset()` (a new
     episode), `capsule_state() -> tuple[int, ...]` (at most `rollout.host_state.OPERATOR_SLOTS` integers) and
     `load_capsule_state(values)` (the same integers back, after a restore). A source without them (the
-    keyboard) keeps its own state across restores."""
+    keyboard) keeps its own state across restores. A source may also have `begin_episode()`, called when each
+    episode starts (after its reset, before its first poll): the keyboard starts reading keys there, so nothing
+    pressed while the policy loads or the robot homes for the first episode acts before it."""
 
     def poll(self, step: int) -> list[OperatorEvent]:
         """Events since the last poll (`step`: the control step about to run). Never blocks."""
@@ -117,9 +119,21 @@ class KeyboardOperator:
 
             self._saved_tty = termios.tcgetattr(fd)
             tty.setcbreak(fd)
+        self._fd = fd
+        self._thread: threading.Thread | None = None  # started with the first episode (`begin_episode`)
+
+    def begin_episode(self) -> None:
+        """An episode starts: read keys from now on. At the first, keys typed before it (while the policy loaded
+        or the robot homed) are dropped and the keys are shown; later episodes go on reading."""
+        if self._thread is not None:
+            return
+        if self._saved_tty is not None:
+            import termios
+
+            termios.tcflush(self._fd, termios.TCIFLUSH)  # typed ahead: never acted on before an episode
         if self.echo is not None:
             print(KEYS_HELP, file=self.echo, flush=True)
-        self._thread = threading.Thread(target=self._read, args=(fd,), name="operator-keys", daemon=True)
+        self._thread = threading.Thread(target=self._read, args=(self._fd,), name="operator-keys", daemon=True)
         self._thread.start()
 
     def _read(self, fd: int) -> None:
@@ -151,7 +165,8 @@ class KeyboardOperator:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(1.0)
+        if self._thread is not None:
+            self._thread.join(1.0)
         if self._saved_tty is not None:
             import termios
 

@@ -1,4 +1,5 @@
-"""What a robot integration writes for the bridge (`RobotBackend`), and the tabletop sim as one (`SimBackend`).
+"""What a robot integration writes for the bridge (`RobotBackend`). Two are written: any LeRobot `Robot`
+(`robot_side.lerobot_backend`) and the example's tabletop sim (`tabletop.sim_robot.SimBackend`).
 
 The server (`envs.robot_server`) calls a backend from its one robot thread and enforces the safety layer
 whatever the backend does; a backend only moves the hardware.
@@ -25,6 +26,8 @@ class RobotBackend:
     """(H, W) of every camera image."""
 
     task: str = "task"
+    has_teleop: bool = True
+    """`teleop_action` gives the operator's device action (False: takeovers are ignored, and recorded so)."""
     # Largest change of each action component between consecutive actions (one control step);
     # None: half of each component's range. The server enforces it.
     max_rate: np.ndarray | None = None
@@ -37,6 +40,12 @@ class RobotBackend:
         """The current task's subtask texts, if the robot side knows them (else [])."""
         return []
 
+    def present_action(self) -> np.ndarray | None:
+        """The action that would hold the robot where it is now, called after each reset: the server's rate limit
+        starts from it, so an episode's first action cannot swing the robot. None: only the bounds limit the first
+        action (a sim that homes exactly)."""
+        return None
+
     def teleop_action(self) -> np.ndarray:
         """The operator's device action now (a leader arm); used while the operator has taken over."""
         raise NotImplementedError("this robot has no teleoperation device")
@@ -46,8 +55,9 @@ class RobotBackend:
         success)."""
         raise NotImplementedError
 
-    def apply(self, action: np.ndarray) -> None:
-        """Send one (already clipped, rate-limited, finite) action to the robot."""
+    def apply(self, action: np.ndarray) -> np.ndarray | None:
+        """Send one (already clipped, rate-limited, finite) action to the robot; returns the action the hardware
+        really took when it clipped further (as LeRobot's `send_action` does), None when it took this one."""
         raise NotImplementedError
 
     def hold(self) -> None:

@@ -64,6 +64,11 @@ class RobotClient:
         self.state_dim = welcome.fields.get("state_dim")
         self.image_shape = tuple(welcome.fields.get("image_shape") or ())
         self.action_low, self.action_high = welcome.arrays["action_low"], welcome.arrays["action_high"]
+        self.has_operator = bool(welcome.fields.get("operator", False))
+        """The robot side reads operator input of its own (a teleoperator's buttons, its computer's keys)."""
+        self.has_teleop = bool(welcome.fields.get("teleop", True))
+        """The robot side has a teleoperation device for takeovers (`teleop_action`)."""
+        self._operator_events: list[str] = []  # what came with observations, until `operator_events()` takes it
         self._stop = threading.Event()
         self._beat = None
         if heartbeat_s:
@@ -123,9 +128,18 @@ class RobotClient:
         """(observation like TabletopEnv's: image_<camera>, state, instruction; info: subtask, success, ...)."""
         reply = self._request(Message("observe"))
         require_fields(reply, {"instruction": str})
+        events = reply.fields.pop("operator_events", None)
+        if isinstance(events, list):
+            self._operator_events += [e for e in events if isinstance(e, str)]
         obs = dict(reply.arrays)
         obs["instruction"] = reply.fields["instruction"]
         return obs, dict(reply.fields)
+
+    def operator_events(self) -> list[str]:
+        """Operator events the robot side sent with its observations since the last call (`kind` or
+        `kind:text`, kinds of `envs.operator_input.Kind`); `envs.robot_operator.RobotOperator` reads them."""
+        events, self._operator_events = self._operator_events, []
+        return events
 
     def send_action(self, action: np.ndarray) -> np.ndarray:
         """Send one action; returns the action actually sent (clipped, rate-limited)."""

@@ -86,8 +86,9 @@ class RobotEnv:
         return self._obs
 
     def step(self, action: np.ndarray):
-        self.client.send_action(np.asarray(action, np.float32))
+        sent = self.client.send_action(np.asarray(action, np.float32))
         self._observe()
+        self._info["action_sent"] = sent  # what the robot really took (its safety layer clipped or rate-limited)
         success = self._info["success"]
         truncated = not success and self.steps >= self.max_steps
         return self._obs, (0.0 if success else -1.0), success, truncated, self._info

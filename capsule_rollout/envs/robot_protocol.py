@@ -18,8 +18,10 @@ few plain dtypes. Every frame is
 Message types (client = rollout side, server = robot side):
 
     client -> server                         server -> client
-    hello      {token, client}               welcome     {robot, control_hz, cameras, action_low/high arrays}
-    observe    {}                            observation {instruction, subtask, subtask_id, step, success}
+    hello      {token, client}               welcome     {robot, control_hz, cameras, state_dim, image_shape,
+                                                          operator, teleop} + action_low/high arrays
+    observe    {}                            observation {instruction, subtask, subtask_id, step, success,
+                                                          episode_state[, operator_events]}
                                                          + image_<camera> (H, W, 3) uint8, state (S,) float32
     action     + action (A,) float32         action_ack  {clipped, safe_stop, reason} + sent (A,) float32
     reset      {seed}                        reset_done  {instruction, task, subtasks}
@@ -28,6 +30,11 @@ Message types (client = rollout side, server = robot side):
     estop      {}                            estop_ack   {}
     heartbeat  {t}                           heartbeat_ack {t}
     bye        {}                            error       {code, message, fatal}
+
+`teleop` says the robot side has a teleoperation device; `operator` that it reads operator input of its
+own, whose events since the last observation come in `operator_events` (`kind` or `coach:TEXT`, the kinds of
+`envs.operator_input.Kind`). `sent` is what the robot took: clipped, rate-limited, and as the hardware clipped it
+further. Fields a side does not know are ignored, so these additions keep version 1.
 
 The header is strict JSON: NaN and Infinity are refused like any other malformed
 header. A frame that cannot be decoded is answered with an `error` frame (its

@@ -7,7 +7,8 @@
 Safety, enforced by the server whatever the backend does:
 - actions are clipped to the advertised bounds and rate-limited (each component
   moves at most `max_rate` from the previous action; by default the backend's, or
-  half the component's range); the ack returns what was actually sent;
+  half the component's range); the ack returns what was actually sent (what the backend's `apply` returns
+  when the hardware clipped further), and the rate limit goes on from that;
 - a NaN/inf action is refused: the robot holds (`backend.hold()`), the episode
   is safe-stopped and further actions are refused until the next reset;
 - a controller that completes no frame for `heartbeat_timeout_s` during an episode
@@ -35,6 +36,9 @@ A frame must arrive whole within `frame_timeout_s` of its first byte, and a cont
 and, when the stream cannot be trusted, the connection is closed; an exception in
 a handler becomes an error frame (the robot held) or a clean close; the server
 keeps accepting.
+Operator input near the robot (`operator`: a teleoperator's buttons, the robot computer's keys) is polled on
+the robot thread at each observation and its events travel with it (`operator_events`; the welcome says
+`operator`), for the rollout host to apply as its own operator's (`envs.robot_operator`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from capsule_rollout.envs.operator_input import OperatorSource
 from capsule_rollout.envs.robot_admission import WAIT, Admission, PeerBackoff, TokenBudget
 from capsule_rollout.envs.robot_backend import RobotBackend
 from capsule_rollout.envs.robot_protocol import (
@@ -76,7 +81,8 @@ class RobotServer:
                  max_rate: float | np.ndarray | None = None, heartbeat_timeout_s: float = 1.0,
                  max_payload: int = 16 * 1024 * 1024, idle_timeout_s: float = 5.0, frame_timeout_s: float = 2.0,
                  max_connections: int = 8, auth_timeout_s: float = 2.0, max_pending: int = 32,
-                 auth_backoff_s: float = 0.25, auth_backoff_max_s: float = 4.0, auth_checks_per_s: float = 5.0):
+                 auth_backoff_s: float = 0.25, auth_backoff_max_s: float = 4.0, auth_checks_per_s: float = 5.0,
+                 operator: OperatorSource | None = None):
         if host not in LOOPBACK and not token:
             raise ValueError(f"binding {host!r} exposes the robot beyond this machine: set a shared token "
                              "(and give it to the clients), or bind 127.0.0.1")
@@ -102,7 +108,7 @@ class RobotServer:
             raise ValueError(f"max_rate {rate!r} does not fit the robot's {low.shape[0]} action components") from None
         if not np.all(self.max_rate > 0):
             raise ValueError(f"max_rate must be > 0 for every action component, got {self.max_rate.tolist()}")
-        self.backend, self.token = backend, token
+        self.backend, self.token, self.operator = backend, token, operator
         self.heartbeat_timeout_s, self.max_payload = heartbeat_timeout_s, max_payload
         self.idle_timeout_s = idle_timeout_s  # a silent client is dropped, so it cannot keep the robot
         self.frame_timeout_s = frame_timeout_s  # a whole frame must arrive within this of its first byte
@@ -179,6 +185,8 @@ class RobotServer:
         finally:
             self._hold_if_running("server stopping")
             self.backend.close()  # in the thread that used it (GL contexts are per thread)
+            if self.operator is not None:
+                self.operator.close()
             while not self._jobs.empty():
                 self._jobs.get_nowait().cancel()
 
@@ -287,7 +295,9 @@ class RobotServer:
     def _welcome(self, seq: int) -> Message:
         b = self.backend
         return Message("welcome", {"robot": b.name, "control_hz": b.control_hz, "cameras": list(b.cameras),
-                                   "state_dim": int(b.state_dim), "image_shape": [int(x) for x in b.image_shape]},
+                                   "state_dim": int(b.state_dim), "image_shape": [int(x) for x in b.image_shape],
+                                   "operator": self.operator is not None,
+                                   "teleop": bool(getattr(b, "has_teleop", True))},
                        {"action_low": np.asarray(b.action_low, np.float32),
                         "action_high": np.asarray(b.action_high, np.float32)}, seq)
 
@@ -336,7 +346,7 @@ class RobotServer:
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
                 raise ProtocolError("bad_header", "reset 'seed' must be a non-negative integer or null")
             instruction = b.reset(seed)
-            self.episode_state, self.last_action, self.episode_owner = "running", None, cid
+            self.episode_state, self.last_action, self.episode_owner = "running", _present(b), cid
             self.last_heard = time.monotonic()
             return Message("reset_done", {"instruction": instruction, "task": b.task, "subtasks": b.subtasks()},
                            {}, msg.seq)
@@ -354,7 +364,11 @@ class RobotServer:
             if self.episode_state == "idle":
                 raise ProtocolError("not_ready", "reset before observing")
             arrays, fields = b.observe()
-            return Message("observation", {**fields, "episode_state": self.episode_state}, arrays, msg.seq)
+            fields = {**fields, "episode_state": self.episode_state}
+            if self.operator is not None:  # what the operator did near the robot, with the observation
+                fields["operator_events"] = [f"{e.kind.value}:{e.text}" if e.text else e.kind.value
+                                             for e in self.operator.poll(int(fields.get("step", 0)))]
+            return Message("observation", fields, arrays, msg.seq)
         if msg.type == "action":
             return self._action(msg, cid)
         raise ProtocolError("unknown_type", f"a server does not handle {msg.type!r}")
@@ -381,11 +395,28 @@ class RobotServer:
         sent = np.clip(a, low, high)
         if self.last_action is not None:
             sent = np.clip(sent, self.last_action - self.max_rate, self.last_action + self.max_rate)
+        applied = b.apply(sent.astype(np.float32))
+        if applied is not None:  # the hardware clipped further (LeRobot's `send_action` returns what it sent)
+            applied = np.asarray(applied, np.float64).reshape(low.shape)
+            if np.all(np.isfinite(applied)):
+                sent = applied
         clipped = bool(np.any(sent != a))
-        b.apply(sent.astype(np.float32))
         self.last_action = sent
         return Message("action_ack", {"clipped": clipped, "safe_stop": False, "reason": ""},
                        {"sent": sent.astype(np.float32)}, msg.seq)
+
+
+def _present(backend: RobotBackend) -> np.ndarray | None:
+    """Where the rate limit starts after a reset: the backend's present action, when it gives a usable one."""
+    present = getattr(backend, "present_action", None)
+    action = present() if callable(present) else None
+    if action is None:
+        return None
+    action = np.asarray(action, np.float64).reshape(-1)
+    low = np.asarray(backend.action_low, np.float64)
+    if action.shape != low.shape or not np.all(np.isfinite(action)):
+        return None
+    return np.clip(action, low, np.asarray(backend.action_high, np.float64))
 
 
 _POLL_S = 0.05  # how often a connection thread looks at the clock and the stop flag

@@ -15,6 +15,7 @@ from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.input_bounds import check_run
 from capsule_rollout.learning.evaluation import EpisodesLostError, evaluate_spec
 from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
+from capsule_rollout.rollout.preflight import preflight
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
 from capsule_rollout.rollout.record import absolute_source
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -88,8 +89,12 @@ def _run_env(config: EvalPolicyConfig) -> ExperimentResult:
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
         spec = HostSpec(env=config.env, policy=policy, critic=critic, advantage=config.act.advantage,
                         beta=config.act.beta, noise_scale=noise_scale,
-                        host=HostConfig(n_exec=n_exec, record_images=False), slots=config.slots)
+                        host=HostConfig(n_exec=n_exec, record_images=False), slots=config.slots,
+                        cameras=config.cameras, image_size=config.image_size)
         conditioning = check_spec(spec)
+        # built once here and probed, before any actor starts: a factory's policy executes its whole chunk
+        spec = preflight(spec, seed=seeds[0], n_exec_given=config.act.n_exec is not None).spec
+        n_exec = spec.host.n_exec
     where = init_ray() if config.actors else ""
     try:
         t0 = time.perf_counter()

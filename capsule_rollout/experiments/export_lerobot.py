@@ -12,32 +12,29 @@ from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.input_bounds import check_output_dir
 from capsule_rollout.stores import lerobot_format as F
+from capsule_rollout.stores.env_description import EnvDescription, read_env_description
 from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
 from capsule_rollout.stores.zarr_reader import require_verified, store_episodes
 
-# tabletop.tabletop_env's observation and action, dimension by dimension (its module docstring)
-TABLETOP_NAMES = {
-    F.OBS_STATE: ["ee_x", "ee_y", "ee_z", "ee_vx", "ee_vy", "ee_vz", "suction_on", "holding"],
-    F.ACTION: ["dx", "dy", "dz", "suction"],
-}
+# the episode fields whose dimension names a store records (`stores.env_description`), as LeRobot names them
+FEATURES = {"state": F.OBS_STATE, "action": F.ACTION}
 
 
 def run(config: ExportLeRobotConfig) -> ExperimentResult:
     with checking_inputs():
         check_output_dir(config.out, beside=True)
-    reader = open_store(resolve_input(config.store))
+    store = resolve_input(config.store)
+    reader = open_store(store)
     indices = F.select_episodes(reader.episode_ids, config.episodes)
-    if not config.allow_unverified:
-        with checking_inputs():
+    with checking_inputs():
+        if not config.allow_unverified:
             require_verified(reader, indices)
-    fps = config.fps
-    if not fps:
-        from capsule_rollout.tabletop.tabletop_env import CONTROL_HZ
-
-        fps = CONTROL_HZ
+        described = read_env_description(reader.path)
+        fps = config.fps or recorded_fps(described, store)
+    names = {FEATURES[k]: v for k, v in (described.names if described else {}).items() if k in FEATURES}
     options = LeRobotWriterOptions(
         fps=fps, video=config.video, vcodec=config.vcodec, crf=config.crf, robot_type=config.robot_type or None,
-        names=TABLETOP_NAMES if config.names == "tabletop" else {})
+        names=names if config.names == "store" else {})
     frames = int(sum(reader.ends[i] - reader.starts[i] for i in indices))
     bar = tqdm(total=frames, desc="export", unit="frame", disable=not config.progress)
     start = time.perf_counter()
@@ -51,6 +48,7 @@ def run(config: ExportLeRobotConfig) -> ExperimentResult:
         "store": str(config.store), "out": str(summary.root), "episodes": summary.episodes,
         "frames": summary.frames, "tasks": summary.tasks, "cameras": list(summary.cameras),
         "video": summary.video, "vcodec": config.vcodec if summary.video else None, "fps": fps,
+        "names": {k: list(v) for k, v in options.names.items()},
         "seconds": elapsed, "frames_per_s": summary.frames / elapsed if elapsed > 0 else None,
     }
     images = f"{config.vcodec} video" if summary.video else "PNG images"
@@ -59,3 +57,17 @@ def run(config: ExportLeRobotConfig) -> ExperimentResult:
         f"{summary.tasks} tasks -> {summary.root} in {elapsed:.1f} s ({result['frames_per_s']:.0f} frames/s)\n"
         f"open it with LeRobotDataset('<any repo_id>', root='{summary.root}')")
     return ExperimentResult(result)
+
+
+def recorded_fps(described: EnvDescription | None, store: str) -> int:
+    """The dataset's fps: the control rate the store records, as the integer LeRobot stores; a ValueError
+    saying to pass --fps when it records none (a store made before, an env that tells none) or a fractional
+    one."""
+    rate = described.control_hz if described is not None else None
+    if rate is None:
+        raise ValueError(f"{store} records no control rate (a store made before rates were kept, or an env that "
+                         "tells none: no `dt`, `control_hz` or metadata render_fps): pass --fps, the env's control "
+                         "steps per second")
+    if abs(rate - round(rate)) > 1e-6:
+        raise ValueError(f"{store} was recorded at {rate:g} Hz; LeRobot stores an integer fps: pass --fps")
+    return int(round(rate))

@@ -3,7 +3,8 @@
 The RolloutHost runs the policy and critic over a `RobotClient` (the robot is
 homed before every episode); the operator ends episodes (success / failure
 labels), takes over (those steps come from the robot side's teleoperation device
-and are flagged as interventions), coaches new subtasks or e-stops. Episodes go to
+and are flagged as interventions), coaches new subtasks or e-stops, at this terminal or, when the robot side
+reads operator input of its own (a LeRobot teleoperator's buttons), there too. Episodes go to
 `<out>/npz/<episode_id>.npz` and `<out>/episodes.zarr`. Against a sim robot:
 start `SimRobotServer` (see the README) and point --robot.port at it.
 """
@@ -22,6 +23,7 @@ from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.envs.operator_input import KeyboardOperator, ScriptedOperator, parse_script
 from capsule_rollout.envs.robot_bridge import RobotClient
 from capsule_rollout.envs.robot_env import RobotEnv
+from capsule_rollout.envs.robot_operator import OperatorMix, RobotOperator
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, check_spec, resolve_acting
@@ -47,11 +49,11 @@ def run(config: RealRecapConfig) -> ExperimentResult:
                                         value_patience=config.value_patience, max_steps=config.max_steps))
         conditioning = check_spec(spec)
     client = RobotClient(config.robot.host, config.robot.port, token=config.robot.token)
-    operator = _operator(config)
+    operator = _operator(config, client)
     try:
         env = RobotEnv(client, max_steps=config.max_steps)
         host = build_host(spec, env=env, observers=[], operator=operator,
-                          teleop=client.teleop_action if config.teleop else None)
+                          teleop=client.teleop_action if config.teleop and client.has_teleop else None)
     except Exception:
         client.close()
         raise
@@ -87,8 +89,7 @@ def _play(host, config: RealRecapConfig, operator, recorders, console) -> list:
     results = []
     for i in range(config.episodes):
         seed = None if config.seed is None else config.seed + i
-        if isinstance(operator, ScriptedOperator):
-            operator.reset()
+        _new_episode(operator)
         result = host.run_episode(seed if seed is not None else i,
                                   episode_id=f"{time.strftime('%Y%m%d-%H%M%S')}-{i:04d}")
         if result.episode is None:
@@ -105,10 +106,25 @@ def _play(host, config: RealRecapConfig, operator, recorders, console) -> list:
     return results
 
 
-def _operator(config: RealRecapConfig):
-    """The operator input `--operator` names: the keyboard, a script of events, or none."""
+def _new_episode(operator) -> None:
+    """The script from its start; what the robot side's operator did after the last episode ended, dropped."""
+    for source in operator.sources if isinstance(operator, OperatorMix) else (operator,):
+        if isinstance(source, ScriptedOperator):
+            source.reset()
+        elif isinstance(source, RobotOperator):
+            source.drop_pending()
+
+
+def _operator(config: RealRecapConfig, client: RobotClient):
+    """The operator input `--operator` names (the keyboard, a script of events, or none), with the robot side's
+    own (a teleoperator's buttons) when it has one."""
+    sources = []
     if config.operator == "keyboard":
-        return KeyboardOperator(sys.stdin, echo=sys.stderr)
-    if config.operator == "script":
-        return ScriptedOperator(parse_script(config.script))
-    return None
+        sources.append(KeyboardOperator(sys.stdin, echo=sys.stderr))
+    elif config.operator == "script":
+        sources.append(ScriptedOperator(parse_script(config.script)))
+    if client.has_operator:
+        sources.append(RobotOperator(client))
+    if len(sources) > 1:
+        return OperatorMix(sources)
+    return sources[0] if sources else None

@@ -7,8 +7,10 @@ import sys
 from capsule_rollout.commands import registry
 from capsule_rollout.commands.cli import ConfigError, parse_config
 from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
+from capsule_rollout.extras import MissingExtraError
 from capsule_rollout.stores.store_damage import StoreDamageError
 from capsule_rollout.stores.writer_lock import WriterLockError
+from capsule_rollout.user_code import UserCodeError
 
 
 def _usage() -> str:
@@ -40,11 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         result: ExperimentResult = experiment.load_runner()(config)
-    except (UsageError, WriterLockError) as exc:  # a store another writes, or its lock unopenable
+    except (UsageError, WriterLockError, MissingExtraError) as exc:  # a store another writes, or its lock unopenable
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except StoreDamageError as exc:  # recorded data that does not read back as written: not a usage error
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except UserCodeError as exc:  # the user's env, policy or critic raised: one line and the user's own frames
+        print(f"error: {exc.details()}", file=sys.stderr)
         return 1
     if json_path:
         path = write_json(json_path, result.summary)

@@ -23,12 +23,12 @@ from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.input_bounds import check_output_dir, check_run
 from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
+from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.deadlines import DeadlineSettings
-from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec, parse_observers, resolve_acting
+from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
-from capsule_rollout.rollout.record import CAPSULES, absolute_source, episode_id_of, open_run
+from capsule_rollout.rollout.record import OpenedRun, episode_id_of, open_run, run_spec
 from capsule_rollout.rollout.rollout_actor import WorkItem
-from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.slot_host import instances_by_actor
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -43,25 +43,27 @@ def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
         raise ValueError(f"--env {config.env}: give its policy (--policy: a checkpoint or `package.module:make_policy`); "
                          "the shipped policy acts in the tabletop only")
     critic = "" if config.env and config.model.critic == SHIPPED_CRITIC else config.model.critic  # tabletop's only
-    policy = resolve_input(config.model.policy)
-    n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
-    return HostSpec(
-        env=config.env or f"tabletop:{ANY_TASK if config.family == ALL else config.family}",
-        policy=absolute_source(policy),
-        critic=absolute_source(resolve_input(critic)) if critic else "",
-        advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
-        host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
-                        value_patience=config.value_patience, pin_seeds=config.pin_seeds, lanes=config.lanes,
-                        max_steps=config.max_steps),
-        device="cuda" if config.gpus_per_actor > 0 else "cpu", threads=max(1, int(config.cpus_per_actor)),
-        capsule_dir=str((out / CAPSULES).resolve()), capsule_budget_mb=config.capsule_budget_mb,
-        observers=parse_observers(config.observers), pin_cores=config.pin_cores, slots=config.slots,
-        env_threads=config.env_threads,
-    )
+    return run_spec(  # what record_rollouts builds from the same options
+        out, env=config.env or f"tabletop:{ANY_TASK if config.family == ALL else config.family}",
+        policy=resolve_input(config.model.policy), critic=resolve_input(critic) if critic else "",
+        n_exec=config.act.n_exec, noise_scale=config.act.noise_scale, advantage=config.act.advantage,
+        beta=config.act.beta, max_steps=config.max_steps, value_threshold=config.value_threshold,
+        value_patience=config.value_patience, cameras=config.cameras, image_size=config.image_size,
+        observers=config.observers, lanes=config.lanes, gpus_per_actor=config.gpus_per_actor,
+        cpus_per_actor=config.cpus_per_actor, pin_cores=config.pin_cores, pin_seeds=config.pin_seeds,
+        capsule_budget_mb=config.capsule_budget_mb, slots=config.slots, env_threads=config.env_threads)
 
 
-def _open_run(config: SimRolloutConfig):
-    """Check the inputs and open the run's output: (out, spec, store, conditioning, recorded outcomes, recorder)."""
+def _items(config: SimRolloutConfig, legacy: bool) -> list[WorkItem]:
+    """The run's items; `legacy`: named as a run recorded before ids were made file-system-safe (resumed)."""
+    task = config.env or config.family
+    if task == ALL:  # a mix: every family on each seed, interleaved (the spec: `tabletop:*`)
+        return [WorkItem(episode_id_of(f, s), s, task=f) for s in config.seeds.range for f in FAMILY_NAMES]
+    return [WorkItem(episode_id_of(task, s, legacy=legacy), s) for s in config.seeds.range]
+
+
+def _open_run(config: SimRolloutConfig) -> tuple[Path, OpenedRun, Conditioning]:
+    """Check the inputs, run the preflight (`rollout.preflight`) and open the run's output."""
     with checking_inputs():
         out = parse_store_root(config.out)
         check_output_dir(out)
@@ -75,18 +77,19 @@ def _open_run(config: SimRolloutConfig):
             raise ValueError("--attempts: at noise scale 0 every retry plays the failed episode again; pass "
                              "--act.noise_scale > 0 (e.g. 1) to retry with fresh noise")
         conditioning = spec.conditioning()
-        store, done, recorder = open_run(out, spec, config.shards)
-    return out, spec, store, conditioning, done, recorder
+        first = WorkItem("", config.seeds.first, task=FAMILY_NAMES[0] if (config.env or config.family) == ALL else "")
+        opened = open_run(out, spec, config.shards, first=first, n_exec_given=config.act.n_exec is not None)
+    return out, opened, conditioning
 
 
 def run(config: SimRolloutConfig) -> ExperimentResult:
     console = make_console()
-    out, spec, store, conditioning, done, recorder = _open_run(config)
     task = config.env or config.family
-    if task == ALL:  # a mix: every family on each seed, interleaved (the spec: `tabletop:*`)
-        items = [WorkItem(episode_id_of(f, s), s, task=f) for s in config.seeds.range for f in FAMILY_NAMES]
-    else:
-        items = [WorkItem(episode_id_of(task, s), s) for s in config.seeds.range]
+    out, opened, conditioning = _open_run(config)  # the inputs checked (their sizes too) before anything is built
+    items = _items(config, opened.legacy_ids)
+    spec, store, done, recorder = opened.spec, opened.store, opened.done, opened.recorder
+    for warning in opened.checked.warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}", markup=True, highlight=False, soft_wrap=True)
     if done:
         console.print(f"{len(done)} episodes are already in {store}; running the rest")
     where = init_ray() if config.actors else "in-process"
@@ -131,14 +134,20 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
             summary["video"] = str(_video(episodes, out / "episode.gif", store))
     _table(console, summary)
     lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded (each says why)
+    errored = [r for r in reports if r.errored]  # lost, or recorded with stop reason `error`
     if stats.gave_up:
         console.print(f"[red]gave up[/red]: {stats.gave_up}; {len(lost)} of {len(reports)} episodes lost (each "
                       "with its reason in --json; a resumed run plays them)", markup=True, highlight=False, soft_wrap=True)
-    elif lost:
-        console.print(f"[red]{len(lost)} of {len(reports)} episodes were lost to errors[/red]; the first "
-                      f"({lost[0].item.episode_id if lost[0].item else '?'}): {lost[0].error}", markup=True,
-                      highlight=False, soft_wrap=True)
-    return ExperimentResult(summary, exit_code=1 if lost else 0)
+        if stats.gave_up_traceback:
+            console.print(stats.gave_up_traceback, markup=False, highlight=False, soft_wrap=True)
+    elif errored:
+        first = summary["first_error"]
+        console.print(f"[red]{len(errored)} of {len(reports)} episodes ended in errors[/red] ({len(lost)} lost, "
+                      f"{len(errored) - len(lost)} recorded with stop reason error); the first "
+                      f"({first['episode_id']}): {first['error']}", markup=True, highlight=False, soft_wrap=True)
+        if first["traceback"]:
+            console.print(first["traceback"], markup=False, highlight=False, soft_wrap=True)
+    return ExperimentResult(summary, exit_code=1 if errored or stats.gave_up else 0)
 
 
 def _table(console, s: dict) -> None:

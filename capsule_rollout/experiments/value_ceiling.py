@@ -34,6 +34,7 @@ from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
 from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
 from capsule_rollout.rollout.branching import require_capturable_source
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
+from capsule_rollout.rollout.preflight import preflight
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.tabletop.evaluation import task_phase
 
@@ -53,7 +54,9 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
                         critic=resolve_input(config.model.critic) if config.model.critic else "",
                         host=HostConfig(n_exec=n_exec, record_images=False),
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
-                        slots=config.slots)
+                        slots=config.slots, cameras=config.cameras, image_size=config.image_size)
+        if config.env:  # a user's env: built once and probed first (a factory's policy executes its whole chunk)
+            spec = preflight(spec, seed=config.seeds.first, n_exec_given=config.act.n_exec is not None).spec
         if config.slots > 1:  # the keeper watches the first slot, where each episode plays
             host = build_slots(spec)
             host.hosts[0].observers.append(keeper)

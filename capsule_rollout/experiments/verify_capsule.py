@@ -45,8 +45,9 @@ def targets(config: VerifyCapsuleConfig) -> list[Callable[[], Steppable]]:
         from capsule_rollout.envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
         from capsule_rollout.envs.suites import make_env
 
-        make_env(config.env, cameras=config.cameras).close()  # a bad id or a missing suite: a usage error now
-        return [lambda: MujocoCapsuleSteppable(config.env, cameras=config.cameras)]
+        # a bad id or a missing suite: a usage error now
+        make_env(config.env, cameras=config.cameras, image_size=config.image_size).close()
+        return [lambda: MujocoCapsuleSteppable(config.env, cameras=config.cameras, image_size=config.image_size)]
     found: list[Callable[[], Steppable]] = []
     for device in _devices(config):
         found.append(lambda device=device: NoisyChunkSteppable(device))
@@ -102,7 +103,8 @@ def run(config: VerifyCapsuleConfig) -> ExperimentResult:
     all_exact = all(r.bit_exact for r in reports)
     scenarios = None
     if config.env:
-        scenarios = verify_scenarios(config.env, cameras=config.cameras, seed=config.seed, steps=config.steps)
+        scenarios = verify_scenarios(config.env, cameras=config.cameras, image_size=config.image_size,
+                                     seed=config.seed, steps=config.steps)
         make_console().print(scenario_table(scenarios))
         all_exact &= scenarios.ok
     components = [

@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from capsule_rollout.learning.options import CollectDemosConfig
 from capsule_rollout.rollout.demo_collector import demo_episode_id, record_episode
+from capsule_rollout.rollout.record import keep_env_description
 from capsule_rollout.stores.npz_recorder import NpzRecorder
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
@@ -53,6 +54,8 @@ def collect_demos(config: CollectDemosConfig, source: DemoSource) -> dict:
     """
     env, task, make_expert = source.env, source.task, source.make_expert
     recorder = ZarrRecorder(config.out) if config.format == "zarr" else NpzRecorder(config.out)
+    if isinstance(recorder, ZarrRecorder):  # what the env says of itself (fps, names, cameras), kept with the store
+        keep_env_description(config.out, env, config.env or f"tabletop:{config.family}")
     episodes = successes = steps = skipped = plans_done = 0
     seeds = range(config.seed, config.seed + config.episodes)
     bar = tqdm(seeds, desc=f"collect {task}", unit="ep", disable=not config.progress)
@@ -60,7 +63,7 @@ def collect_demos(config: CollectDemosConfig, source: DemoSource) -> dict:
     try:
         for seed in bar:
             episode_id = demo_episode_id(task, seed)
-            if _recorded(recorder, episode_id):
+            if _recorded(recorder, episode_id) or _recorded(recorder, demo_episode_id(task, seed, legacy=True)):
                 skipped += 1
                 continue
             act, proposed = make_expert(seed)

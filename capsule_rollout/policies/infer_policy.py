@@ -36,6 +36,7 @@ from capsule_rollout.models.inputs import gather, key_names, require_keys
 from capsule_rollout.models.prompt_buffer import prompt_specs, read_prompt, write_prompt
 from capsule_rollout.policies.object_state import ObjectState
 from capsule_rollout.policies.rollout_policy import PolicySpec
+from capsule_rollout.user_code import ContractError, calling
 
 KIND = "infer_policy"
 PROMPT_KEY = "prompt"
@@ -55,7 +56,7 @@ def answer_chunk(answer: Any, obj: Any, method: str = "infer") -> np.ndarray:
     """The chunk in an `infer` answer (the array, or a dict's `actions`), float32, a leading batch of 1 dropped."""
     chunk = answer.get("actions") if isinstance(answer, Mapping) else answer
     if chunk is None:
-        raise ValueError(f"{type(obj).__name__}.{method} answered a dict without `actions` (keys {sorted(answer)})")
+        raise ContractError(f"{type(obj).__name__}.{method} answered a dict without `actions` (keys {sorted(answer)})")
     chunk = np.asarray(chunk, dtype=np.float32)
     return chunk[0] if chunk.ndim == 3 and chunk.shape[0] == 1 else chunk
 
@@ -66,16 +67,20 @@ def answer_chunks(answer: Any, obj: Any, shape: tuple[int, ...], rows: Sequence[
     method = "infer_batch" if len(shape) == 3 and callable(getattr(obj, "infer_batch", None)) else "infer"
     raw = answer.get("actions") if isinstance(answer, Mapping) else answer
     if raw is None:
-        raise ValueError(f"{type(obj).__name__}.{method} answered a dict without `actions` (keys {sorted(answer)})")
-    chunks = np.asarray(raw, dtype=np.float32)
+        raise ContractError(f"{type(obj).__name__}.{method} answered a dict without `actions` (keys {sorted(answer)})")
+    chunks = np.asarray(raw.detach().cpu() if isinstance(raw, torch.Tensor) else raw)
+    if chunks.dtype.kind not in "fiu":
+        raise ContractError(f"{type(obj).__name__}.{method} answered {type(raw).__name__} of dtype {chunks.dtype}: "
+                         f"answer float actions {shape}")
+    chunks = chunks.astype(np.float32, copy=False)
     if len(shape) == 2 and chunks.ndim == 3 and chunks.shape[0] == 1:
         chunks = chunks[0]
     if chunks.shape != shape:
-        raise ValueError(f"{type(obj).__name__}.{method} answered a chunk of shape {chunks.shape}; this policy acts "
+        raise ContractError(f"{type(obj).__name__}.{method} answered a chunk of shape {chunks.shape}; this policy acts "
                          f"with {shape} ({'slots x ' if len(shape) == 3 else ''}chunk_length x action_dim)")
     checked = chunks if rows is None else chunks[list(rows)]
     if not np.isfinite(checked).all():
-        raise ValueError(f"{type(obj).__name__}.{method} answered non-finite actions (NaN or infinity): refused "
+        raise ContractError(f"{type(obj).__name__}.{method} answered non-finite actions (NaN or infinity): refused "
                          "before they reach the env")
     return chunks
 
@@ -169,7 +174,8 @@ class InferPolicy(BufferComponent):
         if prompt is not None:
             obs[self._names.get(PROMPT_KEY, PROMPT_KEY)] = prompt
         normal_(b["rng"], b["noise"], self._index)
-        answer = self.obj.infer(obs, noise=b["noise"].numpy().copy()) if self._noise_kw else self.obj.infer(obs)
+        with calling(self.obj, "infer"):
+            answer = self.obj.infer(obs, noise=b["noise"].numpy().copy()) if self._noise_kw else self.obj.infer(obs)
         b["chunk"].copy_(torch.from_numpy(answer_chunks(answer, self.obj, tuple(b["chunk"].shape))))
         return b["chunk"]
 

@@ -27,6 +27,7 @@ from capsule_rollout.models.inputs import gather, require_keys
 from capsule_rollout.models.prompt_buffer import PROMPT_BYTES, read_prompt, write_prompt
 from capsule_rollout.models.rows import ObjectRows, RowSlot, set_active
 from capsule_rollout.policies.infer_policy import PROMPT_KEY, InferPolicy, accepts_noise, answer_chunks
+from capsule_rollout.user_code import calling
 
 
 def batches(obj: Any) -> bool:
@@ -74,10 +75,11 @@ class InferPolicyRows(ObjectRows):
         set_active(b["active"], active)
         normal_rows_(b["rng"], b["noise"].view(self.rows, -1), self._index, b["active"])
         obs = self.batch(self.template._names.get(PROMPT_KEY, PROMPT_KEY), [self._prompt(i) for i in range(self.rows)])
-        if self._noise_kw:
-            answer = self._call(obs, noise=b["noise"].numpy().copy())
-        else:
-            answer = self._call(obs)
+        with calling(self.obj, self._method):
+            if self._noise_kw:
+                answer = self._call(obs, noise=b["noise"].numpy().copy())
+            else:
+                answer = self._call(obs)
         chunks = answer_chunks(answer, self.obj, tuple(b["chunk"].shape), active)
         b["chunk"].copy_(torch.from_numpy(chunks))
         return b["chunk"]

@@ -34,6 +34,7 @@ from capsule_rollout.capsules.fingerprint import module_sha256
 from capsule_rollout.import_path import resolve
 from capsule_rollout.models.counter_rng import normal_
 from capsule_rollout.policies.rollout_policy import PolicySpec
+from capsule_rollout.user_code import ContractError, calling
 
 KIND = "torch_policy"
 
@@ -94,10 +95,24 @@ class TorchPolicy(BufferComponent):
         """The next chunk `(T, A)` for the loaded observation (a view of the output buffer)."""
         b = self.buffers
         normal_(b["rng"], b["noise"], self._index)
-        with torch.no_grad():
+        with torch.no_grad(), calling(self.module, "forward"):
             out = self.module(self._inputs, b["noise"])
-        b["chunk"].copy_(out.reshape(b["chunk"].shape))
+        b["chunk"].copy_(module_chunk(out, self.module, tuple(b["chunk"].shape)))
         return b["chunk"]
+
+
+def module_chunk(out, module, shape: tuple[int, ...]) -> torch.Tensor:
+    """A module's answer checked: a tensor of `shape` (`(T, A)`, a leading batch of 1 allowed) of floats;
+    ValueError naming the module otherwise."""
+    name = f"{type(module).__name__}.forward"
+    if not torch.is_tensor(out):
+        raise ContractError(f"{name} returned {type(out).__name__}: return the chunk as a tensor {shape}")
+    if not out.is_floating_point():
+        raise ContractError(f"{name} returned a {out.dtype} tensor: return float actions {shape}")
+    if out.numel() != int(np.prod(shape)):
+        raise ContractError(f"{name} returned a tensor of shape {tuple(out.shape)}; this policy acts with {shape} "
+                         "(chunk_length x action_dim)")
+    return out.reshape(shape)
 
 
 def check_inputs(slots: Mapping[str, torch.Tensor], obs: Mapping[str, np.ndarray | torch.Tensor]) -> dict:

@@ -1,4 +1,69 @@
-"""RolloutHost state machine, hand-off channel, branching, policy/critic sources and the Ray layer.
+"""Rolling out, recording, replaying and branching: the rollout host, its builders and the Ray layer.
 
-The only package that imports ray; episodes are recorded through `stores/`.
+The only package that imports ray; episodes are recorded through `stores/`. What a user needs, by task
+(README, "Bring your own env, policy and critic", and `examples/`):
+
+- record and replay: `record_rollouts` (`sim_rollout` as a call: `RecordResult`, `RunError`), `replay_episode`
+  (`ReplayReport`); `preflight` (`Preflight`, `PreflightError`) is what both run before any actor starts
+- build a host: `HostSpec` (env, policy, critic as sources; `HostConfig`), `build_host` (a `RolloutHost`: one
+  env), `build_slots` (a `SlotHost`: N env slots, the policy and critic batched); `as_rollout_policy` /
+  `as_rollout_critic` adapt objects made in process; `with_kwargs` names a factory with keyword arguments
+- snapshot, branch, fork into slots: `RolloutHost.snapshot`, `RolloutHost.branch`, `BoundaryCapsules` (an
+  `EpisodeObserver` keeping capsules at chunk starts), `SlotHost.fork_into`, `episode_job` / `branch_job` (what
+  `SlotHost.run_items` plays side by side), `branch_value` / `branch_episode` (Monte-Carlo values of a state)
+- on Ray: `run_rollouts` (`WorkItem`, `ActorReport`), `init_ray`, `shutdown_ray`
+- errors in the user's code: `UserCodeError` (one line naming the object, the user's own frames)
+
+Names load on first use (`__getattr__`, PEP 562): importing the package imports nothing more.
 """
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "record_rollouts": "capsule_rollout.rollout.record",
+    "RecordResult": "capsule_rollout.rollout.record",
+    "RunError": "capsule_rollout.rollout.record",
+    "replay_episode": "capsule_rollout.rollout.record",
+    "ReplayReport": "capsule_rollout.rollout.record",
+    "FIRST_SEED": "capsule_rollout.rollout.record",
+    "preflight": "capsule_rollout.rollout.preflight",
+    "Preflight": "capsule_rollout.rollout.preflight",
+    "PreflightError": "capsule_rollout.rollout.preflight",
+    "HostSpec": "capsule_rollout.rollout.host_factory",
+    "build_host": "capsule_rollout.rollout.host_factory",
+    "build_slots": "capsule_rollout.rollout.host_factory",
+    "build_policy": "capsule_rollout.rollout.host_factory",
+    "HostConfig": "capsule_rollout.rollout.host_config",
+    "EpisodeResult": "capsule_rollout.rollout.host_config",
+    "RolloutHost": "capsule_rollout.rollout.rollout_host",
+    "SlotHost": "capsule_rollout.rollout.slot_host",
+    "episode_job": "capsule_rollout.rollout.slot_host",
+    "branch_job": "capsule_rollout.rollout.slot_host",
+    "EpisodeObserver": "capsule_rollout.rollout.observer",
+    "BoundaryCapsules": "capsule_rollout.rollout.branching",
+    "BranchValue": "capsule_rollout.rollout.branching",
+    "branch_episode": "capsule_rollout.rollout.branching",
+    "branch_value": "capsule_rollout.rollout.branching",
+    "as_rollout_policy": "capsule_rollout.rollout.plug_in",
+    "as_rollout_critic": "capsule_rollout.rollout.plug_in",
+    "run_rollouts": "capsule_rollout.rollout.ray_rollout",
+    "init_ray": "capsule_rollout.rollout.ray_rollout",
+    "shutdown_ray": "capsule_rollout.rollout.ray_rollout",
+    "WorkItem": "capsule_rollout.rollout.rollout_actor",
+    "ActorReport": "capsule_rollout.rollout.rollout_actor",
+    "with_kwargs": "capsule_rollout.import_path",
+    "UserCodeError": "capsule_rollout.user_code",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

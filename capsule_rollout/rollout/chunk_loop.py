@@ -16,6 +16,7 @@ from capsule_rollout.rollout.host_config import SafetyStop, Tick
 from capsule_rollout.rollout.phase_clock import CHUNK, HOST, STEP
 from capsule_rollout.stores.episode import EpisodeBuilder
 from capsule_rollout.stores.episode_schema import STOP_REASONS, StopReason
+from capsule_rollout.user_code import describe
 
 
 class ChunkLoop:
@@ -194,4 +195,4 @@ class ChunkLoop:
             self._exception = exc
             named = getattr(exc, "stop_reason", None)
             reason = StopReason(named) if named in STOP_REASONS else StopReason.ERROR
-            return reason, False, f"{type(exc).__name__}: {exc}"
+            return reason, False, describe(exc)[0]

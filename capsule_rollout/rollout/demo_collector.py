@@ -6,12 +6,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from capsule_rollout.rollout.host_config import episode_id
 from capsule_rollout.stores.episode import Episode, EpisodeBuilder
 
 
-def demo_episode_id(family: str, seed: int) -> str:
-    """Deterministic id: collecting the same seed twice names the same episode."""
-    return f"{family}-s{seed:07d}"
+def demo_episode_id(family: str, seed: int, *, legacy: bool = False) -> str:
+    """Deterministic id: collecting the same seed twice names the same episode; file-system-safe (`legacy`: as
+    stores recorded before named it, the task as it is: what a resumed old store holds)."""
+    return f"{family}-s{seed:07d}" if legacy else episode_id(family, seed)
 
 
 def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id: str,

@@ -9,6 +9,7 @@ policy's noise seed of an episode.
 from __future__ import annotations
 
 import enum
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Literal
@@ -128,3 +129,18 @@ def episode_noise_seed(noise_seed: int, task: str, seed: int, attempt: int = 0, 
 
 def capsule_key(task: str, seed: int) -> str:
     return f"{task}/s{seed:07d}"
+
+
+def file_safe(text: str) -> str:
+    """`text` as a file-system-safe name: every character but letters, digits, `.`, `_` and `-` as `_`
+    (`mylab.envs:make_env` -> `mylab.envs_make_env`, `gymnasium:Pusher-v5` -> `gymnasium_Pusher-v5`)."""
+    return _UNSAFE.sub("_", text)
+
+
+def episode_id(task: str, seed: int) -> str:
+    """The id of a seed's first episode of `task`: `<task, file-system-safe>-s<seed>` (runs recorded before ids
+    were made safe keep theirs: `rollout.record.OpenedRun.legacy_ids`)."""
+    return f"{file_safe(task)}-s{seed:07d}"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

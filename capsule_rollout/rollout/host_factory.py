@@ -21,9 +21,10 @@ import torch
 
 from capsule_rollout.capsules import Arena, CapsuleStore, save_capsule, signing_key
 from capsule_rollout.envs.rollout_env import ArraySpec, RolloutEnv
-from capsule_rollout.import_path import resolve
+from capsule_rollout.import_path import resolve, split_kwargs
 from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
+from capsule_rollout.rollout.host_config import file_safe
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.plug_in import (
     FACTORY,
@@ -49,6 +50,8 @@ ACTING_INFO = "acting"
 """Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
 `export_checkpoint --n_exec --noise_scale`); what the commands' `--act.*` options default to for it."""
 DEFAULT_N_EXEC = HostConfig().n_exec
+DEFAULT_IMAGE_SIZE = 64
+MAX_IMAGE_SIZE = 1024
 
 
 def recorded_acting(policy: str) -> dict:
@@ -130,8 +133,18 @@ class HostSpec:
     env_threads: int = 1
     """Threads that step a host's slots between batched calls (slot i on thread i mod W): slots step in parallel
     where the env releases the GIL (MuJoCo). Does not change what is played."""
+    cameras: tuple[str, ...] | None = None
+    """Cameras the env renders (and episodes record), by the env's names (a camera the MuJoCo model defines
+    too); () for none; None: what the policy and critic read (the env's default camera for a part that does
+    not say). Those the policy and critic read must be among them."""
+    image_size: int | None = None
+    """Side of the rendered images in pixels; None: what the policy and critic were made for, else 64."""
 
     def __post_init__(self) -> None:
+        if self.cameras is not None and any(not isinstance(c, str) or not c for c in self.cameras):
+            raise ValueError(f"cameras are the env's camera names, got {self.cameras!r}")
+        if self.image_size is not None and not 8 <= self.image_size <= MAX_IMAGE_SIZE:
+            raise ValueError(f"image_size must be within 8..{MAX_IMAGE_SIZE} pixels, got {self.image_size}")
         if self.advantage not in ADVANTAGE_CHOICES:
             raise ValueError(f"advantage must be one of {ADVANTAGE_CHOICES}, got {self.advantage!r}")
         check_noise_scale(self.noise_scale)
@@ -212,7 +225,7 @@ def check_spec(spec: HostSpec, *, policy_given: bool = False) -> Conditioning:
             if what != "policy":
                 raise ValueError(f"{path!r} is a policy server; a critic is a checkpoint or a factory's import path")
         elif source_kind(path) == FACTORY:
-            resolve(path, what)  # a factory that cannot be imported fails here, before any process starts
+            resolve(split_kwargs(path, what)[0], what)  # one that cannot be imported fails here, before any process
         elif not Path(path).is_dir():
             raise FileNotFoundError(f"{what} checkpoint {path!r} not found: give a checkpoint directory (train_{what} "
                                     f"makes one) or a factory's import path `package.module:make_{what}`")
@@ -223,7 +236,7 @@ def check_spec(spec: HostSpec, *, policy_given: bool = False) -> Conditioning:
         if suite is not None:
             suite.load()  # a missing or incompatible suite fails here, before any process starts
         else:
-            resolve(spec.env, "env")  # so does a factory's module that fails to import (the error it raised)
+            resolve(split_kwargs(spec.env, "env")[0], "env")  # so does a factory's module that fails to import
     if spec.host.value_threshold is not None and not spec.critic:
         raise ValueError("--value_threshold needs a critic (--critic)")
     if spec.takeover and not spec.critic:
@@ -406,7 +419,17 @@ def _load_parts(spec: HostSpec, conditioning: Conditioning, make_policy: Callabl
     # no camera when every part says what it reads and none reads an image (the env renders nothing); the env's
     # default camera when a part reads whatever the env gives
     render = cameras if cameras or all(part.declared for part in loaded) else None
-    return _Parts(policy.part, critic.part if critic else None, render, sizes.pop() if sizes else 64,
+    if spec.cameras is not None:  # asked for: rendered (and recorded), the parts' own among them
+        missing = [c for c in cameras if c not in spec.cameras]
+        if missing:
+            raise ValueError(f"the policy or critic reads camera(s) {missing}, which --cameras {list(spec.cameras)} "
+                             "leaves out: add them")
+        render = tuple(spec.cameras)
+    size = sizes.pop() if sizes else None
+    if spec.image_size is not None and size is not None and spec.image_size != size:
+        raise ValueError(f"--image_size {spec.image_size}: the policy or critic reads images of {size} px; leave it "
+                         "unset or give that size")
+    return _Parts(policy.part, critic.part if critic else None, render, size or spec.image_size or DEFAULT_IMAGE_SIZE,
                   policy.conditioning, conditioning)
 
 
@@ -431,7 +454,11 @@ def env_for_task(env: str, task: str) -> str:
 
 
 def capsule_path(capsule_dir: str | os.PathLike, task: str, seed: int) -> Path:
-    return Path(capsule_dir) / f"{capsule_key(task, seed)}.capsule"
+    """Where a seed's initial capsule is saved: `<dir>/<task, file-system-safe>/s<seed>.capsule`; a run saved
+    before names were made safe keeps its file (`<dir>/<task>/s<seed>.capsule`), read there."""
+    path = Path(capsule_dir) / file_safe(task) / f"s{seed:07d}.capsule"
+    legacy = Path(capsule_dir) / f"{capsule_key(task, seed)}.capsule"
+    return legacy if not path.exists() and legacy != path and legacy.exists() else path
 
 
 def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int, capsule=None, *,

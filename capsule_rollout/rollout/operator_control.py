@@ -27,6 +27,9 @@ class OperatorControl:
 
     def start_episode(self) -> None:
         self.takeover, self.events = False, []
+        begin = getattr(self.operator, "begin_episode", None)
+        if callable(begin):  # e.g. the keyboard starts reading keys only now
+            begin()
 
     def apply(self, step: int, env) -> bool:
         """Apply what the operator did since the last step; True when the robot must stop (e-stop)."""

@@ -7,8 +7,9 @@ and `model.safetensors`, no `checkpoint.json`: `rollout.lerobot_loader`, LeRobot
 package adds its own kinds through the entry-point group `capsule_rollout.checkpoints` (`kind =
 "package.module:LOADER"`, an object with `describe(path)` and `load(path, role=, device=, conditioning=,
 noise_scale=)`), as the tabletop example does for its flow policy and
-value critic. A factory is called with no arguments in every process that builds a host (on each Ray actor
-too) and returns one of:
+value critic. A factory is called in every process that builds a host (on each Ray actor too), with the
+keyword arguments its source names (`package.module:factory={"size": 3}`, `import_path.with_kwargs`; none
+otherwise), and returns one of:
 - a rollout-protocol policy (`policies.rollout_policy.RolloutPolicy`: a capsule component), used as it is;
 - an object with `infer(obs) -> chunk` (openpi's shape), wrapped by `policies.infer_policy.InferPolicy`;
 - a torch module `module(inputs, noise) -> chunk`, wrapped by `policies.torch_policy.TorchPolicy`.
@@ -38,7 +39,7 @@ import torch
 from capsule_rollout.critics.infer_critic import InferCritic
 from capsule_rollout.critics.rollout_critic import CriticSpec, RolloutCritic
 from capsule_rollout.envs.rollout_env import RolloutEnv, action_bounds
-from capsule_rollout.import_path import resolve
+from capsule_rollout.import_path import resolve, split_kwargs
 from capsule_rollout.models.checkpoint import META_FILE, Checkpoint
 from capsule_rollout.models.inputs import provides
 from capsule_rollout.policies.conditioning import Conditioning
@@ -49,6 +50,7 @@ from capsule_rollout.policies.rollout_policy import PolicySpec, RolloutPolicy
 from capsule_rollout.policies.torch_policy import KIND as TORCH_POLICY_KIND
 from capsule_rollout.policies.torch_policy import TorchPolicy, load_torch_policy
 from capsule_rollout.policies.websocket_policy_client import RemotePolicyError, WebsocketPolicyClient, is_remote
+from capsule_rollout.user_code import UserCodeError, one_line, user_frames
 
 FACTORY, CHECKPOINT, REMOTE = "factory", "checkpoint", "remote"
 LOADERS_GROUP = "capsule_rollout.checkpoints"
@@ -201,14 +203,16 @@ def load_source(source: str, role: str, *, device: str, conditioning: Conditioni
 
 
 def make_from_factory(source: str, what: str) -> Any:
-    """Call the factory an import path names (no arguments); its errors name the source."""
-    factory = resolve(source, what)
+    """Call the factory an import path names (`package.module:factory`, or with keyword arguments
+    `package.module:factory={JSON object}`); its errors name the source."""
+    path, kwargs = split_kwargs(source, what)
+    factory = resolve(path, what)
     if not callable(factory):
         raise TypeError(f"{what} {source!r} names a {type(factory).__name__}, not a factory to call")
     try:
-        return factory()
+        return factory(**kwargs)
     except Exception as exc:
-        raise RuntimeError(f"{what} factory {source!r} raised {type(exc).__name__}: {exc}") from exc
+        raise UserCodeError(f"{what} factory {source!r} raised {one_line(exc)}", user_frames(exc)) from exc
 
 
 def _keys(obj: Any, env: RolloutEnv, observation_keys) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from capsule_rollout.capsules import signing_key
 from capsule_rollout.rollout.deadlines import CallDeadlines, DeadlineSettings, FixedDeadlines
 from capsule_rollout.rollout.host_factory import HostSpec
-from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
+from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, StartFailure, WorkItem
 from capsule_rollout.rollout.work_plan import (
     DriverStats,
     WorkPlan,
@@ -174,6 +174,10 @@ class RayDriver:
             else:
                 time.sleep(0.2)
                 self.probes[self.pool[index].ready.remote()] = index
+            return
+        if isinstance(pid, StartFailure):  # its host could not be built: another try would not build it either
+            self._give_up(f"a rollout actor could not start: {pid.error}")
+            self.stats.gave_up_traceback = pid.traceback
             return
         if self.killed.get(index) == pid:  # the process killed for a hang answered before it was gone
             time.sleep(0.2)

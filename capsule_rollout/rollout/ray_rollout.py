@@ -54,7 +54,8 @@ from capsule_rollout.rollout.work_plan import (
 )
 from capsule_rollout.stores.sharded_store import ShardedStore
 
-__all__ = ["DriverStats", "actor_throughput", "init_ray", "run_rollouts", "shutdown_ray", "summarize_run"]
+__all__ = ["DriverStats", "actor_throughput", "first_error", "init_ray", "run_rollouts", "shutdown_ray",
+           "summarize_run"]
 
 SLOT_ITEMS = 4
 """Items per slot in one call to an actor of several slots: enough that the slots stay busy while the call's
@@ -207,6 +208,7 @@ def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
     """Outcomes, stop reasons, resets by kind and by actor, and the driver's tallies of a run's reports."""
     episodes = [r.episode for r in reports if r.episode is not None]
     lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded (and why)
+    errored = [r for r in reports if r.errored]
     reasons = Counter(e.meta.stop_reason for e in episodes)
     resets = [r.reset_ms for r in reports if r.episode is not None]
     played = [r for r in reports if r.reset_kind != LOST]  # a lost item's report is the driver's, not an actor's
@@ -228,6 +230,8 @@ def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
         "stop_reasons": dict(reasons),
         "failed_before_first_step": stats.failed_before_first_step,
         "errors": [r.error for r in reports if r.error][:10],
+        "ended_in_errors": len(errored),  # lost, or recorded with stop reason `error`
+        "first_error": first_error(errored),
         "reset_ms_median": float(np.median(resets)) if resets else None,
         "reset_kinds": dict(Counter(r.reset_kind for r in played)),
         "reset_kinds_by_actor": {k: dict(v) for k, v in sorted(by_actor.items())},
@@ -245,6 +249,16 @@ def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
                           for r in lost[:LOST_LISTED]],
         "gave_up": stats.gave_up or None,
     }
+
+
+def first_error(errored: list[ActorReport]) -> dict | None:
+    """The first report that ended in an error, for a summary: its episode id, the error's line and the user's
+    frames under it."""
+    if not errored:
+        return None
+    first = errored[0]
+    return {"episode_id": first.item.episode_id if first.item else "?", "error": first.error,
+            "traceback": first.traceback}
 
 
 def actor_throughput(spec: HostSpec, seeds: list[int], *, counts=(1, 2), cpus_per_actor: float = 1.0) -> dict:

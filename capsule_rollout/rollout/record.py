@@ -15,14 +15,19 @@ capsule, the policy's chunks read from the recording, and the same comparisons.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import re
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from capsule_rollout.capsules import CapsuleError, CapsuleSignatureError, key_source, load_capsule, signing_key
+from capsule_rollout.envs.describe_env import describe_env
 from capsule_rollout.policies.remote_policy import RecordedChunks, RemotePolicy
+from capsule_rollout.rollout.deadlines import DeadlineSettings
+from capsule_rollout.rollout.host_config import episode_id
 from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
@@ -31,37 +36,76 @@ from capsule_rollout.rollout.host_factory import (
     check_same_run,
     check_spec,
     env_for_task,
+    parse_observers,
     read_spec,
+    resolve_acting,
     write_spec,
 )
 from capsule_rollout.rollout.plug_in import Loaded
+from capsule_rollout.rollout.preflight import Preflight, preflight
+from capsule_rollout.rollout.process_state import kept_process_state
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 from capsule_rollout.stores import episode_schema as S
+from capsule_rollout.stores.env_description import EnvDescription, write_env_description
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import open_recorder, recorded_outcomes
+from capsule_rollout.user_code import UserCodeError, join
 
+_SAFE_ID = re.compile(r"[A-Za-z0-9._-]*")
 STORE = "episodes.zarr"
 CAPSULES = "capsules"
 COMPARED = (S.ACTION, S.POLICY_ACTION, S.VALUE, S.STATE, S.REWARD, S.SUBTASK_ID)
 
 
-def episode_id_of(task: str, seed: int) -> str:
-    return f"{task}-s{seed:07d}"
+def episode_id_of(task: str, seed: int, *, legacy: bool = False) -> str:
+    """A seed's episode id: file-system-safe (`host_config.episode_id`); `legacy`: the task as it is, as runs
+    recorded before named their episodes (`OpenedRun.legacy_ids`)."""
+    return f"{task}-s{seed:07d}" if legacy else episode_id(task, seed)
 
 
-def open_run(out: Path, spec: HostSpec, shards: bool = False):
-    """Check `spec` and open the run under `out`: (store path, outcomes already recorded, recorder). A run
-    directory made with other settings is refused; the same settings resume it."""
+@dataclass
+class OpenedRun:
+    """A run directory opened for recording (`open_run`)."""
+
+    spec: HostSpec  # what the episodes are played with (its `n_exec` resolved by the preflight)
+    store: Path
+    done: dict  # episode id -> success, of the episodes already recorded (a resumed run)
+    recorder: object
+    checked: Preflight  # what the preflight found
+
+    @property
+    def legacy_ids(self) -> bool:
+        """Whether the store holds episodes named as before ids were made file-system-safe (`episode_id_of(...,
+        legacy=True)`): a resumed run goes on naming them so, and walks past what it recorded."""
+        return any(not _SAFE_ID.fullmatch(i) for i in self.done)
+
+
+def open_run(out: Path, spec: HostSpec, shards: bool = False, *, first: WorkItem | None = None,
+             n_exec_given: bool = True) -> OpenedRun:
+    """Check `spec`, run the preflight on the first item's seed (`rollout.preflight`: the env, policy and critic
+    built here and probed once; `PreflightError` says what is wrong), then open the run under `out`. A run
+    directory made with other settings is refused; the same settings resume it. `rollout.json` is written only
+    once all of that passed, so a refused run leaves nothing that refuses the corrected one."""
     check_spec(spec)
+    checked = preflight(spec, seed=first.seed if first else 0, task=first.task if first else "",
+                        n_exec_given=n_exec_given)
+    spec = checked.spec
     out.mkdir(parents=True, exist_ok=True)
     check_same_run(out, spec)
     store = out / STORE
     done = recorded_outcomes(store)
     recorder = open_recorder(store, shards)
+    write_env_description(store, EnvDescription(env=spec.env, **checked.env))
     write_spec(out, spec)
-    return store, done, recorder
+    return OpenedRun(spec, store, done, recorder, checked)
+
+
+def keep_env_description(store: str | Path, env, env_id: str) -> Path:
+    """Keep what `env` says of itself (`envs.describe_env`: control rate, dimension names, cameras) with the store
+    its episodes go to (`stores.env_description`), for what reads the store later (`export_lerobot`)."""
+    return write_env_description(store, EnvDescription(env=env_id, **describe_env(env)))
 
 
 @dataclass
@@ -76,38 +120,138 @@ class RecordResult:
         return [r.episode.meta.episode_id for r in self.reports if r.episode is not None]
 
 
-def record_rollouts(out: str | Path, *, env: str, policy: str, critic: str = "", seeds: Iterable[int] = range(4),
-                    repeats: int = 1, actors: int = 2, n_exec: int | None = None, slots: int = 1) -> RecordResult:
-    """Play `env` (a registered id or `package.module:make_env`) with `policy` (a checkpoint or
-    `package.module:make_policy`; see `rollout.plug_in`) and optional `critic` on `actors` Ray actors (0: in
-    this process), `repeats` rollouts per seed, every episode recorded once under `out`; `slots` env slots per actor
-    (`HostSpec.slots`). Raises `RunError` when any episode failed (the episodes that were played are kept)."""
+FIRST_SEED = 1_000_000
+"""Where a run's seeds start unless told (the command line's `--seeds.first`: the held-out block)."""
+
+
+def record_rollouts(
+    out: str | Path,
+    *,
+    env: str,
+    policy: str,
+    critic: str = "",
+    seeds: Iterable[int] | int = 8,
+    repeats: int = 1,
+    attempts: int = 1,
+    actors: int = 2,
+    slots: int = 1,
+    env_threads: int = 1,
+    n_exec: int | None = None,
+    noise_scale: float | None = None,
+    advantage: str = "checkpoint",
+    beta: float | None = None,
+    max_steps: int | None = None,
+    value_threshold: float | None = None,
+    value_patience: int = 3,
+    cameras: Sequence[str] | None = None,
+    image_size: int | None = None,
+    observers: Sequence[str] = (),
+    shards: bool = False,
+    episodes_per_call: int = 1,
+    lanes: str = "two",
+    cpus_per_actor: float = 1.0,
+    gpus_per_actor: float = 0.0,
+    pin_cores: bool = False,
+    pin_seeds: Sequence[int] = (),
+    capsule_budget_mb: float | None = None,
+    max_restarts: int = 3,
+    episode_timeout_s: float | None = None,
+    first_call_s: float = 600.0,
+    deadline_floor_s: float = 30.0,
+    on_report: Callable | None = None,
+) -> RecordResult:
+    """`sim_rollout` as a library call, option for option (each is the command's `--name`; `sim_rollout --help`).
+
+    Play `env` (a registered id `suite:task`, `gymnasium:<a registered id>`, or a factory `package.module:make_env`,
+    with keyword arguments `package.module:make_env={"size": 3}`: `import_path.with_kwargs`) with `policy` (a
+    checkpoint, a factory, or a policy server's `ws://` address; `rollout.plug_in`) and optional `critic`, on
+    `actors` Ray actors (0: in this process), every episode recorded once under `out`. `seeds`: the seeds, or how
+    many from `FIRST_SEED` (as the command line's `--seeds.count`). `observers`: import paths, each
+    `package.module:factory` or `package.module:factory={JSON kwargs}`. `on_report(report, stats)`: called for each
+    episode's report as it comes back.
+
+    Before any actor starts, the env, policy and critic are built here once and probed (`rollout.preflight`:
+    `PreflightError`, a ValueError naming the object, for what cannot work); `n_exec` unset is what the checkpoint
+    records, the chunk length for a factory's policy. Raises `RunError` when any episode ended in an error (the
+    ones played are kept). The caller's process is left as it was found (torch's threads, the environment)."""
+    options = dict(locals())
+    with kept_process_state():  # the caller's torch threads and environment, as they were
+        return _record(**options)
+
+
+def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int | None = None,
+             noise_scale: float | None = None, advantage: str = "checkpoint", beta: float | None = None,
+             max_steps: int | None = None, value_threshold: float | None = None, value_patience: int = 3,
+             cameras: Sequence[str] | None = None, image_size: int | None = None, observers: Sequence[str] = (),
+             lanes: str = "two", gpus_per_actor: float = 0.0, cpus_per_actor: float = 1.0, pin_cores: bool = False,
+             pin_seeds: Sequence[int] = (), capsule_budget_mb: float | None = None, slots: int = 1,
+             env_threads: int = 1) -> HostSpec:
+    """The `HostSpec` a recorded run under `out` plays (what `sim_rollout` and `record_rollouts` build alike):
+    how the policy acts from the checkpoint's record unless given (`resolve_acting`)."""
+    policy = absolute_source(policy)
+    n_exec_resolved, noise = resolve_acting(policy, n_exec, noise_scale)
+    return HostSpec(
+        env=env, policy=policy, critic=absolute_source(critic) if critic else "", advantage=advantage, beta=beta,
+        noise_scale=noise,
+        host=HostConfig(n_exec=n_exec_resolved, value_threshold=value_threshold, value_patience=value_patience,
+                        pin_seeds=tuple(int(s) for s in pin_seeds), lanes=lanes, max_steps=max_steps),
+        device="cuda" if gpus_per_actor > 0 else "cpu", threads=max(1, int(cpus_per_actor)),
+        capsule_dir=str((Path(out) / CAPSULES).resolve()), capsule_budget_mb=capsule_budget_mb,
+        observers=parse_observers(observers), pin_cores=pin_cores, slots=slots, env_threads=env_threads,
+        cameras=None if cameras is None else tuple(cameras), image_size=image_size)
+
+
+def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call, cpus_per_actor, gpus_per_actor,
+            max_restarts, episode_timeout_s, first_call_s, deadline_floor_s, on_report, **spec_options) -> RecordResult:
     out = Path(out).resolve()
-    spec = HostSpec(env=env, policy=absolute_source(policy), critic=absolute_source(critic),
-                    host=HostConfig(**({"n_exec": n_exec} if n_exec else {})), capsule_dir=str(out / CAPSULES),
-                    slots=slots)
-    store, done, recorder = open_run(out, spec)
-    items = [WorkItem(episode_id_of(env, s), int(s)) for s in seeds]
+    spec = run_spec(out, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor, **spec_options)
+    if attempts > 1 and spec.noise_scale == 0:
+        raise ValueError("attempts: at noise scale 0 every retry plays the failed episode again; give noise_scale > 0")
+    seeds = list(range(FIRST_SEED, FIRST_SEED + seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    env = spec.env
+    opened = open_run(out, spec, shards, first=WorkItem("", seeds[0]) if seeds else None,
+                      n_exec_given=spec_options["n_exec"] is not None)
+    spec, store, done, recorder = opened.spec, opened.store, opened.done, opened.recorder
+    for warning in opened.checked.warnings:  # what the preflight found that would make the run say nothing useful
+        warnings.warn(warning, RuntimeWarning, stacklevel=3)
+    items = [WorkItem(episode_id_of(env, s, legacy=opened.legacy_ids), s) for s in seeds]
     where = init_ray() if actors else "in-process"
     try:
-        reports, stats = run_rollouts(spec, items, actors=actors, recorder=recorder, repeats=repeats, done=done)
+        reports, stats = run_rollouts(
+            spec, items, actors=actors, recorder=recorder, repeats=repeats, attempts=attempts, done=done,
+            cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, max_restarts=max_restarts,
+            episode_timeout_s=episode_timeout_s, on_report=on_report, episodes_per_call=episodes_per_call,
+            deadlines=DeadlineSettings(floor_s=deadline_floor_s, first_call_s=first_call_s))
     finally:
         recorder.close()
         if actors:
             shutdown_ray(where)
     result = RecordResult(out, store, reports, summarize_run(reports, stats))
-    failed = [r for r in reports if r.episode is None]
-    if failed:
-        raise RunError(f"{len(failed)} of {len(reports)} episodes failed; the first: {failed[0].error}", result)
+    raise_if_errors(result, stats)
     return result
 
 
 class RunError(RuntimeError):
-    """Some episodes of a run failed (the result holds the rest, recorded)."""
+    """Episodes of a run ended in errors (lost, or recorded with stop reason `error`), or the run gave up: the
+    message says how many and the first error's line, with the user's own frames under it (`traceback`); its
+    `__cause__` is that error. `result` holds the rest, recorded."""
 
-    def __init__(self, message: str, result: RecordResult) -> None:
-        super().__init__(message)
-        self.result = result
+    def __init__(self, message: str, result: RecordResult, traceback: str = "") -> None:
+        super().__init__(join(message, traceback))
+        self.result, self.traceback = result, traceback
+
+
+def raise_if_errors(result: RecordResult, stats) -> None:
+    """Raise `RunError` when any of the run's episodes ended in an error, or the run gave up."""
+    errored = [r for r in result.reports if r.errored]
+    if stats.gave_up:
+        raise RunError(f"the run gave up: {stats.gave_up}", result, stats.gave_up_traceback) from UserCodeError(
+            stats.gave_up, stats.gave_up_traceback)
+    if errored:
+        first = errored[0]
+        where = first.item.episode_id if first.item else "?"
+        raise RunError(f"{len(errored)} of {len(result.reports)} episodes ended in errors; the first ({where}): "
+                       f"{first.error}", result, first.traceback) from UserCodeError(first.error, first.traceback)
 
 
 def absolute_source(source: str) -> str:

@@ -47,6 +47,7 @@ from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.shard_manifest import ManifestEntry
 from capsule_rollout.stores.sharded_store import ShardWriter
+from capsule_rollout.user_code import describe, user_frames
 
 if TYPE_CHECKING:  # it imports this module
     from capsule_rollout.rollout.deadlines import DeadlineSettings, PhaseDeadlines
@@ -110,6 +111,20 @@ class ActorReport:
     # call carries the same): what the driver learns the deadlines from
     hang: Hang | None = None  # this item hung there (no episode); the actor's play thread is stuck: kill it
     unplayed: bool = False  # the call ended (another item hung) before this one was played: hand it out again
+    traceback: str = ""  # the user's own frames of the exception behind `error` (`user_code.user_frames`)
+
+    @property
+    def errored(self) -> bool:
+        """Whether the item ended in an error: lost (nothing recorded) or an episode stopped by one."""
+        return self.episode is None or (self.episode.meta.stop_reason == S.StopReason.ERROR.value)
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """Why an actor's host could not be built: the error's line and the user's own frames."""
+
+    error: str
+    traceback: str = ""
 
 
 def _in_ray_actor() -> bool:
@@ -162,10 +177,18 @@ class RolloutActor:
                              "built in each slot), not as objects")
         self._observers = observers
         self.hosts: dict[str, RolloutHost | SlotHost] = {}  # task -> its host (several in a `suite:*` run)
+        self.start_failure: StartFailure | None = None
         if host is not None:
             self._adopt(host.task if is_multi_task(spec.env) else "", host)
         elif not is_multi_task(spec.env):
-            self._adopt("", self._on_player(self._build, spec))
+            try:
+                self._adopt("", self._on_player(self._build, spec))
+            except Exception as exc:
+                if not _in_ray_actor():
+                    raise
+                # told to the driver by `ready` in one line and the user's frames (not Ray's traceback of a
+                # constructor that raised)
+                self.host, self.start_failure = None, StartFailure(*describe(exc))
         else:
             self.host = None  # each task's host is built when its first item comes
 
@@ -199,10 +222,11 @@ class RolloutActor:
             self._adopt(item.task, built)
         return self.hosts[item.task]
 
-    def ready(self) -> int:
-        """Answers once the actor is placed and its host built (the driver waits for it); in a `suite:*` run
-        the actor builds each task's host with that task's first item."""
-        return os.getpid()
+    def ready(self) -> int | StartFailure:
+        """Answers once the actor is placed and its host built (the driver waits for it): its process id, or why
+        its host could not be built; in a `suite:*` run the actor builds each task's host with that task's first
+        item."""
+        return self.start_failure if self.start_failure is not None else os.getpid()
 
     pid = ready
 
@@ -329,8 +353,9 @@ class RolloutActor:
                     return [ks[playing[slot]]] if slot in playing else []
         return []
 
-    def _lost(self, item: WorkItem, error: str) -> ActorReport:
-        return ActorReport(None, "failed", 0.0, 0.0, error, os.getpid(), item, {}, self.index, node=self.node)
+    def _lost(self, item: WorkItem, error: str, frames: str = "") -> ActorReport:
+        return ActorReport(None, "failed", 0.0, 0.0, error, os.getpid(), item, {}, self.index, node=self.node,
+                           traceback=frames)
 
     def _play_each(self, items: list[WorkItem]) -> list[ActorReport]:
         reports = []
@@ -340,7 +365,7 @@ class RolloutActor:
             try:
                 self.host = self._host_for(item)
             except Exception as exc:  # a host that cannot be built: this episode failed, the actor goes on
-                report = self._lost(item, f"{type(exc).__name__}: {exc}")
+                report = self._lost(item, *describe(exc))
             else:
                 report = self._play(item)
             report.busy_s = time.perf_counter() - t0
@@ -383,7 +408,7 @@ class RolloutActor:
     def _failed(self, item: WorkItem, exc: BaseException) -> ActorReport:
         if _is_cuda_fatal(exc):
             os._exit(3)  # the CUDA context is dead: Ray restarts the process, the driver re-runs the item
-        return self._lost(item, f"{type(exc).__name__}: {exc}")
+        return self._lost(item, *describe(exc))
 
     def _write_shard(self, reports: list[ActorReport]) -> None:
         recorded = [r for r in reports if r.episode is not None]
@@ -419,7 +444,8 @@ class RolloutActor:
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
                            extra=result.extra, actor_index=self.index, node=self.node,
-                           steps=result.episode.meta.length if result.episode is not None else 0)
+                           steps=result.episode.meta.length if result.episode is not None else 0,
+                           traceback=user_frames(result.exception) if result.exception is not None else "")
 
     def close_shard(self) -> None:
         """Close this process's shard writer (every episode it returned is committed to the shard already)."""

@@ -60,6 +60,7 @@ from capsule_rollout.rollout.host_config import (  # noqa: F401 (capsule_key, ep
     capsule_key,
     episode_noise_seed,
 )
+from capsule_rollout.rollout.host_config import episode_id as default_episode_id
 from capsule_rollout.rollout.host_state import HostState
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.operator_control import OperatorControl
@@ -328,7 +329,7 @@ class RolloutHost(ChunkLoop):
                 self.phase = Phase.IDLE
                 raise RuntimeError(f"reset of {episode_id or f'seed {seed}'} failed: {type(exc).__name__}: "
                                    f"{exc}") from exc
-            episode_id = episode_id or f"{self.task}-s{seed:07d}"  # a robot names its task at reset
+            episode_id = episode_id or default_episode_id(self.task, seed)  # a robot names its task at reset
             return (yield from self._run(seed, episode_id, kind, reset_ms, capsule_id, obs, None, attempt, repeat))
         finally:
             self.clock.enter(None)  # done: nothing to watch until the next item
@@ -364,8 +365,9 @@ class RolloutHost(ChunkLoop):
         reset_ms = (time.perf_counter() - t0) * 1e3
         recorder, self.recorder = self.recorder, None
         try:
-            return (yield from self._run(seed, episode_id or f"{self.task}-s{seed:07d}-branch", "branch", reset_ms,
-                                         capsule.meta.capsule_id, None, max_steps, 0, 0))
+            episode_id = episode_id or f"{default_episode_id(self.task, seed)}-branch"
+            return (yield from self._run(seed, episode_id, "branch", reset_ms, capsule.meta.capsule_id, None,
+                                         max_steps, 0, 0))
         finally:
             self.recorder = recorder
             self.clock.enter(None)

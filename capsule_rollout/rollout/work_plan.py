@@ -39,6 +39,7 @@ class DriverStats:
     episode_deadline_s: float | None = None  # the driver's deadline per episode of the last call handed out
     phase_deadlines: dict = field(default_factory=dict)  # what `PhaseDeadlines.table` says at the end of the run
     gave_up: str = ""  # why the run stopped before its work was done (its items then lost); empty: it did not
+    gave_up_traceback: str = ""  # the user's own frames behind `gave_up` (an actor whose host could not be built)
 
 
 class WorkPlan:

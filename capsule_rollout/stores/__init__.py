@@ -2,4 +2,33 @@
 the sharded store and its manifest, consolidation, the LeRobot v3.0 format, the single-store writer lock.
 
 Imports no other layer (numpy, zarr, pyarrow only): a store can be read without the rollout machinery.
+
+What a user needs: `open_episode_reader` (any store: `Episode`, `EpisodeMeta`), `read_env_description` (what
+the env said of itself: `EnvDescription`), `ZarrRecorder`, `export_lerobot`.
+Names load on first use (`__getattr__`, PEP 562): importing the package imports nothing more.
 """
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "open_episode_reader": "capsule_rollout.stores.sharded_reader",
+    "Episode": "capsule_rollout.stores.episode",
+    "EpisodeMeta": "capsule_rollout.stores.episode",
+    "EnvDescription": "capsule_rollout.stores.env_description",
+    "read_env_description": "capsule_rollout.stores.env_description",
+    "ZarrRecorder": "capsule_rollout.stores.zarr_recorder",
+    "export_lerobot": "capsule_rollout.stores.lerobot_writer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

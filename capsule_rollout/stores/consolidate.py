@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from capsule_rollout.stores.env_description import read_env_description, write_env_description
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import is_sharded_store, parse_store_root
@@ -59,6 +60,9 @@ def consolidate_store(source: str | os.PathLike, out: str | os.PathLike, *, resu
             recorder.write(episode)
             if on_episode is not None:
                 on_episode(episode)
+    described = read_env_description(src)
+    if described is not None:  # the env's control rate, names and cameras go with its episodes
+        write_env_description(out, described)
     return ConsolidateSummary(out, len(reader), len(reader) - len(before), len(before), reader.n_steps)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
+from capsule_rollout.extras import MissingExtraError, install_command
 from capsule_rollout.stores import episode_schema as S
 
 CODEBASE_VERSION = "v3.0"
@@ -92,9 +93,9 @@ def require_optional():
         import pyarrow.parquet
         from PIL import Image
     except ImportError as exc:
-        raise ImportError(
-            f"the LeRobot format needs pyarrow, PyAV and Pillow ({exc}); install them with pip install -e '.[lerobot]'"
-        ) from exc
+        raise MissingExtraError(
+            f"the LeRobot format needs pyarrow, PyAV and Pillow ({exc}); install them: {install_command('lerobot')}"
+        ) from None
     return av, pyarrow, pyarrow.parquet, Image
 
 

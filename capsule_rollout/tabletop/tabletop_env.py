@@ -58,6 +58,10 @@ STATE_DIM = 8
 STATE_LOW = np.array([-0.3, -0.3, 0.0, -2.0, -2.0, -2.0, 0.0, 0.0], dtype=np.float32)
 STATE_HIGH = np.array([0.3, 0.3, 0.36, 2.0, 2.0, 2.0, 1.0, 1.0], dtype=np.float32)
 ACTION_DIM = 4
+DIMENSION_NAMES = {  # the state and action, dimension by dimension (the module docstring); kept with stores
+    "state": ("ee_x", "ee_y", "ee_z", "ee_vx", "ee_vy", "ee_vz", "suction_on", "holding"),
+    "action": ("dx", "dy", "dz", "suction"),
+}
 CAMERAS = ("front", "top")
 INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " ,.'-"
 _STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
@@ -68,6 +72,8 @@ class TabletopEnv(gym.Env, BufferComponent):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
     restorable = True
+    control_hz = CONTROL_HZ  # what the env says of itself (`envs.describe_env`), kept with its stores
+    dimension_names = DIMENSION_NAMES
 
     def __init__(
         self,

@@ -223,7 +223,7 @@ def test_a_renderers_camera_and_options_are_values_set_in_place():
     # a target that has not made its renderer yet: its structs are named as missing, the rest applies
     fresh = _Rendering(viewer=False)
     prepared = GraphState(fresh).prepare(blob)
-    assert set(prepared.missing) == {".viewer.cam", ".viewer.vopt", ".viewer.scn"}
+    assert set(prepared.missing_structs) == {".viewer.cam", ".viewer.vopt", ".viewer.scn"}
     GraphState(fresh).apply(prepared)
     assert fresh.viewer is None
 

@@ -23,6 +23,7 @@ def test_keyboard_operator_reads_a_stream_without_blocking():
     read_fd, write_fd = os.pipe()
     with os.fdopen(read_fd, "rb", buffering=0) as stream:
         op = KeyboardOperator(stream)
+        op.begin_episode()
         assert op.poll(0) == []  # nothing typed: returns at once
         os.write(write_fd, b"tcgo left\n")
         deadline = time.monotonic() + 5
@@ -52,6 +53,7 @@ def test_keyboard_operator_in_a_pseudo_terminal_acts_on_single_keys_and_restores
     with os.fdopen(slave, "rb", buffering=0, closefd=False) as tty_in:
         op = KeyboardOperator(tty_in, echo=echo)
         assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak: keys act without Enter
+        op.begin_episode()
         os.write(master, b"t?")
         deadline = time.monotonic() + 5
         while not (got := op.poll(0)) and time.monotonic() < deadline:
@@ -63,6 +65,36 @@ def test_keyboard_operator_in_a_pseudo_terminal_acts_on_single_keys_and_restores
         assert echo.getvalue().count("s: END success") == 2  # at start, and again for "?"
         op.close()
     assert termios.tcgetattr(slave) == before  # restored as it was
+    os.close(master)
+    os.close(slave)
+
+
+def test_keys_pressed_before_the_first_episode_starts_are_never_acted_on():
+    """The race real_recap had: keys were read (and acted on) while the policy loaded, before any episode. Now
+    the keyboard reads from the first episode's start; what was typed ahead is dropped, and the keys are shown
+    then."""
+    import io
+    import pty
+
+    from capsule_rollout.rollout.handoff import SubtaskChannel
+    from capsule_rollout.rollout.operator_control import OperatorControl
+
+    master, slave = pty.openpty()
+    echo = io.StringIO()
+    with os.fdopen(slave, "rb", buffering=0, closefd=False) as tty_in:
+        op = KeyboardOperator(tty_in, echo=echo)
+        os.write(master, b"tcgo left\n")  # while the policy loads
+        time.sleep(0.3)
+        assert op.poll(0) == [] and echo.getvalue() == ""  # nothing read, nothing shown
+        control = OperatorControl(op, None, SubtaskChannel(), lambda success: None)
+        control.start_episode()  # what the host does when an episode starts: the keyboard starts reading
+        assert "s: END success" in echo.getvalue()
+        os.write(master, b"s")
+        deadline = time.monotonic() + 5
+        while not (got := op.poll(1)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [OperatorEvent(Kind.END_SUCCESS)]  # the typed-ahead takeover and coaching were dropped
+        op.close()
     os.close(master)
     os.close(slave)
 

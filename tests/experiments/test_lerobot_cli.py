@@ -7,7 +7,6 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("av")
 
-from capsule_rollout.experiments.export_lerobot import TABLETOP_NAMES  # noqa: E402
 from capsule_rollout.experiments.run import main  # noqa: E402
 from capsule_rollout.stores.lerobot_checksums import CHECKSUMS_PATH, INFO_KEY  # noqa: E402
 from capsule_rollout.stores.lerobot_writer import LeRobotExportError  # noqa: E402
@@ -30,7 +29,11 @@ def test_store_to_lerobot_to_store_is_the_same_and_trains(demos, tmp_path):
     result = json.loads(summary.read_text())
     assert (result["episodes"], result["frames"], result["video"], result["fps"]) == (2, source.n_steps, False, 10)
     info = json.loads((dataset / "meta/info.json").read_text())
-    assert info["features"]["observation.state"]["names"] == TABLETOP_NAMES["observation.state"]
+    # the names and rate the tabletop env says of itself, kept with the store by collect_demos
+    from capsule_rollout.tabletop.tabletop_env import DIMENSION_NAMES
+
+    assert info["features"]["observation.state"]["names"] == list(DIMENSION_NAMES["state"])
+    assert info["features"]["action"]["names"] == list(DIMENSION_NAMES["action"]) and info["fps"] == 10
     assert info["features"]["observation.images.front"]["dtype"] == "image"
 
     imported = tmp_path / "import.json"

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from capsule_rollout.envs.operator_input import parse_script
+from capsule_rollout.envs.operator_input import ScriptedOperator, parse_script
 from capsule_rollout.experiments.run import main
 from capsule_rollout.stores.npz_recorder import read_npz_episode
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
@@ -33,6 +33,24 @@ def test_real_recap_records_operator_labels_and_interventions(tmp_path):
     assert np.isnan(ep.steps["policy_action"][2:5]).all()
     npz = sorted((tmp_path / "run" / "npz").glob("*.npz"))
     assert len(npz) == 2 and read_npz_episode(npz[1]).meta.seed == 8
+
+
+def test_real_recap_takes_operator_events_from_the_robot_side(tmp_path):
+    """Operator input near the robot (a teleoperator's buttons; a script here) comes with the observations and is
+    applied as the host's own operator's is, beside it (`--operator script` also given)."""
+    policy, critic = save_tiny_checkpoints(tmp_path / "ckpt")
+    summary = tmp_path / "s.json"
+    near_robot = ScriptedOperator(parse_script(("2:takeover_on", "5:takeover_off", "8:end_success")))
+    with SimRobotServer(image_size=16, operator=near_robot) as server:
+        assert main(["real_recap", "--robot.port", str(server.address[1]), "--episodes", "1", "--seed", "7",
+                     "--out", str(tmp_path / "run"), "--policy", policy, "--critic", critic, "--n_exec", "2",
+                     "--operator", "script", "--script", "1:coach:lift it", "--json", str(summary)]) == 0
+    data = json.loads(summary.read_text())
+    assert data["successes"] == 1 and data["stop_reasons"] == {"operator_end": 1}
+    ep = ZarrEpisodeReader(data["store"]).episode(0)
+    assert ep.steps["intervention"].tolist() == [False, False, True, True, True, False, False, False, False]
+    assert ep.meta.operator_events.split("\n") == ["1:coach:lift it", "2:takeover_on", "5:takeover_off",
+                                                    "8:end_success"]
 
 
 def test_bad_arguments(capsys):

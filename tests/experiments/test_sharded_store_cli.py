@@ -85,7 +85,9 @@ def test_export_lerobot_reads_a_sharded_store(stores, tmp_path):
     pytest.importorskip("av")
     _, sharded = stores
     dataset, back = tmp_path / "ds", tmp_path / "back.zarr"
-    assert main(["export_lerobot", "--store", str(sharded), "--out", str(dataset), "--no-video", "--no-progress"]) == 0
+    # episodes copied shard by shard, by hand: the store records no env (no rate), so the rate is given
+    assert main(["export_lerobot", "--store", str(sharded), "--out", str(dataset), "--no-video", "--no-progress",
+                 "--fps", "10"]) == 0
     assert main(["import_lerobot", "--src", str(dataset), "--out", str(back), "--no-progress"]) == 0
     source, imported = open_episode_reader(sharded), ZarrEpisodeReader(back)
     assert imported.episode_ids == source.episode_ids

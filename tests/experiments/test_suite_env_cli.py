@@ -27,7 +27,7 @@ def test_sim_rollout_and_replay_with_a_torch_policy(tmp_path):
                  "--json", str(tmp_path / "s.json")]) == 0
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}
-    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{ENV}-s1000001-r1",
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", "gymnasium_Reacher-v5-s1000001-r1",
                  "--json", str(tmp_path / "r.json")]) == 0
     replay = json.loads((tmp_path / "r.json").read_text())
     assert replay["exact"] and "image_free" not in replay["checks"]  # it reads the state only: nothing rendered
@@ -79,21 +79,22 @@ def make_broken_policy():
     return ZeroAction()
 
 
-def test_a_run_that_lost_episodes_to_errors_exits_non_zero_naming_the_first(tmp_path, capsys):
+def test_a_policy_answering_a_wrong_chunk_is_refused_before_the_run_starts_naming_it(tmp_path, capsys):
     summary = tmp_path / "s.json"
     code = main(["sim_rollout", "--env", ENV, "--policy", "tests.experiments.test_suite_env_cli:make_broken_policy",
                  "--n_exec", "4", "--actors", "0", "--episodes", "2", "--out", str(tmp_path / "run"), "--no-progress",
                  "--video", "false", "--json", str(summary)])
-    assert code == 1
-    out = capsys.readouterr().out
-    assert "2 of 2 episodes were lost to errors" in out and "answered a chunk of shape (3, 2)" in out
-    assert json.loads(summary.read_text())["lost"] == 2
+    assert code == 2  # the preflight's probe: before any episode, one line
+    err = capsys.readouterr().err
+    assert err.startswith("error: ZeroAction.infer answered a chunk of shape (3, 2)") and "Traceback" not in err
+    assert not summary.exists() and not (tmp_path / "run" / "rollout.json").exists()
 
 
 @pytest.mark.parametrize("command, extra", [("eval_policy", []),
                                             ("value_ceiling", ["--branches", "2", "--act.noise_scale", "1"])])
-def test_an_evaluation_whose_episodes_are_lost_exits_1_naming_the_first_error(command, extra, capsys):
-    code = main([command, "--env", ENV, "--model.policy", "tests.experiments.test_suite_env_cli:make_broken_policy",
-                 "--act.n_exec", "4", "--episodes", "2", *extra])
+def test_an_evaluation_with_a_policy_answering_a_wrong_chunk_is_refused_in_one_line(command, extra, capsys):
+    code = 2  # the preflight's probe: before any episode
+    got = main([command, "--env", ENV, "--model.policy", "tests.experiments.test_suite_env_cli:make_broken_policy",
+                "--act.n_exec", "4", "--episodes", "2", *extra])
     err = capsys.readouterr().err
-    assert code == 1 and "answered a chunk of shape (3, 2)" in err and "Traceback" not in err
+    assert got == code and "answered a chunk of shape (3, 2)" in err and "Traceback" not in err

@@ -231,7 +231,8 @@ def test_episodes_without_checksums_are_copied_only_when_told(tmp_path, capsys, 
     pytest.importorskip("pyarrow")
     pytest.importorskip("av")
     dataset = tmp_path / "ds"
-    args = ["export_lerobot", "--store", str(store), "--out", str(dataset), "--no-video", "--no-progress"]
+    args = ["export_lerobot", "--store", str(store), "--out", str(dataset), "--no-video", "--no-progress",
+            "--fps", "10"]  # the store records no rate
     assert main(args) == 2 and "--allow_unverified" in capsys.readouterr().err and not dataset.exists()
     assert main([*args, "--allow_unverified", "true"]) == 0 and dataset.is_dir()
     report.add("missing checksums: episodes recorded without checksums", commands=1, refused_exit_2=1, copied_when_told=1)

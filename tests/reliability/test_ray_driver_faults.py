@@ -86,10 +86,11 @@ def test_an_episode_that_hangs_every_time_ends_in_a_summary_and_one_line_and_a_r
     """The issue's deterministic hang (an env step that hangs on every attempt): before, a traceback after 212 s
     with no summary; a resumed run with only that episode left took 1,837 s (the first-call allowance, 3 times)."""
     run, data = _sim_rollout(tmp_path, "first", "hangs_in_step")
-    victim = "tests.rollout.hang_factories:hangs_in_step-s1000001"
+    victim = "tests.rollout.hang_factories_hangs_in_step-s1000001"  # file-system-safe
     assert run.returncode == 1, run.stderr[-3000:]
     line, written = _last_lines(run)
-    assert line.startswith(f"1 of 3 episodes were lost to errors; the first ({victim}): hung: env step 3 ran ")
+    assert line.startswith(f"1 of 3 episodes ended in errors (1 lost, 0 recorded with stop reason error); the first "
+                           f"({victim}): hung: env step 3 ran ")
     assert line.endswith("it hung at the same place on an earlier try (an episode plays the same every time: it "
                          "would hang again)") and written.startswith("summary written to")
     assert data["episodes"] == 2 and data["lost"] == 1 and data["hangs"] == 2 and data["gave_up"] is None

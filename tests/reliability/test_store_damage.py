@@ -170,7 +170,8 @@ def test_export_lerobot_refuses_a_damaged_store_and_writes_nothing(single, tmp_p
     damaged = copy(path, tmp_path / "s.zarr")
     flip_bit(damaged / chunk("image_front"), 20)
     out = tmp_path / "dataset"
-    code = main(["export_lerobot", "--store", str(damaged), "--out", str(out), "--no-progress"])
+    # the store records no env (no rate): the rate is given
+    code = main(["export_lerobot", "--store", str(damaged), "--out", str(out), "--no-progress", "--fps", "10"])
     err = capsys.readouterr().err
     assert code == 1 and named_line(err, damaged, "data/image_front", recorded[0].meta.episode_id, "cannot be decoded")
     assert not out.exists() and not list(tmp_path.glob(".dataset*"))

@@ -22,6 +22,7 @@ from capsule_rollout.policies import openpi_wire as W
 from capsule_rollout.policies.remote_policy import RemotePolicy
 from capsule_rollout.policies.websocket_policy_client import RemotePolicyError, WebsocketPolicyClient
 from capsule_rollout.rollout.branching import NotCapturableError, branch_episode, branch_value
+from capsule_rollout.rollout.host_config import file_safe
 from capsule_rollout.rollout.host_factory import HostSpec, build_host
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
@@ -63,7 +64,7 @@ def test_sim_rollout_through_a_server_plays_the_in_process_episodes_and_replays_
             assert np.array_equal(episode.steps[key], expected[eid].steps[key], equal_nan=True), (eid, key)
     assert remote.summary["reset_kinds"] == {"cold": 3, "restore": 3}  # repeats restored the initial capsules
     # the server is not asked: the recorded actions are played into the env, compared bit for bit
-    for eid in (f"{ENV}-s0000001", f"{ENV}-s0000002-r1"):
+    for eid in (f"{file_safe(ENV)}-s0000001", f"{file_safe(ENV)}-s0000002-r1"):
         result = replay.run(ReplayConfig(store=str(tmp_path / "remote" / "episodes.zarr"), episode=eid))
         assert result.exit_code == 0 and result.summary["mode"] == "recorded_actions"
         assert all(result.summary["checks"].values())
@@ -123,7 +124,7 @@ def test_remote_sources_are_checked_before_anything_plays(server, tmp_path):
 
 def test_slots_each_hold_a_connection_and_replay_with_the_recorded_actions(server, tmp_path):
     assert _sim_rollout(tmp_path / "slots", server.url, slots=2).exit_code == 0
-    result = replay.run(ReplayConfig(store=str(tmp_path / "slots" / "episodes.zarr"), episode=f"{ENV}-s0000002"))
+    result = replay.run(ReplayConfig(store=str(tmp_path / "slots" / "episodes.zarr"), episode=f"{file_safe(ENV)}-s0000002"))
     assert result.exit_code == 0 and result.summary["mode"] == "recorded_actions"
 
 

@@ -9,6 +9,7 @@ import pytest
 from capsule_rollout.commands.configs import ReplayConfig, SimRolloutConfig
 from capsule_rollout.experiments import replay, sim_rollout
 from capsule_rollout.learning.options import Models, Seeds
+from capsule_rollout.rollout.host_config import file_safe
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
 from tests.rollout.test_remote_policy import CRITIC, ENV, POLICY, _episodes
@@ -32,5 +33,6 @@ def test_ray_actors_play_a_served_policy_as_the_policy_in_process(tmp_path):
     for eid, episode in got.items():
         for key in ("action", "policy_action", "value", "state", "reward", "image_free"):
             assert np.array_equal(episode.steps[key], expected[eid].steps[key], equal_nan=True), (eid, key)
-    result = replay.run(ReplayConfig(store=str(tmp_path / "remote" / "episodes.zarr"), episode=f"{ENV}-s0000003-r1"))
+    store = str(tmp_path / "remote" / "episodes.zarr")
+    result = replay.run(ReplayConfig(store=store, episode=f"{file_safe(ENV)}-s0000003-r1"))
     assert result.exit_code == 0 and result.summary["mode"] == "recorded_actions"

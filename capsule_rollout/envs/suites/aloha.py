@@ -17,6 +17,7 @@ import os
 import gymnasium as gym
 
 from capsule_rollout.envs.mujoco_capsule import Camera, CaptureSpec
+from capsule_rollout.extras import install_command
 
 MUJOCO_VERSIONS = ("3.3.0",)
 TASKS = ("AlohaInsertion-v0", "AlohaTransferCube-v0")
@@ -35,7 +36,7 @@ def check() -> None:
         if importlib.util.find_spec("gym_aloha") is None:
             raise ImportError("No module named 'gym_aloha'")
     except ImportError as exc:
-        raise SuiteUnavailableError(f'gym-aloha is not installed ({exc}): pip install -e ".[aloha]"') from None
+        raise SuiteUnavailableError(f'gym-aloha is not installed ({exc}): {install_command("aloha")}') from None
     if mujoco.__version__ not in MUJOCO_VERSIONS:
         raise SuiteUnavailableError(f"gym-aloha runs here on mujoco {', '.join(MUJOCO_VERSIONS)} (dm-control "
                                     f"1.0.28), not {mujoco.__version__}: make suites-venv")

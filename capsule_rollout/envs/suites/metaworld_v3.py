@@ -22,6 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from capsule_rollout.envs.mujoco_capsule import Attr, Camera, CaptureSpec, MujocoCapsuleEnv
+from capsule_rollout.extras import install_command
 
 MUJOCO_VERSIONS = ("3.3.0",)
 MAX_STEPS = 500  # Meta-World's max_path_length
@@ -35,12 +36,12 @@ def check() -> None:
         import metaworld  # noqa: F401
         import mujoco
     except ImportError as exc:
-        raise SuiteUnavailableError(f'Meta-World is not installed ({exc}): pip install -e ".[metaworld]"') from None
+        raise SuiteUnavailableError(f'Meta-World is not installed ({exc}): {install_command("metaworld")}') from None
     if mujoco.__version__ not in MUJOCO_VERSIONS:
         raise SuiteUnavailableError(
             f"Meta-World 3.1.1 needs mujoco {' or '.join(MUJOCO_VERSIONS)}, this environment has {mujoco.__version__} "
             '(it fails on mujoco 4: eq_data widened from 11 to 12): install the extra in its own venv, '
-            'pip install -e ".[metaworld]"')
+            f'{install_command("metaworld")}')
 
 
 def tasks() -> list[str]:

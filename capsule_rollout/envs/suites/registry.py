@@ -5,6 +5,7 @@ registered by an installed package under the entry-point group `capsule_rollout.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -19,7 +20,9 @@ import numpy as np
 from capsule_rollout.envs.gl_backend import load_triton_first
 from capsule_rollout.envs.mujoco_capsule import Camera, CaptureSpec, MujocoCapsuleEnv, find_physics
 from capsule_rollout.envs.rollout_env import RolloutEnv
-from capsule_rollout.import_path import resolve
+from capsule_rollout.extras import install_command
+from capsule_rollout.import_path import resolve, split_kwargs
+from capsule_rollout.user_code import UserCodeError, one_line, user_frames
 
 
 class SuiteUnavailableError(ValueError):
@@ -55,16 +58,16 @@ def _registered() -> list[Suite]:
 SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("gymnasium", "capsule_rollout.envs.suites.gymnasium_v5", "installed with the project",
           "gymnasium's MuJoCo v5 envs (Ant, HalfCheetah, Hopper, Humanoid, Pusher, Reacher, ...)"),
-    Suite("metaworld", "capsule_rollout.envs.suites.metaworld_v3", 'pip install -e ".[metaworld]" (brings mujoco 3.3.0)',
+    Suite("metaworld", "capsule_rollout.envs.suites.metaworld_v3", install_command("metaworld") + " (brings mujoco 3.3.0)",
           "Meta-World v3 manipulation tasks with their scripted policies"),
-    Suite("robotics", "capsule_rollout.envs.suites.robotics", 'pip install -e ".[robotics]" (brings mujoco 3.3.0)',
+    Suite("robotics", "capsule_rollout.envs.suites.robotics", install_command("robotics") + " (brings mujoco 3.3.0)",
           "gymnasium-robotics Fetch and Franka Kitchen"),
     Suite("robosuite", "capsule_rollout.envs.suites.robosuite_v15",
-          'pip install -e ".[robosuite]" && pip install --no-deps robosuite==1.5.2 (mujoco 3.3.0)',
+          install_command("robosuite") + " && pip install --no-deps robosuite==1.5.2 (mujoco 3.3.0)",
           "robosuite 1.5 single-arm manipulation (Lift, Stack, Door, ...), Panda, default controller"),
-    Suite("aloha", "capsule_rollout.envs.suites.aloha", 'pip install -e ".[aloha]" (brings mujoco 3.3.0)',
+    Suite("aloha", "capsule_rollout.envs.suites.aloha", install_command("aloha") + " (brings mujoco 3.3.0)",
           "gym-aloha's bimanual ALOHA tasks (Insertion, TransferCube) on dm_control"),
-    Suite("so101", "capsule_rollout.envs.suites.so101", 'pip install -e ".[so101]" (mujoco < 4)',
+    Suite("so101", "capsule_rollout.envs.suites.so101", install_command("so101") + " (mujoco < 4)",
           "the SO-101 arm's pick-cube env (lerobot-env-so101)"),
     *_registered(),
 )}
@@ -100,30 +103,52 @@ def make_env(env_id: str, *, cameras: Sequence[str] | None = None, image_size: i
     load_triton_first()  # before the suite can make a GL context
     module = suite.load()
     known = list(module.tasks())
-    if task not in known:
+    if task not in known and not getattr(module, "accepts", lambda _: False)(task):
         close = difflib.get_close_matches(task, known, n=3)
         raise ValueError(f"{suite.name} has no task {task!r}" + (f"; did you mean {', '.join(close)}?" if close else
                                                                  f"; it has {len(known)}, e.g. {known[:4]}"))
     if hasattr(module, "make_rollout_env"):  # the suite's own rollout-protocol env
         return module.make_rollout_env(task, cameras=cameras, image_size=image_size, max_steps=max_steps)
     env, capture = module.make(task)
+    if capture.cameras is not None:  # the model's own cameras by name, beside those the suite declares
+        extra = {k: v for k, v in model_cameras(find_physics(env)[0]).items() if k not in capture.cameras}
+        if extra and cameras is not None and any(c in extra for c in cameras):
+            capture = dataclasses.replace(capture, cameras={**capture.cameras, **extra})
     chosen = tuple(capture.cameras)[:1] if cameras is None else tuple(cameras)
     return MujocoCapsuleEnv(env, capture, cameras=chosen, image_size=image_size, max_steps=max_steps)
 
 
 def _from_import_path(path: str, cameras, image_size: int, max_steps: int | None) -> RolloutEnv:
-    factory = resolve(path, "env")
+    """A factory's env (`package.module:factory`, or `package.module:factory={JSON kwargs}`: called with them)."""
+    factory_path, kwargs = split_kwargs(path, "env")
+    factory = resolve(factory_path, "env")
     load_triton_first()  # before the user's code can make a GL context (Mesa's LLVM, then Triton's: a crash)
-    made = factory()
+    try:
+        made = factory(**kwargs)
+    except Exception as exc:  # the user's code: one line naming the factory, and the user's own frames
+        raise UserCodeError(f"env factory {path!r} raised {one_line(exc)}", user_frames(exc)) from exc
     if isinstance(made, RolloutEnv) and not isinstance(made, gym.Env):
         return made
     if not isinstance(made, gym.Env):
         raise ValueError(f"{path} returned {type(made).__name__}; it must return a RolloutEnv or a gymnasium env")
     # nothing declared: the adapter captures the env's whole object graph (CaptureSpec.graph)
-    capture = CaptureSpec(task=path, cameras={"free": default_camera(find_physics(made)[0])},
+    return _undeclared(made, path, cameras, image_size, max_steps)
+
+
+def _undeclared(made: gym.Env, task: str, cameras, image_size: int, max_steps: int | None) -> MujocoCapsuleEnv:
+    """A gymnasium MuJoCo env nobody declared anything for: its whole object graph captured, success its step
+    info's, the cameras its model defines by their names and a free camera `free` (the default)."""
+    model = find_physics(made)[0]
+    capture = CaptureSpec(task=task, cameras={"free": default_camera(model), **model_cameras(model)},
                           max_steps=_step_limit(made) or 1000, success=info_success)
     chosen = ("free",) if cameras is None else tuple(cameras)
     return MujocoCapsuleEnv(made, capture, cameras=chosen, image_size=image_size, max_steps=max_steps)
+
+
+def model_cameras(model) -> dict[str, Camera]:
+    """Every named camera of a MuJoCo model, as a camera of the framework's renderer under the model's name."""
+    names = [model.camera(i).name for i in range(model.ncam)]
+    return {name: Camera(name, model_camera=name) for name in names if name}
 
 
 def info_success(info: Mapping[str, Any]) -> bool:

@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from capsule_rollout.envs.mujoco_capsule import Camera, CaptureSpec
+from capsule_rollout.extras import install_command
 
 MUJOCO_VERSIONS = ("3.3.0",)
 TASKS = ("Lift", "Stack", "Door", "NutAssembly", "NutAssemblySingle", "NutAssemblySquare", "NutAssemblyRound",
@@ -36,8 +37,8 @@ def check() -> None:
         import mujoco
         import robosuite  # noqa: F401
     except ImportError as exc:
-        raise SuiteUnavailableError(f"robosuite is not installed ({exc}): make suites-venv (the `robosuite` extra, "
-                                    "then pip install --no-deps robosuite==1.5.2)") from None
+        raise SuiteUnavailableError(f"robosuite is not installed ({exc}): {install_command('robosuite')}, then "
+                                    "pip install --no-deps robosuite==1.5.2 (a checkout: make suites-venv)") from None
     if mujoco.__version__ not in MUJOCO_VERSIONS:
         raise SuiteUnavailableError(f"robosuite 1.5.2 does not run on mujoco {mujoco.__version__} "
                                     f"(it needs {', '.join(MUJOCO_VERSIONS)}): make suites-venv")

