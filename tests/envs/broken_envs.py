@@ -277,9 +277,9 @@ def make_camera_not_captured():
     when built, so an env built in another process renders its frames from elsewhere."""
     from capsule_rollout.envs.mujoco_capsule import CaptureSpec, MujocoCapsuleEnv
     from capsule_rollout.envs.suites.registry import default_camera, find_physics
+    from tests.envs.user_factories import pendulum_pixels
 
-    env = gym.wrappers.AddRenderObservation(gym.make("InvertedPendulum-v5", render_mode="rgb_array", width=64,
-                                                     height=64), render_only=True)
+    env = pendulum_pixels()
     capture = CaptureSpec(task="camera not captured", exclude=("cam",),
                           cameras={"free": default_camera(find_physics(env)[0])}, max_steps=1000)
     return MujocoCapsuleEnv(env, capture, cameras=("free",))

@@ -14,6 +14,7 @@ import pytest
 from capsule_rollout.capsules import Arena, restore, snapshot, verify_steppable
 from capsule_rollout.envs.env_scenarios import verify_scenarios
 from capsule_rollout.envs.suites import SUITES, SuiteUnavailableError, expert_for, make_env
+from capsule_rollout.rollout.host_config import episode_id
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +160,7 @@ def test_camera_observations_hold_bit_for_bit_and_replay(factory, tmp_path):
                  "--json", str(tmp_path / "s.json")]) == 0
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}, summary
-    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{env_id}-s1000001-r1",
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{episode_id(env_id, 1000001)}-r1",
                  "--json", str(tmp_path / "r.json")]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["exact"]
 
@@ -180,7 +181,7 @@ def test_registered_suite_holds_and_rolls_out_on_ray_and_replays(env_id, tmp_pat
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}, summary
     task = env_id.split(":", 1)[1]
-    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{env_id}-s1000001-r1",
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{episode_id(env_id, 1000001)}-r1",
                  "--json", str(tmp_path / "r.json")]) == 0, task
     assert json.loads((tmp_path / "r.json").read_text())["exact"]
 

@@ -21,8 +21,16 @@ def so101_random_block():
     return gymnasium.make("lerobot_env_so101/SO101PickCube-v0", random_block_position=True)
 
 
+def _headless_gl() -> None:
+    """Suites read `MUJOCO_GL` once (robosuite when imported, dm_control and gymnasium's viewer at their first
+    render); unset, they try GLFW, which needs a display: their users set it."""
+    from capsule_rollout.envs.gl_backend import select_backend
+
+    os.environ.setdefault("MUJOCO_GL", select_backend() or "egl")
+
+
 def _aloha(task: str):
-    os.environ.setdefault("MUJOCO_GL", "egl")  # dm_control renders every observation; its users set this
+    _headless_gl()  # dm_control renders every observation
     import gym_aloha  # noqa: F401 - registers its ids
 
     return gymnasium.make(f"gym_aloha/Aloha{task}-v0")
@@ -37,6 +45,7 @@ def aloha_transfer_cube():
 
 
 def _robosuite(task: str):
+    _headless_gl()  # before robosuite is first imported (its camera factory below renders)
     import robosuite
     from robosuite.wrappers import GymWrapper
 
@@ -61,6 +70,7 @@ def robosuite_door():
 
 def robosuite_lift_camera():
     """Lift as image policies see it (robomimic, LIBERO): robosuite renders its own camera observation."""
+    _headless_gl()
     import robosuite
     from robosuite.wrappers import GymWrapper
 
@@ -69,16 +79,20 @@ def robosuite_lift_camera():
     return GymWrapper(env)
 
 
+def _rendering_gymnasium(name: str):
+    """gymnasium's MuJoCo env rendering 64x64 frames."""
+    _headless_gl()
+    return gymnasium.make(name, render_mode="rgb_array", width=64, height=64)
+
+
 def pendulum_pixels():
     """gymnasium's `AddRenderObservation` around a MuJoCo env: the rendered frame is the observation."""
-    env = gymnasium.make("InvertedPendulum-v5", render_mode="rgb_array", width=64, height=64)
-    return gymnasium.wrappers.AddRenderObservation(env, render_only=True)
+    return gymnasium.wrappers.AddRenderObservation(_rendering_gymnasium("InvertedPendulum-v5"), render_only=True)
 
 
 def reacher_pixels_and_state():
     """`AddRenderObservation` keeping the state beside the frame (a dict observation)."""
-    env = gymnasium.make("Reacher-v5", render_mode="rgb_array", width=64, height=64)
-    return gymnasium.wrappers.AddRenderObservation(env, render_only=False)
+    return gymnasium.wrappers.AddRenderObservation(_rendering_gymnasium("Reacher-v5"), render_only=False)
 
 
 class FrameAsObservation(gymnasium.ObservationWrapper):
@@ -96,7 +110,7 @@ class FrameAsObservation(gymnasium.ObservationWrapper):
 
 
 def pendulum_frames_lazily():
-    return FrameAsObservation(gymnasium.make("InvertedPendulum-v5", render_mode="rgb_array", width=64, height=64))
+    return FrameAsObservation(_rendering_gymnasium("InvertedPendulum-v5"))
 
 
 class NoisePolicy:
