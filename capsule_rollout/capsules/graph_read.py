@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -120,6 +121,9 @@ class Prepared(NamedTuple):
     generator_states: list[Any]
     glob: tuple | None
     missing: bool = False  # an opaque object the target lacks is referred to (applying checks every attribute)
+    structs: Sequence[Any] = ()  # the target's structs (None: it has none there yet)
+    struct_states: Sequence[Any] = ()
+    missing_structs: tuple[str, ...] = ()  # paths of structs the target lacks (a renderer it has not made yet)
 
 
 def split(blob: bytes | memoryview) -> list[bytes]:
@@ -161,10 +165,12 @@ def _ints(x: Any) -> bool:
 
 
 def checked_plan(value: Any) -> tuple:
-    """A snapshot's plan, every entry of the shape `GraphState.snapshot` writes (a capsule file is input)."""
-    ok = isinstance(value, tuple) and len(value) == 7 and all(isinstance(v, list) for v in value)
+    """A snapshot's plan, every entry of the shape `GraphState.snapshot` writes (a capsule file is input); a plan
+    written before structs were captured has none."""
+    ok = isinstance(value, tuple) and len(value) in (7, 8) and all(isinstance(v, list) for v in value)
     if ok:
-        refs, objects, generators, aliases, views, statics, externals = value
+        value = value if len(value) == 8 else (*value, [])
+        refs, objects, generators, aliases, views, statics, externals, structs = value
         ok = (all(isinstance(r, tuple) and len(r) == 3 and _is_path(r[0]) and type(r[1]) is str
                   and r[2] in ("handle", "opaque") for r in refs)
               and all(isinstance(o, tuple) and len(o) == 2 and _is_path(o[0], True) and type(o[1]) is str
@@ -174,22 +180,27 @@ def checked_plan(value: Any) -> tuple:
               and all(isinstance(a, tuple) and len(a) == 6 and type(a[0]) is int and a[0] >= 0 for a in aliases)
               and all(isinstance(v, tuple) and len(v) == 6 and type(v[0]) is int and v[0] >= 0
                       and type(v[5]) is bool for v in views)
-              and all(_is_path(p) for p in statics) and all(type(k) is str for k in externals))
+              and all(_is_path(p) for p in statics) and all(type(k) is str for k in externals)
+              and all(isinstance(t, tuple) and len(t) == 2 and _is_path(t[0]) and type(t[1]) is str
+                      for t in structs))
     if not ok:
         raise StateDecodeError("its plan of paths is malformed")
     return value
 
 
-def checked_states(value: Any, n_objects: int, n_generators: int) -> tuple[list, tuple | None]:
-    """The states part: one (dict | None, slots, items) per object, one state per generator, the globals."""
+def checked_states(value: Any, n_objects: int, n_generators: int, n_structs: int = 0) -> tuple[list, tuple | None]:
+    """The states part: one (dict | None, slots, items) per object, one state per generator, one dict of fields
+    per struct, the globals."""
     ok = isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], list) and \
-        len(value[0]) == n_objects + n_generators
+        len(value[0]) == n_objects + n_generators + n_structs
     if ok:
         states, glob = value
         ok = all(isinstance(st, tuple) and len(st) == 3 and isinstance(st[0], (dict, type(None)))
                  and isinstance(st[1], dict) and all(type(k) is str for k in st[1])
                  and isinstance(st[2], (dict, list, type(None))) for st in states[:n_objects])
-        ok = ok and all(isinstance(st, (dict, tuple)) for st in states[n_objects:])
+        ok = ok and all(isinstance(st, (dict, tuple)) for st in states[n_objects:n_objects + n_generators])
+        ok = ok and all(isinstance(st, dict) and all(type(k) is str for k in st)
+                        for st in states[n_objects + n_generators:])
         ok = ok and (glob is None or isinstance(glob, tuple) and len(glob) == 2 and isinstance(glob[0], dict)
                      and isinstance(glob[1], tuple))
     if not ok:
@@ -211,6 +222,7 @@ class Plan:
     views: list[tuple[int, int, tuple, tuple, str, bool]]  # (base index, offset, shape, strides, dtype, writeable)
     statics: list[Path]  # large arrays holding what they held when the env was built: by path, not by value
     externals: list[str]  # arrays the owner keeps elsewhere in the capsule (an env's boundary observation), by key
+    structs: list[tuple[Path, str]]  # values set in place (a renderer's camera): path, class as "module:qualname"
 
 
 
@@ -232,7 +244,7 @@ def pids(plan: Plan) -> frozenset[tuple]:
     """The references a snapshot's states may use: one per entry of its plan."""
     out = []
     for kind, entries in (("r", plan.refs), ("a", plan.aliases), ("v", plan.views), ("s", plan.statics),
-                          ("o", plan.objects), ("g", plan.generators), ("x", plan.externals)):
+                          ("o", plan.objects), ("g", plan.generators), ("x", plan.externals), ("t", plan.structs)):
         out += [(kind, i) for i in range(len(entries))]
     return frozenset(out)
 

@@ -21,6 +21,11 @@ samplers, caches, spaces, a policy's queues and histories...) breadth first, giv
   rewrites the target object at the same path (same type) in place, so identity is kept for whoever holds
   it (the adapter, the user, a Ray actor); objects rebuilt at reset, or at paths the target lacks, are made
   fresh. Attributes absent at the snapshot are removed.
+- **struct**: an object of one of `structs`' types (an env's MuJoCo visualization structs: a renderer's camera,
+  options, perturbation and scene settings, `envs.graph_structs`): its fields are saved and set in place in the
+  target's struct at the same path, also inside an opaque object (the renderer that holds it); a target that has
+  none there yet (a renderer made at the first render) is listed in `Prepared.missing_structs`, for its owner
+  to make.
 - everything else (containers, arrays, scalars, strings, module-level functions, an XML element) is saved by
   value (views of another Python array stay views of its copy).
 
@@ -135,6 +140,21 @@ def _apply_state(obj: Any, state: tuple[dict | None, dict, Any], missing: bool) 
         obj.update(items) if isinstance(obj, dict) else obj.extend(items)
 
 
+class _NoStructs:
+    """A graph without structs set in place."""
+
+    types: tuple[type, ...] = ()
+
+    def state(self, obj: Any) -> dict:
+        raise TypeError(f"no struct: {type(obj).__name__}")
+
+    def check(self, obj: Any, state: dict) -> None:
+        raise ValueError("a struct, and this graph has none")
+
+    def apply(self, obj: Any, state: dict) -> None:
+        raise TypeError(f"no struct: {type(obj).__name__}")
+
+
 class _NoAliases:
     """A graph without handles: no array aliases one."""
 
@@ -153,7 +173,8 @@ class GraphState:
     `find(array, [(ref index, handle)])` and `view(handle, field, offset, shape, strides, dtype)`): what the
     graph's handles are and how an array aliasing one is found and re-linked (`envs.object_graph`).
     `readonly_bytes`: numpy arrays this large that are not writeable are taken by reference, as weights (a
-    policy object's: `policies.infer_policy`).
+    policy object's: `policies.infer_policy`). `structs` (an object with `types`, `state(obj) -> dict`,
+    `check(obj, state)` raising ValueError, `apply(obj, state)`): the values set in place (`envs.object_graph`).
     """
 
     STATIC_BYTES = 65536
@@ -161,11 +182,13 @@ class GraphState:
     bounds, a suite's tables) are saved by path, not by value, once `remember_static` has recorded them."""
 
     def __init__(self, root: Any, *, exclude: tuple[str, ...] = (), global_rngs: bool = True,
-                 handles: tuple[type, ...] = (), aliases: Any = None, readonly_bytes: int | None = None) -> None:
+                 handles: tuple[type, ...] = (), aliases: Any = None, readonly_bytes: int | None = None,
+                 structs: Any = None) -> None:
         self.root, self.exclude, self.global_rngs = root, frozenset(exclude), global_rngs
         self.readonly_bytes = readonly_bytes
         self.handles = tuple(handles)
         self._aliases = aliases if aliases is not None else _NoAliases()
+        self._structs = structs if structs is not None else _NoStructs()
         self._static: dict[Path, np.ndarray] = {}
         self._known: GraphNamespace | None = None  # the names its capsules may use
         self._reads = ReadCache()  # snapshots read (a restore of the same capsule again thaws a copy)
@@ -190,7 +213,7 @@ class GraphState:
 
     # -- the walk, with exclusions ---------------------------------------------------------------------
     def nodes(self) -> dict[int, Node]:
-        graph = walk(self.root, handles=self.handles)
+        graph = walk(self.root, handles=self.handles, structs=self._structs.types)
         if not self.exclude:
             return graph
         return {i: n for i, n in graph.items() if n.path is None or not any(
@@ -204,7 +227,7 @@ class GraphState:
         wrapper keeps too, held once)."""
         graph = self.nodes()
         table: dict[int, tuple] = {}
-        plan = Plan([], [], [], [], [], [], [])
+        plan = Plan([], [], [], [], [], [], [], [])
         handles: list[tuple[int, Any]] = []
         for node in graph.values():
             if node.kind == "array" and self.readonly_bytes is not None and node.path is not None and \
@@ -223,6 +246,7 @@ class GraphState:
         base_index: dict[int, int] = {}
         states: list[Any] = []  # the objects' states, then the generators'
         generator_states: list[Any] = []
+        struct_states: list[Any] = []
         for node in graph.values():
             obj = node.obj
             if node.kind == "array":
@@ -266,11 +290,15 @@ class GraphState:
                 table[id(obj)] = ("g", len(plan.generators))
                 plan.generators.append((node.path, type(obj)))
                 generator_states.append(generator_state(obj))
+            elif node.kind == "struct" and node.path is not None:
+                table[id(obj)] = ("t", len(plan.structs))
+                plan.structs.append((node.path, type_key(type(obj))))
+                struct_states.append(self._structs.state(obj))
         glob = (np.random.get_state(legacy=False), random.getstate()) if self.global_rngs else None
         try:
             head = state_codec.encode(tuple(getattr(plan, f.name) for f in dataclasses.fields(Plan)))
             base_blob = state_codec.encode(bases)  # by value (a view's base is never a reference)
-            body = state_codec.encode((states + generator_states, glob), lambda x: table.get(id(x)))
+            body = state_codec.encode((states + generator_states + struct_states, glob), lambda x: table.get(id(x)))
         except StateEncodeError as exc:
             raise GraphStateError(self._unencodable(graph, table, exc)) from None
         parts = (head, base_blob, body)
@@ -355,6 +383,13 @@ class GraphState:
             target = self._paired(path, kind, taken)
             resolved[("g", i)] = target  # None: made fresh below, once its state is read
             generators.append(target)
+        structs, missing = [], []
+        for i, (path, key) in enumerate(plan.structs):
+            target = self._paired(path, key, taken)
+            resolved[("t", i)] = MISSING if target is None else target
+            structs.append(target)
+            if target is None:
+                missing.append(fmt(path))
         states, glob = self._states(read, resolved)
         n = len(objects)
         fresh: dict[int, Any] = {}
@@ -368,18 +403,25 @@ class GraphState:
             for i, g in fresh.items():
                 resolved[("g", i)] = g
             states, glob = self._states(read, resolved)
+        ng = len(plan.generators)
+        for target, state in zip(structs, states[n + ng:]):
+            if target is not None:
+                try:
+                    self._structs.check(target, state)
+                except ValueError as exc:
+                    raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
         for target, (d, _, items) in zip(objects, states[:n]):
             if d is not None and not isinstance(getattr(target, "__dict__", None), dict) or items is not None and \
                     not isinstance(target, dict if isinstance(items, dict) else list):
                 raise GraphStateError(f"the capsule's Python state is refused: a {type(target).__qualname__} given "
                                       "attributes or items it cannot hold")
-        for g, state in zip(generators, states[n:]):
+        for g, state in zip(generators, states[n:n + ng]):
             bits = g.bit_generator if isinstance(g, np.random.Generator) else g
             if isinstance(bits, np.random.BitGenerator) and state.get("bit_generator") != type(bits).__name__:
                 raise GraphStateError(f"the capsule's Python state is refused: a {state.get('bit_generator')!r} "
                                       f"state for a {type(bits).__name__} generator")
-        return Prepared(objects, states[:n], generators, states[n:], glob,
-                        any(v is MISSING for v in resolved.values()))
+        return Prepared(objects, states[:n], generators, states[n:n + ng], glob,
+                        any(v is MISSING for v in resolved.values()), structs, states[n + ng:], tuple(missing))
 
     def _read(self, blob: bytes) -> Read:
         """A snapshot read and checked once (nothing resolved in the env yet): its plan, and its view bases and
@@ -425,8 +467,9 @@ class GraphState:
                     raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
             except StateDecodeError as exc:
                 raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
-        states, glob = checked_states(value, len(plan.objects), len(plan.generators))
-        self._check_generator_states(plan, states[len(plan.objects):], glob)
+        n, ng = len(plan.objects), len(plan.generators)
+        states, glob = checked_states(value, n, ng, len(plan.structs))
+        self._check_generator_states(plan, states[n:n + ng], glob)
         return Read(plan, pickle.dumps(bases, protocol=5), freeze((states, glob), reader.built), parts[2])
 
     def _states(self, read: Read, resolved: dict[tuple, Any]) -> tuple[list, tuple | None]:
@@ -437,7 +480,7 @@ class GraphState:
             value = state_codec.decode(read.raw_states, self._namespace(), resolved.__getitem__)
         except StateDecodeError as exc:
             raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
-        return checked_states(value, len(read.plan.objects), len(read.plan.generators))
+        return checked_states(value, len(read.plan.objects), len(read.plan.generators), len(read.plan.structs))
 
     def _check_generator_states(self, plan: Plan, states: list[Any], glob: tuple | None) -> None:
         """Try every generator state on a spare generator of its kind, so that `apply` cannot fail half way."""
@@ -472,6 +515,9 @@ class GraphState:
             _apply_state(target, state, prepared.missing)
         for g, state in zip(prepared.generators, prepared.generator_states):
             set_generator_state(g, state)
+        for t, state in zip(prepared.structs, prepared.struct_states):
+            if t is not None:
+                self._structs.apply(t, state)
         if prepared.glob is not None:
             np.random.set_state(prepared.glob[0])
             random.setstate(prepared.glob[1])
@@ -481,7 +527,7 @@ class GraphState:
         yet (an object the env built since)."""
         if fresh or self._known is None:
             refs: set[str] = set()
-            walk(self.root, refs, self.handles)
+            walk(self.root, refs, self.handles, self._structs.types)
             self._known = GraphNamespace(frozenset(refs))
         return self._known
 
@@ -534,11 +580,14 @@ class GraphState:
                     out[p] = f"array {node.obj.dtype} {node.obj.shape} {digest}"
             elif node.kind == "generator":
                 out[p] = f"generator {hashlib.blake2b(repr(generator_state(node.obj)).encode(), digest_size=8).hexdigest()}"
+            elif node.kind == "struct":
+                state = state_codec.encode(self._structs.state(node.obj))
+                out[p] = f"struct {type(node.obj).__name__} {hashlib.blake2b(state, digest_size=8).hexdigest()}"
             elif node.kind in ("object", "container"):
                 if node.kind == "object":
                     out[p + " (attributes)"] = ",".join(sorted(getattr(node.obj, "__dict__", {}) or ()))
                 elif not isinstance(node.obj, dict):  # a sequence or set: its plain items as one value
-                    plain = [repr(v) for v in node.obj if classify(v, self.handles) == "atomic"]
+                    plain = [repr(v) for v in node.obj if classify(v, self.handles, self._structs.types) == "atomic"]
                     if isinstance(node.obj, (set, frozenset)):
                         plain.sort()
                     digest = hashlib.blake2b("\n".join(plain).encode(), digest_size=8).hexdigest()
@@ -547,7 +596,7 @@ class GraphState:
                 else:
                     out[p + " (items)"] = str(len(node.obj))
                 for step, v in _children(node.obj, node.kind):
-                    if step is not None and classify(v, self.handles) == "atomic" and not isinstance(
+                    if step is not None and classify(v, self.handles, self._structs.types) == "atomic" and not isinstance(
                             v, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
                         out[fmt((*node.path, step))] = f"{type(v).__name__} {v!r}"[:200]
             elif node.kind == "value":

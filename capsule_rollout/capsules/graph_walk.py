@@ -1,10 +1,12 @@
 """The walk of an object graph (`capsules.graph_state`): every object reachable from a root (an env, a policy
 object), breadth first, with its first path, and what kind of thing each is (handle, opaque, generator, array,
-object, container, value; see `graph_state`'s docstring for what each kind means to a capsule).
+struct, object, container, value; see `graph_state`'s docstring for what each kind means to a capsule).
 
 `handles` are the types whose objects are never copied but must be there (an env's MuJoCo `MjModel` / `MjData`:
-`envs.object_graph`). A torch module's weights, buffers and submodules are taken by reference (opaque): a capsule
-holds the module's own attributes (an action queue, a history), never its weights."""
+`envs.object_graph`); `structs` the types whose objects are values set in place (MuJoCo's visualization structs:
+a renderer's camera and options, `envs.graph_structs`). A torch module's weights, buffers and submodules are
+taken by reference (opaque): a capsule holds the module's own attributes (an action queue, a history), never its
+weights."""
 
 from __future__ import annotations
 
@@ -71,10 +73,12 @@ def by_reference(obj: Any) -> frozenset[str]:
     return frozenset()
 
 
-def classify(x: Any, handles: tuple[type, ...] = ()) -> str:
-    """handle | atomic | opaque | generator | array | method | container | object | value."""
+def classify(x: Any, handles: tuple[type, ...] = (), structs: tuple[type, ...] = ()) -> str:
+    """handle | struct | atomic | opaque | generator | array | method | container | object | value."""
     if handles and isinstance(x, handles):
         return "handle"
+    if structs and isinstance(x, structs):
+        return "struct"
     if isinstance(x, ATOMIC_TYPES):
         return "atomic"
     t = type(x)
@@ -145,7 +149,8 @@ class Node:
     path: Path | None  # None: reachable only through a set (no path to pair it by)
 
 
-def walk(root: Any, refs: set[str] | None = None, handles: tuple[type, ...] = ()) -> dict[int, Node]:
+def walk(root: Any, refs: set[str] | None = None, handles: tuple[type, ...] = (),
+         structs: tuple[type, ...] = ()) -> dict[int, Node]:
     """Every non-atomic object reachable from `root`, breadth first, with its first path; `refs` (when given)
     gathers the `graph_names.ref_key` of every class, function and module met (the names a capsule of this
     graph may use). What `by_reference` names is an opaque node the walk does not enter."""
@@ -155,7 +160,9 @@ def walk(root: Any, refs: set[str] | None = None, handles: tuple[type, ...] = ()
         x, path, held = queue.popleft()
         if id(x) in seen:
             continue
-        kind = "opaque" if held and classify(x, handles) != "atomic" else classify(x, handles)
+        kind = classify(x, handles, structs)
+        if held and kind != "atomic":
+            kind = "opaque"
         if refs is not None:
             ref = x if kind == "atomic" and isinstance(x, REF_TYPES) else type(x)
             key = ref_key(ref)
@@ -164,7 +171,7 @@ def walk(root: Any, refs: set[str] | None = None, handles: tuple[type, ...] = ()
         if kind == "atomic":
             continue
         seen[id(x)] = Node(x, kind, path)
-        if held or kind in ("handle", "array", "generator", "value"):
+        if held or kind in ("handle", "struct", "array", "generator", "value"):
             continue
         internal = by_reference(x) if kind == "object" else frozenset()
         for step, v in _children(x, kind):

@@ -7,6 +7,9 @@ for bit: the observation arrays (images included), the reward, `terminated` and 
   after the env was played elsewhere;
 - `other_seed`: restored after a `reset()` to another seed (an actor's next episode);
 - `many_restores`: restored and played `restores` times in a row;
+- `another_env`: restored after a second env of the same id was built and played in this process, then dropped
+  and garbage-collected (an actor's other slot, an env rebuilt): a suite's renderer that draws in or frees
+  another's GL context, or a framework image that redirects the suite's, shows here;
 - `fresh_process`: written to a file and restored into an env built from scratch in another process (what a Ray
   actor does with a capsule another actor saved).
 
@@ -19,6 +22,7 @@ the adapter's graph capture found: aliases into MjData, generators, objects it t
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import secrets
@@ -33,10 +37,11 @@ import numpy as np
 
 from capsule_rollout.capsules import Arena, load_capsule, restore, save_capsule, signing_key, snapshot
 from capsule_rollout.capsules.signing_key import KEY_ENV
+from capsule_rollout.capsules.verify import first_difference, is_image
 from capsule_rollout.envs.mujoco_capture import buffer_bytes, mjdata_buffer
 from capsule_rollout.envs.object_graph import GraphState, differing_paths, fmt
 
-SCENARIOS = ("after_reset", "other_seed", "many_restores", "fresh_process")
+SCENARIOS = ("after_reset", "other_seed", "many_restores", "another_env", "fresh_process")
 
 
 @dataclass
@@ -141,7 +146,13 @@ def first_divergence(ref: list[dict], got: list[dict], fields: list[tuple[int, i
     """The first output of `got` that is not bit-identical to `ref`'s (None: all are): step, key, element."""
     for step, (r, g) in enumerate(zip(ref, got)):
         physics_same = "mjdata" in r and "mjdata" in g and bool(np.all(_same(r["mjdata"], g["mjdata"])))
-        for key in sorted(r, key=lambda k: k != "mjdata"):  # the physics first: a cause, not an effect
+        # the physics first (a cause, not an effect), then images (a pixel says more than the state flattening it)
+        for key in sorted(r, key=lambda k: (k != "mjdata", not is_image(np.asarray(r[k])))):
+            if key != "mjdata":  # an image by pixel, as the harness names it (`capsules.verify.first_difference`)
+                why = first_difference(f"step {step} {key}", np.asarray(r[key]), np.asarray(g.get(key)))
+                if why is not None:
+                    return why + (" (MjData identical: state kept outside MjData)" if physics_same else "")
+                continue
             a, b = np.asarray(r[key]).reshape(-1), np.asarray(g.get(key)).reshape(-1)
             if a.shape != b.shape or a.dtype != b.dtype:
                 return f"step {step} {key}: {a.size} {a.dtype} values vs {b.size} {b.dtype}"
@@ -149,15 +160,12 @@ def first_divergence(ref: list[dict], got: list[dict], fields: list[tuple[int, i
             if not differ.size:
                 continue
             i = int(differ[0])
-            if key != "mjdata":
-                where = " (MjData identical: state kept outside MjData)" if physics_same else ""
-                return f"step {step} {key}[{i}]: {a[i]!r} vs {b[i]!r}{where}"
             for offset, nbytes, name, itemsize in fields:
                 if offset <= i < offset + nbytes:
                     dtype = {8: np.float64, 4: np.int32, 1: np.uint8}.get(itemsize, np.uint8)
                     x, y = (np.frombuffer(v[offset:offset + nbytes].tobytes(), dtype) for v in (a, b))
                     k = (i - offset) // x.itemsize
-                    return f"step {step} MjData.{name}[{k}]: {x[k]!r} vs {y[k]!r}"
+                    return f"step {step} MjData.{name}[{k}]: {x[k].item()!r} vs {y[k].item()!r}"
             return f"step {step} MjData byte {i} (between its arrays)"
     if len(ref) != len(got):
         return f"{len(got)} steps played, {len(ref)} expected"
@@ -233,6 +241,16 @@ def verify_scenarios(env_id: str, *, cameras: tuple[str, ...] | None = None, ima
             if worst is not None:
                 report.divergences["many_restores"] = worst
 
+        def another_env() -> None:
+            second = make_env(env_id, cameras=cameras, image_size=image_size)
+            second.reset(seed=seed + 2000)
+            _outputs(second, other[: steps // 2])
+            del second  # dropped, not closed: freed whenever the garbage collector finds it
+            gc.collect()
+            restore(arena, capsule)
+            after = python_dump(env)
+            check("another_env", _outputs(env, actions), after)
+
         def fresh_process() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 path, acts, out = Path(tmp) / "c.capsule", Path(tmp) / "a.npy", Path(tmp) / "out.npz"
@@ -252,7 +270,7 @@ def verify_scenarios(env_id: str, *, cameras: tuple[str, ...] | None = None, ima
                 after = json.loads(dump_file.read_text()) if dump_file.exists() else None
                 check("fresh_process", got, after)
 
-        for name, play in zip(SCENARIOS, (after_reset, other_seed, many_restores, fresh_process)):
+        for name, play in zip(SCENARIOS, (after_reset, other_seed, many_restores, another_env, fresh_process)):
             scenario(name, play)
     finally:
         env.close()

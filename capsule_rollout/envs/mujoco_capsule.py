@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from capsule_rollout.capsules import BufferComponent, BufferSpec
+from capsule_rollout.envs.gl_current import EnvContext, collect_with_no_context
 from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declarations are part of this module's API
     _LOADERS,
     KNOWN_WRAPPERS,
@@ -96,6 +97,10 @@ class MujocoCapsuleEnv(BufferComponent):
                  max_steps: int | None = None) -> None:
         super().__init__()
         self.name = "env"
+        # the env's own renderer's GL context: current during its calls only; a renderer the garbage collector
+        # frees touches no live context (`gl_current`)
+        collect_with_no_context()
+        self._gl_env = EnvContext()
         self.env, self.capture = env, capture
         self.unwrapped = env.unwrapped
         self.model, self.data, self._physics_path = find_physics(env)
@@ -129,6 +134,7 @@ class MujocoCapsuleEnv(BufferComponent):
         self._static_digest = self._graph.remember_static() if self._graph is not None else ""
         self._python_bytes = self._slab_size() if self._graph is not None else 0
         self._prepared: tuple[bytes, Any] | None = None  # the Python state check_restore read
+        self._unrendered: set[str] = set()  # struct paths a render of the env did not make
         raw = self._probe_observation()
         self._obs_dim = raw.shape[0]
         state_dim = self._state(raw_obs=None, flat=raw).shape[0]
@@ -360,6 +366,7 @@ class MujocoCapsuleEnv(BufferComponent):
     def after_restore(self) -> None:
         if self._graph is not None:
             self._follow_rebuilds()
+            prepared = self._prepared_graph()
         memmove = ctypes.memmove
         for dst, src, n in self._plan:
             memmove(dst, src, n)
@@ -367,12 +374,7 @@ class MujocoCapsuleEnv(BufferComponent):
         if self._graph is not None:
             if self._np["physics_flags"][0] & 1:
                 mujoco.mj_step1(self.model, self.data)  # the arena as mj_step1 left it (checked at the snapshot)
-            n = int(self._np["python_len"][0])
-            blob = self._np["python"][:n].tobytes()
-            prepared, self._prepared = self._prepared, None
-            if prepared is None or prepared[0] != blob:  # restored without check_restore (not through the arena)
-                prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
-            self._graph.apply(prepared[1])
+            self._graph.apply(prepared)
         present = self._rng_present
         for owner, name, _, row, i in self._rng_rows:
             if present[i]:
@@ -389,6 +391,27 @@ class MujocoCapsuleEnv(BufferComponent):
         flags = self._attrs_present
         for owner, name, load, view, i in self._attr_loads:
             setattr(owner, name, load(view) if flags[i] else None)
+
+    def _prepared_graph(self) -> Any:
+        """The capsule's Python state read and resolved in the env (by check_restore, when restored through
+        the arena). A renderer the capsule's env had made and this one has not yet (a viewer made at the first
+        render: a fresh process) is made by one render of the env's own, before MjData is restored, so that
+        the capsule's camera and options are set in it rather than the ones it would pick at its first render."""
+        n = int(self._np["python_len"][0])
+        blob = self._np["python"][:n].tobytes()
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared[0] != blob:  # restored without check_restore (not through the arena)
+            prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
+        missing = set(prepared[1].missing_structs) - self._unrendered
+        if missing:
+            try:
+                with self._gl_env.turn():
+                    self.unwrapped.render()
+            except Exception:  # noqa: BLE001 - a suite that cannot render now keeps the renderer it makes later
+                pass
+            prepared = (blob, self._graph.prepare(blob, self._natives_in(self._np)))
+            self._unrendered |= missing & set(prepared[1].missing_structs)  # not made by a render: not tried again
+        return prepared[1]
 
     def _snapshot_graph(self, b: dict[str, np.ndarray]) -> None:
         for src, dst, n in self._model_copies:
@@ -449,7 +472,8 @@ class MujocoCapsuleEnv(BufferComponent):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         if seed is not None and self.capture.seed is not None:
             self.capture.seed(self.env, int(seed))
-        raw, info = self.env.reset(seed=seed, options=options)
+        with self._gl_env.turn():
+            raw, info = self.env.reset(seed=seed, options=options)
         if self._graph is not None:
             self._follow_rebuilds()
         self._counters[:] = (0, 1)
@@ -459,7 +483,8 @@ class MujocoCapsuleEnv(BufferComponent):
     def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
         if not self._counters[1]:
             raise RuntimeError("call reset() before step()")
-        raw, reward, terminated, truncated, info = self.env.step(np.asarray(action, dtype=self.action_space.dtype))
+        with self._gl_env.turn():
+            raw, reward, terminated, truncated, info = self.env.step(np.asarray(action, dtype=self.action_space.dtype))
         self._counters[0] += 1
         self._commit(raw)
         if self.capture.terminate_on_success and self.success(info):
@@ -497,7 +522,8 @@ class MujocoCapsuleEnv(BufferComponent):
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
-        self.env.close()
+        with self._gl_env.turn():  # the suite frees its renderer in its own context
+            self.env.close()
 
     def _state(self, raw_obs: Any, flat: np.ndarray) -> np.ndarray:
         fn = self.capture.state

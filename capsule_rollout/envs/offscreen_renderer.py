@@ -15,6 +15,7 @@ from capsule_rollout.envs.gl_backend import (
     prepare_first_context,
     select_backend,
 )
+from capsule_rollout.envs.gl_current import as_found
 
 MAX_GEOM = 10000  # scene capacity, as mujoco.Renderer's default
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # renderers not closed yet: closed at exit, while GL is still loaded
@@ -39,8 +40,9 @@ class OffscreenRenderer:
     """Renders `(H, W, 3) uint8` images; shadows and reflections off (about 100x faster on a CPU).
 
     It makes its own GL context of the backend `gl_backend.select_backend()` names, so it works whatever
-    `MUJOCO_GL` was when mujoco was imported. Create it only when an image is needed; `close()` frees the
-    GL context.
+    `MUJOCO_GL` was when mujoco was imported, and leaves the thread's current context as it found it (a
+    suite's renderer that assumes its own stays current is not redirected). Create it only when an image is
+    needed; `close()` frees the GL context.
     """
 
     def __init__(self, model: mujoco.MjModel, height: int, width: int) -> None:
@@ -54,10 +56,13 @@ class OffscreenRenderer:
         if backend is None:
             raise RenderingUnavailableError(f"no offscreen OpenGL library found (neither EGL nor OSMesa): {INSTALL_HINT}")
         prepare_first_context()
+        self.backend = backend
         try:
-            self._gl = context_class(backend)(width, height)
-            self._gl.make_current()
-            self._mjr = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150.value)
+            with as_found():
+                self._gl = context_class(backend)(width, height)
+                self._gl.make_current()
+                self._mjr = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150.value)
+                mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN.value, self._mjr)
         except RenderingUnavailableError:
             raise
         except Exception as exc:  # GL context creation failed: say what to install
@@ -66,8 +71,7 @@ class OffscreenRenderer:
                 f"offscreen rendering failed with the {backend} backend ({type(exc).__name__}: {exc}); "
                 + INSTALL_HINT
             ) from None
-        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN.value, self._mjr)
-        self.backend, self.model, self.height, self.width = backend, model, height, width
+        self.model, self.height, self.width = model, height, width
         self.scene = mujoco.MjvScene(model=model, maxgeom=MAX_GEOM)
         self.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
         self.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
@@ -110,9 +114,10 @@ class OffscreenRenderer:
         if out is not None and out.shape != shape:
             raise ValueError(f"out has shape {out.shape}; this renderer makes {shape}")
         buffer = out if out is not None and out.dtype == np.uint8 and out.flags.c_contiguous else np.empty(shape, np.uint8)
-        self._gl.make_current()
-        mujoco.mjr_render(self._rect, self.scene, self._mjr)
-        mujoco.mjr_readPixels(buffer, None, self._rect, self._mjr)
+        with as_found(self._gl):
+            self._gl.make_current()
+            mujoco.mjr_render(self._rect, self.scene, self._mjr)
+            mujoco.mjr_readPixels(buffer, None, self._rect, self._mjr)
         buffer[:] = np.flipud(buffer)  # GL's first row is the image's last
         if out is not None and out is not buffer:
             np.copyto(out, buffer, casting="unsafe")
@@ -121,11 +126,13 @@ class OffscreenRenderer:
 
     def close(self) -> None:
         _OPEN.discard(self)
-        if self._mjr is not None:
-            self._gl.make_current()
-            self._mjr.free()
-            self._mjr = None
-        if self._gl is not None:
+        if self._gl is None:
+            return
+        with as_found(self._gl):
+            if self._mjr is not None:
+                self._gl.make_current()
+                self._mjr.free()
+                self._mjr = None
             self._gl.free()
             self._gl = None
 

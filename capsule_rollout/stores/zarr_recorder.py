@@ -43,6 +43,10 @@ from capsule_rollout.stores.zarr_commit import ShapeCommit, write_rows
 ENDS = "episode_ends"
 IMAGE_CHUNK_BYTES = 1 << 20  # about 85 frames of 64x64x3 per chunk
 LOWDIM_CHUNK_STEPS = 4096
+CHUNK_BYTES = 16 << 20
+"""At most this much per chunk of any other array: an env's own observation can be a picture (gym-aloha's
+480x640, 900 KB a step: 4096 steps would pass the codec's 2 GiB limit) or a long flat vector holding one
+(robosuite's `GymWrapper`)."""
 META_CHUNK = 1024
 MAX_BATCH = 64  # most writes (`write_many` groups) appended together
 
@@ -355,7 +359,7 @@ class ZarrRecorder:
         if key.startswith(S.IMAGE_PREFIX):
             chunk = int(np.clip(IMAGE_CHUNK_BYTES // max(row_bytes, 1), 1, 1024))
         else:
-            chunk = LOWDIM_CHUNK_STEPS
+            chunk = int(np.clip(CHUNK_BYTES // max(row_bytes, 1), 1, LOWDIM_CHUNK_STEPS))
         shape = (0, *values.shape[1:])
         self._data.create_array(key, shape=shape, chunks=(chunk, *values.shape[1:]), dtype=values.dtype,
                                 fill_value=0, compressors=_compressor(values.dtype))

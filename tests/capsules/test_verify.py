@@ -80,3 +80,26 @@ def test_a_crashing_component_is_reported_not_raised():
     report = verify_steppable(Crashes, steps=4, warmup=0)
     assert not report.bit_exact
     assert any("sensor unplugged" in f for f in report.failures)
+
+
+def test_a_failed_check_names_the_first_output_that_differs():
+    hidden = verify_steppable(_HiddenState, steps=3)
+    why = hidden.divergences["restore_after_dirty"]
+    assert why.startswith("step 0 hidden: ") and why.endswith("1 of 1 values differ"), why
+    assert f"check failed: restore_after_dirty ({why})" in hidden.failures
+
+
+def test_an_image_differs_by_pixel_a_state_by_element():
+    from capsule_rollout.capsules.verify import first_difference
+
+    ref = np.zeros((4, 5, 3), np.uint8)
+    got = ref.copy()
+    got[2, 3, 1], got[3, 0, 2], got[3, 0, 0] = 7, 9, 1
+    assert first_difference("obs.image_top", ref, got) == "obs.image_top[2, 3, 1]: 0 vs 7, 2 of 20 pixels differ"
+    assert first_difference("obs.image_top", ref, ref.copy()) is None
+    state = np.array([0.5, np.nan, 2.0], np.float32)
+    assert first_difference("state", state, state.copy()) is None  # NaN-safe: the same bits
+    other = state.copy()
+    other[2] = 3.0
+    assert first_difference("state", state, other) == "state[2]: 2.0 vs 3.0, 1 of 3 values differ"
+    assert first_difference("state", state, state[:2]) == "state: (3,) float32 vs (2,) float32"

@@ -269,3 +269,17 @@ class RebuildsModel(gym.Env):
 
 def make_rebuilds_model():
     return gym.wrappers.TimeLimit(RebuildsModel(), max_episode_steps=100)
+
+
+def make_camera_not_captured():
+    """gymnasium's `AddRenderObservation` around InvertedPendulum with the viewer's camera left out of the
+    capture (`CaptureSpec.exclude`): the viewer aims it at the geometry of the unseeded reset the wrapper makes
+    when built, so an env built in another process renders its frames from elsewhere."""
+    from capsule_rollout.envs.mujoco_capsule import CaptureSpec, MujocoCapsuleEnv
+    from capsule_rollout.envs.suites.registry import default_camera, find_physics
+    from tests.envs.user_factories import pendulum_pixels
+
+    env = pendulum_pixels()
+    capture = CaptureSpec(task="camera not captured", exclude=("cam",),
+                          cameras={"free": default_camera(find_physics(env)[0])}, max_steps=1000)
+    return MujocoCapsuleEnv(env, capture, cameras=("free",))

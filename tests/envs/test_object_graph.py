@@ -188,3 +188,57 @@ def test_a_crafted_capsule_file_runs_nothing_through_load_and_restore(tmp_path):
         restore(arena, Capsule(over.meta, list(over.slabs())))
     restore(arena, honest)  # the honest capsule still restores
     env.close()
+
+
+class _Viewer:
+    """A suite's renderer: a class with `__del__` (opaque: the target's own) holding MuJoCo's visual structs."""
+
+    def __init__(self):
+        import mujoco
+
+        self.cam, self.vopt, self.scn = mujoco.MjvCamera(), mujoco.MjvOption(), mujoco.MjvScene()
+
+    def __del__(self):
+        pass
+
+
+class _Rendering:
+    def __init__(self, viewer=True):
+        self.viewer = _Viewer() if viewer else None
+
+
+def test_a_renderers_camera_and_options_are_values_set_in_place():
+    source, target = _Rendering(), _Rendering()
+    source.viewer.cam.lookat[:] = (1.0, 2.0, 3.0)
+    source.viewer.cam.distance, source.viewer.vopt.geomgroup[2], source.viewer.scn.scale = 4.5, 0, 2.0
+    blob = GraphState(source).snapshot()
+    viewer, cam = target.viewer, target.viewer.cam
+    GraphState(target).restore(blob)
+    assert target.viewer is viewer and viewer.cam is cam  # the target's own renderer, set in place
+    assert list(cam.lookat) == [1.0, 2.0, 3.0] and cam.distance == 4.5
+    assert viewer.vopt.geomgroup[2] == 0 and viewer.scn.scale == 2.0
+    dump = GraphState(source).dump()
+    assert dump[".viewer.cam"].startswith("struct MjvCamera ") and dump[".viewer.cam"] != GraphState(_Rendering()).dump()[
+        ".viewer.cam"]
+    # a target that has not made its renderer yet: its structs are named as missing, the rest applies
+    fresh = _Rendering(viewer=False)
+    prepared = GraphState(fresh).prepare(blob)
+    assert set(prepared.missing_structs) == {".viewer.cam", ".viewer.vopt", ".viewer.scn"}
+    GraphState(fresh).apply(prepared)
+    assert fresh.viewer is None
+
+
+def test_a_struct_state_of_other_fields_or_shapes_is_refused():
+    import mujoco
+
+    from capsule_rollout.envs.graph_structs import VisualStructs
+
+    structs, cam = VisualStructs(), mujoco.MjvCamera()
+    state = structs.state(cam)
+    structs.check(cam, state)
+    with pytest.raises(ValueError, match="lookat"):
+        structs.check(cam, {**state, "lookat": np.zeros(4)})
+    with pytest.raises(ValueError, match="distance"):
+        structs.check(cam, {**state, "distance": "far"})
+    with pytest.raises(ValueError, match="fields"):
+        structs.check(cam, {**state, "extra": 1})

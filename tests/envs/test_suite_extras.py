@@ -14,6 +14,7 @@ import pytest
 from capsule_rollout.capsules import Arena, restore, snapshot, verify_steppable
 from capsule_rollout.envs.env_scenarios import verify_scenarios
 from capsule_rollout.envs.suites import SUITES, SuiteUnavailableError, expert_for, make_env
+from capsule_rollout.rollout.host_config import episode_id
 
 pytestmark = pytest.mark.slow
 
@@ -137,6 +138,33 @@ def test_robosuite_as_its_users_make_it_holds_with_nothing_declared(factory):
     assert "env.env.robots[0].base_pos" in report.capture["aliases"]
 
 
+@pytest.mark.parametrize("factory", ["robosuite_lift_camera", "aloha_insertion", "pendulum_pixels"])
+def test_camera_observations_hold_bit_for_bit_and_replay(factory, tmp_path):
+    """Cameras on, the image is the observation: robosuite's camera observation (as robomimic- and LIBERO-style
+    policies read it), gym-aloha's default 480x640 picture, gymnasium's `AddRenderObservation`; the framework's
+    camera rendered too. The harness, every scenario (another env dropped beside it, a fresh process), and a
+    recorded episode replayed bit for bit."""
+    from capsule_rollout.envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
+    from capsule_rollout.experiments.run import main
+
+    _need_module({"robosuite_lift_camera": "robosuite", "aloha_insertion": "gym_aloha"}.get(factory, "gymnasium"),
+                 "make suites-venv")
+    env_id = f"{USER}:{factory}"
+    report = verify_steppable(lambda: MujocoCapsuleSteppable(env_id), steps=3, warmup=2)
+    assert report.bit_exact, report.failures
+    scenarios = verify_scenarios(env_id, steps=3, restores=2)
+    assert scenarios.ok, scenarios.failures()
+    out = tmp_path / "run"
+    assert main(["sim_rollout", "--env", env_id, "--policy", f"{USER}:make_noise_policy", "--actors", "0",
+                 "--seeds.count", "2", "--repeats", "2", "--max_steps", "6", "--out", str(out), "--no-progress",
+                 "--json", str(tmp_path / "s.json")]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}, summary
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{episode_id(env_id, 1000001)}-r1",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["exact"]
+
+
 @pytest.mark.parametrize("env_id", ["so101:SO101PickCube-v0", "aloha:AlohaTransferCube-v0", "robosuite:Lift"])
 def test_registered_suite_holds_and_rolls_out_on_ray_and_replays(env_id, tmp_path):
     """The registered suite (its default camera rendered by the framework): every scenario bit-exact, then
@@ -153,7 +181,7 @@ def test_registered_suite_holds_and_rolls_out_on_ray_and_replays(env_id, tmp_pat
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}, summary
     task = env_id.split(":", 1)[1]
-    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{env_id}-s1000001-r1",
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{episode_id(env_id, 1000001)}-r1",
                  "--json", str(tmp_path / "r.json")]) == 0, task
     assert json.loads((tmp_path / "r.json").read_text())["exact"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import gymnasium
+import numpy as np
 
 
 def so101():
@@ -20,8 +21,16 @@ def so101_random_block():
     return gymnasium.make("lerobot_env_so101/SO101PickCube-v0", random_block_position=True)
 
 
+def _headless_gl() -> None:
+    """Suites read `MUJOCO_GL` once (robosuite when imported, dm_control and gymnasium's viewer at their first
+    render); unset, they try GLFW, which needs a display: their users set it."""
+    from capsule_rollout.envs.gl_backend import select_backend
+
+    os.environ.setdefault("MUJOCO_GL", select_backend() or "egl")
+
+
 def _aloha(task: str):
-    os.environ.setdefault("MUJOCO_GL", "egl")  # dm_control renders every observation; its users set this
+    _headless_gl()  # dm_control renders every observation
     import gym_aloha  # noqa: F401 - registers its ids
 
     return gymnasium.make(f"gym_aloha/Aloha{task}-v0")
@@ -36,6 +45,7 @@ def aloha_transfer_cube():
 
 
 def _robosuite(task: str):
+    _headless_gl()  # before robosuite is first imported (its camera factory below renders)
     import robosuite
     from robosuite.wrappers import GymWrapper
 
@@ -56,6 +66,51 @@ def robosuite_stack():
 
 def robosuite_door():
     return _robosuite("Door")
+
+
+def robosuite_lift_camera():
+    """Lift as image policies see it (robomimic, LIBERO): robosuite renders its own camera observation."""
+    _headless_gl()
+    import robosuite
+    from robosuite.wrappers import GymWrapper
+
+    env = robosuite.make("Lift", robots="Panda", has_renderer=False, has_offscreen_renderer=True,
+                         use_camera_obs=True, camera_names="agentview", camera_heights=64, camera_widths=64)
+    return GymWrapper(env)
+
+
+def _rendering_gymnasium(name: str):
+    """gymnasium's MuJoCo env rendering 64x64 frames."""
+    _headless_gl()
+    return gymnasium.make(name, render_mode="rgb_array", width=64, height=64)
+
+
+def pendulum_pixels():
+    """gymnasium's `AddRenderObservation` around a MuJoCo env: the rendered frame is the observation."""
+    return gymnasium.wrappers.AddRenderObservation(_rendering_gymnasium("InvertedPendulum-v5"), render_only=True)
+
+
+def reacher_pixels_and_state():
+    """`AddRenderObservation` keeping the state beside the frame (a dict observation)."""
+    return gymnasium.wrappers.AddRenderObservation(_rendering_gymnasium("Reacher-v5"), render_only=False)
+
+
+class FrameAsObservation(gymnasium.ObservationWrapper):
+    """A user's own wrapper whose observation is the env's frame: unlike `AddRenderObservation` it renders
+    nothing when built, so the env's viewer (and the camera it aims at the geometry then) is made at the first
+    reset, and in a fresh process at the first render after a restore."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.observation_space = gymnasium.spaces.Box(0, 255, (env.unwrapped.height, env.unwrapped.width, 3),
+                                                      np.uint8)
+
+    def observation(self, observation):
+        return self.env.render()
+
+
+def pendulum_frames_lazily():
+    return FrameAsObservation(_rendering_gymnasium("InvertedPendulum-v5"))
 
 
 class NoisePolicy:
