@@ -18,7 +18,7 @@ import torch
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
 from capsule_rollout.models.inputs import load_observation
-from capsule_rollout.models.runtime import ModelRuntime
+from capsule_rollout.models.runtime import ROW_BLOCK, ModelRuntime, in_row_blocks
 from capsule_rollout.tabletop.value_critic import ACTOR_POLICY, ValueCritic
 
 
@@ -26,10 +26,12 @@ class CriticRuntime(ModelRuntime):
     KIND = "value_critic"
 
     def __init__(self, model: ValueCritic, *, name: str = "critic", device: str = "cpu", batch: int = 1,
-                 capture: bool | None = None, trace: bool | None = None) -> None:
-        """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`)."""
-        super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace)
-        self.core: torch.nn.Module = _CriticCore(self.model)
+                 capture: bool | None = None, trace: bool | None = None, row_block: int | None = None) -> None:
+        """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`).
+        `row_block`: rows per network call (`models.runtime.in_row_blocks`)."""
+        super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
+                         row_block=row_block)
+        self.core: torch.nn.Module = _CriticCore(self.model, self.row_block)
         self.spec = CriticSpec(observation_keys=self.observation_keys)
 
     def buffer_specs(self) -> list[BufferSpec]:
@@ -128,22 +130,28 @@ class CriticRuntime(ModelRuntime):
 
 
 class _CriticCore(torch.nn.Module):
-    """Observation -> (logits, value): the network part of `evaluate` (traced on the CPU).
+    """Observation -> (logits, value): the network part of `evaluate` (traced on the CPU), in blocks of
+    `row_block` rows (`in_row_blocks`).
 
     At run time the critic judges the policy that is acting: a critic with an actor input
     is asked for the policy's value (`ACTOR_POLICY`)."""
 
-    def __init__(self, model: ValueCritic) -> None:
+    def __init__(self, model: ValueCritic, row_block: int = ROW_BLOCK) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.row_block = model, row_block
         self.cameras = model.config.cameras
 
     def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor,
                 plan: tuple[torch.Tensor, ...]):
-        config = self.model.config
-        logits = self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.episode_limit else None,
-                                   torch.full_like(step, ACTOR_POLICY) if config.actor_input else None,
-                                   plan[0] if plan else None)
+        logits = in_row_blocks(self._logits, (*images, state, lang, step, *plan), self.row_block)
         # row by row: a row's value is then the same whatever the batch holds beside it (a batched matrix-vector
         # product is not), and equal to a batch of one's
         return logits, torch.cat([self.model.value(logits[i: i + 1]) for i in range(logits.shape[0])])
+
+    def _logits(self, *rows: torch.Tensor) -> torch.Tensor:
+        config = self.model.config
+        n = len(self.cameras)
+        images, (state, lang, step), plan = rows[:n], rows[n: n + 3], rows[n + 3:]
+        return self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.episode_limit else None,
+                                 torch.full_like(step, ACTOR_POLICY) if config.actor_input else None,
+                                 plan[0] if plan else None)

@@ -22,7 +22,7 @@ import torch
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_, normal_rows_
 from capsule_rollout.models.inputs import load_observation
-from capsule_rollout.models.runtime import ModelRuntime
+from capsule_rollout.models.runtime import ROW_BLOCK, ModelRuntime, in_row_blocks
 from capsule_rollout.policies.conditioning import check_noise_scale
 from capsule_rollout.policies.rollout_policy import PolicySpec
 from capsule_rollout.tabletop.flow_policy import ADV_NONE, FlowPolicy
@@ -44,20 +44,23 @@ class PolicyRuntime(ModelRuntime):
         capture: bool | None = None,
         trace: bool | None = None,
         rows: bool = False,
+        row_block: int | None = None,
     ) -> None:
         """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_conditioning`).
         `noise_scale`: the chunk noise's scale (>= 0; a capsule fits only a runtime with the same scale).
         `trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`).
         `rows`: the batched runtime of a host's slots (`batched`): a noise stream and a guidance weight per row,
-        and an `active` row mask (only rows that act advance their stream)."""
+        and an `active` row mask (only rows that act advance their stream).
+        `row_block`: rows per network call (`models.runtime.in_row_blocks`)."""
         check_noise_scale(noise_scale)
         scaled = {} if noise_scale == 1.0 else {"noise_scale": repr(float(noise_scale))}
         super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
-                         guidance=str(guidance), **scaled)
+                         row_block=row_block, guidance=str(guidance), **scaled)
         self.seed, self.guidance, self.noise_scale, self.rows = seed, guidance, float(noise_scale), rows
         flat = self.config.chunk_length * self.config.action_dim
         self._index = torch.arange(flat if rows else batch * flat, device=self.device)
-        self.core: torch.nn.Module = _PolicyCore(self.model, guidance, self._index, self.noise_scale, rows)
+        self.core: torch.nn.Module = _PolicyCore(self.model, guidance, self._index, self.noise_scale, rows,
+                                                 self.row_block)
         self.spec = PolicySpec(chunk_length=self.config.chunk_length, action_dim=self.config.action_dim,
                                observation_keys=self.observation_keys)
 
@@ -144,13 +147,15 @@ class PolicyRuntime(ModelRuntime):
 class _PolicyCore(torch.nn.Module):
     """Noise state + observation -> action chunk: all of `act` but the output copy (traced on the CPU).
 
-    Draws the chunk's noise into `noise` (times `noise_scale`) and bumps the counter in `rng`, in place.
+    Draws the chunk's noise into `noise` (times `noise_scale`) and bumps the counter in `rng`, in place; the
+    network then runs in blocks of `row_block` rows (`in_row_blocks`).
     """
 
     def __init__(self, model: FlowPolicy, guidance: bool, index: torch.Tensor, noise_scale: float = 1.0,
-                 rows: bool = False) -> None:
+                 rows: bool = False, row_block: int = ROW_BLOCK) -> None:
         super().__init__()
         self.model, self.guidance, self.noise_scale, self.rows = model, guidance, noise_scale, rows
+        self.row_block = row_block
         self.cameras = model.config.cameras
         self.register_buffer("index", index, persistent=False)
 
@@ -162,8 +167,13 @@ class _PolicyCore(torch.nn.Module):
             beta = beta[:, None]
         else:
             normal_(rng, noise, self.index)
+            beta = beta.expand(noise.shape[0])[:, None]
         if self.noise_scale != 1.0:  # a constant of the traced / captured function
             noise.mul_(self.noise_scale)
+        return in_row_blocks(self._sample, (*images, state, lang, advantage, beta, noise), self.row_block)
+
+    def _sample(self, *rows: torch.Tensor) -> torch.Tensor:
+        *images, state, lang, advantage, beta, noise = rows
         m = self.model
         feats = m.features(dict(zip(self.cameras, images)), state, lang)
         cond = m.condition(feats, advantage)

@@ -108,3 +108,51 @@ def test_a_critic_row_refuses_a_step_per_batch_and_rows_need_a_batch_of_one_to_s
         critic.slot(0).load_observation(_obs(critic.runtime.config, 0), step=[1, 2, 3])
     with pytest.raises(ValueError, match="made from a runtime of batch 1"):
         PolicyRuntime(tiny_policy(), batch=2).batched(4)
+
+
+@pytest.mark.parametrize("trace", [False, True])
+@pytest.mark.parametrize("guidance", [False, True])
+def test_a_row_is_the_batch_of_ones_at_any_number_of_rows(trace, guidance):
+    """Rows run in blocks of `row_block` (`models.runtime.in_row_blocks`): row 0's chunk and value are those of
+    a runtime of batch 1 at 1 to 17 rows (17: a third block, two rows of it padding)."""
+    model, critic_model = load_policy(f"{SHIPPED}/policy"), load_critic(f"{SHIPPED}/critic")
+    config = model.config
+    one, judge = PolicyRuntime(model, trace=trace, guidance=guidance), CriticRuntime(critic_model, trace=trace)
+    Arena([one, judge]).allocate()
+    one.reset(7)
+    one.set_language("pick")
+    judge.set_language("pick")
+    if guidance:
+        one.set_conditioning(1, 1.5)
+    chunk = one.act(_obs(config, 1)).clone()
+    value = judge.evaluate(_obs(config, 1), step=4).clone()
+    for n in (1, 2, 3, 5, 8, 9, 16, 17):
+        rows, critic = one.batched(n), judge.batched(n)
+        for i in range(n):
+            for slot in (rows.slot(i), critic.slot(i)):
+                slot.set_language("pick" if i == 0 else "place")
+            rows.slot(i).reset(7 if i == 0 else 100 + i)
+            if guidance:
+                rows.slot(i).set_conditioning(1, 1.5 if i == 0 else 3.0)
+            rows.slot(i).load_observation(_obs(config, 1 if i == 0 else 50 + i))
+            critic.slot(i).load_observation(_obs(config, 1 if i == 0 else 50 + i), step=4 if i == 0 else i)
+        assert torch.equal(rows.act_rows(range(n))[0], chunk[0]), n
+        assert torch.equal(critic.evaluate_rows(range(n))[0:1], value), n
+
+
+def test_row_blocks_pad_the_last_block_and_give_back_every_row():
+    from capsule_rollout.models.runtime import in_row_blocks
+
+    calls = []
+
+    def fn(x, y):
+        calls.append(x.shape[0])
+        return x * 2, y.sum(-1)
+
+    x, y = torch.arange(10.0)[:, None], torch.ones(10, 3)
+    doubled, sums = in_row_blocks(fn, (x, y), 4)
+    assert calls == [4, 4, 4] and torch.equal(doubled, x * 2) and torch.equal(sums, torch.full((10,), 3.0))
+    calls.clear()
+    assert torch.equal(in_row_blocks(lambda v: v + 1, (x,), 0), x + 1) and in_row_blocks(fn, (x, y), 10)[1].shape == (10,)
+    with pytest.raises(ValueError, match="row_block"):
+        PolicyRuntime(tiny_policy(), row_block=-1)

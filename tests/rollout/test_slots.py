@@ -228,3 +228,29 @@ def test_slots_stepped_on_threads_play_the_same_episodes(spec, slots):
             same_episode(a.value.episode, b.value.episode, same_capsule=False)
     finally:
         threaded.close()
+
+
+SHIPPED = "capsule_rollout/experiments/checkpoints"
+
+
+def test_the_shipped_policy_and_critic_play_the_same_episodes_at_any_slot_count():
+    """Noise on, the shipped flow policy and critic: the same seeds played by a host of one slot and by hosts of
+    2, 4, 8 and 16 slots (two blocks of rows) record identical episodes: actions, states, values, rewards."""
+    base = HostSpec(env="tabletop:pick_place", policy=f"{SHIPPED}/policy", critic=f"{SHIPPED}/critic",
+                    host=HostConfig(n_exec=4, max_steps=20))
+    seeds = [3, 4, 5, 6, 7]
+    one = build_host(base)
+    try:
+        alone = [one.run_episode(s).episode for s in seeds]
+    finally:
+        one.close()
+    assert len({float(np.asarray(e.steps["value"])[0]) for e in alone}) > 1  # the critic reads each state
+    for n in (2, 4, 8, 16):
+        host = build_slots(dataclasses.replace(base, slots=n))
+        try:
+            played = host.run_items([episode_job(s) for s in seeds])
+        finally:
+            host.close()
+        assert [r.error for r in played] == [None] * len(seeds)
+        for a, r in zip(alone, played):
+            same_episode(a, r.value.episode, same_capsule=False)
