@@ -122,8 +122,9 @@ class EvalPolicyConfig:
     actors: int = 0
     """Ray actors to play the episodes on (0: in this process); results do not depend on it."""
     slots: int = 1
-    """Env slots per actor (or in this process): episodes side by side, the policy and critic batched (a batch of
-    N rows rounds differently from a batch of 1: results can differ slightly from one slot's)."""
+    """Env slots per actor (or in this process): episodes side by side, the policy and critic batched (the
+    project's policy and critic play the same episodes at any slot count; a user's that round by batch size can
+    differ slightly from one slot's: `sim_rollout --check_slots` says which)."""
     phrasing: PHRASING = "canonical"
     """How the planner words each subtask: the task's own text, or one of its paraphrases that training
     may use (train) or never uses (heldout); see envs/phrasing.py."""
@@ -174,7 +175,7 @@ class ValueCeilingConfig:
     act: Acting = Acting()
     slots: int = 1
     """Env slots: the branches of a state played side by side, forks of its capsule into the slots, the policy
-    batched (a batch of N rows rounds differently from a batch of 1)."""
+    batched (the project's policy and critic give the same values at any slot count)."""
     branches: int = 16
     """Continuations played from each mid-episode capsule, each with its own noise seed."""
     at_step: int | None = None
@@ -263,8 +264,14 @@ class SimRolloutConfig:
     has every episode of its call re-run. With --slots, at least 4 per slot."""
     slots: int = 1
     """Env slots per actor: episodes played side by side in one process, their policy and critic calls batched
-    into one per round (rollout/slot_host.py). Part of the run's identity: a batch of N rows rounds differently
-    from a batch of 1, so a run resumes and replays with the slots it was made with."""
+    into one per round (rollout/slot_host.py). The project's policy and critic run in fixed blocks of rows, so
+    their episodes are the same at any slot count; a user's policy or critic may round by batch size
+    (`--check_slots` says), so a run resumes with the slots it was made with, and replays with them unless
+    `replay --slots` says otherwise."""
+    check_slots: bool = False
+    """Before the run, play the first seed's first 3 chunks at 1 slot and in the last of --slots (the others busy)
+    and say whether they are the same bit for bit (the summary's `slot_check`): whether the episodes depend on
+    --slots. Costs two hosts built in this process."""
     env_threads: int = 1
     """Threads stepping each actor's slots between batched calls (MuJoCo steps without the GIL): for actors
     given several CPUs (--cpus_per_actor). Does not change what is played."""
@@ -339,6 +346,10 @@ class ReplayConfig:
     trust: bool = False
     """Replay a capsule that is not signed with this user's key (one from elsewhere, whose source you trust).
     It is still read by a reader that cannot run code, and restored only past every check."""
+    slots: int | None = None
+    """Replay on a host of this many slots (None: the run's). The project's policy and critic play the same
+    episode at any slot count; a policy or critic that rounds by batch size replays exactly only with the run's
+    (`sim_rollout --check_slots`)."""
 
 
 @command("export_checkpoint", "Copy a policy or critic checkpoint without optimizer state (the form that is shipped).")

@@ -24,7 +24,7 @@ def run(config: ReplayConfig) -> ExperimentResult:
         if not config.episode:
             raise ValueError("--episode is required: an episode id in the store (e.g. pick_place-s1000000)")
         inputs = prepare_replay(parse_store_root(config.store), config.episode, config.capsules or None,
-                                trust=config.trust)
+                                trust=config.trust, slots=config.slots)
     report = play_replay(inputs)
     if report.mode == "recorded_actions":
         console.print("the policy acted through a policy server, which no capsule holds: its recorded actions are "

@@ -29,6 +29,7 @@ from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.record import OpenedRun, episode_id_of, open_run, run_spec
 from capsule_rollout.rollout.rollout_actor import WorkItem
+from capsule_rollout.rollout.slot_check import check_slots
 from capsule_rollout.rollout.slot_host import instances_by_actor
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -67,6 +68,8 @@ def _open_run(config: SimRolloutConfig) -> tuple[Path, OpenedRun, Conditioning]:
     with checking_inputs():
         out = parse_store_root(config.out)
         check_output_dir(out)
+        if config.check_slots and config.slots < 2:
+            raise ValueError(f"--check_slots compares 1 slot with --slots N: give --slots 2 or more (got {config.slots})")
         counts = f" x --repeats {config.repeats}" * (config.repeats > 1) + f" x --attempts {config.attempts}" * (
             config.attempts > 1) + " x 4 families" * (config.episodes_at_most > config.seeds.count * config.repeats
                                                         * config.attempts)
@@ -90,6 +93,11 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     spec, store, done, recorder = opened.spec, opened.store, opened.done, opened.recorder
     for warning in opened.checked.warnings:
         console.print(f"[yellow]warning[/yellow]: {warning}", markup=True, highlight=False, soft_wrap=True)
+    slot_check = None
+    if config.check_slots:  # before Ray: one item at 1 slot and in the last of N, in this process
+        first = items[0]
+        slot_check = check_slots(spec, spec.slots, seed=first.seed, task=first.task)
+        console.print(slot_check.line(), highlight=False, soft_wrap=True)
     if done:
         console.print(f"{len(done)} episodes are already in {store}; running the rest")
     where = init_ray() if config.actors else "in-process"
@@ -127,7 +135,10 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors,
                "slots": spec.slots, "wall_s": wall,
                "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where,
-               "instances_by_actor": instances_by_actor(reports)}
+               "instances_by_actor": instances_by_actor(reports),
+               "slot_check": None if slot_check is None else {"same": slot_check.same, "seed": slot_check.seed,
+                                                              "steps": slot_check.steps,
+                                                              "difference": slot_check.difference}}
     if episodes:
         summary["plot"] = str(_plot(episodes, out / "rollout.png"))
         if config.video:

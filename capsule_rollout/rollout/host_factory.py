@@ -129,7 +129,8 @@ class HostSpec:
     """(import path `module:factory`, JSON kwargs) of episode observers built in each process."""
     slots: int = 1
     """Env slots per host (`rollout.slot_host`): episodes played side by side in one process, their policy and
-    critic calls batched. Part of what is played: a batch of N rows rounds differently from a batch of 1."""
+    critic calls batched. Part of the run's identity: the project's policy and critic play the same episodes at
+    any N (fixed blocks of rows), a user's may round by batch size (`rollout.slot_check`)."""
     env_threads: int = 1
     """Threads that step a host's slots between batched calls (slot i on thread i mod W): slots step in parallel
     where the env releases the GIL (MuJoCo). Does not change what is played."""

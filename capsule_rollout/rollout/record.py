@@ -283,20 +283,22 @@ class ReplayInputs:
 
 
 def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None = None, *,
-                   trust: bool = False) -> ReplayReport:
+                   trust: bool = False, slots: int | None = None) -> ReplayReport:
     """Re-run a recorded episode from its initial capsule on a host rebuilt from the run's `rollout.json`, and
     compare actions, proposed actions, values, states, rewards, subtasks and images with the recording. `run`:
     the run directory or its store (`<run>/episodes.zarr`). The capsule must be signed with this user's key
-    (`capsules.signing_key`) unless `trust`."""
-    return play_replay(prepare_replay(run, episode_id, capsules, trust=trust))
+    (`capsules.signing_key`) unless `trust`. `slots`: a host of that many slots (None: the run's)."""
+    return play_replay(prepare_replay(run, episode_id, capsules, trust=trust, slots=slots))
 
 
 def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None = None, *,
-                   trust: bool = False) -> ReplayInputs:
+                   trust: bool = False, slots: int | None = None) -> ReplayInputs:
     """Read and check a replay's inputs: the store, the episode, the run's spec, the initial capsule (ValueError
     or FileNotFoundError naming what is missing or refused). The capsule is read only when signed with this
     user's key, or with `trust` (a capsule from elsewhere the user vouches for: it is still read by a reader
-    that cannot run code, and restored only past every check)."""
+    that cannot run code, and restored only past every check). `slots`: replay on that many (None: the run's)."""
+    if slots is not None and slots < 1:
+        raise ValueError(f"--slots: a host has at least one slot, got {slots}")
     if not episode_id:
         raise ValueError("give the episode to replay: an episode id in the store (e.g. pick_place-s1000000)")
     store = Path(run) / STORE if (Path(run) / STORE).exists() else Path(run)
@@ -308,6 +310,8 @@ def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None
         raise ValueError(f"episode {episode_id!r} is not in {store}; it has {len(ids)} episodes, e.g. {ids[:3]}")
     recorded = reader.episode(ids.index(episode_id))
     spec = dataclasses.replace(read_spec(store.parent), capsule_dir="")
+    if slots is not None:
+        spec = dataclasses.replace(spec, slots=slots)
     meta = recorded.meta
     spec = dataclasses.replace(spec, env=env_for_task(spec.env, meta.task))  # a `suite:*` run: the episode's task
     path = capsule_path(capsules or store.parent / CAPSULES, meta.task, meta.seed)
@@ -329,7 +333,7 @@ def play_replay(inputs: ReplayInputs) -> ReplayReport:
     meta = recorded.meta
     remote = uncapturable_policy(capsule)
     make = None if remote is None else lambda: _recorded_policy(remote)
-    # slots: as the run played (its rounding)
+    # slots: as the run played unless the replay asks for others (`prepare_replay`)
     host = build_slots(spec, policy=make) if spec.slots > 1 else build_host(spec, policy=make)
     if remote is not None:  # each slot's policy answers the recording's chunk at its env's step
         for h in getattr(host, "hosts", [host]):
