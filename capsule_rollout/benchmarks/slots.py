@@ -22,7 +22,7 @@ import numpy as np
 
 from capsule_rollout.benchmarks.support import machine
 from capsule_rollout.commands.bench_configs import BenchSlotsConfig
-from capsule_rollout.models.runtime import ROW_BLOCK, row_blocks
+from capsule_rollout.models.runtime import batch_invariance
 from capsule_rollout.rollout.branching import BranchActor, BranchItem
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -150,18 +150,19 @@ def _same(a, b) -> bool:
                for x, y in zip(a, b, strict=True) for k in ("action", "state", "value"))
 
 
-def row_block_cost(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
-    progress("row blocks ...")
+def invariance_cost(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
+    progress("batch invariance ...")
     seeds = list(range(config.seed, config.seed + config.episodes))
     base = dataclasses.replace(spec, host=dataclasses.replace(spec.host, record_images=False))
     counts = sorted({1, 4, config.slots, 2 * config.slots})
     hosts, episodes = {}, {}
     for n in counts:
-        for block in (ROW_BLOCK, 0):
-            with row_blocks(block):
-                hosts[(n, block)] = build_host(base) if n == 1 else build_slots(dataclasses.replace(base, slots=n))
-            episodes[(n, block)] = _played(hosts[(n, block)], seeds)[1]  # capsules made, traces warm
-    rates: dict[tuple[int, int], list[float]] = {m: [] for m in hosts}
+        for invariant in (True, False):
+            with batch_invariance(invariant):
+                host = build_host(base) if n == 1 else build_slots(dataclasses.replace(base, slots=n))
+            hosts[(n, invariant)] = host
+            episodes[(n, invariant)] = _played(host, seeds)[1]  # capsules made, traces warm
+    rates: dict[tuple[int, bool], list[float]] = {m: [] for m in hosts}
     for r in range(config.rounds):
         order = list(hosts)
         random.Random(r).shuffle(order)
@@ -173,23 +174,23 @@ def row_block_cost(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[
         host.close()
     rows = []
     for n in counts:
-        blocked, as_is = rates[(n, ROW_BLOCK)], rates[(n, 0)]
-        rows.append({"slots": n, "steps_per_s_blocks": float(np.median(blocked)),
+        invariant, as_is = rates[(n, True)], rates[(n, False)]
+        rows.append({"slots": n, "steps_per_s_invariant": float(np.median(invariant)),
                      "steps_per_s_as_is": float(np.median(as_is)),
-                     "ratio": float(np.median([a / b for a, b in zip(blocked, as_is, strict=True)])),
-                     "same_as_one_slot_blocks": _same(episodes[(n, ROW_BLOCK)], episodes[(1, ROW_BLOCK)]),
-                     "same_as_one_slot_as_is": _same(episodes[(n, 0)], episodes[(1, 0)])})
-    return {"row_block": ROW_BLOCK, "episodes": len(seeds), "rounds": config.rounds, "rows": rows,
-            "per_round": {f"{n}_{b}": v for (n, b), v in rates.items()}}
+                     "ratio": float(np.median([a / b for a, b in zip(invariant, as_is, strict=True)])),
+                     "same_as_one_slot_invariant": _same(episodes[(n, True)], episodes[(1, True)]),
+                     "same_as_one_slot_as_is": _same(episodes[(n, False)], episodes[(1, False)])})
+    return {"episodes": len(seeds), "rounds": config.rounds, "rows": rows,
+            "per_round": {f"{n}_{'invariant' if b else 'as_is'}": v for (n, b), v in rates.items()}}
 
 
 def measure(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object] = lambda _: None) -> dict:
     with one_core() as core:
         roll = rollouts(config, spec, progress)
         branch = branch_collection(config, spec, progress)
-        blocks = row_block_cost(config, spec, progress)
+        invariance = invariance_cost(config, spec, progress)
     best = max(roll["not_recorded"]["slots_and_images_on_demand"], roll["recorded"]["slots_same_images"])
     return {"machine": machine(), "core": core, "slots": config.slots, "n_exec": spec.host.n_exec,
-            "rollouts": roll, "branch": branch, "row_blocks": blocks,
+            "rollouts": roll, "branch": branch, "batch_invariance": invariance,
             "targets": {"slots_ge_1_3x": best >= SLOTS_TARGET,
                         "branch_ge_1_5x": branch["slots_and_images_on_demand"] >= BRANCH_TARGET}}

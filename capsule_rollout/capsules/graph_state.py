@@ -67,11 +67,13 @@ from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateErro
     generator_state,
     new_generator,
     pids,
+    quick_state,
     set_generator_state,
     split,
     thaw,
 )
 from capsule_rollout.capsules.graph_walk import (  # noqa: F401 - the walk is part of this module's API
+    Edges,
     Node,
     Path,
     _children,
@@ -192,6 +194,9 @@ class GraphState:
         self._static: dict[Path, np.ndarray] = {}
         self._known: GraphNamespace | None = None  # the names its capsules may use
         self._reads = ReadCache()  # snapshots read (a restore of the same capsule again thaws a copy)
+        # a read snapshot's targets in this graph, with the steps that led to them (`graph_walk.Edges`): a restore
+        # of it again checks those steps still hold, and resolves nothing
+        self._bound: dict[int, tuple] = {}
         self._spares: dict[type, Any] = {}  # a generator of each kind, to try a capsule's states on
         self._spare_globals = (np.random.RandomState(), random.Random())
 
@@ -317,14 +322,24 @@ class GraphState:
         if read is None:
             read = self._read(blob)
             self._reads.put(blob, read)
+        bound = self._bound.get(id(read))
+        if bound is not None and (bound[0] is not read or not bound[1].hold()):
+            bound = None  # another snapshot read at the same address, or the graph changed along the paths
+        if bound is not None:  # this snapshot resolved in this graph before, and the graph has not changed
+            _, _, resolved, objects, generators, structs = bound
+            resolved = dict(resolved)
+            self._per_restore(read, resolved, externals)
+            states, glob = self._states(read, resolved)
+            n, ng = len(objects), len(generators)
+            return Prepared(objects, states[:n], generators, states[n:n + ng], glob, False, structs, states[n + ng:],
+                            ())
         plan = read.plan
-        bases = pickle.loads(read.bases)  # this process's own pickle of arrays the reader built (`graph_read`)
-        namespace = self._namespace()
-        root, resolved = self.root, {}
+        edges = Edges(self.root)
+        resolved: dict[tuple, Any] = {}
         refs = []
         for i, (path, type_name, kind) in enumerate(plan.refs):
             try:
-                target = resolve(root, path)
+                target = edges.resolve(path)
             except (KeyError, IndexError, AttributeError, TypeError):
                 target = None
             if kind == "opaque" and (target is None or type(target).__qualname__ != type_name):
@@ -345,27 +360,13 @@ class GraphState:
                 resolved[("a", i)] = self._aliases.view(refs[h], field, offset, shape, strides, dtype)
             except ValueError as exc:
                 raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
-        for i, (b, offset, shape, strides, dtype, writeable) in enumerate(plan.views):
-            view = bounded_view(bases[b], offset, shape, strides, dtype)  # checked when read
-            view.flags.writeable = writeable and bases[b].flags.writeable
-            resolved[("v", i)] = view
-        for i, key in enumerate(plan.externals):
-            try:
-                resolved[("x", i)] = externals(key)
-            except (KeyError, TypeError):
-                raise GraphStateError(f"the capsule's Python state refers to {key!r}, which this owner does not keep "
-                                      "beside it") from None
-        for i, path in enumerate(plan.statics):
-            static = self._static.get(path)
-            if static is None:
-                raise GraphStateError(f"the env built here holds no array at {fmt(path)} from its construction: the "
-                                      "capsule was taken from an env built differently")
-            resolved[("s", i)] = static.copy()
+        namespace = self._namespace()
         taken: set[int] = set()
-        objects = []
+        objects, made = [], False
         for i, (path, key) in enumerate(plan.objects):
-            target = self._paired(path, key, taken)
+            target = self._paired(path, key, taken, edges)
             if target is None:
+                made = True
                 module, _, qualname = key.partition(":")
                 try:
                     kind = namespace.lookup(module, qualname, "class")
@@ -380,16 +381,18 @@ class GraphState:
             objects.append(target)
         generators = []
         for i, (path, kind) in enumerate(plan.generators):
-            target = self._paired(path, kind, taken)
+            target = self._paired(path, kind, taken, edges)
             resolved[("g", i)] = target  # None: made fresh below, once its state is read
             generators.append(target)
         structs, missing = [], []
         for i, (path, key) in enumerate(plan.structs):
-            target = self._paired(path, key, taken)
+            target = self._paired(path, key, taken, edges)
             resolved[("t", i)] = MISSING if target is None else target
             structs.append(target)
             if target is None:
                 missing.append(fmt(path))
+        fixed = dict(resolved)  # what the graph gives: the same at every restore while its paths hold
+        self._per_restore(read, resolved, externals)
         states, glob = self._states(read, resolved)
         n = len(objects)
         fresh: dict[int, Any] = {}
@@ -420,8 +423,35 @@ class GraphState:
             if isinstance(bits, np.random.BitGenerator) and state.get("bit_generator") != type(bits).__name__:
                 raise GraphStateError(f"the capsule's Python state is refused: a {state.get('bit_generator')!r} "
                                       f"state for a {type(bits).__name__} generator")
-        return Prepared(objects, states[:n], generators, states[n:n + ng], glob,
-                        any(v is MISSING for v in resolved.values()), structs, states[n + ng:], tuple(missing))
+        absent = any(v is MISSING for v in resolved.values())
+        if not (made or fresh or absent or missing):  # every target found in the graph: bind them for next time
+            if len(self._bound) >= self._reads.size:
+                self._bound.pop(next(iter(self._bound)))
+            self._bound[id(read)] = (read, edges, fixed, objects, generators, structs)
+        return Prepared(objects, states[:n], generators, states[n:n + ng], glob, absent, structs, states[n + ng:],
+                        tuple(missing))
+
+    def _per_restore(self, read: Read, resolved: dict[tuple, Any], externals: Any) -> None:
+        """What a restore resolves afresh every time: views of fresh copies of the view bases, the owner's
+        externals, copies of the static arrays."""
+        plan = read.plan
+        bases = pickle.loads(read.bases) if plan.views else []  # this process's own pickle (`graph_read`)
+        for i, (b, offset, shape, strides, dtype, writeable) in enumerate(plan.views):
+            view = bounded_view(bases[b], offset, shape, strides, dtype)  # checked when read
+            view.flags.writeable = writeable and bases[b].flags.writeable
+            resolved[("v", i)] = view
+        for i, key in enumerate(plan.externals):
+            try:
+                resolved[("x", i)] = externals(key)
+            except (KeyError, TypeError):
+                raise GraphStateError(f"the capsule's Python state refers to {key!r}, which this owner does not keep "
+                                      "beside it") from None
+        for i, path in enumerate(plan.statics):
+            static = self._static.get(path)
+            if static is None:
+                raise GraphStateError(f"the env built here holds no array at {fmt(path)} from its construction: the "
+                                      "capsule was taken from an env built differently")
+            resolved[("s", i)] = static.copy()
 
     def _read(self, blob: bytes) -> Read:
         """A snapshot read and checked once (nothing resolved in the env yet): its plan, and its view bases and
@@ -470,13 +500,19 @@ class GraphState:
         n, ng = len(plan.objects), len(plan.generators)
         states, glob = checked_states(value, n, ng, len(plan.structs))
         self._check_generator_states(plan, states[n:n + ng], glob)
-        return Read(plan, pickle.dumps(bases, protocol=5), freeze((states, glob), reader.built), parts[2])
+        # generator states are only read by the generators they are set into: kept once, shared by every restore
+        # (an MT19937 key as a list: numpy sets a 624-word key from a list 14x faster than from an array)
+        generator_states = [quick_state(x) for x in states[n:n + ng]]
+        glob = None if glob is None else (quick_state(glob[0]), glob[1])
+        return Read(plan, pickle.dumps(bases, protocol=5), freeze(states[:n] + states[n + ng:], reader.built),
+                    parts[2], generator_states, glob)
 
     def _states(self, read: Read, resolved: dict[tuple, Any]) -> tuple[list, tuple | None]:
         """Fresh copies of a read snapshot's states, its references resolved in this graph."""
         try:
             if read.states is not None:
-                return thaw(read.states, resolved)
+                fresh, n = thaw(read.states, resolved), len(read.plan.objects)
+                return fresh[:n] + read.generator_states + fresh[n:], read.glob
             value = state_codec.decode(read.raw_states, self._namespace(), resolved.__getitem__)
         except StateDecodeError as exc:
             raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
@@ -531,11 +567,11 @@ class GraphState:
             self._known = GraphNamespace(frozenset(refs))
         return self._known
 
-    def _paired(self, path: Path | None, kind: type | str, taken: set[int]) -> Any:
+    def _paired(self, path: Path | None, kind: type | str, taken: set[int], edges: Edges | None = None) -> Any:
         if path is None:
             return None
         try:
-            target = resolve(self.root, path)
+            target = resolve(self.root, path) if edges is None else edges.resolve(path)
         except (KeyError, IndexError, AttributeError, TypeError):
             return None
         same = type_key(type(target)) == kind if isinstance(kind, str) else type(target) is kind

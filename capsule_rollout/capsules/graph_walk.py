@@ -186,25 +186,55 @@ def resolve(root: Any, path: Path) -> Any:
     property or `__getitem__` of the env's classes runs); KeyError otherwise."""
     x = root
     for step in path:
-        kind = step[0]
-        if kind == "a":
-            d = getattr(x, "__dict__", None)
-            if isinstance(d, dict) and step[1] in d:
-                x = d[step[1]]
-            elif step[1] in _slots(type(x)):
-                x = object.__getattribute__(x, step[1])
-            else:
-                raise KeyError(step[1])
-        elif kind in ("k", "i"):
-            if not isinstance(x, (dict, list, tuple, collections.deque)):
-                raise KeyError(step[1])
-            base = next(b for b in (dict, list, tuple, collections.deque) if isinstance(x, b))
-            x = base.__getitem__(x, step[1])
-        elif isinstance(x, types.MethodType):
-            x = x.__self__
-        else:
-            raise KeyError("__self__")
+        x = follow(x, step)
     return x
+
+
+def follow(x: Any, step: tuple) -> Any:
+    """One step of a path (`resolve`) from `x`."""
+    kind = step[0]
+    if kind == "a":
+        d = getattr(x, "__dict__", None)
+        if isinstance(d, dict) and step[1] in d:
+            return d[step[1]]
+        if step[1] in _slots(type(x)):
+            return object.__getattribute__(x, step[1])
+        raise KeyError(step[1])
+    if kind in ("k", "i"):
+        if not isinstance(x, (dict, list, tuple, collections.deque)):
+            raise KeyError(step[1])
+        base = next(b for b in (dict, list, tuple, collections.deque) if isinstance(x, b))
+        return base.__getitem__(x, step[1])
+    if isinstance(x, types.MethodType):
+        return x.__self__
+    raise KeyError("__self__")
+
+
+class Edges:
+    """The steps from `root` to a set of objects, each distinct step once (paths share their prefixes):
+    `resolve(path)` as `resolve` does, remembering each step; `hold()` whether every remembered step still
+    leads to the same object (the graph still has its shape along those paths)."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self._at: dict[Path, Any] = {(): root}
+        self.steps: list[tuple[Any, tuple, Any]] = []  # (parent, step, child)
+
+    def resolve(self, path: Path) -> Any:
+        x = self._at.get(path)
+        if x is not None:
+            return x
+        parent = self.resolve(path[:-1])
+        x = follow(parent, path[-1])
+        self._at[path] = x
+        self.steps.append((parent, path[-1], x))
+        return x
+
+    def hold(self) -> bool:
+        try:
+            return all(follow(parent, step) is child for parent, step, child in self.steps)
+        except (KeyError, IndexError, AttributeError, TypeError):
+            return False
 
 
 # -- snapshot / restore ----------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
    recorded and not; each lever alone and together (the batched policy and critic call; images on demand).
 2. Branch collection: RECAP's branch values from the same recorded episodes, every continuation a fork into the
    slots vs one continuation at a time.
-3. Row blocks: hosts of 1, 4, N and 2N slots with the network in fixed blocks of rows against the batch as it is:
+3. Batch invariance: hosts of 1, 4, N and 2N slots with batch-invariant runtimes against the batch as it is:
    steps/s, and whether each records the episodes a host of one slot records.
 
 The measurements are `benchmarks/slots.py`'s; this command prints them and writes its section into `--docs`.
@@ -62,14 +62,12 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
          "≥ 1.5x"),
         ("branch values the same with images on demand", str(b["values_same_with_images_on_demand"]), "True"),
     ]
-    k = s["row_blocks"]
-    for row in k["rows"]:
-        rows += [(f"row blocks of {k['row_block']}: {row['slots']} slot(s), steps/s in blocks / the batch as is",
-                  f"{row['steps_per_s_blocks']:.0f} / {row['steps_per_s_as_is']:.0f} ({row['ratio']:.3f}x)",
+    for row in s["batch_invariance"]["rows"]:
+        rows += [(f"batch-invariant runtimes: {row['slots']} slot(s), steps/s invariant / the batch as is",
+                  f"{row['steps_per_s_invariant']:.0f} / {row['steps_per_s_as_is']:.0f} ({row['ratio']:.3f}x)",
                   "≥ 0.9x" if row["slots"] == n else ""),
-                 (f"row blocks: {row['slots']} slot(s) record the 1-slot host's episodes, in blocks / as is",
-                  f"{row['same_as_one_slot_blocks']} / {row['same_as_one_slot_as_is']}",
-                  "True / -")]
+                 (f"batch-invariant runtimes: {row['slots']} slot(s) record the 1-slot host's episodes, invariant / "
+                  "as is", f"{row['same_as_one_slot_invariant']} / {row['same_as_one_slot_as_is']}", "True / -")]
     return rows
 
 

@@ -136,9 +136,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                "slots": spec.slots, "wall_s": wall,
                "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where,
                "instances_by_actor": instances_by_actor(reports),
-               "slot_check": None if slot_check is None else {"same": slot_check.same, "seed": slot_check.seed,
-                                                              "steps": slot_check.steps,
-                                                              "difference": slot_check.difference}}
+               "slot_check": None if slot_check is None else slot_check.summary()}
     if episodes:
         summary["plot"] = str(_plot(episodes, out / "rollout.png"))
         if config.video:

@@ -6,12 +6,14 @@ capsules to these weights, the language slot every model reads (`set_language`),
 and the `GraphRunner` that runs its buffer-to-buffer function: one CUDA graph on a
 GPU, the network traced to TorchScript (or eager) on the CPU.
 
-Row blocks: the network runs over blocks of exactly `row_block` rows (`in_row_blocks`), whatever the batch (a
-batch of 1 is one block, its other rows zeros; 16 rows are two blocks). A matrix product's kernel is chosen by
-its shape, and kernels for other shapes round differently (on this project's CPU, 1, 2-3 and 5-7 rows each
-round differently from 4, 8 or 16), while within one shape a row's result does not depend on its position or
-on the other rows (tested). With every call the same shape, a row's result is the same in a host of any number
-of slots, so an episode is a function of its work item alone.
+Batch invariance: a row's result is what a runtime of batch 1 computes for it, whatever the batch. A matrix
+product's kernel is chosen by its number of rows, and on this project's CPU 1, 2-3 and 5-7 rows each round
+differently from 4, 8 or 16, and a convolution of one image can round differently from one of several; norms
+and softmax do not depend on the batch (measured). So the runtime's copy of the model computes every linear layer
+over its rows padded to a multiple of `LINEAR_ROWS` and every convolution over its images padded to a multiple of
+`CONV_IMAGES` (`invariant_copy`), and runs the rows in one call where that gives each row what it gets alone (`rows_agree`,
+checked on random rows when the runtime is made), else one row at a time: an episode is then the same in a host
+of any number of slots, a function of its work item alone.
 """
 
 from __future__ import annotations
@@ -20,67 +22,126 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from copy import deepcopy
+from functools import partial
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from capsule_rollout.capsules import BufferComponent
 from capsule_rollout.capsules.fingerprint import module_sha256
 from capsule_rollout.models.graph_runner import GraphRunner, trace_on_cpu
 from capsule_rollout.models.inputs import observation_keys, write_language
 
-ROW_BLOCK = 8  # rows per network call: an 8-slot host's calls are one block, as before blocks
-_default_row_block = [ROW_BLOCK]
+LINEAR_ROWS = 4  # a linear layer's rows padded to a multiple of this (on this CPU, 4k rows round alike)
+CONV_IMAGES = 2  # a convolution's images padded to a multiple of this (on this CPU, one image alone rounds apart)
+_invariant = [True]
 
 
 @contextmanager
-def row_blocks(block: int) -> Iterator[None]:
-    """Runtimes made inside take `block` rows per network call unless told (0: the batch as is; for benchmarks and
-    checks that compare with it)."""
-    _default_row_block.append(block)
+def batch_invariance(on: bool) -> Iterator[None]:
+    """Runtimes made inside are batch-invariant (`ModelRuntime`'s `batch_invariant`) unless told; off: the
+    network over the batch as it is (for benchmarks and checks that compare with it)."""
+    _invariant.append(on)
     try:
         yield
     finally:
-        _default_row_block.pop()
+        _invariant.pop()
 
 
-def in_row_blocks(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], rows: Sequence[torch.Tensor],
-                  block: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """`fn(*rows)` computed over blocks of exactly `block` rows (the last block padded with zero rows) and put
-    back together: `rows` all have the same first dimension N, so does every output. `block` 0: one call as is."""
-    n = rows[0].shape[0]
-    if block <= 0 or n == block:
+def _linear_in_row_blocks(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`layer(x)` with `x`'s rows (every leading dimension) padded with zero rows to a multiple of `LINEAR_ROWS`."""
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    short = -m % LINEAR_ROWS
+    if not short:
+        return F.linear(x, layer.weight, layer.bias)
+    flat = x.reshape(m, x.shape[-1])
+    flat = torch.cat([flat, flat.new_zeros((short, flat.shape[1]))])
+    return F.linear(flat, layer.weight, layer.bias)[:m].reshape(*x.shape[:-1], layer.out_features)
+
+
+def _conv_in_image_pairs(layer: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """`layer(x)` with `x`'s images padded with zero images to a multiple of `CONV_IMAGES`."""
+    short = -x.shape[0] % CONV_IMAGES
+    if not short:
+        return layer._conv_forward(x, layer.weight, layer.bias)
+    padded = torch.cat([x, x.new_zeros((short, *x.shape[1:]))])
+    return layer._conv_forward(padded, layer.weight, layer.bias)[: x.shape[0]]
+
+
+def invariant_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose linear layers compute their rows in blocks of `LINEAR_ROWS` (`_linear_in_row_blocks`)
+    and whose 2-D convolutions take their images in pairs (`_conv_in_image_pairs`): a matrix product's kernel is
+    chosen by its number of rows, and 1, 2-3 or 5-7 rows round differently from 4k; a 64-channel 3x3 convolution
+    of one 16x16 image rounds differently from one of 2 or more (norms and softmax do not depend on the batch:
+    measured). The same parameters' values, so the same weights hash; the caller's model is left as it is (it may
+    go on training)."""
+    if getattr(model, "_rows_in_blocks", False):
+        return model
+    copy = deepcopy(model)
+    for layer in copy.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.forward = partial(_linear_in_row_blocks, layer)
+        elif type(layer) is torch.nn.Conv2d and layer.padding_mode == "zeros":
+            layer.forward = partial(_conv_in_image_pairs, layer)
+    copy._rows_in_blocks = True
+    return copy
+
+
+def in_rows(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], rows: Sequence[torch.Tensor],
+            together: bool) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """`fn(*rows)`: in one call (`together`), or one row at a time and put back together (what a runtime of
+    batch 1 computes for each row)."""
+    if together or rows[0].shape[0] == 1:
         return fn(*rows)
-    outs = []
-    for start in range(0, n, block):
-        part = [r[start: start + block] for r in rows]
-        short = block - part[0].shape[0]
-        if short:
-            part = [torch.cat([p, p.new_zeros((short, *p.shape[1:]))]) for p in part]
-        outs.append(fn(*part))
+    outs = [fn(*[r[i: i + 1] for r in rows]) for i in range(rows[0].shape[0])]
     if isinstance(outs[0], tuple):
-        return tuple(torch.cat([o[i] for o in outs])[:n] for i in range(len(outs[0])))
-    return torch.cat(outs)[:n]
+        return tuple(torch.cat([o[i] for o in outs]) for i in range(len(outs[0])))
+    return torch.cat(outs)
+
+
+def rows_agree(fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], rows: Sequence[torch.Tensor]) -> bool:
+    """Whether one call over `rows` gives every row bit for bit what it gets alone, on random contents of
+    `rows`' shapes and dtypes (integers drawn from 0-2: the indicators a model reads). Kernels are chosen by
+    the batch's shape, so this is a property of the model, the device and the library build: checked where the
+    runtime is made."""
+    if rows[0].shape[0] <= 1:
+        return True
+    g = torch.Generator(device=rows[0].device).manual_seed(0)
+
+    def like(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype == torch.uint8:
+            return torch.randint(0, 256, t.shape, generator=g, device=t.device, dtype=t.dtype)
+        if not t.dtype.is_floating_point:
+            return torch.randint(0, 3, t.shape, generator=g, device=t.device, dtype=t.dtype)
+        return torch.randn(t.shape, generator=g, device=t.device, dtype=t.dtype)
+
+    sample = [like(r) for r in rows]
+    with torch.no_grad():
+        a, b = in_rows(fn, sample, True), in_rows(fn, sample, False)
+    a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
+    return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 class ModelRuntime(BufferComponent):
     KIND: ClassVar[str] = "model"
 
     def __init__(self, model: torch.nn.Module, *, name: str, device: str, batch: int, capture: bool | None,
-                 trace: bool | None, row_block: int | None = None, **fingerprint: str) -> None:
+                 trace: bool | None, batch_invariant: bool | None = None, **fingerprint: str) -> None:
         """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`).
-        `row_block`: rows per network call (`in_row_blocks`; 0: the batch as it is, which rounds by its size;
-        None: `ROW_BLOCK`, or what `row_blocks` sets).
+        `batch_invariant`: a row's result the same at any batch size (the model's copy in `invariant_copy`; the
+        rows in one call where `rows_agree`, else one at a time); False: the batch as it is, which rounds by its
+        size. None: True, or what `batch_invariance` sets.
         `fingerprint`: extra entries that decide what capsules fit (e.g. whether guidance runs)."""
         super().__init__()
         self.name = name
         self.device = torch.device(device)
-        self.model = model.to(self.device).eval()  # runs under no_grad (GraphRunner)
+        self.batch_invariant = _invariant[-1] if batch_invariant is None else bool(batch_invariant)
+        model = model.to(self.device).eval()  # runs under no_grad (GraphRunner)
+        self.model = invariant_copy(model) if self.batch_invariant else model
         self.config = model.config
-        row_block = _default_row_block[-1] if row_block is None else row_block
-        if row_block < 0:
-            raise ValueError(f"row_block is rows per network call (0: the batch as is), got {row_block}")
-        self.batch, self._capture, self._trace, self.row_block = batch, capture, trace, row_block
+        self.batch, self._capture, self._trace = batch, capture, trace
         self._fingerprint = {
             "kind": self.KIND,
             "weights_sha256": module_sha256(self.model),

@@ -47,6 +47,7 @@ from capsule_rollout.rollout.process_state import kept_process_state
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
+from capsule_rollout.rollout.slot_check import check_slots as check_slots_of
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.env_description import EnvDescription, write_env_description
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -158,6 +159,7 @@ def record_rollouts(
     episode_timeout_s: float | None = None,
     first_call_s: float = 600.0,
     deadline_floor_s: float = 30.0,
+    check_slots: bool = False,
     on_report: Callable | None = None,
 ) -> RecordResult:
     """`sim_rollout` as a library call, option for option (each is the command's `--name`; `sim_rollout --help`).
@@ -168,7 +170,8 @@ def record_rollouts(
     `actors` Ray actors (0: in this process), every episode recorded once under `out`. `seeds`: the seeds, or how
     many from `FIRST_SEED` (as the command line's `--seeds.count`). `observers`: import paths, each
     `package.module:factory` or `package.module:factory={JSON kwargs}`. `on_report(report, stats)`: called for each
-    episode's report as it comes back.
+    episode's report as it comes back. `check_slots`: before the run, play the first seed at 1 slot and in the last of
+    `slots` and put what was found in the summary's `slot_check` (`rollout.slot_check`).
 
     Before any actor starts, the env, policy and critic are built here once and probed (`rollout.preflight`:
     `PreflightError`, a ValueError naming the object, for what cannot work); `n_exec` unset is what the checkpoint
@@ -202,8 +205,11 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
 
 
 def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call, cpus_per_actor, gpus_per_actor,
-            max_restarts, episode_timeout_s, first_call_s, deadline_floor_s, on_report, **spec_options) -> RecordResult:
+            max_restarts, episode_timeout_s, first_call_s, deadline_floor_s, check_slots, on_report,
+            **spec_options) -> RecordResult:
     out = Path(out).resolve()
+    if check_slots and spec_options["slots"] < 2:
+        raise ValueError(f"check_slots compares 1 slot with several: give slots >= 2 (got {spec_options['slots']})")
     spec = run_spec(out, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor, **spec_options)
     if attempts > 1 and spec.noise_scale == 0:
         raise ValueError("attempts: at noise scale 0 every retry plays the failed episode again; give noise_scale > 0")
@@ -215,6 +221,7 @@ def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call,
     for warning in opened.checked.warnings:  # what the preflight found that would make the run say nothing useful
         warnings.warn(warning, RuntimeWarning, stacklevel=3)
     items = [WorkItem(episode_id_of(env, s, legacy=opened.legacy_ids), s) for s in seeds]
+    found = check_slots_of(spec, spec.slots, seed=seeds[0]) if check_slots and seeds else None
     where = init_ray() if actors else "in-process"
     try:
         reports, stats = run_rollouts(
@@ -226,7 +233,10 @@ def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call,
         recorder.close()
         if actors:
             shutdown_ray(where)
-    result = RecordResult(out, store, reports, summarize_run(reports, stats))
+    summary = summarize_run(reports, stats)
+    if found is not None:
+        summary["slot_check"] = found.summary()
+    result = RecordResult(out, store, reports, summary)
     raise_if_errors(result, stats)
     return result
 

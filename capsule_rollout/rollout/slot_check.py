@@ -1,8 +1,8 @@
 """Whether a run's episodes depend on its slot count: one work item played on a host of one slot and in the last
 slot of a host of N (the other slots busy with other seeds), its first chunks compared bit for bit.
 
-The project's flow policy and value critic run in fixed blocks of rows (`models.runtime.in_row_blocks`), so
-their episodes are the same at any slot count (tested). A user's policy or critic that batches may not be: a
+The project's flow policy and value critic are batch-invariant (`models.runtime`), so their episodes are the
+same at any slot count (tested). A user's policy or critic that batches may not be: a
 batch of N rows can round differently from a batch of 1. This check names the first difference (which step,
 which recorded key, which element); such a run keeps the fixed-slot guarantee (an episode is the same in any slot
 of an N-slot host; it resumes and replays with the slots it was made with).
@@ -38,6 +38,10 @@ class SlotCheck:
     @property
     def same(self) -> bool:
         return self.difference is None
+
+    def summary(self) -> dict:
+        return {"same": self.same, "slots": self.slots, "seed": self.seed, "steps": self.steps,
+                "difference": self.difference}
 
     def line(self) -> str:
         if self.same:

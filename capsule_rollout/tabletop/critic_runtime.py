@@ -18,7 +18,7 @@ import torch
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
 from capsule_rollout.models.inputs import load_observation
-from capsule_rollout.models.runtime import ROW_BLOCK, ModelRuntime, in_row_blocks
+from capsule_rollout.models.runtime import ModelRuntime, in_rows, rows_agree
 from capsule_rollout.tabletop.value_critic import ACTOR_POLICY, ValueCritic
 
 
@@ -26,12 +26,12 @@ class CriticRuntime(ModelRuntime):
     KIND = "value_critic"
 
     def __init__(self, model: ValueCritic, *, name: str = "critic", device: str = "cpu", batch: int = 1,
-                 capture: bool | None = None, trace: bool | None = None, row_block: int | None = None) -> None:
+                 capture: bool | None = None, trace: bool | None = None, batch_invariant: bool | None = None) -> None:
         """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`).
-        `row_block`: rows per network call (`models.runtime.in_row_blocks`)."""
+        `batch_invariant`: a row's value the same at any batch size (`models.runtime`; None: yes)."""
         super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
-                         row_block=row_block)
-        self.core: torch.nn.Module = _CriticCore(self.model, self.row_block)
+                         batch_invariant=batch_invariant)
+        self.core: torch.nn.Module = _CriticCore(self.model)
         self.spec = CriticSpec(observation_keys=self.observation_keys)
 
     def buffer_specs(self) -> list[BufferSpec]:
@@ -55,6 +55,8 @@ class CriticRuntime(ModelRuntime):
         b = self.buffers
         example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["step"],
                    self._plan_args())
+        self.together = self.core.together = not self.batch_invariant or rows_agree(
+            self.core._logits, (*example[0], *example[1:4], *example[4]))
         self.core = self._compile(self.core, example, self._evaluate)
 
     def batched(self, n: int):
@@ -130,20 +132,20 @@ class CriticRuntime(ModelRuntime):
 
 
 class _CriticCore(torch.nn.Module):
-    """Observation -> (logits, value): the network part of `evaluate` (traced on the CPU), in blocks of
-    `row_block` rows (`in_row_blocks`).
+    """Observation -> (logits, value): the network part of `evaluate` (traced on the CPU), over the rows
+    together or one at a time (`models.runtime.rows_agree`).
 
     At run time the critic judges the policy that is acting: a critic with an actor input
     is asked for the policy's value (`ACTOR_POLICY`)."""
 
-    def __init__(self, model: ValueCritic, row_block: int = ROW_BLOCK) -> None:
+    def __init__(self, model: ValueCritic) -> None:
         super().__init__()
-        self.model, self.row_block = model, row_block
+        self.model, self.together = model, True  # together: set where the runtime is made (`rows_agree`)
         self.cameras = model.config.cameras
 
     def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor,
                 plan: tuple[torch.Tensor, ...]):
-        logits = in_row_blocks(self._logits, (*images, state, lang, step, *plan), self.row_block)
+        logits = in_rows(self._logits, (*images, state, lang, step, *plan), self.together)
         # row by row: a row's value is then the same whatever the batch holds beside it (a batched matrix-vector
         # product is not), and equal to a batch of one's
         return logits, torch.cat([self.model.value(logits[i: i + 1]) for i in range(logits.shape[0])])

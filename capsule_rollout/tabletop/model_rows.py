@@ -6,10 +6,11 @@ CUDA graph of N rows on a GPU): `act_rows(active)` / `evaluate_rows(active)`, `a
 a chunk now; only their noise counters advance. Each slot is a `models.rows.RowSlot` with the one-row
 runtime's state buffers and fingerprint, so its capsules are one-row capsules (see `models.rows`).
 
-What a row computes does not depend on which row it is or on what the other rows hold (tested), and the
-network runs in blocks of `row_block` rows whatever N (`models.runtime.in_row_blocks`), so a row's chunk and
-value are the same in a host of any number of slots and in a runtime of batch 1: an episode is a function of
-its work item alone (tested at 1, 2, 4, 8 and 16 slots).
+What a row computes does not depend on which row it is or on what the other rows hold (tested), nor on N: the
+runtimes are batch-invariant (`models.runtime`: linear layers over rows padded to a multiple of 4, the rows in
+one call where that gives each what it gets alone), so a row's chunk and value are the same in a host of any
+number of slots and in a runtime of batch 1: an episode is a function of its work item alone (tested at 1 to 17
+rows and at 1, 2, 4, 8 and 16 slots).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class PolicyRows(_ModelRows):
         super().__init__(template, n, lambda: PolicyRuntime(
             template.model, name=template.name, device=str(template.device), batch=n, seed=template.seed,
             guidance=template.guidance, noise_scale=template.noise_scale, capture=template._capture,
-            trace=template._trace, rows=True, row_block=template.row_block), PolicySlot)
+            trace=template._trace, rows=True, batch_invariant=template.batch_invariant), PolicySlot)
 
     def act_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all rows; the chunks `(N, T, A)` of the `active` rows are valid (a view of the output
@@ -103,7 +104,7 @@ class CriticRows(_ModelRows):
     def __init__(self, template: CriticRuntime, n: int) -> None:
         super().__init__(template, n, lambda: CriticRuntime(
             template.model, name=template.name, device=str(template.device), batch=n, capture=template._capture,
-            trace=template._trace, row_block=template.row_block), CriticSlot)
+            trace=template._trace, batch_invariant=template.batch_invariant), CriticSlot)
 
     def evaluate_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all rows; the values `(N,)` of the `active` rows are valid."""

@@ -22,7 +22,7 @@ import torch
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_, normal_rows_
 from capsule_rollout.models.inputs import load_observation
-from capsule_rollout.models.runtime import ROW_BLOCK, ModelRuntime, in_row_blocks
+from capsule_rollout.models.runtime import ModelRuntime, in_rows, rows_agree
 from capsule_rollout.policies.conditioning import check_noise_scale
 from capsule_rollout.policies.rollout_policy import PolicySpec
 from capsule_rollout.tabletop.flow_policy import ADV_NONE, FlowPolicy
@@ -44,23 +44,22 @@ class PolicyRuntime(ModelRuntime):
         capture: bool | None = None,
         trace: bool | None = None,
         rows: bool = False,
-        row_block: int | None = None,
+        batch_invariant: bool | None = None,
     ) -> None:
         """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_conditioning`).
         `noise_scale`: the chunk noise's scale (>= 0; a capsule fits only a runtime with the same scale).
         `trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`).
         `rows`: the batched runtime of a host's slots (`batched`): a noise stream and a guidance weight per row,
         and an `active` row mask (only rows that act advance their stream).
-        `row_block`: rows per network call (`models.runtime.in_row_blocks`)."""
+        `batch_invariant`: a row's chunk the same at any batch size (`models.runtime`; None: yes)."""
         check_noise_scale(noise_scale)
         scaled = {} if noise_scale == 1.0 else {"noise_scale": repr(float(noise_scale))}
         super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
-                         row_block=row_block, guidance=str(guidance), **scaled)
+                         batch_invariant=batch_invariant, guidance=str(guidance), **scaled)
         self.seed, self.guidance, self.noise_scale, self.rows = seed, guidance, float(noise_scale), rows
         flat = self.config.chunk_length * self.config.action_dim
         self._index = torch.arange(flat if rows else batch * flat, device=self.device)
-        self.core: torch.nn.Module = _PolicyCore(self.model, guidance, self._index, self.noise_scale, rows,
-                                                 self.row_block)
+        self.core: torch.nn.Module = _PolicyCore(self.model, guidance, self._index, self.noise_scale, rows)
         self.spec = PolicySpec(chunk_length=self.config.chunk_length, action_dim=self.config.action_dim,
                                observation_keys=self.observation_keys)
 
@@ -92,6 +91,9 @@ class PolicyRuntime(ModelRuntime):
         b = self.buffers
         example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["advantage"],
                    b["beta"], b["rng"], b["noise"], *((b["active"],) if self.rows else ()))
+        beta = b["beta"][:, None] if self.rows else b["beta"].expand(self.batch)[:, None]
+        self.together = self.core.together = not self.batch_invariant or rows_agree(
+            self.core._sample, (*example[0], b["state"], b["lang"], b["advantage"], beta, b["noise"]))
         # tracing and warm-up run the function: the noise counter they bump is put back
         self.core = self._compile(self.core, example, self._act, preserve=[b["rng"]])
 
@@ -148,14 +150,15 @@ class _PolicyCore(torch.nn.Module):
     """Noise state + observation -> action chunk: all of `act` but the output copy (traced on the CPU).
 
     Draws the chunk's noise into `noise` (times `noise_scale`) and bumps the counter in `rng`, in place; the
-    network then runs in blocks of `row_block` rows (`in_row_blocks`).
+    network then runs over the rows together, or one at a time where together they would not get what each gets
+    alone (`models.runtime.rows_agree`).
     """
 
     def __init__(self, model: FlowPolicy, guidance: bool, index: torch.Tensor, noise_scale: float = 1.0,
-                 rows: bool = False, row_block: int = ROW_BLOCK) -> None:
+                 rows: bool = False) -> None:
         super().__init__()
         self.model, self.guidance, self.noise_scale, self.rows = model, guidance, noise_scale, rows
-        self.row_block = row_block
+        self.together = True  # set where the runtime is made (`rows_agree`)
         self.cameras = model.config.cameras
         self.register_buffer("index", index, persistent=False)
 
@@ -170,7 +173,7 @@ class _PolicyCore(torch.nn.Module):
             beta = beta.expand(noise.shape[0])[:, None]
         if self.noise_scale != 1.0:  # a constant of the traced / captured function
             noise.mul_(self.noise_scale)
-        return in_row_blocks(self._sample, (*images, state, lang, advantage, beta, noise), self.row_block)
+        return in_rows(self._sample, (*images, state, lang, advantage, beta, noise), self.together)
 
     def _sample(self, *rows: torch.Tensor) -> torch.Tensor:
         *images, state, lang, advantage, beta, noise = rows

@@ -242,3 +242,50 @@ def test_a_struct_state_of_other_fields_or_shapes_is_refused():
         structs.check(cam, {**state, "distance": "far"})
     with pytest.raises(ValueError, match="fields"):
         structs.check(cam, {**state, "extra": 1})
+
+
+class _Part:
+    def __init__(self, value):
+        self.value, self.history = value, [value]
+
+
+class _Whole:
+    def __init__(self):
+        self.part, self.rng = _Part(1), np.random.default_rng(0)
+        self.parts = [_Part(10), _Part(20)]
+
+
+def test_a_capsule_restored_again_reuses_its_targets_while_the_graph_keeps_its_shape():
+    """The second restore of a snapshot resolves nothing (its targets bound, the steps to them checked); an object
+    replaced along a path, or removed, is found or made again, and restored as the first time."""
+    whole = _Whole()
+    graph = GraphState(whole, global_rngs=False)
+    blob = graph.snapshot()
+    draw = whole.rng.random()
+
+    def scramble():
+        whole.part.value, whole.parts[1].value = 5, 50
+        whole.part.history.append(5)
+        whole.rng.random()
+
+    def same(part):
+        return part.value == 1 and part.history == [1] and whole.parts[1].value == 20 and whole.rng.random() == draw
+
+    scramble()
+    graph.restore(blob)
+    first = whole.part
+    assert same(first) and len(graph._bound) == 1
+    scramble()
+    graph.restore(blob)  # bound: the same objects, set in place
+    assert whole.part is first and same(first)
+    whole.part = replaced = _Part(7)  # the graph changed along a path: resolved again, into the new object
+    scramble()
+    first.value = 99
+    graph.restore(blob)
+    assert whole.part is replaced and same(replaced) and first.value == 99  # the object no longer there: untouched
+    whole.parts = [whole.parts[0]]  # a path the graph no longer has: the object made afresh, nothing bound
+    graph._bound.clear()
+    graph.restore(blob)
+    assert len(whole.parts) == 2 and whole.parts[1].value == 20 and not graph._bound
+    graph.restore(blob)
+    assert len(graph._bound) == 1 and same(whole.part)

@@ -18,6 +18,6 @@ def test_bench_slots_smoke(tmp_path):
     assert data["branch"]["values_same_with_images_on_demand"] is True
     assert set(data["rollouts"]["not_recorded"]["steps_per_s"]) == {"one_drawn", "one_on_demand", "slots_drawn",
                                                                     "slots_on_demand"}
-    blocks = data["row_blocks"]["rows"]
-    assert [r["slots"] for r in blocks] == [1, 3, 4, 6] and all(r["same_as_one_slot_blocks"] for r in blocks)
-    assert "<!-- bench_slots:begin -->" in docs.read_text() and "row blocks of 8" in docs.read_text()
+    rows = data["batch_invariance"]["rows"]
+    assert [r["slots"] for r in rows] == [1, 3, 4, 6] and all(r["same_as_one_slot_invariant"] for r in rows)
+    assert "<!-- bench_slots:begin -->" in docs.read_text() and "batch-invariant runtimes" in docs.read_text()

@@ -113,8 +113,8 @@ def test_a_critic_row_refuses_a_step_per_batch_and_rows_need_a_batch_of_one_to_s
 @pytest.mark.parametrize("trace", [False, True])
 @pytest.mark.parametrize("guidance", [False, True])
 def test_a_row_is_the_batch_of_ones_at_any_number_of_rows(trace, guidance):
-    """Rows run in blocks of `row_block` (`models.runtime.in_row_blocks`): row 0's chunk and value are those of
-    a runtime of batch 1 at 1 to 17 rows (17: a third block, two rows of it padding)."""
+    """Batch-invariant runtimes (`models.runtime`): row 0's chunk and value are those of a runtime of batch 1 at 1
+    to 17 rows, and the rows run in one call (on this CPU, linear layers over rows padded to 4k agree)."""
     model, critic_model = load_policy(f"{SHIPPED}/policy"), load_critic(f"{SHIPPED}/critic")
     config = model.config
     one, judge = PolicyRuntime(model, trace=trace, guidance=guidance), CriticRuntime(critic_model, trace=trace)
@@ -138,21 +138,32 @@ def test_a_row_is_the_batch_of_ones_at_any_number_of_rows(trace, guidance):
             critic.slot(i).load_observation(_obs(config, 1 if i == 0 else 50 + i), step=4 if i == 0 else i)
         assert torch.equal(rows.act_rows(range(n))[0], chunk[0]), n
         assert torch.equal(critic.evaluate_rows(range(n))[0:1], value), n
+        assert (rows.runtime.together, critic.runtime.together) == (True, True)
 
 
-def test_row_blocks_pad_the_last_block_and_give_back_every_row():
-    from capsule_rollout.models.runtime import in_row_blocks
+def test_linear_layers_pad_their_rows_and_the_rows_run_one_at_a_time_where_together_differs():
+    from capsule_rollout.models.runtime import LINEAR_ROWS, in_rows, invariant_copy, rows_agree
 
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.SiLU(), torch.nn.Linear(5, 3))
+    seen = []
+    model[0].register_forward_pre_hook(lambda _, args: seen.append(args[0].shape))
+    copy = invariant_copy(model)
+    assert copy is not model and invariant_copy(copy) is copy and model[0].forward.__name__ == "forward"
+    x = torch.randn(3, 2, 6)  # 6 rows: padded to 8 in each linear layer, given back as 6
+    assert copy(x).shape == (3, 2, 3) and torch.allclose(copy(x), model(x), atol=1e-6)
+    one = copy(x[:1, :1])
+    assert torch.equal(copy(torch.cat([x[:1, :1], x[1:2, :1]]))[:1], one) and LINEAR_ROWS == 4
     calls = []
 
-    def fn(x, y):
-        calls.append(x.shape[0])
-        return x * 2, y.sum(-1)
+    def fn(a, b):
+        calls.append(a.shape[0])
+        return a.sum(-1) + b[:, 0] * a.shape[0]  # rounds by batch: together differs from alone
 
-    x, y = torch.arange(10.0)[:, None], torch.ones(10, 3)
-    doubled, sums = in_row_blocks(fn, (x, y), 4)
-    assert calls == [4, 4, 4] and torch.equal(doubled, x * 2) and torch.equal(sums, torch.full((10,), 3.0))
+    rows = (torch.randn(5, 3), torch.randn(5, 2))
+    assert not rows_agree(fn, rows) and rows_agree(lambda a, b: a * 2 + b[:, :1], rows)
     calls.clear()
-    assert torch.equal(in_row_blocks(lambda v: v + 1, (x,), 0), x + 1) and in_row_blocks(fn, (x, y), 10)[1].shape == (10,)
-    with pytest.raises(ValueError, match="row_block"):
-        PolicyRuntime(tiny_policy(), row_block=-1)
+    alone = in_rows(fn, rows, False)
+    assert calls == [1] * 5 and torch.equal(alone, torch.cat([fn(rows[0][i:i + 1], rows[1][i:i + 1]) for i in range(5)]))
+    with pytest.raises(TypeError):
+        PolicyRuntime(tiny_policy(), row_block=4)
+    assert not getattr(PolicyRuntime(tiny_policy(), batch_invariant=False).model, "_rows_in_blocks", False)
