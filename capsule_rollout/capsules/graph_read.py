@@ -267,6 +267,8 @@ class _Freezer(pickle.Pickler):
     def __init__(self, file: io.BytesIO, built: dict[int, str]) -> None:
         super().__init__(file, protocol=5)
         self.built = built
+        self.arrays: list[np.ndarray] = []  # kept aside: a thaw copies each (one C call, not a rebuild)
+        self._array_index: dict[int, int] = {}
 
     def persistent_id(self, obj: Any) -> Any:
         t = type(obj)
@@ -274,6 +276,12 @@ class _Freezer(pickle.Pickler):
             return ("r", obj.pid)
         if t is BoundRef:
             return ("m", obj.owner.pid, obj.name)
+        if t is np.ndarray and obj.dtype != object:
+            k = self._array_index.get(id(obj))
+            if k is None:
+                k = self._array_index[id(obj)] = len(self.arrays)
+                self.arrays.append(obj)
+            return ("t", k)
         return None
 
     def reducer_override(self, obj: Any) -> Any:
@@ -295,32 +303,43 @@ class _Freezer(pickle.Pickler):
         return NotImplemented
 
 
-def freeze(value: Any, built: dict[int, str]) -> bytes | None:
-    """`value` (what the reader built) as a pickle of this process's own, or None when it cannot be pickled (it
-    is then read from the snapshot at every restore)."""
+def freeze(value: Any, built: dict[int, str]) -> tuple[bytes, list[np.ndarray]] | None:
+    """`value` (what the reader built) as a pickle of this process's own and the arrays it holds (kept aside,
+    each copied by a thaw), or None when it cannot be pickled (it is then read from the snapshot at every
+    restore)."""
     buf = io.BytesIO()
+    freezer = _Freezer(buf, built)
     try:
-        _Freezer(buf, built).dump(value)
+        freezer.dump(value)
     except Exception:  # noqa: BLE001 - anything pickle cannot take: no cache for it, the reader stays
         return None
-    return buf.getvalue()
+    return buf.getvalue(), freezer.arrays
 
 
 class _Thawer(pickle.Unpickler):
-    def __init__(self, data: bytes, resolved: dict[tuple, Any]) -> None:
+    def __init__(self, data: bytes, resolved: dict[tuple, Any], arrays: list[np.ndarray]) -> None:
         super().__init__(io.BytesIO(data))
-        self.resolved = resolved
+        self.resolved, self.arrays = resolved, arrays
+        self.copies: dict[int, np.ndarray] = {}  # an array held in two places stays one array
 
     def persistent_load(self, pid: tuple) -> Any:
         if pid[0] == "r":
             return self.resolved[pid[1]]
+        if pid[0] == "t":
+            copy = self.copies.get(pid[1])
+            if copy is None:
+                template = self.arrays[pid[1]]
+                copy = self.copies[pid[1]] = template.copy()
+                if not template.flags.writeable:
+                    copy.flags.writeable = False
+            return copy
         return state_codec.bound_method(self.resolved[pid[1]], pid[2])
 
 
-def thaw(data: bytes, resolved: dict[tuple, Any]) -> Any:
+def thaw(frozen: tuple[bytes, list[np.ndarray]], resolved: dict[tuple, Any]) -> Any:
     """Fresh copies of what `freeze` kept, its references resolved (`StateDecodeError` for a bound method its
     owner in this env does not have)."""
-    return _Thawer(data, resolved).load()
+    return _Thawer(frozen[0], resolved, frozen[1]).load()
 
 
 @dataclass
@@ -331,7 +350,7 @@ class Read:
 
     plan: Plan
     bases: bytes
-    states: bytes | None
+    states: tuple[bytes, list] | None
     raw_states: bytes
     generator_states: list = dataclasses.field(default_factory=list)
     glob: tuple | None = None

@@ -193,6 +193,7 @@ class GraphState:
         self._structs = structs if structs is not None else _NoStructs()
         self._static: dict[Path, np.ndarray] = {}
         self._known: GraphNamespace | None = None  # the names its capsules may use
+        self._seen: set[str] = set()  # names the graph held at its snapshots
         self._reads = ReadCache()  # snapshots read (a restore of the same capsule again thaws a copy)
         # a read snapshot's targets in this graph, with the steps that led to them (`graph_walk.Edges`): a restore
         # of it again checks those steps still hold, and resolves nothing
@@ -217,8 +218,8 @@ class GraphState:
         return digest.hexdigest()
 
     # -- the walk, with exclusions ---------------------------------------------------------------------
-    def nodes(self) -> dict[int, Node]:
-        graph = walk(self.root, handles=self.handles, structs=self._structs.types)
+    def nodes(self, refs: set[str] | None = None) -> dict[int, Node]:
+        graph = walk(self.root, refs, handles=self.handles, structs=self._structs.types)
         if not self.exclude:
             return graph
         return {i: n for i, n in graph.items() if n.path is None or not any(
@@ -230,7 +231,7 @@ class GraphState:
         id -> (key, the array): one of the graph's arrays that is one of them (the same object, still equal) is
         written as its key, and `prepare(..., externals=)` gives it back (an env's last observation, which a
         wrapper keeps too, held once)."""
-        graph = self.nodes()
+        graph = self.nodes(self._seen)  # the names it holds now stay names its capsules may use
         table: dict[int, tuple] = {}
         plan = Plan([], [], [], [], [], [], [], [])
         handles: list[tuple[int, Any]] = []
@@ -559,12 +560,14 @@ class GraphState:
             random.setstate(prepared.glob[1])
 
     def _namespace(self, fresh: bool = False) -> GraphNamespace:
-        """The names this graph's capsules may use: learnt once, and again when a snapshot names one not seen
-        yet (an object the env built since)."""
+        """The names this graph's capsules may use: those it holds now, and those it held at any snapshot this
+        process took of it (a value it holds only at some steps: dm_env's `StepType` in a dm_control env's last
+        time step); learnt once, and again when a snapshot names one not seen yet (an object the env built
+        since)."""
         if fresh or self._known is None:
             refs: set[str] = set()
             walk(self.root, refs, self.handles, self._structs.types)
-            self._known = GraphNamespace(frozenset(refs))
+            self._known = GraphNamespace(frozenset(refs | self._seen))
         return self._known
 
     def _paired(self, path: Path | None, kind: type | str, taken: set[int], edges: Edges | None = None) -> Any:

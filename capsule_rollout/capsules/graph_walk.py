@@ -210,10 +210,15 @@ def follow(x: Any, step: tuple) -> Any:
     raise KeyError("__self__")
 
 
+_CONTAINERS = (dict, list, tuple, collections.deque)
+
+
 class Edges:
     """The steps from `root` to a set of objects, each distinct step once (paths share their prefixes):
     `resolve(path)` as `resolve` does, remembering each step; `hold()` whether every remembered step still
-    leads to the same object (the graph still has its shape along those paths)."""
+    leads to the same object (the graph still has its shape along those paths). A plain container on the way is
+    made afresh by every restore (saved by value): it is followed as it is now, and the steps out of it must
+    reach the same objects."""
 
     def __init__(self, root: Any) -> None:
         self.root = root
@@ -231,10 +236,17 @@ class Edges:
         return x
 
     def hold(self) -> bool:
+        now: dict[int, Any] = {}  # a container remembered -> the one at its place now
         try:
-            return all(follow(parent, step) is child for parent, step, child in self.steps)
+            for parent, step, child in self.steps:  # a parent's step comes before its children's
+                x = follow(now.get(id(parent), parent), step)
+                if x is not child:
+                    if type(x) is not type(child) or not isinstance(child, _CONTAINERS):
+                        return False
+                    now[id(child)] = x
         except (KeyError, IndexError, AttributeError, TypeError):
             return False
+        return True
 
 
 # -- snapshot / restore ----------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ class HostSpec:
     slots: int = 1
     """Env slots per host (`rollout.slot_host`): episodes played side by side in one process, their policy and
     critic calls batched. Part of the run's identity: the project's policy and critic play the same episodes at
-    any N (fixed blocks of rows), a user's may round by batch size (`rollout.slot_check`)."""
+    any N (batch-invariant runtimes), a user's may round by batch size (`rollout.slot_check`)."""
     env_threads: int = 1
     """Threads that step a host's slots between batched calls (slot i on thread i mod W): slots step in parallel
     where the env releases the GIL (MuJoCo). Does not change what is played."""

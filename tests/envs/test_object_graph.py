@@ -289,3 +289,19 @@ def test_a_capsule_restored_again_reuses_its_targets_while_the_graph_keeps_its_s
     assert len(whole.parts) == 2 and whole.parts[1].value == 20 and not graph._bound
     graph.restore(blob)
     assert len(graph._bound) == 1 and same(whole.part)
+
+
+def test_arrays_restored_are_fresh_copies_and_an_array_held_twice_stays_one():
+    whole = _Whole()
+    whole.shared = np.arange(3.0)
+    whole.part.same = whole.shared
+    whole.frozen = np.ones(2)
+    whole.frozen.flags.writeable = False
+    graph = GraphState(whole, global_rngs=False)
+    blob = graph.snapshot()
+    for _ in range(3):  # the first restore reads; the others copy what it kept
+        whole.shared[:] = 7.0
+        whole.part.same = np.zeros(3)
+        graph.restore(blob)
+        assert whole.part.same is whole.shared and whole.shared.tolist() == [0.0, 1.0, 2.0]
+        assert not whole.frozen.flags.writeable and whole.frozen.tolist() == [1.0, 1.0]

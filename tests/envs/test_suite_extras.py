@@ -127,6 +127,15 @@ def test_aloha_as_its_users_make_it_holds_with_nothing_declared():
     assert any("_warnings" in path for path in report.capture["aliases"])  # dm_control's view of MjData.warning
 
 
+@pytest.mark.parametrize("factory", ["dm_control_finger", "dm_control_humanoid"])
+def test_dm_control_through_shimmy_holds_in_every_scenario(factory):
+    """dm_control's suite as gymnasium users make it (shimmy): every scenario, the fresh process included (its last
+    time step holds a `dm_env.StepType`, a class of a package dm_control imports, absent from a fresh env)."""
+    _need_module("shimmy", "dmcontrol")
+    report = verify_scenarios(f"{USER}:{factory}", cameras=(), steps=3, restores=2)
+    assert report.ok, report.failures()
+
+
 @pytest.mark.parametrize("factory", ["robosuite_lift", "robosuite_stack", "robosuite_door"])
 def test_robosuite_as_its_users_make_it_holds_with_nothing_declared(factory):
     """robosuite's own env in its GymWrapper: a new MjModel / MjData at every reset (object sizes and poses drawn

@@ -21,6 +21,21 @@ def so101_random_block():
     return gymnasium.make("lerobot_env_so101/SO101PickCube-v0", random_block_position=True)
 
 
+def _dm_control(domain: str, task: str):
+    import shimmy  # noqa: F401 - registers dm_control/* with gymnasium (its README)
+
+    gymnasium.register_envs(shimmy)
+    return gymnasium.make(f"dm_control/{domain}-{task}-v0")
+
+
+def dm_control_finger():
+    return _dm_control("finger", "spin")
+
+
+def dm_control_humanoid():
+    return _dm_control("humanoid", "walk")
+
+
 def _headless_gl() -> None:
     """Suites read `MUJOCO_GL` once (robosuite when imported, dm_control and gymnasium's viewer at their first
     render); unset, they try GLFW, which needs a display: their users set it."""
