@@ -539,7 +539,9 @@ class MujocoCapsuleEnv(BufferComponent):
         index = {key: i for i, (key, _, _, _) in enumerate(self._natives)}
 
         def leaf(key: str) -> np.ndarray:
-            return np.array(buffers[f"obs_native_{index[key]}"])  # a copy: the env's own array from now on
+            held = buffers[f"obs_native_{index[key]}"]
+            # a copy: the env's own array from now on
+            return (held.numpy() if isinstance(held, torch.Tensor) else np.asarray(held)).copy()
         return leaf
 
     def _kept_space(self) -> Any:
