@@ -22,7 +22,6 @@ import numpy as np
 
 from capsule_rollout.benchmarks.support import machine
 from capsule_rollout.commands.bench_configs import BenchSlotsConfig
-from capsule_rollout.models.runtime import batch_invariance
 from capsule_rollout.rollout.branching import BranchActor, BranchItem
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -158,8 +157,8 @@ def invariance_cost(config: BenchSlotsConfig, spec: HostSpec, progress: Callable
     hosts, episodes = {}, {}
     for n in counts:
         for invariant in (True, False):
-            with batch_invariance(invariant):
-                host = build_host(base) if n == 1 else build_slots(dataclasses.replace(base, slots=n))
+            spec_n = dataclasses.replace(base, batch_invariant=invariant, slots=n)
+            host = build_host(spec_n) if n == 1 else build_slots(spec_n)
             hosts[(n, invariant)] = host
             episodes[(n, invariant)] = _played(host, seeds)[1]  # capsules made, traces warm
     rates: dict[tuple[int, bool], list[float]] = {m: [] for m in hosts}

@@ -268,6 +268,10 @@ class SimRolloutConfig:
     their episodes are the same at any slot count; a user's policy or critic may round by batch size
     (`--check_slots` says), so a run resumes with the slots it was made with, and replays with them unless
     `replay --slots` says otherwise."""
+    batch_invariant: bool = True
+    """The project's policy and critic batch-invariant: an episode the same at any --slots (a row gets what a
+    batch of one gives it). false: the network over the batch as it is, a host of one slot about 1.3x faster with
+    the shipped policy, episodes that change with --slots (BENCHMARKS "Env slots")."""
     check_slots: bool = False
     """Before the run, play the first seed's first 3 chunks at 1 slot and in the last of --slots (the others busy)
     and say whether they are the same bit for bit (the summary's `slot_check`): whether the episodes depend on

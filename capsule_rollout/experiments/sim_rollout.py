@@ -52,7 +52,8 @@ def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
         value_patience=config.value_patience, cameras=config.cameras, image_size=config.image_size,
         observers=config.observers, lanes=config.lanes, gpus_per_actor=config.gpus_per_actor,
         cpus_per_actor=config.cpus_per_actor, pin_cores=config.pin_cores, pin_seeds=config.pin_seeds,
-        capsule_budget_mb=config.capsule_budget_mb, slots=config.slots, env_threads=config.env_threads)
+        capsule_budget_mb=config.capsule_budget_mb, slots=config.slots, env_threads=config.env_threads,
+        batch_invariant=config.batch_invariant)
 
 
 def _items(config: SimRolloutConfig, legacy: bool) -> list[WorkItem]:

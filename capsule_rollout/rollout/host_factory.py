@@ -22,6 +22,7 @@ import torch
 from capsule_rollout.capsules import Arena, CapsuleStore, save_capsule, signing_key
 from capsule_rollout.envs.rollout_env import ArraySpec, RolloutEnv
 from capsule_rollout.import_path import resolve, split_kwargs
+from capsule_rollout.models.runtime import batch_invariance
 from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
 from capsule_rollout.rollout.host_config import file_safe
@@ -134,6 +135,11 @@ class HostSpec:
     env_threads: int = 1
     """Threads that step a host's slots between batched calls (slot i on thread i mod W): slots step in parallel
     where the env releases the GIL (MuJoCo). Does not change what is played."""
+    batch_invariant: bool = True
+    """The project's policy and critic runtimes batch-invariant (`models.runtime`: a row gets what a batch of one
+    gives it, so an episode is the same at any slot count); False: the network over the batch as it is (a host of
+    one slot about 1.3x faster with the shipped policy, episodes that change with `slots`). Part of what is
+    played; a run recorded before this setting existed played as False."""
     cameras: tuple[str, ...] | None = None
     """Cameras the env renders (and episodes record), by the env's names (a camera the MuJoCo model defines
     too); () for none; None: what the policy and critic read (the env's default camera for a part that does
@@ -163,6 +169,7 @@ class HostSpec:
     def from_json(cls, data: dict) -> HostSpec:
         data = dict(data)
         data.pop("crash", None)  # written by earlier versions (a test hook, always empty in a run's file)
+        data.setdefault("batch_invariant", False)  # written before batch-invariant runtimes: the batch as it was
         family = data.pop("family", None)  # earlier versions: a tabletop family ("all": every one) when no env
         if family and not data.get("env"):
             data["env"] = f"tabletop:{ANY_TASK if family == 'all' else family}"
@@ -410,8 +417,9 @@ def _load_critic(spec: HostSpec) -> Loaded:
 
 
 def _load_parts(spec: HostSpec, conditioning: Conditioning, make_policy: Callable[[], Loaded] | None = None) -> _Parts:
-    policy = make_policy() if make_policy is not None else _load_policy(spec, conditioning)
-    critic = _load_critic(spec) if spec.critic else None
+    with batch_invariance(spec.batch_invariant):
+        policy = make_policy() if make_policy is not None else _load_policy(spec, conditioning)
+        critic = _load_critic(spec) if spec.critic else None
     loaded = [part for part in (policy, critic) if part is not None]
     cameras = tuple(dict.fromkeys(c for part in loaded for c in part.cameras))
     sizes = {part.image_size for part in loaded if part.image_size}

@@ -137,6 +137,7 @@ def record_rollouts(
     actors: int = 2,
     slots: int = 1,
     env_threads: int = 1,
+    batch_invariant: bool = True,
     n_exec: int | None = None,
     noise_scale: float | None = None,
     advantage: str = "checkpoint",
@@ -188,7 +189,7 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
              cameras: Sequence[str] | None = None, image_size: int | None = None, observers: Sequence[str] = (),
              lanes: str = "two", gpus_per_actor: float = 0.0, cpus_per_actor: float = 1.0, pin_cores: bool = False,
              pin_seeds: Sequence[int] = (), capsule_budget_mb: float | None = None, slots: int = 1,
-             env_threads: int = 1) -> HostSpec:
+             env_threads: int = 1, batch_invariant: bool = True) -> HostSpec:
     """The `HostSpec` a recorded run under `out` plays (what `sim_rollout` and `record_rollouts` build alike):
     how the policy acts from the checkpoint's record unless given (`resolve_acting`)."""
     policy = absolute_source(policy)
@@ -201,7 +202,7 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
         device="cuda" if gpus_per_actor > 0 else "cpu", threads=max(1, int(cpus_per_actor)),
         capsule_dir=str((Path(out) / CAPSULES).resolve()), capsule_budget_mb=capsule_budget_mb,
         observers=parse_observers(observers), pin_cores=pin_cores, slots=slots, env_threads=env_threads,
-        cameras=None if cameras is None else tuple(cameras), image_size=image_size)
+        cameras=None if cameras is None else tuple(cameras), image_size=image_size, batch_invariant=batch_invariant)
 
 
 def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call, cpus_per_actor, gpus_per_actor,

@@ -4,9 +4,11 @@ policy that rounds by batch size is named by the check, with the step, key and e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
+import pytest
 
 from capsule_rollout.experiments.run import main
 from capsule_rollout.rollout.host_factory import HostSpec
@@ -74,3 +76,23 @@ def test_a_policy_that_rounds_by_batch_size_is_named_by_the_check(tmp_path, caps
     assert "rounds by batch size" in capsys.readouterr().out
     assert main(["sim_rollout", "--env", ENV, "--policy", f"{__name__}:rounds_by_batch", "--actors", "0",
                  "--check_slots", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_batch_invariance_is_part_of_what_a_run_plays_and_older_runs_played_without_it(tmp_path):
+    from capsule_rollout.rollout.host_factory import build_host, check_same_run, write_spec
+
+    spec = HostSpec(env="tabletop:pick_place", policy="capsule_rollout/experiments/checkpoints/policy",
+                    host=HostConfig(n_exec=4, max_steps=8))
+    data = spec.to_json()
+    assert data["batch_invariant"] is True
+    del data["batch_invariant"]  # a rollout.json written before the setting existed
+    assert HostSpec.from_json(data).batch_invariant is False
+    for invariant in (True, False):
+        host = build_host(dataclasses.replace(spec, batch_invariant=invariant))
+        try:
+            assert getattr(host.policy.model, "_rows_in_blocks", False) is invariant
+        finally:
+            host.close()
+    write_spec(tmp_path, spec)
+    with pytest.raises(ValueError, match="batch_invariant"):
+        check_same_run(tmp_path, dataclasses.replace(spec, batch_invariant=False))
