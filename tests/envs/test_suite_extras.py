@@ -154,7 +154,6 @@ def test_camera_observations_hold_bit_for_bit_and_replay(factory, tmp_path):
     camera rendered too. The harness, every scenario (another env dropped beside it, a fresh process), and a
     recorded episode replayed bit for bit."""
     from capsule_rollout.envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
-    from capsule_rollout.experiments.run import main
 
     _need_module({"robosuite_lift_camera": "robosuite", "aloha_insertion": "gym_aloha"}.get(factory, "gymnasium"),
                  "make suites-venv")
@@ -163,35 +162,34 @@ def test_camera_observations_hold_bit_for_bit_and_replay(factory, tmp_path):
     assert report.bit_exact, report.failures
     scenarios = verify_scenarios(env_id, steps=3, restores=2)
     assert scenarios.ok, scenarios.failures()
-    out = tmp_path / "run"
-    assert main(["sim_rollout", "--env", env_id, "--policy", f"{USER}:make_noise_policy", "--actors", "0",
-                 "--seeds.count", "2", "--repeats", "2", "--max_steps", "6", "--out", str(out), "--no-progress",
-                 "--json", str(tmp_path / "s.json")]) == 0
-    summary = json.loads((tmp_path / "s.json").read_text())
-    assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}, summary
-    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{episode_id(env_id, 1000001)}-r1",
-                 "--json", str(tmp_path / "r.json")]) == 0
-    assert json.loads((tmp_path / "r.json").read_text())["exact"]
+    _rolls_out_and_replays(env_id, tmp_path, actors=0, max_steps=6)
 
 
 @pytest.mark.parametrize("env_id", ["so101:SO101PickCube-v0", "aloha:AlohaTransferCube-v0", "robosuite:Lift"])
 def test_registered_suite_holds_and_rolls_out_on_ray_and_replays(env_id, tmp_path):
     """The registered suite (its default camera rendered by the framework): every scenario bit-exact, then
     `sim_rollout --actors 2` with a policy given by import path, and `replay` of a recorded episode."""
-    from capsule_rollout.experiments.run import main
 
     _need(env_id.split(":")[0])
     report = verify_scenarios(env_id, steps=3, restores=2)
     assert report.ok, report.failures()
+    # the episode named with its task as written (`so101:SO101PickCube-v0-s1000001-r1`): replay finds its file-safe id
+    _rolls_out_and_replays(env_id, tmp_path, actors=2, max_steps=16, episode=f"{env_id}-s1000001-r1")
+
+
+def _rolls_out_and_replays(env_id: str, tmp_path, *, actors: int, max_steps: int, episode: str = "") -> None:
+    """`sim_rollout` of 2 seeds x 2 repeats with a noise policy given by import path, then `replay` of seed 1's
+    repeat, bit-identical."""
+    from capsule_rollout.experiments.run import main
+
     out = tmp_path / "run"
-    assert main(["sim_rollout", "--env", env_id, "--policy", f"{USER}:make_noise_policy", "--actors", "2",
-                 "--seeds.count", "2", "--repeats", "2", "--max_steps", "16", "--out", str(out), "--no-progress",
-                 "--json", str(tmp_path / "s.json")]) == 0
+    assert main(["sim_rollout", "--env", env_id, "--policy", f"{USER}:make_noise_policy", "--actors", str(actors),
+                 "--seeds.count", "2", "--repeats", "2", "--max_steps", str(max_steps), "--out", str(out),
+                 "--no-progress", "--json", str(tmp_path / "s.json")]) == 0
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["episodes"] == 4 and summary["reset_kinds"] == {"cold": 2, "restore": 2}, summary
-    task = env_id.split(":", 1)[1]
-    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode", f"{episode_id(env_id, 1000001)}-r1",
-                 "--json", str(tmp_path / "r.json")]) == 0, task
+    assert main(["replay", "--store", str(out / "episodes.zarr"), "--episode",
+                 episode or f"{episode_id(env_id, 1000001)}-r1", "--json", str(tmp_path / "r.json")]) == 0, env_id
     assert json.loads((tmp_path / "r.json").read_text())["exact"]
 
 
