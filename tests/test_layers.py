@@ -39,7 +39,7 @@ ALLOWED = {
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
 # modules at the namespace's root that every layer may import: standard library only, importing no layer
-ROOT_MODULES = {"extras", "import_path", "input_bounds", "user_code"}
+ROOT_MODULES = {"extras", "import_path", "input_bounds", "lazy_exports", "user_code"}
 
 
 def imported_modules(source: str, package_path: str) -> list[str]:

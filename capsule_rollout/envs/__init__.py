@@ -12,7 +12,7 @@ Names load on first use (`__getattr__`, PEP 562): importing the package imports 
 
 from __future__ import annotations
 
-import importlib
+from capsule_rollout.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "make_env": "capsule_rollout.envs.suites",
@@ -28,14 +28,4 @@ _EXPORTS = {
     "Attr": "capsule_rollout.envs.mujoco_capsule",
     "describe_env": "capsule_rollout.envs.describe_env",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

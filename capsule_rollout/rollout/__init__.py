@@ -19,7 +19,7 @@ Names load on first use (`__getattr__`, PEP 562): importing the package imports 
 
 from __future__ import annotations
 
-import importlib
+from capsule_rollout.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "record_rollouts": "capsule_rollout.rollout.record",
@@ -56,14 +56,4 @@ _EXPORTS = {
     "with_kwargs": "capsule_rollout.import_path",
     "UserCodeError": "capsule_rollout.user_code",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

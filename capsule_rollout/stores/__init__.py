@@ -10,7 +10,7 @@ Names load on first use (`__getattr__`, PEP 562): importing the package imports 
 
 from __future__ import annotations
 
-import importlib
+from capsule_rollout.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "open_episode_reader": "capsule_rollout.stores.sharded_reader",
@@ -21,14 +21,4 @@ _EXPORTS = {
     "ZarrRecorder": "capsule_rollout.stores.zarr_recorder",
     "export_lerobot": "capsule_rollout.stores.lerobot_writer",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
