@@ -4,9 +4,10 @@ entry a capsule file could forge, and a cache of what was read.
 A snapshot's bytes come from a capsule file, so they are read only by `capsules.state_codec` and checked entry
 by entry (`checked_plan`, `checked_states`) before anything is resolved in the env. Reading is pure Python; an
 env restores the same capsule again and again (every reset of a seed, every branch of a boundary), so what was
-read is kept (`ReadCache`, keyed by the bytes themselves): the view bases and the states are kept as a pickle
-this process made of the objects the reader built (never bytes from a file), which gives fresh copies of them
-at C speed at every restore, references to the env's objects left as ids until the restore resolves them.
+read is kept (`ReadCache`, keyed by the bytes themselves): the view bases as the reader built them, copied at
+every restore, and the states as a pickle this process made of the objects the reader built (never bytes from
+a file or a socket), which gives fresh copies of them at C speed at every restore, references to the env's
+objects left as ids until the restore resolves them.
 """
 
 from __future__ import annotations
@@ -316,6 +317,14 @@ def freeze(value: Any, built: dict[int, str]) -> tuple[bytes, list[np.ndarray]] 
     return buf.getvalue(), freezer.arrays
 
 
+def fresh_copy(template: np.ndarray) -> np.ndarray:
+    """A copy of an array kept aside, as writeable as it is."""
+    copy = template.copy()
+    if not template.flags.writeable:
+        copy.flags.writeable = False
+    return copy
+
+
 class _Thawer(pickle.Unpickler):
     def __init__(self, data: bytes, resolved: dict[tuple, Any], arrays: list[np.ndarray]) -> None:
         super().__init__(io.BytesIO(data))
@@ -328,10 +337,7 @@ class _Thawer(pickle.Unpickler):
         if pid[0] == "t":
             copy = self.copies.get(pid[1])
             if copy is None:
-                template = self.arrays[pid[1]]
-                copy = self.copies[pid[1]] = template.copy()
-                if not template.flags.writeable:
-                    copy.flags.writeable = False
+                copy = self.copies[pid[1]] = fresh_copy(self.arrays[pid[1]])
             return copy
         return state_codec.bound_method(self.resolved[pid[1]], pid[2])
 
@@ -349,7 +355,7 @@ class Read:
     (`quick_state`); `states` None: everything is read from `raw_states` at every restore."""
 
     plan: Plan
-    bases: bytes
+    bases: list[np.ndarray]  # the reader's arrays, never handed to the env: each restore views copies (`fresh_copy`)
     states: tuple[bytes, list] | None
     raw_states: bytes
     generator_states: list = dataclasses.field(default_factory=list)

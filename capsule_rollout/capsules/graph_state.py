@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import pickle
 import random
 import types
 from typing import Any
@@ -64,6 +63,7 @@ from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateErro
     checked_plan,
     checked_states,
     freeze,
+    fresh_copy,
     generator_state,
     new_generator,
     pids,
@@ -436,7 +436,7 @@ class GraphState:
         """What a restore resolves afresh every time: views of fresh copies of the view bases, the owner's
         externals, copies of the static arrays."""
         plan = read.plan
-        bases = pickle.loads(read.bases) if plan.views else []  # this process's own pickle (`graph_read`)
+        bases = [fresh_copy(b) for b in read.bases] if plan.views else []  # the reader's arrays, kept aside
         for i, (b, offset, shape, strides, dtype, writeable) in enumerate(plan.views):
             view = bounded_view(bases[b], offset, shape, strides, dtype)  # checked when read
             view.flags.writeable = writeable and bases[b].flags.writeable
@@ -505,7 +505,7 @@ class GraphState:
         # (an MT19937 key as a list: numpy sets a 624-word key from a list 14x faster than from an array)
         generator_states = [quick_state(x) for x in states[n:n + ng]]
         glob = None if glob is None else (quick_state(glob[0]), glob[1])
-        return Read(plan, pickle.dumps(bases, protocol=5), freeze(states[:n] + states[n + ng:], reader.built),
+        return Read(plan, bases, freeze(states[:n] + states[n + ng:], reader.built),
                     parts[2], generator_states, glob)
 
     def _states(self, read: Read, resolved: dict[tuple, Any]) -> tuple[list, tuple | None]:
