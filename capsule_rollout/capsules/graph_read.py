@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import io
 import pickle
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -105,6 +106,40 @@ def quick_state(state: Any) -> Any:
     if isinstance(inner, dict) and isinstance(inner.get("key"), np.ndarray):
         return {**state, "state": {**inner, "key": inner["key"].tolist()}}
     return state
+
+
+class SpareGenerators:
+    """A generator of each kind, and spares of the global `numpy.random` and `random` states, to try a capsule's
+    generator states on: a restore applies only states numpy and random took, so it cannot fail half way."""
+
+    def __init__(self) -> None:
+        self._spares: dict[type, Any] = {}
+        self._globals = (np.random.RandomState(), random.Random())
+
+    def check(self, generators: Sequence[tuple[Any, type]], states: Sequence[Any], glob: tuple | None) -> None:
+        """`generators`: a plan's (path, kind) pairs; `states` theirs; `glob` the global generators' states or
+        None. `GraphStateError` for a state numpy or random refuses."""
+        try:
+            for (_, kind), state in zip(generators, states):
+                if issubclass(kind, (np.random.Generator, np.random.BitGenerator)):
+                    name = state.get("bit_generator") if isinstance(state, dict) else None
+                    if name not in BIT_GENERATORS:
+                        raise ValueError(f"bit generator {name!r}")
+                    kind = getattr(np.random, name)
+                elif issubclass(kind, np.random.RandomState):
+                    kind = np.random.RandomState
+                else:
+                    kind = random.Random
+                spare = self._spares.get(kind)
+                if spare is None:
+                    spare = self._spares[kind] = kind()
+                set_generator_state(spare, state)
+            if glob is not None:
+                self._globals[0].set_state(glob[0])
+                self._globals[1].setstate(glob[1])
+        except Exception as exc:  # noqa: BLE001 - tried on a spare: whatever numpy or random raises, it is refused
+            raise GraphStateError(f"the capsule's Python state is refused: a generator state that numpy or random "
+                                  f"refuses ({exc})") from None
 
 
 def new_generator(kind: type, state: Any) -> Any:

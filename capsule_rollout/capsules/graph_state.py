@@ -43,12 +43,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
-import types
 from typing import Any
 
 import numpy as np
 
 from capsule_rollout.capsules import state_codec
+from capsule_rollout.capsules.graph_apply import MISSING, NoAliases, NoStructs, apply_state, state_of
+from capsule_rollout.capsules.graph_dump import differing_paths, dump_graph, unencodable  # noqa: F401 - differing_paths: API
 from capsule_rollout.capsules.graph_names import GraphNamespace, type_key
 from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateError and split are part of this module's API
     BIT_GENERATORS,
@@ -59,6 +60,7 @@ from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateErro
     Read,
     ReadCache,
     Ref,
+    SpareGenerators,
     bounded_view,
     checked_plan,
     checked_states,
@@ -86,86 +88,6 @@ from capsule_rollout.capsules.graph_walk import (  # noqa: F401 - the walk is pa
 from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError, StateNameError
 from capsule_rollout.capsules.state_reader import Decoder
 
-# -- snapshot / restore ----------------------------------------------------------------------------------
-
-def _state_of(obj: Any) -> tuple[dict | None, dict, Any]:
-    """An object's own state: (`__dict__` copy or None, slots, dict items / list items / None)."""
-    d = getattr(obj, "__dict__", None)
-    slots = {}
-    for k in _slots(type(obj)):
-        try:
-            slots[k] = object.__getattribute__(obj, k)
-        except AttributeError:
-            continue
-    items = dict(obj) if isinstance(obj, dict) else list(obj) if isinstance(obj, list) else None
-    return (dict(d) if isinstance(d, dict) else None), slots, items
-
-
-class _Missing:
-    """An opaque object the target does not have (yet): a GL context a fresh env makes at its first render."""
-
-    def __repr__(self) -> str:
-        return "<missing in the target>"
-
-
-MISSING = _Missing()
-
-
-def _holds_missing(v: Any, depth: int = 3) -> bool:
-    if v is MISSING:
-        return True
-    if depth and isinstance(v, (list, tuple)):
-        return any(_holds_missing(x, depth - 1) for x in v)
-    if depth and isinstance(v, dict):
-        return any(_holds_missing(x, depth - 1) for x in v.values())
-    return False
-
-
-def _apply_state(obj: Any, state: tuple[dict | None, dict, Any], missing: bool) -> None:
-    d, slots, items = state
-    if d is not None:
-        own = obj.__dict__
-        if missing:  # an attribute that holds an opaque object the target lacks keeps the target's own value
-            d = {k: own[k] if _holds_missing(v) else v for k, v in d.items() if not _holds_missing(v) or k in own}
-        own.clear()
-        own.update(d)
-    for k in _slots(type(obj)):
-        if k in slots:
-            object.__setattr__(obj, k, slots[k])
-        else:
-            try:
-                object.__delattr__(obj, k)
-            except AttributeError:
-                pass
-    if items is not None:
-        obj.clear()
-        obj.update(items) if isinstance(obj, dict) else obj.extend(items)
-
-
-class _NoStructs:
-    """A graph without structs set in place."""
-
-    types: tuple[type, ...] = ()
-
-    def state(self, obj: Any) -> dict:
-        raise TypeError(f"no struct: {type(obj).__name__}")
-
-    def check(self, obj: Any, state: dict) -> None:
-        raise ValueError("a struct, and this graph has none")
-
-    def apply(self, obj: Any, state: dict) -> None:
-        raise TypeError(f"no struct: {type(obj).__name__}")
-
-
-class _NoAliases:
-    """A graph without handles: no array aliases one."""
-
-    def find(self, arr: np.ndarray, handles: list) -> None:
-        return None
-
-    def view(self, *args: Any) -> np.ndarray:
-        raise ValueError("an alias of a handle, and this graph has none")
-
 
 class GraphState:
     """The Python state reachable from `root`, captured and restored without declarations.
@@ -189,8 +111,8 @@ class GraphState:
         self.root, self.exclude, self.global_rngs = root, frozenset(exclude), global_rngs
         self.readonly_bytes = readonly_bytes
         self.handles = tuple(handles)
-        self._aliases = aliases if aliases is not None else _NoAliases()
-        self._structs = structs if structs is not None else _NoStructs()
+        self._aliases = aliases if aliases is not None else NoAliases()
+        self._structs = structs if structs is not None else NoStructs()
         self._static: dict[Path, np.ndarray] = {}
         self._known: GraphNamespace | None = None  # the names its capsules may use
         self._seen: set[str] = set()  # names the graph held at its snapshots
@@ -198,8 +120,7 @@ class GraphState:
         # a read snapshot's targets in this graph, with the steps that led to them (`graph_walk.Edges`): a restore
         # of it again checks those steps still hold, and resolves nothing
         self._bound: dict[int, tuple] = {}
-        self._spares: dict[type, Any] = {}  # a generator of each kind, to try a capsule's states on
-        self._spare_globals = (np.random.RandomState(), random.Random())
+        self._spares = SpareGenerators()  # to try a capsule's generator states on
 
     def remember_static(self) -> str:
         """Record the large arrays the env holds now (call it right after building the env); returns a digest
@@ -288,7 +209,7 @@ class GraphState:
             elif node.kind == "object" and node.path is not None:
                 table[id(obj)] = ("o", len(plan.objects))
                 plan.objects.append((node.path, type_key(type(obj))))
-                d, slots, items = _state_of(obj)
+                d, slots, items = state_of(obj)
                 if self.exclude and d is not None:  # left as the target has them
                     d = {k: v for k, v in d.items() if k not in self.exclude}
                 states.append((d, slots, items))
@@ -306,7 +227,7 @@ class GraphState:
             base_blob = state_codec.encode(bases)  # by value (a view's base is never a reference)
             body = state_codec.encode((states + generator_states + struct_states, glob), lambda x: table.get(id(x)))
         except StateEncodeError as exc:
-            raise GraphStateError(self._unencodable(graph, table, exc)) from None
+            raise GraphStateError(unencodable(graph, table, exc)) from None
         parts = (head, base_blob, body)
         return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
 
@@ -500,7 +421,7 @@ class GraphState:
                 raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
         n, ng = len(plan.objects), len(plan.generators)
         states, glob = checked_states(value, n, ng, len(plan.structs))
-        self._check_generator_states(plan, states[n:n + ng], glob)
+        self._spares.check(plan.generators, states[n:n + ng], glob)
         # generator states are only read by the generators they are set into: kept once, shared by every restore
         # (an MT19937 key as a list: numpy sets a 624-word key from a list 14x faster than from an array)
         generator_states = [quick_state(x) for x in states[n:n + ng]]
@@ -519,37 +440,13 @@ class GraphState:
             raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
         return checked_states(value, len(read.plan.objects), len(read.plan.generators), len(read.plan.structs))
 
-    def _check_generator_states(self, plan: Plan, states: list[Any], glob: tuple | None) -> None:
-        """Try every generator state on a spare generator of its kind, so that `apply` cannot fail half way."""
-        try:
-            for (_, kind), state in zip(plan.generators, states):
-                if issubclass(kind, (np.random.Generator, np.random.BitGenerator)):
-                    name = state.get("bit_generator") if isinstance(state, dict) else None
-                    if name not in BIT_GENERATORS:
-                        raise ValueError(f"bit generator {name!r}")
-                    kind = getattr(np.random, name)
-                elif issubclass(kind, np.random.RandomState):
-                    kind = np.random.RandomState
-                else:
-                    kind = random.Random
-                spare = self._spares.get(kind)
-                if spare is None:
-                    spare = self._spares[kind] = kind()
-                set_generator_state(spare, state)
-            if glob is not None:
-                self._spare_globals[0].set_state(glob[0])
-                self._spare_globals[1].setstate(glob[1])
-        except Exception as exc:  # noqa: BLE001 - tried on a spare: whatever numpy or random raises, it is refused
-            raise GraphStateError(f"the capsule's Python state is refused: a generator state that numpy or random "
-                                  f"refuses ({exc})") from None
-
     def apply(self, prepared: Prepared) -> None:
         """Set this graph to a prepared snapshot (`prepare`)."""
         for target, state in zip(prepared.objects, prepared.states):
             if self.exclude and state[0] is not None:
                 own = getattr(target, "__dict__", {})
                 state = ({**state[0], **{k: own[k] for k in self.exclude if k in own}}, *state[1:])
-            _apply_state(target, state, prepared.missing)
+            apply_state(target, state, prepared.missing)
         for g, state in zip(prepared.generators, prepared.generator_states):
             set_generator_state(g, state)
         for t, state in zip(prepared.structs, prepared.struct_states):
@@ -583,72 +480,7 @@ class GraphState:
         taken.add(id(target))
         return target
 
-    def _unencodable(self, graph: dict[int, Node], table: dict[int, tuple], exc: Exception) -> str:
-        for node in graph.values():
-            if id(node.obj) in table or node.kind in ("object", "container", "handle"):
-                continue
-            try:
-                state_codec.encode(node.obj, lambda x: table.get(id(x)))
-            except StateEncodeError as inner:
-                return (f"the env's Python state cannot be captured: {type(node.obj).__module__}."
-                        f"{type(node.obj).__qualname__} at {fmt(node.path)} cannot be saved ({inner}); exclude that "
-                        "attribute (CaptureSpec.exclude) if it is not state")
-        return f"the env's Python state cannot be captured: {exc}"
-
     # -- diagnostics ------------------------------------------------------------------------------------
     def dump(self) -> dict[str, str]:
-        """Every value reachable, by path -> a short digest: arrays (shape, dtype, bytes), scalars, generator
-        states, which attributes an object has, aliases (field and offset). Handles' own arrays are left to the
-        MjData comparison; opaque objects to their owners."""
-        out: dict[str, str] = {}
-        graph = self.nodes()
-        handles = [(i, n.obj) for i, n in enumerate(graph.values()) if n.kind == "handle"]
-        names = {i: fmt(n.path) for i, n in enumerate(graph.values())}
-        for node in graph.values():
-            if node.path is None:
-                continue
-            p = fmt(node.path)
-            if node.kind == "array":
-                alias = self._aliases.find(node.obj, handles)
-                if alias is not None:
-                    out[p] = f"alias of {names[alias[0]]}.{alias[1]} +{alias[2]} B {alias[3]}"
-                elif node.obj.dtype == object:
-                    out[p] = f"array object {node.obj.shape} {node.obj!r}"[:200]
-                else:
-                    digest = hashlib.blake2b(np.ascontiguousarray(node.obj).tobytes(), digest_size=8).hexdigest()
-                    out[p] = f"array {node.obj.dtype} {node.obj.shape} {digest}"
-            elif node.kind == "generator":
-                out[p] = f"generator {hashlib.blake2b(repr(generator_state(node.obj)).encode(), digest_size=8).hexdigest()}"
-            elif node.kind == "struct":
-                state = state_codec.encode(self._structs.state(node.obj))
-                out[p] = f"struct {type(node.obj).__name__} {hashlib.blake2b(state, digest_size=8).hexdigest()}"
-            elif node.kind in ("object", "container"):
-                if node.kind == "object":
-                    out[p + " (attributes)"] = ",".join(sorted(getattr(node.obj, "__dict__", {}) or ()))
-                elif not isinstance(node.obj, dict):  # a sequence or set: its plain items as one value
-                    plain = [repr(v) for v in node.obj if classify(v, self.handles, self._structs.types) == "atomic"]
-                    if isinstance(node.obj, (set, frozenset)):
-                        plain.sort()
-                    digest = hashlib.blake2b("\n".join(plain).encode(), digest_size=8).hexdigest()
-                    out[p + " (items)"] = f"{len(node.obj)} items {digest}"
-                    continue
-                else:
-                    out[p + " (items)"] = str(len(node.obj))
-                for step, v in _children(node.obj, node.kind):
-                    if step is not None and classify(v, self.handles, self._structs.types) == "atomic" and not isinstance(
-                            v, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
-                        out[fmt((*node.path, step))] = f"{type(v).__name__} {v!r}"[:200]
-            elif node.kind == "value":
-                try:
-                    digest = hashlib.blake2b(state_codec.encode(node.obj), digest_size=8).hexdigest()
-                    out[p] = f"{type(node.obj).__name__} {digest}"
-                except StateEncodeError:  # not comparable by value
-                    continue
-        return out
-
-
-def differing_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
-    """Paths whose value differs between two dumps (or that one lacks), shortest first (causes before the
-    arrays inside them)."""
-    keys = set(before) | set(after)
-    return sorted((k for k in keys if before.get(k) != after.get(k)), key=lambda k: (k.count(".") + k.count("["), k))
+        """Every value reachable, by path -> a short digest (`graph_dump.dump_graph`)."""
+        return dump_graph(self.nodes(), self.handles, self._structs, self._aliases)
