@@ -16,8 +16,8 @@ PACKAGES = ("capsules", "models", "envs", "policies", "critics", "stores", "roll
 # The core: knows nothing of the tabletop example, which plugs into it as a user's package does (entry points)
 CORE = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "robot_side")
 # what runs on the robot's computer (numpy alone, LeRobot inside functions): these modules of envs/ and no other
-ROBOT_SIDE_ENVS = {"envs.robot_backend", "envs.robot_server", "envs.robot_protocol", "envs.robot_admission",
-                   "envs.operator_input", "envs.robot_operator"}
+ROBOT_SIDE_ENVS = {"envs.robot_backend", "envs.robot_connection", "envs.robot_server", "envs.robot_protocol",
+                   "envs.robot_admission", "envs.operator_input", "envs.robot_operator"}
 # package -> project modules it may import (a dotted entry allows that module only)
 ALLOWED = {
     "capsules": set(),

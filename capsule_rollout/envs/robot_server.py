@@ -55,15 +55,13 @@ import numpy as np
 from capsule_rollout.envs.operator_input import OperatorSource
 from capsule_rollout.envs.robot_admission import WAIT, Admission, PeerBackoff, TokenBudget
 from capsule_rollout.envs.robot_backend import RobotBackend
+from capsule_rollout.envs.robot_connection import HANDOVER_S, POLL_S, FrameReader, Idle, Job, close_gracefully, send
 from capsule_rollout.envs.robot_protocol import (
-    PREFIX_BYTES,
     ConnectionClosed,
     Message,
     ProtocolError,
-    decode_body,
     encode,
     error_message,
-    parse_prefix,
 )
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -121,12 +119,12 @@ class RobotServer:
                                     budget=TokenBudget(auth_checks_per_s))
         self._threads: list[threading.Thread] = []
         self._conn_threads: list[threading.Thread] = []
-        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._jobs: queue.Queue[Job] = queue.Queue()
         self._lock = threading.Lock()
         self._open = 0  # admitted connections being served
         self._next_id = 0
         self._controller: int | None = None  # the connection that said hello: the robot has one controller
-        self._controller_reader: _FrameReader | None = None  # its frames: whether one is in progress, since when
+        self._controller_reader: FrameReader | None = None  # its frames: whether one is in progress, since when
         self.episode_owner: int | None = None  # the connection that reset the current episode
         self.episode_state = "idle"  # idle | running | safe_stopped | aborted | estopped
         self.last_action: np.ndarray | None = None
@@ -192,7 +190,7 @@ class RobotServer:
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the robot thread and return its result (or raise its exception)."""
-        job = _Job(fn)
+        job = Job(fn)
         self._jobs.put(job)
         while not job.done.wait(0.1):
             if self._stop.is_set() and not job.done.is_set():
@@ -214,7 +212,7 @@ class RobotServer:
     # -- connections ------------------------------------------------------------------------
     def _accept_loop(self) -> None:
         self._admission.run()
-        for thread in self._conn_threads:  # they see the stop flag within _POLL_S
+        for thread in self._conn_threads:  # they see the stop flag within POLL_S
             thread.join(2)
 
     def _admit(self, conn: socket.socket, hello: Message, peer: str, heard: float) -> Message | None | Literal["wait"]:
@@ -225,7 +223,7 @@ class RobotServer:
             if self._controller is not None:
                 started = self._controller_reader.frame_started if self._controller_reader else None
                 if started is not None and started <= heard and \
-                        time.monotonic() < started + self.frame_timeout_s + _HANDOVER_S:
+                        time.monotonic() < started + self.frame_timeout_s + HANDOVER_S:
                     return WAIT
                 return error_message("busy", "another client controls the robot; try again when it has left",
                                      fatal=True, seq=hello.seq)
@@ -233,7 +231,7 @@ class RobotServer:
                 return error_message("busy", f"the robot server is serving its {self.max_connections} connections",
                                      fatal=True, seq=hello.seq)
             cid, self._next_id = self._next_id, self._next_id + 1
-            reader = _FrameReader(conn, self._stop, self.frame_timeout_s, self.max_payload)
+            reader = FrameReader(conn, self._stop, self.frame_timeout_s, self.max_payload)
             self._controller, self._controller_reader, self._open = cid, reader, self._open + 1
             self.last_heard = time.monotonic()
         thread = threading.Thread(target=self._serve_connection, args=(conn, cid, hello.seq, reader),
@@ -247,18 +245,18 @@ class RobotServer:
         self._conn_threads = [t for t in self._conn_threads if t.is_alive()] + [thread]
         return None
 
-    def _serve_connection(self, conn: socket.socket, cid: int, hello_seq: int, reader: _FrameReader) -> None:
+    def _serve_connection(self, conn: socket.socket, cid: int, hello_seq: int, reader: FrameReader) -> None:
         try:
-            conn.settimeout(_POLL_S)
-            if _send(conn, self._welcome(hello_seq)):
+            conn.settimeout(POLL_S)
+            if send(conn, self._welcome(hello_seq)):
                 self._converse(conn, cid, reader)
         except Exception as exc:  # a bug in a handler must not take the server down, nor leave the robot moving
             self.events.append(f"handler failed: {type(exc).__name__}: {exc}")
-            _send(conn, error_message("robot_fault", f"server error ({type(exc).__name__}); connection closed",
+            send(conn, error_message("robot_fault", f"server error ({type(exc).__name__}); connection closed",
                                       fatal=True))
         finally:
             self._release(cid)
-            _close_gracefully(conn)
+            close_gracefully(conn)
             with self._lock:
                 self._open -= 1
 
@@ -269,27 +267,27 @@ class RobotServer:
             if self._controller == cid:
                 self._controller, self._controller_reader = None, None
 
-    def _converse(self, conn: socket.socket, cid: int, reader: _FrameReader) -> None:
+    def _converse(self, conn: socket.socket, cid: int, reader: FrameReader) -> None:
         """Serve the controller's frames until it leaves."""
         last = time.monotonic()
         while not self._stop.is_set():
             try:
                 msg = reader.read(idle_deadline=last + self.idle_timeout_s)
-            except _Idle:
-                _send(conn, error_message("idle_timeout", "idle connection closed", fatal=True))
+            except Idle:
+                send(conn, error_message("idle_timeout", "idle connection closed", fatal=True))
                 return
             except ConnectionClosed:
                 return
             except ProtocolError as exc:
                 fatal = exc.fatal or exc.code in ("truncated", "frame_timeout")
-                _send(conn, error_message(exc.code, exc.message, fatal=fatal))
+                send(conn, error_message(exc.code, exc.message, fatal=fatal))
                 if fatal:
                     return
                 continue
             except OSError:
                 return
             last = self.last_heard = time.monotonic()
-            if msg.type == "bye" or not _send(conn, self._reply(msg, cid)):
+            if msg.type == "bye" or not send(conn, self._reply(msg, cid)):
                 return
 
     def _welcome(self, seq: int) -> Message:
@@ -417,111 +415,3 @@ def _present(backend: RobotBackend) -> np.ndarray | None:
     if action.shape != low.shape or not np.all(np.isfinite(action)):
         return None
     return np.clip(action, low, np.asarray(backend.action_high, np.float64))
-
-
-_POLL_S = 0.05  # how often a connection thread looks at the clock and the stop flag
-_HANDOVER_S = 1.0  # beyond its frame's deadline, how long a hello waits for a stalled controller to be dropped
-
-
-class _Idle(Exception):
-    pass
-
-
-class _Job:
-    """One call for the robot thread."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn, self.done = fn, threading.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._value = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting connection
-            self._error = exc
-        finally:
-            self.done.set()
-
-    def cancel(self) -> None:
-        self._error = ConnectionClosed("server stopping")
-        self.done.set()
-
-    def result(self) -> Any:
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-class _FrameReader:
-    """Frames from a socket polled every `_POLL_S`: waiting for a frame to start ends at an idle
-    deadline (`_Idle`); once its first byte is in, the whole frame must arrive within `frame_timeout_s`
-    (a slow drip is cut off, `frame_timeout`), whatever the pace of the bytes. `frame_started`: when the frame
-    in progress began (None between frames; it stays set once a frame fails, the connection then closing)."""
-
-    def __init__(self, conn: socket.socket, stop: threading.Event, frame_timeout_s: float, max_payload: int) -> None:
-        self.conn, self.stop = conn, stop
-        self.frame_timeout_s, self.max_payload = frame_timeout_s, max_payload
-        self.frame_started: float | None = None
-
-    def read(self, idle_deadline: float) -> Message:
-        prefix, deadline = self._recv(PREFIX_BYTES, idle_deadline, idle=True)
-        if not prefix:
-            raise ConnectionClosed("peer closed the connection")
-        h_len, p_len = parse_prefix(prefix, max_payload=self.max_payload)
-        body, _ = self._recv(h_len + p_len, deadline)
-        self.frame_started = None
-        return decode_body(body[:h_len], body[h_len:])
-
-    def _recv(self, n: int, deadline: float, idle: bool = False) -> tuple[bytes, float]:
-        """`n` bytes and the frame's deadline. With `idle`, `deadline` is the idle one until the first byte
-        arrives; from then on the frame must be whole within `frame_timeout_s`."""
-        buf = bytearray()
-        while len(buf) < n:
-            if self.stop.is_set():
-                raise ConnectionClosed("server stopping")
-            if time.monotonic() > deadline:
-                if idle and not buf:
-                    raise _Idle()
-                raise ProtocolError("frame_timeout", f"the frame did not arrive within {self.frame_timeout_s:g} s "
-                                    f"({len(buf)} of {n} bytes)", fatal=True)
-            try:
-                chunk = self.conn.recv(min(n - len(buf), 1 << 20))
-            except TimeoutError:
-                continue
-            if not chunk:
-                if idle and not buf:
-                    return b"", deadline
-                raise ProtocolError("truncated", f"connection ended {n - len(buf)} bytes before the frame's end")
-            if idle and not buf:  # the frame starts: its own deadline from now
-                self.frame_started = time.monotonic()
-                deadline = self.frame_started + self.frame_timeout_s
-            buf += chunk
-        return bytes(buf), deadline
-
-
-def _close_gracefully(conn: socket.socket) -> None:
-    """Close so that a last error frame reaches the peer: unread input would turn close() into a reset."""
-    try:
-        conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(0.2)
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline and conn.recv(65536):
-            pass
-    except OSError:
-        pass
-    conn.close()
-
-
-def _send(conn: socket.socket, msg: Message | bytes) -> bool:
-    """Send one frame (a message, or one already encoded); False when the peer is gone."""
-    try:
-        data = msg if isinstance(msg, bytes) else encode(msg)
-    except (ValueError, TypeError, OverflowError) as exc:
-        data = encode(error_message("robot_fault", f"reply could not be encoded ({type(exc).__name__})",
-                                    seq=msg.seq))
-    try:
-        conn.sendall(data)
-        return True
-    except OSError:
-        return False
