@@ -50,24 +50,27 @@ def batch_invariance(on: bool) -> Iterator[None]:
         _invariant.pop()
 
 
+def _padded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """`fn(x)` with `x`'s first dimension padded with zeros to a multiple of `multiple` (the padding's results
+    dropped)."""
+    short = -x.shape[0] % multiple
+    if not short:
+        return fn(x)
+    return fn(torch.cat([x, x.new_zeros((short, *x.shape[1:]))]))[: x.shape[0]]
+
+
 def _linear_in_row_blocks(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`layer(x)` with `x`'s rows (every leading dimension) padded with zero rows to a multiple of `LINEAR_ROWS`."""
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    short = -m % LINEAR_ROWS
-    if not short:
+    if not m % LINEAR_ROWS:
         return F.linear(x, layer.weight, layer.bias)
-    flat = x.reshape(m, x.shape[-1])
-    flat = torch.cat([flat, flat.new_zeros((short, flat.shape[1]))])
-    return F.linear(flat, layer.weight, layer.bias)[:m].reshape(*x.shape[:-1], layer.out_features)
+    rows = _padded(lambda r: F.linear(r, layer.weight, layer.bias), x.reshape(m, x.shape[-1]), LINEAR_ROWS)
+    return rows.reshape(*x.shape[:-1], layer.out_features)
 
 
 def _conv_in_image_pairs(layer: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """`layer(x)` with `x`'s images padded with zero images to a multiple of `CONV_IMAGES`."""
-    short = -x.shape[0] % CONV_IMAGES
-    if not short:
-        return layer._conv_forward(x, layer.weight, layer.bias)
-    padded = torch.cat([x, x.new_zeros((short, *x.shape[1:]))])
-    return layer._conv_forward(padded, layer.weight, layer.bias)[: x.shape[0]]
+    return _padded(lambda images: layer._conv_forward(images, layer.weight, layer.bias), x, CONV_IMAGES)
 
 
 def invariant_copy(model: torch.nn.Module) -> torch.nn.Module:
