@@ -29,7 +29,7 @@ from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.record import OpenedRun, episode_id_of, open_run, run_spec
 from capsule_rollout.rollout.rollout_actor import WorkItem
-from capsule_rollout.rollout.slot_check import check_slots
+from capsule_rollout.rollout.slot_check import check_slots, require_slots
 from capsule_rollout.rollout.slot_host import instances_by_actor
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -69,8 +69,8 @@ def _open_run(config: SimRolloutConfig) -> tuple[Path, OpenedRun, Conditioning]:
     with checking_inputs():
         out = parse_store_root(config.out)
         check_output_dir(out)
-        if config.check_slots and config.slots < 2:
-            raise ValueError(f"--check_slots compares 1 slot with --slots N: give --slots 2 or more (got {config.slots})")
+        if config.check_slots:
+            require_slots(config.slots)
         counts = f" x --repeats {config.repeats}" * (config.repeats > 1) + f" x --attempts {config.attempts}" * (
             config.attempts > 1) + " x 4 families" * (config.episodes_at_most > config.seeds.count * config.repeats
                                                         * config.attempts)

@@ -48,6 +48,7 @@ from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 from capsule_rollout.rollout.slot_check import check_slots as check_slots_of
+from capsule_rollout.rollout.slot_check import require_slots
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.env_description import EnvDescription, write_env_description
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -209,8 +210,8 @@ def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call,
             max_restarts, episode_timeout_s, first_call_s, deadline_floor_s, check_slots, on_report,
             **spec_options) -> RecordResult:
     out = Path(out).resolve()
-    if check_slots and spec_options["slots"] < 2:
-        raise ValueError(f"check_slots compares 1 slot with several: give slots >= 2 (got {spec_options['slots']})")
+    if check_slots:
+        require_slots(spec_options["slots"], "slots")
     spec = run_spec(out, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor, **spec_options)
     if attempts > 1 and spec.noise_scale == 0:
         raise ValueError("attempts: at noise scale 0 every retry plays the failed episode again; give noise_scale > 0")

@@ -19,7 +19,7 @@ from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slo
 from capsule_rollout.rollout.slot_host import episode_job
 from capsule_rollout.stores import episode_schema as S
 
-__all__ = ["SlotCheck", "check_slots"]
+__all__ = ["SlotCheck", "check_slots", "require_slots"]
 
 COMPARED = (S.ACTION, S.STATE, S.VALUE, S.REWARD)
 
@@ -53,12 +53,17 @@ class SlotCheck:
                 f"--slots {self.slots})")
 
 
+def require_slots(slots: int, option: str = "--slots") -> None:
+    """The slot check compares 1 slot with several: ValueError naming `option` for fewer than 2."""
+    if slots < 2:
+        raise ValueError(f"the slot check compares 1 slot with several: give {option} 2 or more (got {slots})")
+
+
 def check_slots(spec: HostSpec, slots: int, *, seed: int, task: str = "", chunks: int = 3) -> SlotCheck:
     """Play `seed` (of `task` in a `suite:*` run) for `chunks` chunks on a host of one slot and in the last slot
     of a host of `slots` (seeds after it in the others), built from `spec` here (no capsule files, no observers,
     images not recorded); compare actions, states, values and rewards."""
-    if slots < 2:
-        raise ValueError(f"the slot check compares 1 slot with several: --slots must be >= 2, got {slots}")
+    require_slots(slots)
     host = dataclasses.replace(spec.host, max_steps=chunks * spec.host.n_exec, record_images=False)
     probe = dataclasses.replace(spec, env=env_for_task(spec.env, task), capsule_dir="", observers=(), slots=1,
                                 env_threads=1, host=host)
