@@ -97,12 +97,18 @@ class Arena:
             if getattr(component, "check_restore", None) is not None
             and getattr(type(component), "check_restore", None) is not BufferComponent.check_restore
         )
-        for name, component in self._components.items():
-            prefix = f"{name}/"
-            component.bind(
-                {key[len(prefix) :]: view for key, view in self._views.items() if key.startswith(prefix)}
-            )
+        for name in self._components:
+            self.rebind(name)
         return self
+
+    def rebind(self, name: str) -> None:
+        """Bind component `name` to this arena's views (again): a component held by several arenas used one at a
+        time (a slot's row serving the host of whichever task the slot plays now) is bound to the one in use."""
+        self._require_allocated()
+        prefix = f"{name}/"
+        self._components[name].bind(
+            {key[len(prefix) :]: view for key, view in self._views.items() if key.startswith(prefix)}
+        )
 
     @property
     def allocated(self) -> bool:

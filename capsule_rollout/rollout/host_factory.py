@@ -350,33 +350,50 @@ def _prepare(spec: HostSpec, *, env_given: bool = False, policy: Callable[[], Lo
     return _load_parts(spec, check_spec(spec, policy_given=policy is not None), policy)
 
 
-def build_slots(spec: HostSpec, *, recorder=None, policy: Callable[[], Loaded] | None = None):
+def build_slots(spec: HostSpec, *, recorder=None, policy: Callable[[], Loaded] | None = None, task: str = ""):
     """The `SlotHost` of `spec.slots` slots a spec describes: an env per slot, the policy and critic as rows (one
     batched runtime when they batch, else an instance per slot), one capsule store, the spec's observers per
-    slot. `policy`: as `build_host`'s (called once per instance)."""
-    from capsule_rollout.rollout.slot_host import SlotHost, rows_of
+    slot. `policy`: as `build_host`'s (called once per instance). A spec over several tasks (`suite:*`): the slots
+    start on `task` and play any task of the suite (`episode_job(..., task=)`), each slot's host for a task made
+    when it first plays it, over the same rows (one policy and critic for every task)."""
+    from capsule_rollout.rollout.slot_host import LoopRows, SlotHost, rows_of
 
-    parts = _prepare(spec, policy=policy)
+    multi = is_multi_task(spec.env)
+    if multi and not task:
+        raise ValueError(f"a spec over several tasks ({spec.env!r}): give the task its slots start on (task=)")
+    first = dataclasses.replace(spec, env=env_for_task(spec.env, task)) if multi else spec
+    parts = _prepare(first, policy=policy)
     n = spec.slots
-    envs = [_make_env(spec, parts.cameras, parts.image_size) for _ in range(n)]
+    envs = [_make_env(first, parts.cameras, parts.image_size) for _ in range(n)]
     as_policy = lambda part: as_rollout_policy(part, envs[0], device=spec.device)  # noqa: E731
     as_critic = lambda part: as_rollout_critic(part, envs[0])  # noqa: E731
     # a part that does not batch: another instance per slot, loaded from its source again (that part alone)
-    load = policy if policy is not None else lambda: _load_policy(spec, parts.checked)
+    load = policy if policy is not None else lambda: _load_policy(first, parts.checked)
     policy = rows_of(as_policy(parts.policy), n, lambda: as_policy(load().part))
     critic = None if parts.critic is None else rows_of(as_critic(parts.critic), n,
-                                                       lambda: as_critic(_load_critic(spec).part))
+                                                       lambda: as_critic(_load_critic(first).part))
     lanes = None
     if critic is not None:
         from capsule_rollout.policies.execution_context import TwoLaneContext
 
         lanes = TwoLaneContext(policy.slot(0).device)
     store = _store(spec)
-    hosts = [_equip(RolloutHost(env=envs[i], policy=policy.slot(i), critic=None if critic is None else critic.slot(i),
-                                config=spec.host, recorder=recorder, store=store, observers=make_observers(spec),
-                                lanes=lanes), spec, parts)
-             for i in range(n)]
-    return SlotHost(hosts, policy, critic, lanes, env_threads=spec.env_threads)
+
+    def slot_host(i: int, env: RolloutEnv, mine=None, my_critic=None) -> RolloutHost:
+        host = RolloutHost(env=env, policy=mine or policy.slot(i), critic=my_critic or (
+            None if critic is None else critic.slot(i)), config=spec.host, recorder=recorder, store=store,
+            observers=make_observers(spec), lanes=lanes)
+        return _equip(host, spec, parts)
+
+    def make_slot(i: int, other: str) -> RolloutHost:
+        """Slot i's host for task `other`: over row i (rows of an instance per slot: an instance of its own)."""
+        env = _make_env(dataclasses.replace(spec, env=env_for_task(spec.env, other)), parts.cameras, parts.image_size)
+        mine = as_policy(load().part) if isinstance(policy, LoopRows) else None
+        my_critic = as_critic(_load_critic(first).part) if isinstance(critic, LoopRows) else None
+        return slot_host(i, env, mine, my_critic)
+
+    return SlotHost([slot_host(i, envs[i]) for i in range(n)], policy, critic, lanes, env_threads=spec.env_threads,
+                    make_slot=make_slot if multi else None, task=task if multi else "")
 
 
 def _equip(host: RolloutHost, spec: HostSpec, parts: _Parts) -> RolloutHost:

@@ -44,6 +44,7 @@ from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_driver import RayDriver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
+from capsule_rollout.rollout.slot_host import rows_filled
 from capsule_rollout.rollout.work_plan import (
     LOST,
     DriverStats,
@@ -248,6 +249,7 @@ def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
         "lost_episodes": [{"episode_id": r.item.episode_id if r.item else "?", "why": r.error}
                           for r in lost[:LOST_LISTED]],
         "gave_up": stats.gave_up or None,
+        "rows": rows_filled(played),
     }
 
 

@@ -31,6 +31,7 @@ import torch
 
 from capsule_rollout.capsules import CapsuleError, load_capsule, signing_key
 from capsule_rollout.rollout.host_factory import (
+    ANY_TASK,
     HostSpec,
     build_host,
     build_slots,
@@ -200,11 +201,17 @@ class RolloutActor:
         return build_slots(spec) if spec.slots > 1 else build_host(spec, observers=self._observers)
 
     def _adopt(self, task: str, host: RolloutHost | SlotHost) -> RolloutHost | SlotHost:
-        for slot in host.hosts if isinstance(host, SlotHost) else [host]:
-            if self.spec.capsule_dir and slot.capsule_source is None:
-                slot.capsule_source = self._saved_capsule
+        for slot in host.every_host if isinstance(host, SlotHost) else [host]:
+            self._source(slot)
+        if isinstance(host, SlotHost):
+            host.prepare = self._source  # a slot's host for another task, made when the slot first plays it
         self.hosts[task] = self.host = host
         return host
+
+    def _source(self, host: RolloutHost) -> None:
+        """Give `host` the seeds' initial capsules saved under `capsule_dir` (its own task's)."""
+        if self.spec.capsule_dir and host.capsule_source is None:
+            host.capsule_source = lambda key, seed: self._saved_capsule(host.task, seed)
 
     def _host_for(self, item: WorkItem) -> RolloutHost:
         """The host that plays `item`: its task's (built on first use in a `suite:*` run)."""
@@ -213,6 +220,15 @@ class RolloutActor:
         if not item.task:
             raise ValueError(f"{item.episode_id}: a run over several tasks ({self.spec.env}) needs each work "
                              "item's task")
+        if self.spec.slots > 1:  # one slot host for every task: a slot plays any task's item
+            if ANY_TASK not in self.hosts:
+                self.clock.enter(BUILD)
+                try:
+                    built = build_slots(self.spec, task=item.task)
+                finally:
+                    self.clock.enter(None)
+                self._adopt(ANY_TASK, built)
+            return self.hosts[ANY_TASK]
         if item.task not in self.hosts:
             self.clock.enter(BUILD)
             try:
@@ -239,9 +255,9 @@ class RolloutActor:
             self._deadlines = PhaseDeadlines(settings)
         self._deadlines.merge(times)
 
-    def _saved_capsule(self, key: str, seed: int):
-        """A seed's initial capsule saved under `capsule_dir` (by this or another actor), or None."""
-        path = capsule_path(self.spec.capsule_dir, self.host.task, seed)
+    def _saved_capsule(self, task: str, seed: int):
+        """A seed's initial capsule of `task` saved under `capsule_dir` (by this or another actor), or None."""
+        path = capsule_path(self.spec.capsule_dir, task, seed)
         if not path.exists():
             return None
         try:
@@ -285,7 +301,7 @@ class RolloutActor:
         clocks = [self.clock]
         for host in list(self.hosts.values()):
             if isinstance(host, SlotHost):
-                clocks += [host.clock, *(slot.clock for slot in host.hosts)]
+                clocks += [host.clock, *(slot.clock for slot in host.every_host)]
             elif isinstance(getattr(host, "clock", None), PhaseClock):
                 clocks.append(host.clock)
         return clocks
@@ -388,16 +404,16 @@ class RolloutActor:
         self._current = None
         self._groups = list(groups.items())
         for host, ks in groups.items():
-            self.host = host  # what `_saved_capsule` reads a task from
+            self.host = host
             t0 = time.perf_counter()
             jobs = [episode_job(items[k].seed, episode_id=items[k].episode_id, attempt=items[k].attempt,
-                                repeat=items[k].repeat) for k in ks]
+                                repeat=items[k].repeat, task=items[k].task) for k in ks]
             for result in host.play(jobs):
                 item = items[ks[result.index]]
                 if result.error is not None:
                     reports[ks[result.index]] = self._failed(item, result.error)
                 else:
-                    reports[ks[result.index]] = self._report(item, result.value, host.hosts[result.slot])
+                    reports[ks[result.index]] = self._report(item, result.value, result.host)
             wall = time.perf_counter() - t0
             steps = sum(max(reports[k].steps, 1) for k in ks)
             for k in ks:

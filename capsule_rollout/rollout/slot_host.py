@@ -99,6 +99,27 @@ def instances_by_actor(reports: Iterable[Any]) -> dict[str, dict[str, int]]:
             for actor, mine in sorted(hosts.items())}
 
 
+def rows_filled(reports: Iterable[Any]) -> dict[str, float | int] | None:
+    """How full the batched calls of the slot hosts that played `reports` were, over every host (each report
+    carries its host's tallies so far; the latest of each host counts): calls, the share of their rows that
+    served a slot, and the same for the calls made while an item waited for a slot. None: no slot host."""
+    hosts: dict[str, dict] = {}
+    for report in reports:
+        record = getattr(report, "extra", {}).get(ROWS_REPORT)
+        if record is not None and "calls" in record and record["calls"] >= hosts.get(record["host"], {}).get(
+                "calls", -1):
+            hosts[record["host"]] = record
+    if not hosts:
+        return None
+    total = lambda key: sum(r[key] for r in hosts.values())  # noqa: E731
+    rows = lambda key: sum(r[key] * r["slots"] for r in hosts.values())  # noqa: E731
+    return {"hosts": len(hosts), "calls": total("calls"),
+            "rows_filled": total("rows_served") / rows("calls") if total("calls") else 0.0,
+            "calls_with_work_left": total("calls_with_work_left"),
+            "rows_filled_with_work_left": total("rows_with_work_left") / rows("calls_with_work_left")
+            if total("calls_with_work_left") else 0.0}
+
+
 def rows_of(part: Any, n: int, make: Callable[[], Any]) -> Any:
     """`part` for `n` slots: its own `batched(n)` when it has one (and does not say `batches = False`), else
     `LoopRows` over `part` and `n - 1` more
@@ -110,20 +131,27 @@ def rows_of(part: Any, n: int, make: Callable[[], Any]) -> Any:
 
 @dataclass
 class SlotResult:
-    """One finished work item: its index in the work list, the slot that played it and what it gave (the
-    generator's return value, or the exception it raised)."""
+    """One finished work item: its index in the work list, the slot that played it, the slot's host that played
+    it (its task's) and what it gave (the generator's return value, or the exception it raised)."""
 
     index: int
     slot: int
     value: Any = None
     error: BaseException | None = None
+    host: RolloutHost | None = None
 
 
 class SlotHost:
     """N slots (`RolloutHost`s built over the rows' slot components) and the rounds that play work on them."""
 
     def __init__(self, hosts: Sequence[RolloutHost], policy_rows: Any, critic_rows: Any = None,
-                 lanes: TwoLaneContext | None = None, env_threads: int = 1) -> None:
+                 lanes: TwoLaneContext | None = None, env_threads: int = 1,
+                 make_slot: Callable[[int, str], RolloutHost] | None = None, task: str = "") -> None:
+        """`hosts`: slot i's host over row i of the rows. `make_slot(i, task)`: a host for another task over row i
+        (a run over several tasks: a slot plays any task's item, each task's host in a slot made once, when the
+        slot first plays that task, and kept; over `policy_rows.slot(i)`, or for `LoopRows` an instance of its
+        own); None: every job plays the slots' own task. `task`: the name the jobs give the hosts' task (default:
+        their `task`)."""
         if not hosts:
             raise ValueError("a slot host needs at least one slot")
         if policy_rows.rows != len(hosts) or (critic_rows is not None and critic_rows.rows != len(hosts)):
@@ -135,7 +163,11 @@ class SlotHost:
                 raise ValueError(f"slot {i}'s host must act through row {i} of the rows (policy_rows.slot({i}))")
         if env_threads < 1:
             raise ValueError(f"env_threads must be >= 1, got {env_threads}")
-        self.hosts = list(hosts)
+        self.hosts = list(hosts)  # what each slot plays now
+        self.by_task: list[dict[str, RolloutHost]] = [{task or host.task: host} for host in self.hosts]  # each slot's
+        self.playing_task = [task or host.task for host in self.hosts]  # what each slot's host now plays
+        self.make_slot = make_slot
+        self.prepare: Callable[[RolloutHost], None] | None = None  # called on each host `make_slot` makes
         self.policy_rows, self.critic_rows = policy_rows, critic_rows
         self._lock = threading.RLock()
         threads = min(env_threads, len(self.hosts))
@@ -149,6 +181,8 @@ class SlotHost:
         self.store = hosts[0].store
         self.calls = 0  # batched calls made
         self.rows_served = 0  # slots served by them (the batch's fill: rows_served / calls / slots)
+        self.calls_with_work_left = 0  # calls made while an item waited for a slot (none had begun it yet)
+        self.rows_with_work_left = 0  # the slots those calls served (full rows: `slots` each)
         self.on_call: Callable[[list[int]], None] | None = None  # told the active slots of each call (tests)
         self.clock = PhaseClock()  # the batched calls' phase (each slot's host has its own), for a watchdog
         self.playing: dict[int, int] = {}  # slot -> the index of the work it plays now (in `play`'s jobs)
@@ -181,13 +215,62 @@ class SlotHost:
     def env_threads(self) -> int:
         return 1 if self._workers is None else len(self._workers)
 
+    @property
+    def every_host(self) -> list[RolloutHost]:
+        """Every host of every slot (one per task the slot has played), the slots' current ones first."""
+        return [*self.hosts, *(host for i, mine in enumerate(self.by_task) for host in mine.values()
+                               if host is not self.hosts[i])]
+
+    @property
+    def tasks(self) -> list[str]:
+        """The tasks some slot has a host for."""
+        return sorted({task for mine in self.by_task for task in mine})
+
+    def rows_filled(self) -> dict[str, int]:
+        """The batched calls' tallies: calls and the rows they served, and the same for the calls made while an
+        item waited for a slot (before the last items began); `rows_filled` sums them over hosts."""
+        return {"calls": self.calls, "rows_served": self.rows_served,
+                "calls_with_work_left": self.calls_with_work_left, "rows_with_work_left": self.rows_with_work_left}
+
+    def _host_in(self, slot: int, task: str) -> RolloutHost:
+        """Slot `slot`'s host for `task` (made on first use, kept)."""
+        mine = self.by_task[slot]
+        host = mine.get(task)
+        if host is None:
+            if self.make_slot is None:
+                raise ValueError(f"this slot host plays {self.task!r}; an item of task {task!r} needs a host made "
+                                 "over several tasks (build_slots of a `suite:*` spec)")
+            host = self.make_slot(slot, task)
+            if self._workers is not None:
+                host.shared = self._lock
+            if self.prepare is not None:
+                self.prepare(host)
+            mine[task] = host
+        return host
+
+    def _switch(self, slot: int, task: str) -> None:
+        """Slot `slot` plays `task` from now on: its host for it, the slot's rows serving that host (a row's slot
+        component bound to the host's arena; rows of an instance per slot: the host's own instance)."""
+        host = self._host_in(slot, task)
+        for rows, part in ((self.policy_rows, host.policy), (self.critic_rows, host.critic)):
+            if rows is None:
+                continue
+            if isinstance(rows, LoopRows):
+                rows.parts[slot] = part
+            else:
+                host.arena.rebind(part.name)
+        self.hosts[slot] = host
+        self.playing_task[slot] = task
+
     def close(self) -> None:
-        """Close every slot (on its own thread: a GL context is freed where it is current), then the lanes."""
+        """Close every slot's hosts (on the slot's own thread: a GL context is freed where it is current), then
+        the lanes."""
         if self._workers is None:
-            for host in self.hosts:
+            for host in self.every_host:
                 host.close()
         else:
-            closing = [self._workers[i % len(self._workers)].submit(host.close) for i, host in enumerate(self.hosts)]
+            closing = [self._workers[i % len(self._workers)].submit(host.close)
+                       for i, mine in enumerate(self.by_task) for host in mine.values()]
             for done in closing:
                 done.result()
             for worker in self._workers:
@@ -205,11 +288,14 @@ class SlotHost:
         fork(capsule, [self.hosts[i].arena for i in slots])
 
     # -- rounds ---------------------------------------------------------------------------
-    def _call(self, active: list[int]) -> None:
+    def _call(self, active: list[int], work_left: bool = False) -> None:
         if self.on_call is not None:
             self.on_call(list(active))
         self.calls += 1
         self.rows_served += len(active)
+        if work_left:
+            self.calls_with_work_left += 1
+            self.rows_with_work_left += len(active)
         policy, critic = self.policy_rows, self.critic_rows
 
         def policy_lane() -> None:
@@ -230,26 +316,30 @@ class SlotHost:
             self.clock.enter(None)
 
     def play(self, jobs: Iterable[Job]) -> Iterator[SlotResult]:
-        """Play `jobs` on the slots (each a free slot's next work, in order); yields each as it finishes."""
-        queue = enumerate(jobs)
+        """Play `jobs` on the slots (each a free slot's next work, in order); yields each as it finishes. A job
+        with a `task` (`episode_job(..., task=)`) plays on the slot's host for that task."""
+        queue = _Ahead(enumerate(jobs))
         running: dict[int, tuple[int, Generator]] = {}
         waiting: list[int] = []
         finished: list[SlotResult] = []
 
         lock = self._lock
 
-        def advance(slot: int, exc: BaseException | None = None) -> None:
-            """Run the slot's generator to its next request; when its work ends, start the slot's next."""
+        def advance(slot: int, exc: BaseException | None = None, first: bool = False) -> None:
+            """Run the slot's generator to its next request; when its work ends, start the slot's next. `first`:
+            start the slot's first work (on the slot's own thread: a task's env is made there)."""
+            if first and not start(slot):
+                return
             while True:
                 index, steps = running[slot]
                 try:
                     steps.throw(exc) if exc is not None else next(steps)
                 except StopIteration as done:
-                    result = SlotResult(index, slot, value=done.value)
+                    result = SlotResult(index, slot, value=done.value, host=self.hosts[slot])
                     if isinstance(getattr(done.value, "extra", None), dict):
-                        done.value.extra[ROWS_REPORT] = dict(self.report)
+                        done.value.extra[ROWS_REPORT] = {**self.report, **self.rows_filled()}
                 except Exception as error:  # the work failed (a reset that raised): this item, not the others
-                    result = SlotResult(index, slot, error=error)
+                    result = SlotResult(index, slot, error=error, host=self.hosts[slot])
                 else:
                     with lock:
                         waiting.append(slot)
@@ -268,27 +358,35 @@ class SlotHost:
                 if item is None:
                     return False
                 index, job = item
+                task = getattr(job, "task", "")
+                if task and task != self.playing_task[slot]:
+                    try:
+                        self._switch(slot, task)
+                    except Exception as error:  # the task's env cannot be made: this item fails, the slot goes on
+                        finished.append(SlotResult(index, slot, error=error, host=self.hosts[slot]))
+                        return start(slot)
                 running[slot] = (index, job(self.hosts[slot]))
                 self.playing[slot] = index
                 return True
 
-        def advance_all(todo: list[tuple[int, BaseException | None]]) -> None:
+        def advance_all(todo: list[tuple[int, BaseException | None]], first: bool = False) -> None:
             if self._workers is None:
                 for slot, exc in todo:
-                    advance(slot, exc)
+                    advance(slot, exc, first)
                 return
-            pending = [self._workers[slot % len(self._workers)].submit(advance, slot, exc) for slot, exc in todo]
+            pending = [self._workers[slot % len(self._workers)].submit(advance, slot, exc, first)
+                       for slot, exc in todo]
             for future in pending:
                 future.result()
 
-        advance_all([(slot, None) for slot in range(self.slots) if start(slot)])
+        advance_all([(slot, None) for slot in range(self.slots)], first=True)
         yield from sorted(finished, key=lambda r: r.index)
         finished.clear()
         while waiting:
             active = sorted(waiting)
             waiting.clear()
             try:
-                self._call(active)
+                self._call(active, work_left=queue.has_more())
                 error = None
             except Exception as exc:  # the batched call failed: each slot that asked records it
                 error = exc
@@ -324,9 +422,48 @@ class SlotHost:
         return [result.value for result in results]
 
 
-def episode_job(seed: int, *, episode_id: str | None = None, attempt: int = 0, repeat: int = 0) -> Job:
-    """The work of one episode (`RolloutHost.episode_steps`)."""
-    return lambda host: host.episode_steps(seed, episode_id=episode_id, attempt=attempt, repeat=repeat)
+class _Ahead:
+    """An iterator that can tell whether it has more without losing it (the next item is read ahead)."""
+
+    _NONE = object()
+
+    def __init__(self, it: Iterator) -> None:
+        self._it, self._next = it, self._NONE
+
+    def has_more(self) -> bool:
+        if self._next is self._NONE:
+            self._next = next(self._it, None)
+        return self._next is not None
+
+    def __iter__(self) -> _Ahead:
+        return self
+
+    def __next__(self):
+        if not self.has_more():
+            raise StopIteration
+        item, self._next = self._next, self._NONE
+        return item
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """The work of one episode (`RolloutHost.episode_steps`); `task`: the task it plays in a host over several
+    (empty: the slot's own)."""
+
+    seed: int
+    episode_id: str | None = None
+    attempt: int = 0
+    repeat: int = 0
+    task: str = ""
+
+    def __call__(self, host: RolloutHost) -> Generator:
+        return host.episode_steps(self.seed, episode_id=self.episode_id, attempt=self.attempt, repeat=self.repeat)
+
+
+def episode_job(seed: int, *, episode_id: str | None = None, attempt: int = 0, repeat: int = 0,
+                task: str = "") -> Job:
+    """The work of one episode (`RolloutHost.episode_steps`), on the slot's host for `task` when given."""
+    return EpisodeJob(seed, episode_id, attempt, repeat, task)
 
 
 def branch_job(capsule: Capsule, *, seed: int, noise_seed: int | None = None, episode_id: str = "",
