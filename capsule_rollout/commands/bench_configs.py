@@ -388,3 +388,40 @@ class BenchRemotePolicyConfig:
     def __post_init__(self) -> None:
         if self.rounds < 3 or self.threads < 1:
             raise ValueError("--rounds must be >= 3 and --threads >= 1")
+
+
+@command("bench_tasks", "A mix of tasks on slots: `sim_rollout --family all` against one family (the same episode count, "
+                        "actors and slots), rows filled per call, start-up, and steps/s over the env alone.")
+@dataclass(frozen=True)
+class BenchTasksConfig:
+    policy: str = "experiments/checkpoints/policy"
+    """Policy checkpoint."""
+    critic: str = "experiments/checkpoints/critic"
+    """Critic checkpoint."""
+    family: FAMILIES = "pick_place"
+    """The one family the mix is measured against."""
+    actors: int = 2
+    """Ray actors of each run."""
+    slots: int = 4
+    """Env slots per actor."""
+    seeds: int = 32
+    """Seeds of every family in the mix (the one-family run plays 4x as many seeds: the same episode count)."""
+    rounds: int = 2
+    """Paired rounds (the mix and the one family, in turn)."""
+    episodes_per_call: tuple[int, ...] = (0, 64)
+    """The mix's runs also measured with these `--episodes_per_call` (0: the default, 4 per slot)."""
+    startup_rounds: int = 3
+    """Paired rounds of a one-seed run (mostly start-up), this checkout and `--before`'s."""
+    before: str = ""
+    """A checkout of an earlier version (its package directory's parent) whose one-seed runs are timed beside this
+    one's; empty: none."""
+    out: str = "runs/bench/tasks"
+    """Where the runs are written (each run's directory made afresh)."""
+    docs: str = ""
+    """Markdown file whose bench_tasks section is replaced by the results; empty: none."""
+
+    def __post_init__(self) -> None:
+        if min(self.actors, self.slots, self.seeds, self.rounds, self.startup_rounds) < 1:
+            raise ValueError("--actors, --slots, --seeds, --rounds and --startup_rounds must be >= 1")
+        if any(k < 0 for k in self.episodes_per_call):
+            raise ValueError("--episodes_per_call values must be >= 0 (0: the default)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +22,13 @@ from capsule_rollout.commands.configs import SimRolloutConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.experiments.startup import process_age_s, startup_rows
 from capsule_rollout.input_bounds import check_output_dir, check_run
 from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.deadlines import DeadlineSettings
 from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec
-from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
+from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts, start_actors, summarize_run
 from capsule_rollout.rollout.record import OpenedRun, episode_id_of, open_run, run_spec
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.slot_check import check_slots, require_slots
@@ -64,8 +66,11 @@ def _items(config: SimRolloutConfig, legacy: bool) -> list[WorkItem]:
     return [WorkItem(episode_id_of(task, s, legacy=legacy), s) for s in config.seeds.range]
 
 
-def _open_run(config: SimRolloutConfig) -> tuple[Path, OpenedRun, Conditioning]:
-    """Check the inputs, run the preflight (`rollout.preflight`) and open the run's output."""
+def _open_run(config: SimRolloutConfig, before_preflight: Callable[[HostSpec], object] = lambda spec: None,
+              ) -> tuple[Path, OpenedRun, Conditioning]:
+    """Check the inputs, run the preflight (`rollout.preflight`) and open the run's output; `before_preflight`
+    is given the spec once the inputs are checked (Ray starts then and places the actors, while the preflight
+    runs)."""
     with checking_inputs():
         out = parse_store_root(config.out)
         check_output_dir(out)
@@ -82,32 +87,54 @@ def _open_run(config: SimRolloutConfig) -> tuple[Path, OpenedRun, Conditioning]:
                              "--act.noise_scale > 0 (e.g. 1) to retry with fresh noise")
         conditioning = spec.conditioning()
         first = WorkItem("", config.seeds.first, task=FAMILY_NAMES[0] if (config.env or config.family) == ALL else "")
+        before_preflight(spec)
         opened = open_run(out, spec, config.shards, first=first, n_exec_given=config.act.n_exec is not None)
     return out, opened, conditioning
 
 
 def run(config: SimRolloutConfig) -> ExperimentResult:
     console = make_console()
+    began = time.monotonic()
+    since_process = process_age_s()  # what imports and the command line took before this
     task = config.env or config.family
-    out, opened, conditioning = _open_run(config)  # the inputs checked (their sizes too) before anything is built
-    items = _items(config, opened.legacy_ids)
-    spec, store, done, recorder = opened.spec, opened.store, opened.done, opened.recorder
-    for warning in opened.checked.warnings:
-        console.print(f"[yellow]warning[/yellow]: {warning}", markup=True, highlight=False, soft_wrap=True)
-    slot_check = None
-    if config.check_slots:  # before Ray: one item at 1 slot and in the last of N, in this process
-        first = items[0]
-        slot_check = check_slots(spec, spec.slots, seed=first.seed, task=first.task)
-        console.print(slot_check.line(), highlight=False, soft_wrap=True)
-    if done:
-        console.print(f"{len(done)} episodes are already in {store}; running the rest")
-    where = init_ray() if config.actors else "in-process"
+    starting: list[RayStart] = []  # Ray starts on a thread of its own once the inputs are checked
+
+    def start(spec: HostSpec) -> None:
+        """Ray up and the actors placed and built while the preflight runs (sharded: the driver places them)."""
+        if config.actors:
+            starting.append(RayStart(then=None if config.shards else lambda: start_actors(
+                spec, config.actors, cpus_per_actor=config.cpus_per_actor, gpus_per_actor=config.gpus_per_actor)))
+
+    try:
+        # the inputs checked (their sizes too) before anything is built; the preflight runs while Ray starts
+        out, opened, conditioning = _open_run(config, start)
+        prepared = time.monotonic()
+        items = _items(config, opened.legacy_ids)
+        spec, store, done, recorder = opened.spec, opened.store, opened.done, opened.recorder
+        for warning in opened.checked.warnings:
+            console.print(f"[yellow]warning[/yellow]: {warning}", markup=True, highlight=False, soft_wrap=True)
+        slot_check = None
+        if config.check_slots:  # before the actors: one item at 1 slot and in the last of N, in this process
+            first = items[0]
+            slot_check = check_slots(spec, spec.slots, seed=first.seed, task=first.task)
+            console.print(slot_check.line(), highlight=False, soft_wrap=True)
+        if done:
+            console.print(f"{len(done)} episodes are already in {store}; running the rest")
+        where = starting[0].wait() if starting else "in-process"
+    except BaseException:
+        if starting:
+            starting[0].stop()
+        raise
+    ray_up = time.monotonic()
     bar = tqdm(total=len(items) * config.repeats, desc=f"sim_rollout {task}", unit="ep",
                disable=not config.progress)
     steps_total = [0]
+    first_report: list[float] = []
     t0 = time.perf_counter()
 
     def on_report(report, stats) -> None:
+        if not first_report:
+            first_report.append(time.monotonic())
         if report.episode is not None:
             steps_total[0] += report.episode.meta.length
         elapsed = time.perf_counter() - t0
@@ -122,42 +149,56 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                                       attempts=config.attempts, episode_timeout_s=config.episode_timeout_s,
                                       done=done, on_report=on_report, episodes_per_call=config.episodes_per_call,
                                       deadlines=DeadlineSettings(floor_s=config.deadline_floor_s,
-                                                                 first_call_s=config.first_call_s))
+                                                                 first_call_s=config.first_call_s),
+                                      started=starting[0].actors if starting else None)
+        ended = time.monotonic()
         orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0  # ignored by readers
     finally:
         bar.close()
         recorder.close()
-        if config.actors:
-            shutdown_ray(where)
-    wall = time.perf_counter() - t0
-    episodes = [r.episode for r in reports if r.episode is not None]
-    summary = {**summarize_run(reports, stats), "advantage": conditioning.advantage, "beta": conditioning.beta,
-               "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
-               "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors,
-               "slots": spec.slots, "wall_s": wall,
-               "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where,
-               "instances_by_actor": instances_by_actor(reports),
-               "slot_check": None if slot_check is None else slot_check.summary()}
-    if episodes:
-        summary["plot"] = str(_plot(episodes, out / "rollout.png"))
-        if config.video:
-            summary["video"] = str(_video(episodes, out / "episode.gif", store))
-    _table(console, summary)
-    lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded (each says why)
-    errored = [r for r in reports if r.errored]  # lost, or recorded with stop reason `error`
-    if stats.gave_up:
-        console.print(f"[red]gave up[/red]: {stats.gave_up}; {len(lost)} of {len(reports)} episodes lost (each "
-                      "with its reason in --json; a resumed run plays them)", markup=True, highlight=False, soft_wrap=True)
-        if stats.gave_up_traceback:
-            console.print(stats.gave_up_traceback, markup=False, highlight=False, soft_wrap=True)
-    elif errored:
-        first = summary["first_error"]
-        console.print(f"[red]{len(errored)} of {len(reports)} episodes ended in errors[/red] ({len(lost)} lost, "
-                      f"{len(errored) - len(lost)} recorded with stop reason error); the first "
-                      f"({first['episode_id']}): {first['error']}", markup=True, highlight=False, soft_wrap=True)
-        if first["traceback"]:
-            console.print(first["traceback"], markup=False, highlight=False, soft_wrap=True)
-    return ExperimentResult(summary, exit_code=1 if errored or stats.gave_up else 0)
+        if starting:
+            starting[0].stop(wait=False)
+    try:  # Ray shuts down on its thread meanwhile
+        startup = {"before_command_s": since_process, "preflight_s": prepared - began,
+                   "ray_s": starting[0].seconds if starting else 0.0, "to_ray_up_s": ray_up - began,
+                   "to_actors_ready_s": None if stats.ready_at is None else stats.ready_at - began,
+                   "to_first_episode_s": first_report[0] - began if first_report else None}
+        wall = time.perf_counter() - t0
+        episodes = [r.episode for r in reports if r.episode is not None]
+        summary = {**summarize_run(reports, stats), "advantage": conditioning.advantage, "beta": conditioning.beta,
+                   "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
+                   "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors,
+                   "slots": spec.slots, "wall_s": wall, "startup": startup,
+                   # from the first actor ready to the last episode back: the rate once started
+                   "steps_per_s_started": steps_total[0] / (ended - stats.ready_at)
+                   if stats.ready_at is not None and ended > stats.ready_at else None,
+                   "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where,
+                   "instances_by_actor": instances_by_actor(reports),
+                   "slot_check": None if slot_check is None else slot_check.summary()}
+        if episodes:
+            summary["plot"] = str(_plot(episodes, out / "rollout.png"))
+            if config.video:
+                summary["video"] = str(_video(episodes, out / "episode.gif", store))
+        _table(console, summary)
+        lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded (each says why)
+        errored = [r for r in reports if r.errored]  # lost, or recorded with stop reason `error`
+        if stats.gave_up:
+            console.print(f"[red]gave up[/red]: {stats.gave_up}; {len(lost)} of {len(reports)} episodes lost (each "
+                          "with its reason in --json; a resumed run plays them)", markup=True, highlight=False,
+                          soft_wrap=True)
+            if stats.gave_up_traceback:
+                console.print(stats.gave_up_traceback, markup=False, highlight=False, soft_wrap=True)
+        elif errored:
+            first = summary["first_error"]
+            console.print(f"[red]{len(errored)} of {len(reports)} episodes ended in errors[/red] ({len(lost)} lost, "
+                          f"{len(errored) - len(lost)} recorded with stop reason error); the first "
+                          f"({first['episode_id']}): {first['error']}", markup=True, highlight=False, soft_wrap=True)
+            if first["traceback"]:
+                console.print(first["traceback"], markup=False, highlight=False, soft_wrap=True)
+        return ExperimentResult(summary, exit_code=1 if errored or stats.gave_up else 0)
+    finally:
+        if starting:
+            starting[0].stop()
 
 
 def _table(console, s: dict) -> None:
@@ -179,6 +220,10 @@ def _table(console, s: dict) -> None:
         ("env slots per actor (episodes side by side, batched policy and critic)", s["slots"]),
         *((f"  actor {a}: policy / critic instances", f"{n['policy']} / {n['critic']}")
           for a, n in s["instances_by_actor"].items()),
+        *((("rows filled per batched call, all calls / while an item waited for a slot",
+            f"{r['rows_filled']:.0%} / {r['rows_filled_with_work_left']:.0%} ({r['calls']} calls)"),)
+          if (r := s["rows"]) else ()),
+        *startup_rows(s["startup"]),
         ("control Hz per " + ("slot" if s["slots"] > 1 else "actor") + " (median episode)",
          f"{s['control_hz_per_actor_median']:.0f}"
          if s["control_hz_per_actor_median"] is not None else "-"),

@@ -45,12 +45,53 @@ class _Call:
     items: list[WorkItem]
     deadline: float | None  # time.monotonic() past which the actor is killed (None: never)
     seconds: float | None
+    generation: int = 0  # of the actor's process when handed out (a restart makes its other calls stale)
+
+
+def calls_in_flight(spec: HostSpec, actor_cls: type[RolloutActor]) -> int:
+    """Calls an actor holds at once: 2 for an actor of slots whose calls play side by side (the second call's
+    items fill the slots the first call's last items leave free: `rollout.slot_calls`), else 1."""
+    return 2 if spec.slots > 1 and actor_cls.side_by_side else 1
 
 
 def _first_line(exc: BaseException, limit: int = 200) -> str:
     text = str(exc).strip().splitlines()
     line = f"{type(exc).__name__}: {text[0] if text else ''}"
     return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def place_actors(spec: HostSpec, actors: int, *, actor_cls: type[RolloutActor] = RolloutActor,
+                 cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, shard_root: str = "") -> list:
+    """`actors` actor handles of `actor_cls` for `spec` (Ray places and builds them meanwhile)."""
+    # SPREAD: on a cluster the actors go to as many nodes as can take them (the default packs the driver's
+    # node first); on one node it changes nothing. Ray restarts an actor however often it dies: the driver
+    # counts the crashes (`max_restarts`), a kill for a hang is no crash
+    remote = ray.remote(actor_cls).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor, max_restarts=-1,
+                                           max_task_retries=0, scheduling_strategy="SPREAD",
+                                           max_concurrency=calls_in_flight(spec, actor_cls))
+    key = signing_key()  # the actors sign and check the run's capsules with the driver's key
+    return [remote.remote(spec, i, shard_root=shard_root, capsule_key=key) for i in range(actors)]
+
+
+@dataclass
+class StartedActors:
+    """Actors placed before `run_rollouts` (`place_actors`: built while the caller prepares), and for what."""
+
+    handles: list
+    spec: HostSpec
+    actor_cls: type
+    cpus_per_actor: float
+    gpus_per_actor: float
+    shard_root: str
+
+    def fits(self, spec: HostSpec, actors: int, actor_cls: type, cpus: float, gpus: float, shard_root: str) -> bool:
+        """Whether these are the actors a run of `spec` would place."""
+        return (self.spec, len(self.handles), self.actor_cls, self.cpus_per_actor, self.gpus_per_actor,
+                self.shard_root) == (spec, actors, actor_cls, cpus, gpus, shard_root)
+
+    def kill(self) -> None:
+        for actor in self.handles:
+            ray.kill(actor, no_restart=True)
 
 
 class RayDriver:
@@ -60,20 +101,23 @@ class RayDriver:
                  actor_cls: type[RolloutActor], cpus_per_actor: float, gpus_per_actor: float, max_restarts: int,
                  max_attempts: int, deadlines: CallDeadlines | FixedDeadlines, settings: DeadlineSettings,
                  placement_timeout_s: float, on_report: Callable[[ActorReport, DriverStats], None] | None,
-                 episodes_per_call: int) -> None:
+                 episodes_per_call: int, started: StartedActors | None = None) -> None:
         self.spec, self.plan, self.recorder, self.on_report = spec, plan, recorder, on_report
         self.actors, self.max_restarts, self.max_attempts = actors, max_restarts, max_attempts
         self.deadlines, self.settings = deadlines, settings
         self.placement_timeout_s, self.per_call = placement_timeout_s, episodes_per_call
         self.cpus, self.gpus = cpus_per_actor, gpus_per_actor
-        # SPREAD: on a cluster the actors go to as many nodes as can take them (the default packs the driver's
-        # node first); on one node it changes nothing. Ray restarts an actor however often it dies: this driver
-        # counts the crashes (`max_restarts`), a kill for a hang is no crash
-        remote = ray.remote(actor_cls).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor, max_restarts=-1,
-                                               max_task_retries=0, scheduling_strategy="SPREAD")
-        key = signing_key()  # the actors sign and check the run's capsules with the driver's key
-        self.pool = [remote.remote(spec, i, shard_root=shard_root, capsule_key=key) for i in range(actors)]
-        self.idle: deque[int] = deque()
+        if started is not None and started.fits(spec, actors, actor_cls, cpus_per_actor, gpus_per_actor, shard_root):
+            self.pool = started.handles  # placed and built while the caller prepared the run
+        else:
+            if started is not None:  # placed for another spec (the preflight resolved what was left open)
+                started.kill()
+            self.pool = place_actors(spec, actors, actor_cls=actor_cls, cpus_per_actor=cpus_per_actor,
+                                     gpus_per_actor=gpus_per_actor, shard_root=shard_root)
+        self.depth = calls_in_flight(spec, actor_cls)
+        self.idle: deque[int] = deque()  # an actor's index once per call it can take now
+        self.generation: Counter[int] = Counter()  # of each actor's process, as this driver knows it
+        self.draining: dict[int, int] = {}  # actor whose call hung, waiting for its other calls -> its process id
         self.in_flight: dict = {}  # object ref -> _Call
         self.probes: dict = {actor.ready.remote(): i for i, actor in enumerate(self.pool)}  # placed and built?
         self.alive = set(range(actors))
@@ -118,17 +162,20 @@ class RayDriver:
         plan, spec = self.plan, self.spec
         while plan and self.idle:
             index = self.idle.popleft()
-            # slots: share what is left among the actors rather than fill one actor's call with all of it
-            share = max(spec.slots, -(-len(plan) // self.actors)) if spec.slots > 1 else self.per_call
+            # slots: share what is left among the actors' calls rather than fill one call with all of it
+            share = max(spec.slots, -(-len(plan) // (self.actors * self.depth))) if spec.slots > 1 else self.per_call
             batch = [plan.take(index) for _ in range(min(self.per_call, share, len(plan)))]
-            seconds = self.deadlines.call_s(batch, first_call=index not in self.warm)
+            # a call behind another on the same actor ends after both: its deadline counts the items ahead of it
+            ahead = [item for call in self.in_flight.values() if call.index == index for item in call.items]
+            seconds = self.deadlines.call_s(ahead + batch, first_call=index not in self.warm)
             self.stats.episode_deadline_s = None if seconds is None else seconds / len(batch)
             actor = self.pool[index]
             if self.deadlines.watches_phases and self.sent.get(index) != self.version:
                 actor.watch.remote(self.settings, self.deadlines.phases.snapshot())  # runs before the call
                 self.sent[index] = self.version
             deadline = None if seconds is None else time.monotonic() + seconds
-            self.in_flight[actor.run_batch.remote(batch)] = _Call(index, batch, deadline, seconds)
+            self.in_flight[actor.run_batch.remote(batch)] = _Call(index, batch, deadline, seconds,
+                                                                 self.generation[index])
 
     def _wait(self) -> float | None:
         """Seconds until the next deadline (a call's, or placement's while no actor is placed)."""
@@ -147,9 +194,10 @@ class RayDriver:
             return
         for ref, call in list(self.in_flight.items()):
             if call.deadline is not None and now >= call.deadline and ref not in self.timed_out:
-                self.timed_out.add(ref)
+                # every call it holds fails with it, each told as killed at a deadline (not a crash)
+                self.timed_out.update(r for r, c in self.in_flight.items() if c.index == call.index)
                 self.stats.timeouts += 1
-                ray.kill(self.pool[call.index], no_restart=False)  # Ray restarts it; the pending call then fails
+                ray.kill(self.pool[call.index], no_restart=False)  # Ray restarts it; the pending calls then fail
 
     # -- what comes back ---------------------------------------------------------------------
     def _probed(self, ref) -> None:
@@ -184,9 +232,12 @@ class RayDriver:
             self.probes[self.pool[index].ready.remote()] = index
             return
         self.killed.pop(index, None)
+        if self.stats.ready_at is None:
+            self.stats.ready_at = time.monotonic()
         self.placed.add(index)
         self.stats.actors_placed = len(self.placed)
-        self.idle.append(index)
+        self._not_idle(index)
+        self.idle.extend([index] * self.depth)
 
     def _returned(self, ref) -> None:
         call = self.in_flight.pop(ref)
@@ -199,13 +250,16 @@ class RayDriver:
             self._died(call, exc, killed=ref in self.timed_out)
             return
         hung = any(r.hang is not None for r in got)
+        current = call.generation == self.generation[call.index]  # else its process was given up on since
         if self.deadlines.learn(got, rate=call.index in self.warm and not hung):
             self.version += 1
-        if hung:  # its play thread is stuck: a fresh process (Ray restarts it; no crash)
-            self.stats.timeouts += 1
+        if hung and current:  # its play thread is stuck: a fresh process (Ray restarts it; no crash), once the
+            self.stats.timeouts += 1  # other calls it holds are back (each returns at once: it sees the hang too)
             self.stats.actor_failures += 1
-            self._restart(call.index, kill=got[0].actor_pid)
-        else:
+            self.generation[call.index] += 1
+            self._not_idle(call.index)
+            self.draining[call.index] = got[0].actor_pid
+        elif current:
             self.idle.append(call.index)
             self.warm.add(call.index)
         played = [r for r in got if r.hang is None and not r.unplayed]
@@ -222,16 +276,35 @@ class RayDriver:
                 self.stats.follow_ups += self.plan.follow(item, succeeded(report), call.index)
                 self._report(report)
         self._again(again)
+        self._drained(call.index)
+
+    def _drained(self, index: int) -> None:
+        """An actor whose call hung: killed and restarted once it holds no other call."""
+        if index in self.draining and not any(c.index == index for c in self.in_flight.values()):
+            self._restart(index, kill=self.draining.pop(index))
+
+    def _not_idle(self, index: int) -> None:
+        self.idle = deque(i for i in self.idle if i != index)
 
     def _died(self, call: _Call, exc: BaseException, killed: bool) -> None:
-        """An actor died holding `call`: each of its items charged a try (which one did it is not known)."""
-        self.stats.actor_failures += 1
+        """An actor died holding `call`: each of its items charged a try (which one did it is not known). The
+        other calls it held fail too: their items are charged, the death counted once."""
+        current = call.generation == self.generation[call.index]
         if killed:
             why = f"no answer within the call's {call.seconds:.0f} s deadline (the actor was killed)"
         else:
             why = f"its actor died: {_first_line(exc)}"
-            self.crashes[call.index] += 1
         self._again([item for item in call.items if self._failed(item, why)])
+        if not current:  # its death (or hang) was handled with an earlier call's
+            if call.index in self.draining:  # it died before it was killed for its hang: restart it as it is
+                self.draining.pop(call.index)
+                self._restart(call.index)
+            return
+        self.stats.actor_failures += 1
+        if not killed:
+            self.crashes[call.index] += 1
+        self.generation[call.index] += 1
+        self._not_idle(call.index)
         if self.crashes[call.index] > self.max_restarts:
             self._drop(call.index, why)
         else:
@@ -239,6 +312,7 @@ class RayDriver:
 
     def _restart(self, index: int, kill: int | None = None) -> None:
         """Probe actor `index` until Ray has restarted it; `kill`: the process id to kill first (a hung one)."""
+        self._not_idle(index)
         self.warm.discard(index)
         self.sent.pop(index, None)  # a fresh process knows no deadlines
         if kill is not None:
@@ -249,6 +323,7 @@ class RayDriver:
     def _drop(self, index: int, why: str) -> None:
         """An actor out of restarts: gone for this run."""
         ray.kill(self.pool[index], no_restart=True)
+        self._not_idle(index)
         self.alive.discard(index)
         self.warm.discard(index)
         if not self.alive:

@@ -29,9 +29,11 @@ if this process dies without `shutdown_ray` (even by SIGKILL: `rollout.ray_watch
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -41,7 +43,7 @@ import ray
 
 from capsule_rollout.rollout.deadlines import DeadlineSettings, call_deadlines
 from capsule_rollout.rollout.host_factory import HostSpec
-from capsule_rollout.rollout.ray_driver import RayDriver
+from capsule_rollout.rollout.ray_driver import RayDriver, StartedActors, place_actors
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.slot_host import rows_filled
@@ -55,8 +57,8 @@ from capsule_rollout.rollout.work_plan import (
 )
 from capsule_rollout.stores.sharded_store import ShardedStore
 
-__all__ = ["DriverStats", "actor_throughput", "first_error", "init_ray", "run_rollouts", "shutdown_ray",
-           "summarize_run"]
+__all__ = ["DriverStats", "RayStart", "StartedActors", "actor_throughput", "first_error", "init_ray",
+           "run_rollouts", "shutdown_ray", "start_actors", "summarize_run"]
 
 SLOT_ITEMS = 4
 """Items per slot in one call to an actor of several slots: enough that the slots stay busy while the call's
@@ -101,6 +103,77 @@ def shutdown_ray(where: str) -> None:
             _watchdog = None
 
 
+class _QuietSigterm(logging.Filter):
+    """Ray's warning that a driver started off the main thread sets no SIGTERM handler (`RayStart`'s: a driver
+    that dies is the watchdog's to clean up after, `rollout.ray_watchdog`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+class RayStart:
+    """`init_ray` on a thread of its own, started now, while this thread prepares the run (the preflight builds
+    the env, policy and critic meanwhile); `wait()` gives `init_ray`'s answer once Ray is up, `stop()` shuts it
+    down. The thread owns Ray until `stop`: Ray ties its local processes to the thread that started them (their
+    parent-death signal), so that thread lives as long as the run."""
+
+    def __init__(self, num_cpus: int | None = None, *, then: Callable[[], StartedActors] | None = None) -> None:
+        """`then`: called on the thread once Ray is up (`start_actors`: the actors placed and built meanwhile too);
+        what it gives is `actors`, for `run_rollouts(started=)`."""
+        self.seconds = 0.0  # what Ray took to start
+        self.actors: StartedActors | None = None
+        self._then = then
+        self._up, self._stop = threading.Event(), threading.Event()
+        self._where, self._error = "", None
+        self._thread = threading.Thread(target=self._own, args=(num_cpus,), name="ray-start", daemon=True)
+        self._thread.start()
+
+    def _own(self, num_cpus: int | None) -> None:
+        t0 = time.perf_counter()
+        quiet = _QuietSigterm()
+        logging.getLogger("ray").addFilter(quiet)
+        try:
+            self._where = init_ray(num_cpus)
+        except BaseException as exc:  # told by `wait`
+            self._error = exc
+            self._up.set()
+            return
+        finally:
+            logging.getLogger("ray").removeFilter(quiet)
+            self.seconds = time.perf_counter() - t0
+        try:
+            self.actors = self._then() if self._then is not None else None
+        except Exception:  # placing them ahead is an optimisation: the driver places its own
+            self.actors = None
+        self._up.set()
+        self._stop.wait()
+        shutdown_ray(self._where)
+
+    def wait(self) -> str:
+        """Block until Ray is up: where it runs (`init_ray`'s answer); its error if it could not start."""
+        self._up.wait()
+        if self._error is not None:
+            raise self._error
+        return self._where
+
+    def stop(self, wait: bool = True) -> None:
+        """Shut down the Ray this started (a joined cluster is left running), once it is up; `wait=False`: on its
+        thread while this one goes on (a later `stop()` waits for it)."""
+        self._up.wait()
+        self._stop.set()
+        if wait:
+            self._thread.join()
+
+
+def start_actors(spec: HostSpec, actors: int, *, actor_cls: type[RolloutActor] = RolloutActor,
+                 cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, shard_root: str = "") -> StartedActors:
+    """Place a run's actors now (Ray builds their hosts while the caller goes on preparing); `run_rollouts(...,
+    started=)` plays on them when they fit its spec and options, else it kills them and places its own."""
+    return StartedActors(place_actors(spec, actors, actor_cls=actor_cls, cpus_per_actor=cpus_per_actor,
+                                      gpus_per_actor=gpus_per_actor, shard_root=shard_root),
+                         spec, actor_cls, cpus_per_actor, gpus_per_actor, shard_root)
+
+
 def run_rollouts(
     spec: HostSpec,
     items: Iterable[WorkItem],
@@ -121,6 +194,7 @@ def run_rollouts(
     actor_cls: type[RolloutActor] = RolloutActor,
     episodes_per_call: int = 1,
     deadlines: DeadlineSettings = DeadlineSettings(),
+    started: StartedActors | None = None,
 ) -> tuple[list[ActorReport], DriverStats]:
     """Play every item on `actors` Ray actors (0: in this process); episodes go to `recorder` once.
 
@@ -146,6 +220,10 @@ def run_rollouts(
     handed out again). More than 1 spreads Ray's per-call cost in the driver over several episodes: for
     short episodes and many actors. With `spec.slots` > 1 a call hands an actor at least `SLOT_ITEMS` items per
     slot (they play side by side; a slot that finishes takes the call's next item).
+
+    `started`: actors placed ahead (`start_actors`, built while the caller prepared); used when they are the
+    ones this run would place, else killed. Actors left unused (`actors=0`, or a run refused before) are the
+    caller's to kill.
     """
     if actors < 0:
         raise ValueError(f"actors must be >= 0, got {actors}")
@@ -175,13 +253,13 @@ def run_rollouts(
                        cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, max_restarts=max_restarts,
                        max_attempts=max_attempts, deadlines=call_deadlines(episode_timeout_s, deadlines),
                        settings=deadlines, placement_timeout_s=placement_timeout_s, on_report=on_report,
-                       episodes_per_call=episodes_per_call)
+                       episodes_per_call=episodes_per_call, started=started)
     return driver.run()
 
 
 def _run_local(spec, plan: WorkPlan, recorder, host, on_report, shard_root, actor_cls, per_call: int):
     actor = actor_cls(spec, host=host, shard_root=shard_root)
-    stats, reports = DriverStats(actors_placed=1), []
+    stats, reports = DriverStats(actors_placed=1, ready_at=time.monotonic()), []
     try:
         while plan:
             batch = [plan.take(0) for _ in range(min(per_call, len(plan)))]

@@ -43,7 +43,8 @@ from capsule_rollout.rollout.host_factory import (
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.phase_clock import BUILD, WRITE, Hang, PhaseClock, Times, combined_times
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.slot_host import SlotHost, episode_job
+from capsule_rollout.rollout.slot_calls import WATCH_POLL_S, SlotCalls
+from capsule_rollout.rollout.slot_host import SlotHost
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.shard_manifest import ManifestEntry
@@ -56,8 +57,6 @@ if TYPE_CHECKING:  # it imports this module
 CUDA_FATAL: tuple[type[BaseException], ...] = (torch.AcceleratorError,)
 """What torch (>= 2.8, the project's floor) raises when the CUDA context is dead (an illegal access, a
 device-side assert, a failed launch): the process cannot go on."""
-WATCH_POLL_S = 0.25
-"""How often a watched call looks at its phase clocks (a hang is found at most this much after its deadline)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ def _is_cuda_fatal(exc: BaseException | None) -> bool:
     return False
 
 
-class RolloutActor:
+class RolloutActor(SlotCalls):
     """One rollout host in its own process (or in this one); `run(item)` plays one episode."""
 
     side_by_side = True
@@ -162,8 +161,7 @@ class RolloutActor:
         self._player = ThreadPoolExecutor(1, thread_name_prefix="rollout-play") if _in_ray_actor() else None
         self._current: int | None = None  # the index in the call of the item played (or its host built) now
         self._done: dict[int, ActorReport] = {}  # the call's items played so far
-        self._groups: list[tuple[SlotHost, list[int]]] = []  # side by side: each host and its items' indices
-        self._side_by_side_now = False
+        self._init_slot_calls()  # with slots: every call's items played from one feed (`rollout.slot_calls`)
         self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         self._shard: ShardWriter | None = None
         if spec.pin_cores and hasattr(os, "sched_setaffinity"):
@@ -274,6 +272,8 @@ class RolloutActor:
         this actor's shard in one commit (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`).
         The reports come back in the items' order. Watched (`watch`), a phase past its deadline ends the call:
         the hung item's report says where (`hang`), the items not played are marked `unplayed`."""
+        if self.spec.slots > 1 and self.side_by_side:
+            return self._run_slot_call(items)
         if self._player is None:
             return self._play_batch(items)
         if self._deadlines is None:
@@ -288,9 +288,8 @@ class RolloutActor:
                     return self._hung(items, *found)
 
     def _play_batch(self, items: list[WorkItem]) -> list[ActorReport]:
-        self._done, self._groups, self._current = {}, [], None
-        self._side_by_side_now = self.spec.slots > 1 and self.side_by_side
-        reports = self._play_slots(items) if self._side_by_side_now else self._play_each(items)
+        self._done, self._current = {}, None
+        reports = self._play_each(items)
         self._current = None
         self._write_shard(reports)
         self._learned(reports)
@@ -356,18 +355,9 @@ class RolloutActor:
         return reports
 
     def _hung_items(self, clock: PhaseClock, n: int) -> list[int]:
-        """The indices in the call of the items a hung `clock` was playing."""
-        if clock is self.clock or not self._side_by_side_now:  # building a host, or one item after another
-            current = self._current
-            return [current] if current is not None else list(range(n))  # none: the shard write, all of them
-        for host, ks in self._groups:
-            playing = dict(host.playing)
-            if clock is host.clock:  # a batched call: every item it serves, and the others wait for it
-                return [ks[j] for j in playing.values()]
-            for slot, slot_host in enumerate(host.hosts):
-                if clock is slot_host.clock:
-                    return [ks[playing[slot]]] if slot in playing else []
-        return []
+        """The indices in the call of the items a hung `clock` was playing (one item after another)."""
+        current = self._current
+        return [current] if current is not None else list(range(n))  # none: the shard write, all of them
 
     def _lost(self, item: WorkItem, error: str, frames: str = "") -> ActorReport:
         return ActorReport(None, "failed", 0.0, 0.0, error, os.getpid(), item, {}, self.index, node=self.node,
@@ -389,37 +379,6 @@ class RolloutActor:
             reports.append(report)
             self._done[k] = report
         return reports
-
-    def _play_slots(self, items: list[WorkItem]) -> list[ActorReport]:
-        """The items on the slots of their task's host, side by side (a task's items in one `play`). An item's
-        `busy_s` is its share, by steps, of the wall time its task's items took together."""
-        reports = self._done  # filled as items finish (what a watched call that hangs returns)
-        groups: dict[SlotHost, list[int]] = {}  # each task's host: the indices of its items
-        for k, item in enumerate(items):
-            self._current = k
-            try:
-                groups.setdefault(self._host_for(item), []).append(k)
-            except Exception as exc:  # a host that cannot be built: this episode failed, the actor goes on
-                reports[k] = self._failed(item, exc)
-        self._current = None
-        self._groups = list(groups.items())
-        for host, ks in groups.items():
-            self.host = host
-            t0 = time.perf_counter()
-            jobs = [episode_job(items[k].seed, episode_id=items[k].episode_id, attempt=items[k].attempt,
-                                repeat=items[k].repeat, task=items[k].task) for k in ks]
-            for result in host.play(jobs):
-                item = items[ks[result.index]]
-                if result.error is not None:
-                    reports[ks[result.index]] = self._failed(item, result.error)
-                else:
-                    reports[ks[result.index]] = self._report(item, result.value, result.host)
-            wall = time.perf_counter() - t0
-            steps = sum(max(reports[k].steps, 1) for k in ks)
-            for k in ks:
-                reports[k].busy_s = wall * max(reports[k].steps, 1) / steps
-                reports[k].step_limit = host.step_limit
-        return [reports[k] for k in range(len(items))]
 
     def _failed(self, item: WorkItem, exc: BaseException) -> ActorReport:
         if _is_cuda_fatal(exc):

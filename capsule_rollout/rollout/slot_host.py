@@ -24,8 +24,10 @@ plays which item then depends on timing; what each item plays does not.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -113,7 +115,7 @@ def rows_filled(reports: Iterable[Any]) -> dict[str, float | int] | None:
         return None
     total = lambda key: sum(r[key] for r in hosts.values())  # noqa: E731
     rows = lambda key: sum(r[key] * r["slots"] for r in hosts.values())  # noqa: E731
-    return {"hosts": len(hosts), "calls": total("calls"),
+    return {"hosts": len(hosts), "calls": total("calls"), "call_s": total("call_s"),
             "rows_filled": total("rows_served") / rows("calls") if total("calls") else 0.0,
             "calls_with_work_left": total("calls_with_work_left"),
             "rows_filled_with_work_left": total("rows_with_work_left") / rows("calls_with_work_left")
@@ -139,6 +141,7 @@ class SlotResult:
     value: Any = None
     error: BaseException | None = None
     host: RolloutHost | None = None
+    busy_s: float = 0.0  # its share of the wall time of the rounds it was played in (split among the works of each)
 
 
 class SlotHost:
@@ -183,6 +186,7 @@ class SlotHost:
         self.rows_served = 0  # slots served by them (the batch's fill: rows_served / calls / slots)
         self.calls_with_work_left = 0  # calls made while an item waited for a slot (none had begun it yet)
         self.rows_with_work_left = 0  # the slots those calls served (full rows: `slots` each)
+        self.call_s = 0.0  # seconds in the batched calls (the policy's and critic's share of the host's time)
         self.on_call: Callable[[list[int]], None] | None = None  # told the active slots of each call (tests)
         self.clock = PhaseClock()  # the batched calls' phase (each slot's host has its own), for a watchdog
         self.playing: dict[int, int] = {}  # slot -> the index of the work it plays now (in `play`'s jobs)
@@ -229,7 +233,7 @@ class SlotHost:
     def rows_filled(self) -> dict[str, int]:
         """The batched calls' tallies: calls and the rows they served, and the same for the calls made while an
         item waited for a slot (before the last items began); `rows_filled` sums them over hosts."""
-        return {"calls": self.calls, "rows_served": self.rows_served,
+        return {"calls": self.calls, "rows_served": self.rows_served, "call_s": self.call_s,
                 "calls_with_work_left": self.calls_with_work_left, "rows_with_work_left": self.rows_with_work_left}
 
     def _host_in(self, slot: int, task: str) -> RolloutHost:
@@ -305,6 +309,7 @@ class SlotHost:
             self._values = critic.evaluate_rows(active)
 
         self.clock.enter(CHUNK)
+        t0 = time.perf_counter()
         try:
             if critic is None:
                 policy_lane()
@@ -313,12 +318,15 @@ class SlotHost:
             else:
                 self.lanes.serial(policy_lane, critic_lane)
         finally:
+            self.call_s += time.perf_counter() - t0
             self.clock.enter(None)
 
-    def play(self, jobs: Iterable[Job]) -> Iterator[SlotResult]:
+    def play(self, jobs: Iterable[Job] | Feed) -> Iterator[SlotResult]:
         """Play `jobs` on the slots (each a free slot's next work, in order); yields each as it finishes. A job
-        with a `task` (`episode_job(..., task=)`) plays on the slot's host for that task."""
-        queue = _Ahead(enumerate(jobs))
+        with a `task` (`episode_job(..., task=)`) plays on the slot's host for that task. A `Feed` may be given
+        more work while it plays: a slot left free takes it at the next round, and the play ends once every slot
+        is free and the feed is empty (`Feed.finish`)."""
+        queue = jobs if isinstance(jobs, Feed) else _Ahead(enumerate(jobs))
         running: dict[int, tuple[int, Generator]] = {}
         waiting: list[int] = []
         finished: list[SlotResult] = []
@@ -379,12 +387,41 @@ class SlotHost:
             for future in pending:
                 future.result()
 
-        advance_all([(slot, None) for slot in range(self.slots)], first=True)
-        yield from sorted(finished, key=lambda r: r.index)
-        finished.clear()
-        while waiting:
+        busy: dict[int, float] = {}  # each work's share of the rounds' wall time so far
+        touched: set[int] = set()  # the works a slot held during this round
+        clock = [time.perf_counter()]
+
+        def results() -> list[SlotResult]:
+            """The round's finished work, each with its share of the rounds' wall time (split among the works the
+            slots held in each round)."""
+            now = time.perf_counter()
+            touched.update(index for index, _ in running.values())
+            touched.update(r.index for r in finished)
+            for index in touched:
+                busy[index] = busy.get(index, 0.0) + (now - clock[0]) / len(touched)
+            clock[0] = now
+            touched.clear()
+            done = sorted(finished, key=lambda r: r.index)
+            finished.clear()
+            for result in done:
+                result.busy_s = busy.pop(result.index, 0.0)
+            return done
+
+        def idle() -> list[tuple[int, None]]:
+            return [(slot, None) for slot in range(self.slots) if slot not in running]
+
+        advance_all(idle(), first=True)
+        yield from results()
+        while True:
+            if queue.has_more() and len(running) < self.slots:  # work came (a feed): free slots join this round
+                advance_all(idle(), first=True)
+            if not waiting:
+                if running or not queue.finish():  # more work came meanwhile: start it
+                    continue
+                break
             active = sorted(waiting)
             waiting.clear()
+            touched.update(running[slot][0] for slot in active)
             try:
                 self._call(active, work_left=queue.has_more())
                 error = None
@@ -398,8 +435,7 @@ class SlotHost:
                     host._value_out = None if values is None else (
                         values[slot] if isinstance(values, list) else values[slot: slot + 1])
             advance_all([(slot, error) for slot in active])
-            yield from sorted(finished, key=lambda r: r.index)
-            finished.clear()
+            yield from results()
 
     def run_items(self, jobs: Iterable[Job]) -> list[SlotResult]:
         """`play` to the end; the results in the order of `jobs`."""
@@ -435,6 +471,9 @@ class _Ahead:
             self._next = next(self._it, None)
         return self._next is not None
 
+    def finish(self) -> bool:
+        return not self.has_more()
+
     def __iter__(self) -> _Ahead:
         return self
 
@@ -443,6 +482,47 @@ class _Ahead:
             raise StopIteration
         item, self._next = self._next, self._NONE
         return item
+
+
+class Feed:
+    """Work handed to a `SlotHost.play` while it plays: `put` adds (index, job)s, which slots take as they come
+    free. The play ends when every slot is free and the feed is empty; from then on `put` refuses (returns False)
+    and the caller starts another play. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: collections.deque[tuple[int, Job]] = collections.deque()
+        self.closed = False
+        self.numbers: set[int] = set()  # every index put (its caller's record of what this play was given)
+
+    def put(self, works: Iterable[tuple[int, Job]]) -> bool:
+        """Add `works` (index, job) for the play to take; False (nothing added) once the play has ended."""
+        with self._lock:
+            if self.closed:
+                return False
+            self._items.extend(works)
+            return True
+
+    def has_more(self) -> bool:
+        with self._lock:
+            return bool(self._items)
+
+    def __next__(self) -> tuple[int, Job]:
+        with self._lock:
+            if not self._items:
+                raise StopIteration
+            return self._items.popleft()
+
+    def __iter__(self) -> Feed:
+        return self
+
+    def finish(self) -> bool:
+        """End the play if nothing is left: True (and `put` refuses from now on), else False."""
+        with self._lock:
+            if self._items:
+                return False
+            self.closed = True
+            return True
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class DriverStats:
     phase_deadlines: dict = field(default_factory=dict)  # what `PhaseDeadlines.table` says at the end of the run
     gave_up: str = ""  # why the run stopped before its work was done (its items then lost); empty: it did not
     gave_up_traceback: str = ""  # the user's own frames behind `gave_up` (an actor whose host could not be built)
+    ready_at: float | None = None  # time.monotonic() when the first actor was placed and built (in-process: made)
 
 
 class WorkPlan:

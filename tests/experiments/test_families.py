@@ -142,19 +142,24 @@ def test_the_judge_sees_whether_the_block_went_to_the_coached_pad(obeys):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("actors", [0, 2])
-def test_sim_rollout_plays_a_mix_of_families_and_replays_each(actors, tmp_path, request):
+@pytest.mark.parametrize("actors, slots", [(0, 1), (2, 1), (2, 3)])
+def test_sim_rollout_plays_a_mix_of_families_and_replays_each(actors, slots, tmp_path, request):
+    """With slots, one slot host per actor plays every family (any slot any family, one policy and critic)."""
     if actors:
         request.getfixturevalue("ray_session")
     policy, critic = save_tiny_checkpoints(tmp_path / "ckpt")
     out, summary = tmp_path / "run", tmp_path / "s.json"
-    assert main(["sim_rollout", "--actors", str(actors), "--family", "all", "--seeds.count", "1", "--repeats", "2",
+    assert main(["sim_rollout", "--actors", str(actors), "--slots", str(slots), "--family", "all", "--seeds.count",
+                 "1", "--repeats", "2",
                  "--model.policy", policy, "--model.critic", critic, "--act.n_exec", "2", "--out", str(out), "--no-progress",
                  "--no-video", "--json", str(summary)]) == 0
     data = json.loads(summary.read_text())
     assert data["episodes"] == 2 * len(FAMILY_NAMES)
     assert {f: v["episodes"] for f, v in data["by_task"].items()} == {f: 2 for f in FAMILY_NAMES}
     assert data["reset_kinds"] == {"cold": len(FAMILY_NAMES), "restore": len(FAMILY_NAMES)}
+    if slots > 1:
+        assert all(n == {"policy": 1, "critic": 1, "slots": slots} for n in data["instances_by_actor"].values())
+        assert data["rows"]["hosts"] <= actors and data["rows"]["calls"] > 0
     reader = ZarrEpisodeReader(out / "episodes.zarr")
     assert sorted(reader.meta(i).task for i in range(len(reader))) == sorted(FAMILY_NAMES * 2)
     for family in ("stack", "sort"):

@@ -36,6 +36,11 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
     assert data["actor_failures"] == 1 and data["resubmitted"] == 1
     assert data["episodes"] == 5 and set(data["stop_reasons"]) <= {"timeout", "success"}
     assert {"successes", "success_rate", "reset_ms_median", "steps_per_s", "store"} <= set(data)
+    startup = data["startup"]  # Ray started beside the preflight; where the start-up went
+    assert set(startup) == {"before_command_s", "preflight_s", "ray_s", "to_ray_up_s", "to_actors_ready_s",
+                            "to_first_episode_s"}
+    assert 0 < startup["preflight_s"] < startup["to_actors_ready_s"] < startup["to_first_episode_s"]
+    assert startup["ray_s"] > 0 and data["steps_per_s_started"] > data["steps_per_s"] > 0
     reader = ZarrEpisodeReader(data["store"])
     ids = reader.episode_ids
     assert sorted(ids) == [f"pick_place-s{1000000 + i:07d}" for i in range(5)]  # each exactly once

@@ -1,0 +1,159 @@
+"""bench_tasks' measurements: a mix of tasks on env slots, as a user runs it (`sim_rollout` in a process of its own).
+
+1. The mix against one family: `sim_rollout --family all` (every family on each of `seeds` seeds) and `--family
+   <family>` on 4x the seeds (the same episode count), the same actors and slots, in paired rounds: steps/s once
+   the first actor is ready (`steps_per_s_started`: start-up left out), with start-up, and the rows filled per
+   batched call (every call, and the calls made while an item waited for a slot). The mix is also run with larger
+   calls (`--episodes_per_call`).
+2. Start-up: a one-seed run (mostly start-up) of this checkout and of an earlier one (`--before`), in paired
+   rounds: the process's wall time; this checkout's summary says where its start-up went.
+3. The env alone: the mix's recorded episodes replayed (reset on the seed, the recorded actions, every step's
+   observation with its images, as the run records them) on as many processes as the run had actors: its
+   steps/s, against which the run's are set, with the share of the run's time the batched policy and critic
+   calls took (what bounds the run's steps/s against the env alone on the same cores).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from capsule_rollout.benchmarks.support import machine
+from capsule_rollout.commands.bench_configs import BenchTasksConfig
+from capsule_rollout.tabletop.tasks import FAMILY_NAMES
+
+MIX_TARGET = 0.9  # the mix's steps/s (start-up left out) at least 0.9x one family's
+ROWS_TARGET = 0.9  # rows filled per call while an item waits for a slot
+
+
+def _sim_rollout(config: BenchTasksConfig, out: Path, family: str, seeds: int, *, per_call: int = 0,
+                 checkout: str = "") -> dict:
+    """One `sim_rollout` run in a process of its own: its summary, and the process's wall time (`process_s`)."""
+    shutil.rmtree(out, ignore_errors=True)
+    summary = out.with_suffix(".json")
+    cmd = [sys.executable, "-m", "capsule_rollout", "sim_rollout", "--actors", str(config.actors), "--slots",
+           str(config.slots), "--family", family, "--seeds.count", str(seeds), "--model.policy", config.policy,
+           "--model.critic", config.critic, "--out", str(out), "--no-progress", "--no-video", "--json", str(summary)]
+    if per_call:
+        cmd += ["--episodes_per_call", str(per_call)]
+    env = dict(os.environ)
+    if checkout:
+        env["PYTHONPATH"] = os.pathsep.join([checkout, *filter(None, [env.get("PYTHONPATH")])])
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, cwd=checkout or None, capture_output=True, text=True)
+    process_s = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    data = json.loads(summary.read_text())
+    data["process_s"] = process_s
+    return data
+
+
+def _replay(job: tuple[str, list[tuple[str, int, np.ndarray]]]) -> int:
+    """Replay episodes (task, seed, actions) on the env alone: steps played."""
+    from capsule_rollout.envs.suites import make_env
+
+    envs: dict = {}
+    steps = 0
+    for task, seed, actions in job[1]:
+        env = envs.get(task)
+        if env is None:
+            env = envs[task] = make_env(f"tabletop:{task}", cameras=None, image_size=int(job[0]))
+        env.reset(seed=seed)
+        for action in actions:
+            env.step(action)
+            steps += 1
+    for env in envs.values():
+        env.close()
+    return steps
+
+
+def env_alone(store: Path, processes: int, image_size: int) -> dict:
+    """The run's episodes replayed on the env alone over `processes` processes (dealt in turn): steps/s."""
+    from capsule_rollout.stores.sharded_reader import open_episode_reader
+
+    reader = open_episode_reader(store)
+    episodes = [reader.episode(i) for i in range(len(reader))]
+    played = [(e.meta.task, int(e.meta.seed), np.asarray(e.steps["action"])) for e in episodes]
+    jobs = [(str(image_size), played[p::processes]) for p in range(processes)]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pool.map(_replay, [(j[0], j[1][:1]) for j in jobs])  # the processes up and the scenes made once
+        t0 = time.perf_counter()
+        steps = sum(pool.map(_replay, jobs))
+        wall = time.perf_counter() - t0
+    return {"episodes": len(played), "steps": steps, "steps_per_s": steps / wall, "processes": processes}
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return float(np.median([r[key] for r in runs]))
+
+
+def measure(config: BenchTasksConfig, progress: Callable[[str], object] = lambda _: None) -> dict:
+    out = Path(config.out).resolve()  # the earlier checkout's runs start in its own directory
+    out.mkdir(parents=True, exist_ok=True)
+    mixes: dict[int, list[dict]] = {k: [] for k in config.episodes_per_call}
+    one: list[dict] = []
+    for r in range(config.rounds):
+        for k in config.episodes_per_call:
+            progress(f"round {r + 1}: the mix, episodes per call {k or 'default'} ...")
+            mixes[k].append(_sim_rollout(config, out / f"mix-{k}", "all", config.seeds, per_call=k))
+        progress(f"round {r + 1}: {config.family} alone ...")
+        one.append(_sim_rollout(config, out / "one", config.family, config.seeds * len(FAMILY_NAMES)))
+    default = config.episodes_per_call[0]
+    progress("the env alone ...")
+    alone = env_alone(out / f"mix-{default}" / "episodes.zarr", config.actors, 64)
+    rows = []
+    for k, runs in mixes.items():
+        share = float(np.median([_models_share(m, config.actors) for m in runs]))
+        rows.append({"episodes_per_call": k, "steps_per_s_started": _median(runs, "steps_per_s_started"),
+                     "steps_per_s": _median(runs, "steps_per_s"),
+                     "over_one_family": float(np.median([m["steps_per_s_started"] / o["steps_per_s_started"]
+                                                         for m, o in zip(runs, one, strict=True)])),
+                     "rows_filled": _median([m["rows"] for m in runs], "rows_filled"),
+                     "rows_filled_with_work_left": _median([m["rows"] for m in runs], "rows_filled_with_work_left"),
+                     "over_env_alone": _median(runs, "steps_per_s_started") / alone["steps_per_s"],
+                     "models_share": share, "limit_over_env_alone": 1.0 - share})
+    startup: dict = {"rounds": config.startup_rounds, "now": []}
+    if config.before:
+        startup["before"] = []
+    for r in range(config.startup_rounds):
+        progress(f"start-up round {r + 1} ...")
+        startup["now"].append(_sim_rollout(config, out / "start-now", config.family, 1))
+        if config.before:
+            startup["before"].append(_sim_rollout(config, out / "start-before", config.family, 1,
+                                                  checkout=config.before))
+    start = {"now_process_s": _median(startup["now"], "process_s"),
+             "now_phases": {k: float(np.median([s["startup"][k] for s in startup["now"]]))
+                            for k in startup["now"][0]["startup"]}}
+    if config.before:
+        start["before_process_s"] = _median(startup["before"], "process_s")
+        start["before_over_now"] = float(np.median([b["process_s"] / n["process_s"] for b, n in
+                                                    zip(startup["before"], startup["now"], strict=True)]))
+    return {"machine": machine(), "cores": len(os.sched_getaffinity(0)), "actors": config.actors,
+            "slots": config.slots, "family": config.family, "seeds_per_family": config.seeds,
+            "episodes": config.seeds * len(FAMILY_NAMES), "rounds": config.rounds,
+            "one_family": {"steps_per_s_started": _median(one, "steps_per_s_started"),
+                           "steps_per_s": _median(one, "steps_per_s"),
+                           "rows_filled": _median([o["rows"] for o in one], "rows_filled"),
+                           "rows_filled_with_work_left": _median([o["rows"] for o in one],
+                                                                 "rows_filled_with_work_left")},
+            "mix": rows, "env_alone": alone, "startup": start,
+            "targets": {"mix_ge_0_9x": rows[0]["over_one_family"] >= MIX_TARGET,
+                        "rows_ge_90pct": rows[0]["rows_filled_with_work_left"] >= ROWS_TARGET}}
+
+
+def _models_share(summary: dict, actors: int) -> float:
+    """The share of the actors' cores the batched policy and critic calls took, from the first actor ready to the
+    last episode back (each actor on a core of its own)."""
+    steps = summary["steps_per_s"] * summary["wall_s"]
+    started_s = steps / summary["steps_per_s_started"]
+    return summary["rows"]["call_s"] / (actors * started_s)
