@@ -7,6 +7,9 @@ seeds and episodes (every reset a restore after a warm-up pass).
 2. Branch collection (RECAP's branch values): `BranchActor` over the same `BranchItem`s (each recorded episode
    played again, then `branches` continuations from each boundary): branch steps per second with every
    continuation a fork into the slots, side by side, vs one continuation at a time on one slot.
+3. The host against a hand-written batched loop over the same envs, rows, seeds and schedule (`hand_batched_loop`),
+   with two lanes (the default) and serial ones.
+4. Batch invariance: hosts of 1, 4, N and 2N slots with batch-invariant runtimes against the batch as it is.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from capsule_rollout.benchmarks.support import machine
 from capsule_rollout.commands.bench_configs import BenchSlotsConfig
 from capsule_rollout.rollout.branching import BranchActor, BranchItem
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
-from capsule_rollout.rollout.rollout_host import HostConfig
+from capsule_rollout.rollout.rollout_host import HostConfig, episode_noise_seed
 from capsule_rollout.rollout.slot_host import episode_job
 
 SLOTS_TARGET = 1.3  # N slots at least 1.3x one slot's steps/s on one core
 BRANCH_TARGET = 1.5  # branch collection with forks in the batch at least 1.5x one continuation at a time
+HAND_TARGET = 0.97  # a host of N slots (default lanes) at least 0.97x a hand-written batched loop's steps/s
 
 
 def host_spec(config: BenchSlotsConfig, policy: str, critic: str) -> HostSpec:
@@ -149,6 +153,104 @@ def _same(a, b) -> bool:
                for x, y in zip(a, b, strict=True) for k in ("action", "state", "value"))
 
 
+def hand_batched_loop(slots, seeds: list[int], *, n_exec: int, limit: int, noise_seed: int = 0
+                      ) -> tuple[dict[int, np.ndarray], int]:
+    """What a user writes for N envs and one batched policy and critic without the framework, over a slot host's
+    own envs and rows: each env takes the next seed when its episode ends (`reset(seed)`, the policy's noise
+    seeded as the host seeds it, the subtask's language), and every round makes one batched call over the envs
+    whose chunk ran out, then steps each env through its chunk's first `n_exec` actions (an episode ends at
+    success, termination, truncation or `limit` steps; a new subtask ends the chunk). Images are rendered only for
+    the observations the models read. Returns each seed's actions and the steps played."""
+    hosts = slots.hosts
+    envs, policies, critics = [h.env for h in hosts], [h.policy for h in hosts], [h.critic for h in hosts]
+    models = lambda i: [m for m in (policies[i], critics[i]) if m is not None]  # noqa: E731
+    for env in envs:
+        env.images_wanted = False
+    low, high = envs[0].action_space.low, envs[0].action_space.high
+    todo, playing, actions, steps = list(reversed(seeds)), {}, {}, 0
+
+    def begin(i: int) -> None:
+        seed, env = todo.pop(), envs[i]
+        env.reset(seed=seed)
+        policies[i].reset(episode_noise_seed(noise_seed, env.task, seed))
+        for model in models(i):
+            model.set_language(env.subtask_texts[env.subtask_index])
+        playing[i] = {"seed": seed, "subtask": env.subtask_index, "queue": [], "actions": []}
+
+    for i in range(len(envs)):
+        if todo:
+            begin(i)
+    while playing:
+        need = [i for i in sorted(playing) if not playing[i]["queue"]]
+        for i in need:
+            envs[i].images_wanted = True
+            obs = envs[i].observe()
+            envs[i].images_wanted = False
+            policies[i].load_observation(obs)
+            if critics[i] is not None:
+                critics[i].load_observation(obs, envs[i].steps)
+        chunks = slots.policy_rows.act_rows(need)
+        if slots.critic_rows is not None:
+            slots.critic_rows.evaluate_rows(need)
+        for i in need:
+            playing[i]["queue"] = list(chunks[i].reshape(-1, low.shape[0]).numpy()[:n_exec])
+        for i in sorted(playing):
+            mine, env = playing[i], envs[i]
+            while mine["queue"]:
+                action = np.clip(mine["queue"].pop(0), low, high)
+                _, _, terminated, truncated, info = env.step(action)
+                mine["actions"].append(action)
+                steps += 1
+                if terminated or truncated or env.steps >= limit or env.success(info):
+                    actions[mine["seed"]] = np.array(mine["actions"])
+                    del playing[i]
+                    if todo:
+                        begin(i)
+                    break
+                if env.subtask_index != mine["subtask"]:  # new language, new chunk
+                    mine["subtask"], mine["queue"] = env.subtask_index, []
+                    for model in models(i):
+                        model.set_language(env.subtask_texts[env.subtask_index])
+    for env in envs:
+        env.images_wanted = True
+    return actions, steps
+
+
+def host_vs_hand(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
+    """Steps/s of a host of N slots (two lanes, the default; serial lanes) against the hand-written batched loop
+    over the same envs, rows, seeds and schedule, in paired rounds; and whether the actions are the same."""
+    progress("host vs a hand-written batched loop ...")
+    seeds = list(range(config.seed, config.seed + config.episodes))
+    base = dataclasses.replace(spec, host=dataclasses.replace(spec.host, record_images=False), slots=config.slots)
+    hosts = {lanes: build_slots(dataclasses.replace(base, host=dataclasses.replace(base.host, lanes=lanes)))
+             for lanes in ("two", "serial")}
+    limit = min(base.host.max_steps or hosts["two"].env.max_steps, hosts["two"].env.max_steps)
+    played = {lanes: {r.value.episode.meta.seed: r.value.episode.steps["action"]
+                      for r in host.run_items([episode_job(s) for s in seeds])} for lanes, host in hosts.items()}
+    hand, _ = hand_batched_loop(hosts["serial"], seeds, n_exec=base.host.n_exec, limit=limit,
+                                noise_seed=base.host.noise_seed)
+    same = all(np.array_equal(hand[s], played["two"][s]) and np.array_equal(hand[s], played["serial"][s])
+               for s in seeds)
+    rates: dict[str, list[float]] = {"hand": [], "two": [], "serial": []}
+    for r in range(config.rounds):
+        order = list(rates)
+        random.Random(r).shuffle(order)
+        for mode in order:
+            t0 = time.perf_counter()
+            if mode == "hand":
+                _, steps = hand_batched_loop(hosts["serial"], seeds, n_exec=base.host.n_exec, limit=limit,
+                                             noise_seed=base.host.noise_seed)
+            else:
+                steps = sum(x.value.episode.meta.length for x in hosts[mode].run_items([episode_job(s) for s in seeds]))
+            rates[mode].append(steps / (time.perf_counter() - t0))
+    for host in hosts.values():
+        host.close()
+    ratio = _ratios(rates)
+    return {"episodes": len(seeds), "rounds": config.rounds, "same_actions": bool(same),
+            "steps_per_s": {m: float(np.median(v)) for m, v in rates.items()}, "per_round": rates,
+            "two_over_hand": ratio("two", "hand"), "serial_over_hand": ratio("serial", "hand")}
+
+
 def invariance_cost(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
     progress("batch invariance ...")
     seeds = list(range(config.seed, config.seed + config.episodes))
@@ -187,9 +289,10 @@ def measure(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], 
     with one_core() as core:
         roll = rollouts(config, spec, progress)
         branch = branch_collection(config, spec, progress)
+        hand = host_vs_hand(config, spec, progress)
         invariance = invariance_cost(config, spec, progress)
     best = max(roll["not_recorded"]["slots_and_images_on_demand"], roll["recorded"]["slots_same_images"])
     return {"machine": machine(), "core": core, "slots": config.slots, "n_exec": spec.host.n_exec,
-            "rollouts": roll, "branch": branch, "batch_invariance": invariance,
-            "targets": {"slots_ge_1_3x": best >= SLOTS_TARGET,
+            "rollouts": roll, "branch": branch, "hand_written": hand, "batch_invariance": invariance,
+            "targets": {"slots_ge_1_3x": best >= SLOTS_TARGET, "host_ge_0_97x_hand": hand["two_over_hand"] >= HAND_TARGET,
                         "branch_ge_1_5x": branch["slots_and_images_on_demand"] >= BRANCH_TARGET}}

@@ -4,7 +4,9 @@
    recorded and not; each lever alone and together (the batched policy and critic call; images on demand).
 2. Branch collection: RECAP's branch values from the same recorded episodes, every continuation a fork into the
    slots vs one continuation at a time.
-3. Batch invariance: hosts of 1, 4, N and 2N slots with batch-invariant runtimes against the batch as it is:
+3. The host against a hand-written batched loop (the same envs, rows, seeds and schedule; `reset(seed)` where the
+   host restores): steps/s with two lanes and serial ones.
+4. Batch invariance: hosts of 1, 4, N and 2N slots with batch-invariant runtimes against the batch as it is:
    steps/s, and whether each records the episodes a host of one slot records.
 
 The measurements are `benchmarks/slots.py`'s; this command prints them and writes its section into `--docs`.
@@ -62,6 +64,15 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
          "≥ 1.5x"),
         ("branch values the same with images on demand", str(b["values_same_with_images_on_demand"]), "True"),
     ]
+    h = s["hand_written"]
+    v = h["steps_per_s"]
+    rows += [(f"hand-written batched loop over the same {n} envs and rows, seeds and schedule", f"{v['hand']:.0f} steps/s",
+              ""),
+             (f"host of {n} slots, two lanes (the default) / serial lanes", f"{v['two']:.0f} / {v['serial']:.0f} steps/s",
+              ""),
+             ("host (two lanes) / hand-written batched loop, median of rounds", f"{h['two_over_hand']:.3f}", "≥ 0.97"),
+             ("host (serial lanes) / hand-written batched loop, median of rounds", f"{h['serial_over_hand']:.3f}", ""),
+             ("the hand-written loop plays the host's actions", str(h["same_actions"]), "True")]
     for row in s["batch_invariance"]["rows"]:
         rows += [(f"batch-invariant runtimes: {row['slots']} slot(s), steps/s invariant / the batch as is",
                   f"{row['steps_per_s_invariant']:.0f} / {row['steps_per_s_as_is']:.0f} ({row['ratio']:.3f}x)",

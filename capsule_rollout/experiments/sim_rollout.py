@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +19,14 @@ from tqdm import tqdm
 
 from capsule_rollout.commands.configs import SimRolloutConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
-from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.console import make_console, process_age_s, startup_rows
 from capsule_rollout.experiments.paths import resolve_input
-from capsule_rollout.experiments.startup import process_age_s, startup_rows
 from capsule_rollout.input_bounds import check_output_dir, check_run
 from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.deadlines import DeadlineSettings
 from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec
-from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts, start_actors, summarize_run
+from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts, summarize_run
 from capsule_rollout.rollout.record import OpenedRun, episode_id_of, open_run, run_spec
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.slot_check import check_slots, require_slots
@@ -66,11 +64,8 @@ def _items(config: SimRolloutConfig, legacy: bool) -> list[WorkItem]:
     return [WorkItem(episode_id_of(task, s, legacy=legacy), s) for s in config.seeds.range]
 
 
-def _open_run(config: SimRolloutConfig, before_preflight: Callable[[HostSpec], object] = lambda spec: None,
-              ) -> tuple[Path, OpenedRun, Conditioning]:
-    """Check the inputs, run the preflight (`rollout.preflight`) and open the run's output; `before_preflight`
-    is given the spec once the inputs are checked (Ray starts then and places the actors, while the preflight
-    runs)."""
+def _open_run(config: SimRolloutConfig) -> tuple[Path, OpenedRun, Conditioning]:
+    """Check the inputs, run the preflight (`rollout.preflight`) and open the run's output."""
     with checking_inputs():
         out = parse_store_root(config.out)
         check_output_dir(out)
@@ -87,7 +82,6 @@ def _open_run(config: SimRolloutConfig, before_preflight: Callable[[HostSpec], o
                              "--act.noise_scale > 0 (e.g. 1) to retry with fresh noise")
         conditioning = spec.conditioning()
         first = WorkItem("", config.seeds.first, task=FAMILY_NAMES[0] if (config.env or config.family) == ALL else "")
-        before_preflight(spec)
         opened = open_run(out, spec, config.shards, first=first, n_exec_given=config.act.n_exec is not None)
     return out, opened, conditioning
 
@@ -97,33 +91,27 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     began = time.monotonic()
     since_process = process_age_s()  # what imports and the command line took before this
     task = config.env or config.family
-    starting: list[RayStart] = []  # Ray starts on a thread of its own once the inputs are checked
-
-    def start(spec: HostSpec) -> None:
-        """Ray up and the actors placed and built while the preflight runs (sharded: the driver places them)."""
-        if config.actors:
-            starting.append(RayStart(then=None if config.shards else lambda: start_actors(
-                spec, config.actors, cpus_per_actor=config.cpus_per_actor, gpus_per_actor=config.gpus_per_actor)))
-
+    # the inputs checked (their sizes too) and the preflight passed before anything is started: a mistake is one
+    # line before any actor starts
+    out, opened, conditioning = _open_run(config)
+    prepared = time.monotonic()
+    items = _items(config, opened.legacy_ids)
+    spec, store, done, recorder = opened.spec, opened.store, opened.done, opened.recorder
+    for warning in opened.checked.warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}", markup=True, highlight=False, soft_wrap=True)
+    slot_check = None
+    if config.check_slots:  # before Ray: one item at 1 slot and in the last of N, in this process
+        first = items[0]
+        slot_check = check_slots(spec, spec.slots, seed=first.seed, task=first.task)
+        console.print(slot_check.line(), highlight=False, soft_wrap=True)
+    if done:
+        console.print(f"{len(done)} episodes are already in {store}; running the rest")
+    # Ray on a thread of its own: it shuts down there while this thread writes the plot and the table
+    starting = [RayStart()] if config.actors else []
     try:
-        # the inputs checked (their sizes too) before anything is built; the preflight runs while Ray starts
-        out, opened, conditioning = _open_run(config, start)
-        prepared = time.monotonic()
-        items = _items(config, opened.legacy_ids)
-        spec, store, done, recorder = opened.spec, opened.store, opened.done, opened.recorder
-        for warning in opened.checked.warnings:
-            console.print(f"[yellow]warning[/yellow]: {warning}", markup=True, highlight=False, soft_wrap=True)
-        slot_check = None
-        if config.check_slots:  # before the actors: one item at 1 slot and in the last of N, in this process
-            first = items[0]
-            slot_check = check_slots(spec, spec.slots, seed=first.seed, task=first.task)
-            console.print(slot_check.line(), highlight=False, soft_wrap=True)
-        if done:
-            console.print(f"{len(done)} episodes are already in {store}; running the rest")
         where = starting[0].wait() if starting else "in-process"
     except BaseException:
-        if starting:
-            starting[0].stop()
+        recorder.close()
         raise
     ray_up = time.monotonic()
     bar = tqdm(total=len(items) * config.repeats, desc=f"sim_rollout {task}", unit="ep",
@@ -149,8 +137,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                                       attempts=config.attempts, episode_timeout_s=config.episode_timeout_s,
                                       done=done, on_report=on_report, episodes_per_call=config.episodes_per_call,
                                       deadlines=DeadlineSettings(floor_s=config.deadline_floor_s,
-                                                                 first_call_s=config.first_call_s),
-                                      started=starting[0].actors if starting else None)
+                                                                 first_call_s=config.first_call_s))
         ended = time.monotonic()
         orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0  # ignored by readers
     finally:

@@ -73,27 +73,6 @@ def place_actors(spec: HostSpec, actors: int, *, actor_cls: type[RolloutActor] =
     return [remote.remote(spec, i, shard_root=shard_root, capsule_key=key) for i in range(actors)]
 
 
-@dataclass
-class StartedActors:
-    """Actors placed before `run_rollouts` (`place_actors`: built while the caller prepares), and for what."""
-
-    handles: list
-    spec: HostSpec
-    actor_cls: type
-    cpus_per_actor: float
-    gpus_per_actor: float
-    shard_root: str
-
-    def fits(self, spec: HostSpec, actors: int, actor_cls: type, cpus: float, gpus: float, shard_root: str) -> bool:
-        """Whether these are the actors a run of `spec` would place."""
-        return (self.spec, len(self.handles), self.actor_cls, self.cpus_per_actor, self.gpus_per_actor,
-                self.shard_root) == (spec, actors, actor_cls, cpus, gpus, shard_root)
-
-    def kill(self) -> None:
-        for actor in self.handles:
-            ray.kill(actor, no_restart=True)
-
-
 class RayDriver:
     """One run of `run_rollouts` on `actors` Ray actors (what `run_rollouts` documents)."""
 
@@ -101,19 +80,14 @@ class RayDriver:
                  actor_cls: type[RolloutActor], cpus_per_actor: float, gpus_per_actor: float, max_restarts: int,
                  max_attempts: int, deadlines: CallDeadlines | FixedDeadlines, settings: DeadlineSettings,
                  placement_timeout_s: float, on_report: Callable[[ActorReport, DriverStats], None] | None,
-                 episodes_per_call: int, started: StartedActors | None = None) -> None:
+                 episodes_per_call: int) -> None:
         self.spec, self.plan, self.recorder, self.on_report = spec, plan, recorder, on_report
         self.actors, self.max_restarts, self.max_attempts = actors, max_restarts, max_attempts
         self.deadlines, self.settings = deadlines, settings
         self.placement_timeout_s, self.per_call = placement_timeout_s, episodes_per_call
         self.cpus, self.gpus = cpus_per_actor, gpus_per_actor
-        if started is not None and started.fits(spec, actors, actor_cls, cpus_per_actor, gpus_per_actor, shard_root):
-            self.pool = started.handles  # placed and built while the caller prepared the run
-        else:
-            if started is not None:  # placed for another spec (the preflight resolved what was left open)
-                started.kill()
-            self.pool = place_actors(spec, actors, actor_cls=actor_cls, cpus_per_actor=cpus_per_actor,
-                                     gpus_per_actor=gpus_per_actor, shard_root=shard_root)
+        self.pool = place_actors(spec, actors, actor_cls=actor_cls, cpus_per_actor=cpus_per_actor,
+                                 gpus_per_actor=gpus_per_actor, shard_root=shard_root)
         self.depth = calls_in_flight(spec, actor_cls)
         self.idle: deque[int] = deque()  # an actor's index once per call it can take now
         self.generation: Counter[int] = Counter()  # of each actor's process, as this driver knows it

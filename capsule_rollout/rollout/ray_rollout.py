@@ -43,7 +43,7 @@ import ray
 
 from capsule_rollout.rollout.deadlines import DeadlineSettings, call_deadlines
 from capsule_rollout.rollout.host_factory import HostSpec
-from capsule_rollout.rollout.ray_driver import RayDriver, StartedActors, place_actors
+from capsule_rollout.rollout.ray_driver import RayDriver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.slot_host import rows_filled
@@ -57,8 +57,8 @@ from capsule_rollout.rollout.work_plan import (
 )
 from capsule_rollout.stores.sharded_store import ShardedStore
 
-__all__ = ["DriverStats", "RayStart", "StartedActors", "actor_throughput", "first_error", "init_ray",
-           "run_rollouts", "shutdown_ray", "start_actors", "summarize_run"]
+__all__ = ["DriverStats", "RayStart", "actor_throughput", "first_error", "init_ray", "run_rollouts",
+           "shutdown_ray", "summarize_run"]
 
 SLOT_ITEMS = 4
 """Items per slot in one call to an actor of several slots: enough that the slots stay busy while the call's
@@ -103,7 +103,7 @@ def shutdown_ray(where: str) -> None:
             _watchdog = None
 
 
-class _QuietSigterm(logging.Filter):
+class _QuietSigterm(logging.Filter):  # on the logger that says it
     """Ray's warning that a driver started off the main thread sets no SIGTERM handler (`RayStart`'s: a driver
     that dies is the watchdog's to clean up after, `rollout.ray_watchdog`)."""
 
@@ -112,17 +112,13 @@ class _QuietSigterm(logging.Filter):
 
 
 class RayStart:
-    """`init_ray` on a thread of its own, started now, while this thread prepares the run (the preflight builds
-    the env, policy and critic meanwhile); `wait()` gives `init_ray`'s answer once Ray is up, `stop()` shuts it
-    down. The thread owns Ray until `stop`: Ray ties its local processes to the thread that started them (their
-    parent-death signal), so that thread lives as long as the run."""
+    """`init_ray` on a thread of its own, started now; `wait()` gives `init_ray`'s answer once Ray is up, `stop()`
+    shuts it down, or `stop(wait=False)` lets it shut down there while this thread goes on (`sim_rollout` writes
+    its plot and table meanwhile). The thread owns Ray until then: Ray ties its local processes to the thread
+    that started them (their parent-death signal), so that thread lives as long as the run."""
 
-    def __init__(self, num_cpus: int | None = None, *, then: Callable[[], StartedActors] | None = None) -> None:
-        """`then`: called on the thread once Ray is up (`start_actors`: the actors placed and built meanwhile too);
-        what it gives is `actors`, for `run_rollouts(started=)`."""
+    def __init__(self, num_cpus: int | None = None) -> None:
         self.seconds = 0.0  # what Ray took to start
-        self.actors: StartedActors | None = None
-        self._then = then
         self._up, self._stop = threading.Event(), threading.Event()
         self._where, self._error = "", None
         self._thread = threading.Thread(target=self._own, args=(num_cpus,), name="ray-start", daemon=True)
@@ -130,8 +126,8 @@ class RayStart:
 
     def _own(self, num_cpus: int | None) -> None:
         t0 = time.perf_counter()
-        quiet = _QuietSigterm()
-        logging.getLogger("ray").addFilter(quiet)
+        quiet, says = _QuietSigterm(), logging.getLogger("ray._private.worker")
+        says.addFilter(quiet)
         try:
             self._where = init_ray(num_cpus)
         except BaseException as exc:  # told by `wait`
@@ -139,12 +135,8 @@ class RayStart:
             self._up.set()
             return
         finally:
-            logging.getLogger("ray").removeFilter(quiet)
+            says.removeFilter(quiet)
             self.seconds = time.perf_counter() - t0
-        try:
-            self.actors = self._then() if self._then is not None else None
-        except Exception:  # placing them ahead is an optimisation: the driver places its own
-            self.actors = None
         self._up.set()
         self._stop.wait()
         shutdown_ray(self._where)
@@ -163,15 +155,6 @@ class RayStart:
         self._stop.set()
         if wait:
             self._thread.join()
-
-
-def start_actors(spec: HostSpec, actors: int, *, actor_cls: type[RolloutActor] = RolloutActor,
-                 cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, shard_root: str = "") -> StartedActors:
-    """Place a run's actors now (Ray builds their hosts while the caller goes on preparing); `run_rollouts(...,
-    started=)` plays on them when they fit its spec and options, else it kills them and places its own."""
-    return StartedActors(place_actors(spec, actors, actor_cls=actor_cls, cpus_per_actor=cpus_per_actor,
-                                      gpus_per_actor=gpus_per_actor, shard_root=shard_root),
-                         spec, actor_cls, cpus_per_actor, gpus_per_actor, shard_root)
 
 
 def run_rollouts(
@@ -194,7 +177,6 @@ def run_rollouts(
     actor_cls: type[RolloutActor] = RolloutActor,
     episodes_per_call: int = 1,
     deadlines: DeadlineSettings = DeadlineSettings(),
-    started: StartedActors | None = None,
 ) -> tuple[list[ActorReport], DriverStats]:
     """Play every item on `actors` Ray actors (0: in this process); episodes go to `recorder` once.
 
@@ -220,10 +202,6 @@ def run_rollouts(
     handed out again). More than 1 spreads Ray's per-call cost in the driver over several episodes: for
     short episodes and many actors. With `spec.slots` > 1 a call hands an actor at least `SLOT_ITEMS` items per
     slot (they play side by side; a slot that finishes takes the call's next item).
-
-    `started`: actors placed ahead (`start_actors`, built while the caller prepared); used when they are the
-    ones this run would place, else killed. Actors left unused (`actors=0`, or a run refused before) are the
-    caller's to kill.
     """
     if actors < 0:
         raise ValueError(f"actors must be >= 0, got {actors}")
@@ -253,7 +231,7 @@ def run_rollouts(
                        cpus_per_actor=cpus_per_actor, gpus_per_actor=gpus_per_actor, max_restarts=max_restarts,
                        max_attempts=max_attempts, deadlines=call_deadlines(episode_timeout_s, deadlines),
                        settings=deadlines, placement_timeout_s=placement_timeout_s, on_report=on_report,
-                       episodes_per_call=episodes_per_call, started=started)
+                       episodes_per_call=episodes_per_call)
     return driver.run()
 
 

@@ -9,7 +9,7 @@ import pytest
 from capsule_rollout.commands.configs import SimRolloutConfig
 from capsule_rollout.rollout.deadlines import FLOOR_S, DeadlineSettings
 from capsule_rollout.rollout.host_factory import HostSpec
-from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts, start_actors
+from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
@@ -46,23 +46,6 @@ def test_the_actors_that_fit_do_all_the_work(spec, ray_session):
     assert len({r.actor_pid for r in reports}) == 1
     assert stats.episode_deadline_s >= FLOOR_S  # no timeout given: derived (the actor's later calls: the floor)
     assert all(r.steps == 6 and r.step_limit == 6 and r.busy_s > 0 for r in reports)  # what it is derived from
-
-
-def test_actors_placed_ahead_play_the_run_when_they_fit_it_and_are_replaced_when_not(spec, ray_session):
-    """`start_actors` places a run's actors while the caller prepares (sim_rollout: during the preflight); the run
-    plays on them when they are what it would place, else kills them and places its own."""
-    import ray
-
-    started = start_actors(spec, 1)
-    pids = set(ray.get([a.ready.remote() for a in started.handles]))
-    reports, stats = run_rollouts(spec, _items(2), actors=1, started=started)
-    assert stats.episodes == 2 and {r.actor_pid for r in reports} == pids and stats.ready_at is not None
-    other = start_actors(dataclasses.replace(spec, host=dataclasses.replace(spec.host, n_exec=3)), 1)
-    theirs = set(ray.get([a.ready.remote() for a in other.handles]))
-    reports, stats = run_rollouts(spec, _items(2), actors=1, started=other)
-    assert stats.episodes == 2 and not {r.actor_pid for r in reports} & theirs
-    with pytest.raises(Exception):  # noqa: B017 - Ray's error for a killed actor
-        ray.get(other.handles[0].ready.remote(), timeout=30)
 
 
 def test_ray_started_on_a_thread_of_its_own_joins_a_running_session_and_leaves_it_running(ray_session):
