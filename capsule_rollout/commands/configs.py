@@ -250,8 +250,9 @@ class SimRolloutConfig:
     occurrence in a process (a first compile) may take, whatever was measured."""
     deadline_floor_s: float = 30.0
     """The shortest deadline of a phase (a GC pause or a slow disk is no hang)."""
-    lanes: Literal["two", "serial"] = "two"
-    """Policy and critic on two lanes at once, or one after the other."""
+    lanes: Literal["auto", "two", "serial"] = "auto"
+    """Policy and critic on two lanes at once, or one after the other; auto: two on a GPU or with 2+ cores for
+    torch, else one after the other (what is played is the same)."""
     cpus_per_actor: float = 1.0
     """Ray CPU resources per actor."""
     gpus_per_actor: float = 0.0

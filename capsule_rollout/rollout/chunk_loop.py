@@ -12,7 +12,7 @@ from collections.abc import Generator
 import numpy as np
 
 from capsule_rollout.envs.rollout_env import STATE_KEY
-from capsule_rollout.rollout.host_config import SafetyStop, Tick
+from capsule_rollout.rollout.host_config import SafetyStop, Tick, two_lanes
 from capsule_rollout.rollout.phase_clock import CHUNK, HOST, STEP
 from capsule_rollout.stores.episode import EpisodeBuilder
 from capsule_rollout.stores.episode_schema import STOP_REASONS, StopReason
@@ -31,7 +31,7 @@ class ChunkLoop:
         """The policy (and critic) on the loaded observation: the chunk and value of the request."""
         if self.critic is None:
             self._policy_lane()
-        elif self.config.lanes == "two":
+        elif two_lanes(self.config, self.policy.device):
             self.lanes.run(self._policy_lane, self._critic_lane)
         else:
             self.lanes.serial(self._policy_lane, self._critic_lane)

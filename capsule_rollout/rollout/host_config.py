@@ -9,12 +9,14 @@ policy's noise seed of an episode.
 from __future__ import annotations
 
 import enum
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import torch
 
 from capsule_rollout.stores.episode import Episode
 
@@ -61,8 +63,10 @@ class HostConfig:
     """Seeds whose initial capsules stay pinned in the store (a fixed evaluation set)."""
     record_images: bool = True
     """Record the cameras' images in each episode."""
-    lanes: Literal["two", "serial"] = "two"
-    """Run policy and critic on two lanes at once, or one after the other on one."""
+    lanes: Literal["auto", "two", "serial"] = "auto"
+    """Run policy and critic on two lanes at once, or one after the other on one; `auto`: two lanes on a GPU, or
+    on the CPU when the process has two cores or more for torch, else one after the other (a second lane without
+    a core of its own only adds its thread's switching: `bench_slots`). Not part of what is played."""
     images_on_demand: bool = True
     """With an env that can leave images out of an observation (`images_wanted`), render them only for the steps
     that read them: chunk starts, recorded images, observers that declare `needs_images`. The episode is the
@@ -73,8 +77,18 @@ class HostConfig:
             raise ValueError("n_exec, value_patience and planner_every must be >= 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
-        if self.lanes not in ("two", "serial"):
-            raise ValueError(f"lanes must be 'two' or 'serial', got {self.lanes!r}")
+        if self.lanes not in ("auto", "two", "serial"):
+            raise ValueError(f"lanes must be 'auto', 'two' or 'serial', got {self.lanes!r}")
+
+
+def two_lanes(config: HostConfig, device) -> bool:
+    """Whether the policy and critic run on two lanes at once (`HostConfig.lanes`; `auto` decided now)."""
+    if config.lanes != "auto":
+        return config.lanes == "two"
+    if torch.device(device).type != "cpu":
+        return True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, torch.get_num_threads()) >= 2
 
 
 @dataclass(slots=True)

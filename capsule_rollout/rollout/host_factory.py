@@ -212,9 +212,11 @@ def check_same_run(out: Path, spec: HostSpec) -> None:
     except FileNotFoundError:
         return
     now = spec.to_json()
-    # they do not change what is played (observers watch the episodes)
+    # they do not change what is played (observers watch the episodes; the lanes only run the same calls at once)
     free = {"threads", "pin_cores", "capsule_budget_mb", "observers", "env_threads"}
-    differ = sorted(k for k in now if k not in free and recorded.get(k) != now[k])
+    played = lambda data, k: ({f: v for f, v in data[k].items() if f != "lanes"}  # noqa: E731
+                              if k == "host" and isinstance(data.get(k), dict) else data.get(k))
+    differ = sorted(k for k in now if k not in free and played(recorded, k) != played(now, k))
     if differ:
         raise ValueError(f"{out} holds a run made with other settings ({', '.join(differ)} differ; see "
                          f"{out / 'rollout.json'}): use another --out, or the same settings to resume it")

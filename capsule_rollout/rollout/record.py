@@ -151,7 +151,7 @@ def record_rollouts(
     observers: Sequence[str] = (),
     shards: bool = False,
     episodes_per_call: int = 1,
-    lanes: str = "two",
+    lanes: str = "auto",
     cpus_per_actor: float = 1.0,
     gpus_per_actor: float = 0.0,
     pin_cores: bool = False,
@@ -188,7 +188,7 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
              noise_scale: float | None = None, advantage: str = "checkpoint", beta: float | None = None,
              max_steps: int | None = None, value_threshold: float | None = None, value_patience: int = 3,
              cameras: Sequence[str] | None = None, image_size: int | None = None, observers: Sequence[str] = (),
-             lanes: str = "two", gpus_per_actor: float = 0.0, cpus_per_actor: float = 1.0, pin_cores: bool = False,
+             lanes: str = "auto", gpus_per_actor: float = 0.0, cpus_per_actor: float = 1.0, pin_cores: bool = False,
              pin_seeds: Sequence[int] = (), capsule_budget_mb: float | None = None, slots: int = 1,
              env_threads: int = 1, batch_invariant: bool = True) -> HostSpec:
     """The `HostSpec` a recorded run under `out` plays (what `sim_rollout` and `record_rollouts` build alike):

@@ -35,7 +35,7 @@ from typing import Any
 
 from capsule_rollout.capsules import Capsule, fork
 from capsule_rollout.policies.execution_context import TwoLaneContext
-from capsule_rollout.rollout.host_config import EpisodeResult
+from capsule_rollout.rollout.host_config import EpisodeResult, two_lanes
 from capsule_rollout.rollout.phase_clock import CHUNK, PhaseClock
 from capsule_rollout.rollout.rollout_host import RolloutHost
 
@@ -313,7 +313,7 @@ class SlotHost:
         try:
             if critic is None:
                 policy_lane()
-            elif self.config.lanes == "two":
+            elif two_lanes(self.config, self.hosts[0].policy.device):
                 self.lanes.run(policy_lane, critic_lane)
             else:
                 self.lanes.serial(policy_lane, critic_lane)
