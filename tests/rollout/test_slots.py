@@ -7,6 +7,7 @@ phase refill at once; one slot's error is that slot's episode alone."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from capsule_rollout.capsules import Role
 from capsule_rollout.rollout.branching import BoundaryCapsules, branch_episode, branch_value
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
-from capsule_rollout.rollout.slot_host import LoopRows, SlotHost, episode_job
+from capsule_rollout.rollout.slot_host import Feed, LoopRows, SlotHost, episode_job
 from tests.policies.tiny import save_tiny_checkpoints
 from tests.rollout.protocol_fakes import GreedyPolicy, ReachEnv
 from tests.rollout.test_protocols import DistanceCritic
@@ -254,3 +255,33 @@ def test_the_shipped_policy_and_critic_play_the_same_episodes_at_any_slot_count(
         assert [r.error for r in played] == [None] * len(seeds)
         for a, r in zip(alone, played):
             same_episode(a, r.value.episode, same_capsule=False)
+
+
+def test_a_feed_given_work_while_it_plays_fills_the_free_slots_and_ends_when_empty():
+    """`Feed`: what an actor holding two calls plays from; the second call's items take the slots the first call's
+    last items leave free, and the play ends only when every slot is free and nothing is left."""
+    slots = _reach_slots(4)
+    feed = Feed()
+    first = [(k, episode_job(50 + k)) for k in range(5)]
+    assert feed.put(first)
+    calls: list[list[int]] = []
+    slots.on_call = calls.append
+    results = []
+    t0 = time.perf_counter()
+    try:
+        for result in slots.play(feed):
+            results.append(result)
+            if len(results) == 2:  # the second call arrives while the first's last items play
+                assert feed.put([(k, episode_job(50 + k)) for k in range(5, 12)])
+    finally:
+        slots.on_call = None
+    wall = time.perf_counter() - t0
+    assert sorted(r.index for r in results) == list(range(12)) and all(r.error is None for r in results)
+    assert not feed.put([(99, episode_job(1))])  # the play has ended: the caller starts another
+    tallies = slots.rows_filled()
+    assert tallies["rows_with_work_left"] == 4 * tallies["calls_with_work_left"]  # full while an item waited
+    # each item's share of the rounds it played in: the shares add up to the play's wall time
+    assert all(r.busy_s > 0 for r in results) and 0.9 * wall <= sum(r.busy_s for r in results) <= wall
+    alone = _reach_slots(1)
+    for result in results:  # each item plays what it plays alone
+        same_episode(result.value.episode, alone.run_episode(50 + result.index).episode, same_capsule=False)
