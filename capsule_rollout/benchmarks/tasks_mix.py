@@ -111,7 +111,7 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = lambda
     default = config.episodes_per_call[0]
     progress("the env alone ...")
     alone = env_alone(out / f"mix-{default}" / "episodes.zarr", config.actors, 64)
-    rows = []
+    rows, cores = [], len(os.sched_getaffinity(0))
     for k, runs in mixes.items():
         share = float(np.median([_models_share(m, config.actors) for m in runs]))
         rows.append({"episodes_per_call": k, "steps_per_s_started": _median(runs, "steps_per_s_started"),
@@ -121,7 +121,8 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = lambda
                      "rows_filled": _median([m["rows"] for m in runs], "rows_filled"),
                      "rows_filled_with_work_left": _median([m["rows"] for m in runs], "rows_filled_with_work_left"),
                      "over_env_alone": _median(runs, "steps_per_s_started") / alone["steps_per_s"],
-                     "models_share": share, "limit_over_env_alone": 1.0 - share})
+                     "models_share": share, "limit_over_env_alone": 1.0 - share,
+                     "driver_share": float(np.median([m["driver_cpu_s"] / (cores * m["wall_s"]) for m in runs]))})
     startup: dict = {"rounds": config.startup_rounds, "now": []}
     if config.before:
         startup["before"] = []

@@ -43,7 +43,9 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
                   "≥ 90% while an item waited" if m is s["mix"][0] else ""),
                  (f"--family all ({calls}): steps/s over the env alone (once started); the limit the models' share "
                   f"of a core ({m['models_share']:.0%}) sets",
-                  f"{m['over_env_alone']:.2f} / {m['limit_over_env_alone']:.2f}", "")]
+                  f"{m['over_env_alone']:.2f} / {m['limit_over_env_alone']:.2f}", ""),
+                 (f"--family all ({calls}): the driver's CPU (recording, Ray's calls) over the cores' time",
+                  f"{m['driver_share']:.0%}", "")]
     a = s["env_alone"]
     rows.append((f"the env alone: the mix's {a['episodes']} episodes replayed on {a['processes']} processes, images "
                  "every step", f"{a['steps_per_s']:.0f} steps/s", ""))

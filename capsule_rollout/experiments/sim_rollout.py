@@ -118,7 +118,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                disable=not config.progress)
     steps_total = [0]
     first_report: list[float] = []
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
 
     def on_report(report, stats) -> None:
         if not first_report:
@@ -138,7 +138,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                                       done=done, on_report=on_report, episodes_per_call=config.episodes_per_call,
                                       deadlines=DeadlineSettings(floor_s=config.deadline_floor_s,
                                                                  first_call_s=config.first_call_s))
-        ended = time.monotonic()
+        ended, driver_cpu = time.monotonic(), time.process_time() - cpu0
         orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0  # ignored by readers
     finally:
         bar.close()
@@ -156,6 +156,7 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                    "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
                    "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors,
                    "slots": spec.slots, "wall_s": wall, "startup": startup,
+               "driver_cpu_s": driver_cpu,  # this process's CPU while the actors played (recording, Ray's calls)
                    # from the first actor ready to the last episode back: the rate once started
                    "steps_per_s_started": steps_total[0] / (ended - stats.ready_at)
                    if stats.ready_at is not None and ended > stats.ready_at else None,

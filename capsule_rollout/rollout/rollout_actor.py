@@ -3,9 +3,9 @@ it is handed and returns: `WorkItem` (seed, episode id, attempt, repeat, task) a
 
 The actor plays one item per call (or K, `run_batch`; with `HostSpec.slots` > 1 the K items are played on the
 host's slots side by side, `rollout.slot_host`, and the actor holds two calls at once, both played from one feed:
-`rollout.slot_calls`), builds the host for the item's task when a run over
-several of a suite's tasks (`HostSpec.env` `suite:*`) first needs it (with slots, one slot host for every task), records its episode to its own shard
-when the store is sharded, and turns a fatal CUDA error into the end of its process (the context is unusable;
+`rollout.slot_calls`), builds the host for the item's task when a run over several of a suite's tasks
+(`HostSpec.env` `suite:*`) first needs it (with slots, one slot host for every task), records its episode to its
+own shard when the store is sharded, and turns a fatal CUDA error into the end of its process (the context is unusable;
 the driver re-runs the episode on a fresh one). The driver that places actors and hands them items is
 `rollout.ray_rollout`.
 
