@@ -4,7 +4,7 @@
    <family>` on 4x the seeds (the same episode count), the same actors and slots, in paired rounds: steps/s once
    the first actor is ready (`steps_per_s_started`: start-up left out), with start-up, and the rows filled per
    batched call (every call, and the calls made while an item waited for a slot). The mix is also run with larger
-   calls (`--episodes_per_call`).
+   calls (`--episodes_per_call`), and by an earlier checkout (`--before`: steps/s with start-up, what it reports).
 2. Start-up: a one-seed run (mostly start-up) of this checkout and of an earlier one (`--before`), in paired
    rounds: the process's wall time; this checkout's summary says where its start-up went.
 3. The env alone: the mix's recorded episodes replayed (reset on the seed, the recorded actions, every step's
@@ -102,12 +102,16 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = lambda
     out.mkdir(parents=True, exist_ok=True)
     mixes: dict[int, list[dict]] = {k: [] for k in config.episodes_per_call}
     one: list[dict] = []
+    mix_before: list[dict] = []
     for r in range(config.rounds):
         for k in config.episodes_per_call:
             progress(f"round {r + 1}: the mix, episodes per call {k or 'default'} ...")
             mixes[k].append(_sim_rollout(config, out / f"mix-{k}", "all", config.seeds, per_call=k))
         progress(f"round {r + 1}: {config.family} alone ...")
         one.append(_sim_rollout(config, out / "one", config.family, config.seeds * len(FAMILY_NAMES)))
+        if config.before:
+            progress(f"round {r + 1}: the mix, the earlier checkout ...")
+            mix_before.append(_sim_rollout(config, out / "mix-before", "all", config.seeds, checkout=config.before))
     default = config.episodes_per_call[0]
     progress("the env alone ...")
     alone = env_alone(out / f"mix-{default}" / "episodes.zarr", config.actors, 64)
@@ -148,6 +152,11 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = lambda
                            "rows_filled_with_work_left": _median([o["rows"] for o in one],
                                                                  "rows_filled_with_work_left")},
             "mix": rows, "env_alone": alone, "startup": start,
+            "mix_before": {"steps_per_s": _median(mix_before, "steps_per_s"),
+                           "process_s": _median(mix_before, "process_s"),
+                           "now_over_before": float(np.median([m["steps_per_s"] / b["steps_per_s"] for m, b in
+                                                               zip(mixes[default], mix_before, strict=True)]))}
+            if mix_before else None,
             "targets": {"mix_ge_0_9x": rows[0]["over_one_family"] >= MIX_TARGET,
                         "rows_ge_90pct": rows[0]["rows_filled_with_work_left"] >= ROWS_TARGET}}
 

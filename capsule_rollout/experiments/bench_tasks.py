@@ -46,6 +46,10 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
                   f"{m['over_env_alone']:.2f} / {m['limit_over_env_alone']:.2f}", ""),
                  (f"--family all ({calls}): the driver's CPU (recording, Ray's calls) over the cores' time",
                   f"{m['driver_share']:.0%}", "")]
+    if s.get("mix_before"):
+        b, now = s["mix_before"], s["mix"][0]
+        rows.append((f"--family all, {n} episodes, with start-up: now / the earlier checkout",
+                     f"{now['steps_per_s']:.0f} / {b['steps_per_s']:.0f} steps/s ({b['now_over_before']:.2f}x)", ""))
     a = s["env_alone"]
     rows.append((f"the env alone: the mix's {a['episodes']} episodes replayed on {a['processes']} processes, images "
                  "every step", f"{a['steps_per_s']:.0f} steps/s", ""))
@@ -54,9 +58,9 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
     rows.append(("one-seed run, process wall time: now" + (" / before" if "before_process_s" in st else ""),
                  f"{st['now_process_s']:.1f} s" + (f" / {st['before_process_s']:.1f} s ({st['before_over_now']:.2f}x)"
                                                    if "before_process_s" in st else ""), ""))
-    rows.append(("one-seed run now: before the command / preflight (Ray starting beside it: its time) / to the "
+    rows.append(("one-seed run now: before the command / inputs checked and preflight / Ray's start / to the "
                  "first actor ready / its episodes back",
-                 f"{ph['before_command_s']:.1f} / {ph['preflight_s']:.1f} ({ph['ray_s']:.1f}) / "
+                 f"{ph['before_command_s']:.1f} / {ph['preflight_s']:.1f} / {ph['ray_s']:.1f} / "
                  f"{ph['to_actors_ready_s']:.1f} / {ph['to_first_episode_s']:.1f} s", ""))
     return rows
 
