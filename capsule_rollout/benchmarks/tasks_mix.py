@@ -115,6 +115,8 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = lambda
     default = config.episodes_per_call[0]
     progress("the env alone ...")
     alone = env_alone(out / f"mix-{default}" / "episodes.zarr", config.actors, 64)
+    one_alone = env_alone(out / "one" / "episodes.zarr", config.actors, 64)
+    tasks_cost = alone["steps_per_s"] / one_alone["steps_per_s"]  # the mix's tasks against the one family's
     rows, cores = [], len(os.sched_getaffinity(0))
     for k, runs in mixes.items():
         share = float(np.median([_models_share(m, config.actors) for m in runs]))
@@ -122,6 +124,10 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = lambda
                      "steps_per_s": _median(runs, "steps_per_s"),
                      "over_one_family": float(np.median([m["steps_per_s_started"] / o["steps_per_s_started"]
                                                          for m, o in zip(runs, one, strict=True)])),
+                     # the same, each run over its episodes' env alone: what the layout costs, the tasks aside
+                     "over_one_family_per_env": float(np.median([
+                         m["steps_per_s_started"] / o["steps_per_s_started"] for m, o in zip(runs, one, strict=True)]))
+                     / tasks_cost,
                      "rows_filled": _median([m["rows"] for m in runs], "rows_filled"),
                      "rows_filled_with_work_left": _median([m["rows"] for m in runs], "rows_filled_with_work_left"),
                      "over_env_alone": _median(runs, "steps_per_s_started") / alone["steps_per_s"],
@@ -151,7 +157,7 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = lambda
                            "rows_filled": _median([o["rows"] for o in one], "rows_filled"),
                            "rows_filled_with_work_left": _median([o["rows"] for o in one],
                                                                  "rows_filled_with_work_left")},
-            "mix": rows, "env_alone": alone, "startup": start,
+            "mix": rows, "env_alone": alone, "env_alone_one_family": one_alone, "startup": start,
             "mix_before": {"steps_per_s": _median(mix_before, "steps_per_s"),
                            "process_s": _median(mix_before, "process_s"),
                            "now_over_before": float(np.median([m["steps_per_s"] / b["steps_per_s"] for m, b in

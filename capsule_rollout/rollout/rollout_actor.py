@@ -340,6 +340,15 @@ class RolloutActor(SlotCalls):
         hung = [k for k in self._hung_items(clock, len(items)) if k not in done]
         if not hung:  # no item to blame: every item not done is
             hung = [k for k in range(len(items)) if k not in done]
+        reports = self._hang_reports(items, done, hung, hang)
+        self._write_shard([r for r in reports if r.episode is not None])
+        self._learned(reports)
+        return reports
+
+    def _hang_reports(self, items: list[WorkItem], done: dict[int, ActorReport], hung: list[int],
+                      hang: Hang) -> list[ActorReport]:
+        """A call's reports when `hang` ended it: the items done as they are, the hung ones lost where they hung,
+        the rest unplayed (handed out again)."""
         reports = []
         for k, item in enumerate(items):
             if k in hung:
@@ -351,8 +360,6 @@ class RolloutActor(SlotCalls):
                 report = self._lost(item, f"not played: the call ended when another item {hang}")
                 report.unplayed = True
             reports.append(report)
-        self._write_shard([r for r in reports if r.episode is not None])
-        self._learned(reports)
         return reports
 
     def _hung_items(self, clock: PhaseClock, n: int) -> list[int]:

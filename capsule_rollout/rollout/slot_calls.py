@@ -8,8 +8,8 @@ the actor's shard then, in one commit). A watched call (`RolloutActor.watch`) th
 returns at once with its items done, the hung ones and the rest unplayed, as one call alone would; every call in
 flight finds it, so each returns before the driver kills the actor.
 
-`SlotCalls` is a mixin of `RolloutActor` (its `_host_for`, `_report`, `_failed`, `_lost`, `_write_shard`,
-`_learned`, `_overrun`, `_player`).
+`SlotCalls` is a mixin of `RolloutActor` (its `_host_for`, `_report`, `_failed`, `_lost`, `_hang_reports`,
+`_write_shard`, `_learned`, `_overrun`, `_player`).
 """
 
 from __future__ import annotations
@@ -155,17 +155,7 @@ class SlotCalls:
         hung = [k for k in self._hung_in(call, clock) if k not in done]
         if not hung and (writing or clock is self.clock):  # no item to blame: every item not done is
             hung = [k for k in range(len(call.items)) if k not in done]
-        reports = []
-        for k, item in enumerate(call.items):
-            if k in hung:
-                report = self._lost(item, str(hang))
-                report.hang = hang
-            elif k in done:
-                report = done[k]
-            else:
-                report = self._lost(item, f"not played: the call ended when another item {hang}")
-                report.unplayed = True
-            reports.append(report)
+        reports = self._hang_reports(call.items, done, hung, hang)
         if not writing:
             with self._shard_lock:
                 self._write_shard([r for r in reports if r.episode is not None])
