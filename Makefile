@@ -121,6 +121,7 @@ bench: $(STAMP)
 	$(PY) -m capsule_rollout bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
 	$(PY) -m capsule_rollout bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
 	$(PY) -m capsule_rollout bench_slots --json runs/bench/bench_slots.json --docs docs/BENCHMARKS.md
+	$(PY) -m capsule_rollout bench_tasks --json runs/bench/bench_tasks.json --docs docs/BENCHMARKS.md
 	$(PY) -m capsule_rollout collect_demos --episodes 200 --out runs/bench/demos200.zarr --no-progress
 	$(PY) -m capsule_rollout bench_lerobot --rounds 5 --svt_presets 7 8 10 --json runs/bench/bench_lerobot.json --docs docs/BENCHMARKS.md
 

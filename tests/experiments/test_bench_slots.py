@@ -21,3 +21,6 @@ def test_bench_slots_smoke(tmp_path):
     rows = data["batch_invariance"]["rows"]
     assert [r["slots"] for r in rows] == [1, 3, 4, 6] and all(r["same_as_one_slot_invariant"] for r in rows)
     assert "<!-- bench_slots:begin -->" in docs.read_text() and "batch-invariant runtimes" in docs.read_text()
+    hand = data["hand_written"]  # the hand-written batched loop plays the host's actions
+    assert hand["same_actions"] is True and set(hand["steps_per_s"]) == {"hand", "auto", "two", "serial"}
+    assert "hand-written batched loop" in docs.read_text()
