@@ -45,6 +45,8 @@ def _sim_rollout(config: BenchTasksConfig, out: Path, family: str, seeds: int, *
            "--model.critic", config.critic, "--out", str(out), "--no-progress", "--no-video", "--json", str(summary)]
     if per_call:
         cmd += ["--episodes_per_call", str(per_call)]
+    if config.n_exec is not None:
+        cmd += ["--act.n_exec", str(config.n_exec)]
     env = dict(os.environ)
     if checkout:
         env["PYTHONPATH"] = os.pathsep.join([checkout, *filter(None, [env.get("PYTHONPATH")])])

@@ -400,6 +400,8 @@ class BenchTasksConfig:
     """Critic checkpoint."""
     family: FAMILIES = "pick_place"
     """The one family the mix is measured against."""
+    n_exec: int | None = None
+    """Actions per chunk executed (None: as the policy checkpoint records)."""
     actors: int = 2
     """Ray actors of each run."""
     slots: int = 4

@@ -134,11 +134,19 @@ class RayDriver:
     # -- handing out ---------------------------------------------------------------------
     def _hand_out(self) -> None:
         plan, spec = self.plan, self.spec
+        skipped = []  # actors whose second call would take what an actor without a call should get
         while plan and self.idle:
             index = self.idle.popleft()
             # slots: share what is left among the actors' calls rather than fill one call with all of it
             share = max(spec.slots, -(-len(plan) // (self.actors * self.depth))) if spec.slots > 1 else self.per_call
-            batch = [plan.take(index) for _ in range(min(self.per_call, share, len(plan)))]
+            size = min(self.per_call, share, len(plan))
+            if self._holds(index):  # a second call: what is left once each actor without a call has one
+                waiting = [i for i in self.alive if i != index and not self._holds(i)]
+                size = min(size, len(plan) - min(self.per_call, share) * len(waiting))
+                if size <= 0:
+                    skipped.append(index)
+                    continue
+            batch = [plan.take(index) for _ in range(size)]
             # a call behind another on the same actor ends after both: its deadline counts the items ahead of it
             ahead = [item for call in self.in_flight.values() if call.index == index for item in call.items]
             seconds = self.deadlines.call_s(ahead + batch, first_call=index not in self.warm)
@@ -150,6 +158,11 @@ class RayDriver:
             deadline = None if seconds is None else time.monotonic() + seconds
             self.in_flight[actor.run_batch.remote(batch)] = _Call(index, batch, deadline, seconds,
                                                                  self.generation[index])
+        self.idle.extend(skipped)
+
+    def _holds(self, index: int) -> bool:
+        """Whether actor `index` holds a call now."""
+        return any(call.index == index for call in self.in_flight.values())
 
     def _wait(self) -> float | None:
         """Seconds until the next deadline (a call's, or placement's while no actor is placed)."""

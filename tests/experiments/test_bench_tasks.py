@@ -13,7 +13,7 @@ def test_bench_tasks_smoke(tmp_path):
     policy, critic = save_tiny_checkpoints(tmp_path / "ckpt")
     docs, out = tmp_path / "B.md", tmp_path / "b.json"
     docs.write_text("# Benchmarks\n")
-    assert main(["bench_tasks", "--policy", policy, "--critic", critic, "--seeds", "1", "--rounds", "1",
+    assert main(["bench_tasks", "--policy", policy, "--critic", critic, "--n_exec", "2", "--seeds", "1", "--rounds", "1",
                  "--episodes_per_call", "0", "--startup_rounds", "1", "--out", str(tmp_path / "runs"),
                  "--docs", str(docs), "--json", str(out)]) == 0
     data = json.loads(out.read_text())
