@@ -104,8 +104,10 @@ def test_a_zero_timeout_turns_deadlines_off_with_a_one_line_warning(spec, capsys
 
 
 def test_an_actor_of_slots_that_dies_in_slot_3_has_its_call_rerun_and_every_episode_lands_once(spec, tmp_path):
-    """4 slots, one call of 8 episodes: the process exits in the episode playing in slot 3; every episode of the
-    call is handed out again once, each is recorded once, and each is the episode a run without the fault plays."""
+    """4 slots, two calls of 4 episodes in flight: the process exits in the episode playing in slot 3; every
+    episode of the call that held it is handed out again once (and of the other call too when the process had
+    taken it: Ray hands a call not yet delivered to the restarted process), each is recorded once, and each is the
+    episode a run without the fault plays."""
     import dataclasses
 
     import numpy as np
@@ -116,7 +118,7 @@ def test_an_actor_of_slots_that_dies_in_slot_3_has_its_call_rerun_and_every_epis
     faulty = dataclasses.replace(slotted, observers=(faults.observer_spec(victim, 3, marker, "exit"),))
     with ZarrRecorder(tmp_path / "e.zarr") as recorder:
         reports, stats = run_rollouts(faulty, _items(8), actors=1, recorder=recorder)
-    assert marker.exists() and stats.actor_failures == 1 and stats.resubmitted == 8 and stats.episodes == 8
+    assert marker.exists() and stats.actor_failures == 1 and stats.resubmitted in (4, 8) and stats.episodes == 8
     assert sorted(ZarrEpisodeReader(tmp_path / "e.zarr").episode_ids) == sorted(it.episode_id for it in _items(8))
     want = {r.item.episode_id: r.episode for r in reference}
     for report in reports:
