@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 
-from capsule_rollout.capsules import Arena, CapsuleStore, save_capsule, signing_key
+from capsule_rollout.capsules import Arena, CapsuleStore
 from capsule_rollout.envs.rollout_env import ArraySpec, RolloutEnv
 from capsule_rollout.import_path import resolve, split_kwargs
 from capsule_rollout.models.runtime import batch_invariance
 from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
-from capsule_rollout.rollout.host_config import file_safe
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.plug_in import (
     FACTORY,
@@ -39,7 +38,7 @@ from capsule_rollout.rollout.plug_in import (
     load_source,
     source_kind,
 )
-from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost, capsule_key
+from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 
 ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
@@ -479,28 +478,3 @@ def is_multi_task(env: str) -> bool:
 def env_for_task(env: str, task: str) -> str:
     """The env id of one task of a `suite:*` run (`env` itself otherwise, whatever `task` says)."""
     return f"{env[: -len(ANY_TASK)]}{task}" if is_multi_task(env) and task else env
-
-
-def capsule_path(capsule_dir: str | os.PathLike, task: str, seed: int) -> Path:
-    """Where a seed's initial capsule is saved: `<dir>/<task, file-system-safe>/s<seed>.capsule`; a run saved
-    before names were made safe keeps its file (`<dir>/<task>/s<seed>.capsule`), read there."""
-    path = Path(capsule_dir) / file_safe(task) / f"s{seed:07d}.capsule"
-    legacy = Path(capsule_dir) / f"{capsule_key(task, seed)}.capsule"
-    return legacy if not path.exists() and legacy != path and legacy.exists() else path
-
-
-def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int, capsule=None, *,
-                         key: bytes | None = None) -> Path | None:
-    """Write the seed's initial capsule under `spec.capsule_dir` once (atomic; kept for replay), signed with
-    `key` (`capsules.signing_key()` when None). `capsule`: the episode's (`EpisodeResult.initial_capsule`; None:
-    the host's current one)."""
-    if not spec.capsule_dir or not getattr(host.env, "restorable", True):
-        return None
-    path = capsule_path(spec.capsule_dir, host.task, seed)
-    if capsule is None:
-        capsule = host.initial_capsule  # the store may have dropped it already (a budget)
-    if not path.exists() and capsule is not None and capsule.meta.label == capsule_key(host.task, seed):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_capsule(capsule, path, annotations={"host_spec": json.dumps(spec.to_json())},
-                     key=key if key is not None else signing_key())
-    return path

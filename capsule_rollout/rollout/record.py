@@ -32,7 +32,6 @@ from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
     build_slots,
-    capsule_path,
     check_same_run,
     check_spec,
     env_for_task,
@@ -47,6 +46,7 @@ from capsule_rollout.rollout.process_state import kept_process_state
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
+from capsule_rollout.rollout.run_capsules import capsule_path
 from capsule_rollout.rollout.slot_check import check_slots as check_slots_of
 from capsule_rollout.rollout.slot_check import require_slots
 from capsule_rollout.stores import episode_schema as S

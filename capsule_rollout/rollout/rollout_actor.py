@@ -36,14 +36,13 @@ from capsule_rollout.rollout.host_factory import (
     HostSpec,
     build_host,
     build_slots,
-    capsule_path,
     env_for_task,
     is_multi_task,
-    save_initial_capsule,
 )
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.phase_clock import BUILD, WRITE, Hang, PhaseClock, Times, combined_times
 from capsule_rollout.rollout.rollout_host import RolloutHost
+from capsule_rollout.rollout.run_capsules import capsule_path, save_initial_capsule
 from capsule_rollout.rollout.slot_calls import WATCH_POLL_S, SlotCalls
 from capsule_rollout.rollout.slot_host import SlotHost
 from capsule_rollout.stores import episode_schema as S

@@ -81,7 +81,7 @@ def test_episode_ids_and_capsule_files_are_file_system_safe_and_old_runs_still_r
     old = tmp_path / "old"
     with monkeypatch.context() as m:  # a run recorded before: the task as it is in ids and capsule directories
         m.setattr(host_config, "file_safe", lambda text: text)
-        m.setattr("capsule_rollout.rollout.host_factory.file_safe", lambda text: text)
+        m.setattr("capsule_rollout.rollout.run_capsules.file_safe", lambda text: text)
         record_rollouts(old, env=ENV, policy=POLICY, seeds=[1], actors=0)
     assert open_episode_reader(old / "episodes.zarr").episode_ids == [f"{ENV}-s0000001"]
     assert (old / "capsules" / ENV / "s0000001.capsule").exists()
