@@ -32,7 +32,8 @@ def sidecar_path(store: str | os.PathLike) -> Path:
 class StoreCritic(Protocol):
     """A critic that values a store's recorded steps (what `label_store` labels with): the cameras and
     tokenizer its inputs need (for `learning.policy_data.load_training_arrays`), V(o_t) for every step of
-    those arrays, and a digest of its weights (written into the sidecar)."""
+    those arrays, and a digest of its weights (written into the sidecar); `privileged`, when it says True, that it
+    reads the steps' privileged state too (optional: False)."""
 
     cameras: tuple[str, ...]
     tokenizer: Any  # encode_batch(texts) -> int array
@@ -53,7 +54,7 @@ class LabelledStore:
 def label_store(critic: StoreCritic, store: str, *, n: int, max_steps: int, positive_fraction: float,
                 out: str | os.PathLike | None = None, critic_name: str = "") -> LabelledStore:
     """Label every step of `store` with `critic` and write the sidecar (atomically)."""
-    data = load_training_arrays(store, critic.cameras, critic.tokenizer)
+    data = load_training_arrays(store, critic.cameras, critic.tokenizer, privileged=getattr(critic, "privileged", False))
     values = np.asarray(critic.store_values(data), np.float32)
     ends = data["episode_ends"]
     starts = np.concatenate([[0], ends[:-1]])

@@ -253,6 +253,10 @@ class TrainCriticConfig:
     plan_dropout: float = 0.3
     """With --plan_steps: share of training examples whose plan is hidden, so the same critic also gives
     the value of the state alone (what advantage labels and the rollout host use)."""
+    privileged: bool = False
+    """The critic also reads the sim's privileged state the episodes record (the env's `privileged` observation:
+    object and gripper poses a robot does not sense; the tabletop records it). The policy never reads it; at run
+    time the env must give it (a sim)."""
     init_policy: str = ""
     """Start the critic's vision and language encoders from this policy checkpoint's (same encoder sizes);
     empty: from scratch."""
@@ -329,6 +333,9 @@ class RecapConfig:
     critic_actor_input: bool = False
     """Critics read who acted (demonstrator or policy; see `train_critic --actor_input`) and value the
     policy's states for the policy."""
+    critic_privileged: bool = False
+    """Critics also read the sim's privileged state (object and gripper poses, `train_critic --privileged`): for
+    the takeovers and the advantage labels; the policy sees what a robot sees."""
     critic_plan_steps: int = 0
     """Critics also read the first this many actions of the chunk about to run (see `train_critic
     --plan_steps`); the held-out failure AUC then values each state with the policy's chunk. Takeovers

@@ -16,9 +16,10 @@ def training_order(episode_ids: list[str]) -> list[int]:
     return sorted(range(len(episode_ids)), key=lambda i: episode_ids[i])
 
 
-def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer) -> dict:
+def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer, privileged: bool = False) -> dict:
     """Images, states, actions, per-step subtask tokens and episode steps, episode ends and metadata of a store,
-    its episodes in `training_order`. `tokenizer`: the model's, with `encode_batch(texts) -> int array`."""
+    its episodes in `training_order`. `tokenizer`: the model's, with `encode_batch(texts) -> int array`.
+    `privileged`: the steps' `privileged` states too (a critic that reads the sim's state)."""
     reader = open_episode_reader(path)
     if not len(reader):
         raise ValueError(f"{path} holds no complete episode; collect some with `collect_demos` first")
@@ -27,6 +28,12 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer) -> dict
         raise ValueError(f"{path} has no images of camera(s) {missing}; it has {reader.keys}")
     keys = [S.STATE, S.ACTION, S.POLICY_ACTION, S.SUBTASK_ID, S.REWARD, S.INTERVENTION]
     keys += [f"{S.IMAGE_PREFIX}{c}" for c in cameras]
+    if privileged:
+        if S.PRIVILEGED not in reader.keys:
+            raise ValueError(f"{path} records no privileged state (the env's `{S.PRIVILEGED}` observation), which a "
+                             "privileged critic reads: record the episodes with today's code (a new --out), or train a "
+                             "critic without it")
+        keys.append(S.PRIVILEGED)
     arrays = reader.load(keys)
     metas = [reader.meta(i) for i in range(len(reader))]
     order = training_order([m.episode_id for m in metas])
@@ -49,6 +56,7 @@ def load_training_arrays(path: str, cameras: tuple[str, ...], tokenizer) -> dict
     return {
         "images": {c: arrays[f"{S.IMAGE_PREFIX}{c}"] for c in cameras},
         "states": arrays[S.STATE],
+        **({"privileged": arrays[S.PRIVILEGED]} if privileged else {}),
         "actions": arrays[S.ACTION],
         "policy_actions": arrays[S.POLICY_ACTION],
         "rewards": arrays[S.REWARD],

@@ -15,7 +15,7 @@ from capsule_rollout.envs.rollout_env import STATE_KEY
 from capsule_rollout.rollout.host_config import SafetyStop, Tick, two_lanes
 from capsule_rollout.rollout.phase_clock import CHUNK, HOST, STEP
 from capsule_rollout.stores.episode import EpisodeBuilder
-from capsule_rollout.stores.episode_schema import STOP_REASONS, StopReason
+from capsule_rollout.stores.episode_schema import PRIVILEGED, STOP_REASONS, StopReason
 from capsule_rollout.user_code import describe
 
 
@@ -175,7 +175,8 @@ class ChunkLoop:
                 builder.add(images={c: obs[k] for c, k in images}, state=obs[STATE_KEY], action=tick.action,
                             reward=tick.reward, policy_action=tick.proposed,
                             value=tick.value if tick.new_chunk else float("nan"),
-                            subtask_id=tick.subtask_id, intervention=tick.intervention)
+                            subtask_id=tick.subtask_id, intervention=tick.intervention,
+                            privileged=obs.get(PRIVILEGED))
                 for observer in observers:
                     observer.step(self, tick)
                 obs = tick.obs

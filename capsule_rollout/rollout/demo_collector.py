@@ -8,6 +8,7 @@ import numpy as np
 
 from capsule_rollout.rollout.host_config import episode_id
 from capsule_rollout.stores.episode import Episode, EpisodeBuilder
+from capsule_rollout.stores.episode_schema import PRIVILEGED
 
 
 def demo_episode_id(family: str, seed: int, *, legacy: bool = False) -> str:
@@ -39,6 +40,7 @@ def record_episode(env, act: Callable[[], np.ndarray], *, seed: int, episode_id:
             reward=reward,
             intervention=intervention,
             subtask_id=info.get("subtask_id", env.subtask_index),
+            privileged=obs.get(PRIVILEGED),
         )
         obs, info = next_obs, next_info
         if terminated or truncated:

@@ -63,7 +63,7 @@ def validate_episode(episode: Episode, *, expect_keys: Mapping[str, tuple] | Non
     problems: list[str] = []
     meta = episode.meta
     steps: dict[str, np.ndarray] = {}
-    required = set(S.STEP_FIELDS)
+    required = {key for key, rule in S.STEP_FIELDS.items() if not rule.optional}
     missing = sorted(required - set(episode.steps))
     if missing:
         problems.append(f"missing step fields {missing}")
@@ -186,7 +186,9 @@ class EpisodeBuilder:
         intervention: bool = False,
         subtask_id: int = 0,
         timestamp: float | None = None,
+        privileged: np.ndarray | None = None,
     ) -> None:
+        """`privileged`: the env's `privileged` observation where it gives one (every step, or none)."""
         t = len(self)
         st = np.asarray(state, dtype=np.float32)
         act = np.asarray(action, dtype=np.float32)
@@ -196,10 +198,17 @@ class EpisodeBuilder:
             proposed = self._nan_action
         else:
             proposed = np.asarray(policy_action, dtype=np.float32)
+        priv = None if privileged is None else np.asarray(privileged, dtype=np.float32)
         shapes = self._shapes
         if not shapes:
             self._first_step(images, st, act, proposed)
+            if priv is not None:
+                self._shapes[S.PRIVILEGED] = priv.shape
         else:
+            if (priv is None) != (S.PRIVILEGED not in shapes) or (priv is not None and
+                                                                   priv.shape != shapes[S.PRIVILEGED]):
+                raise EpisodeError(f"privileged at step {t}: {None if priv is None else priv.shape}, earlier "
+                                   f"steps had {shapes.get(S.PRIVILEGED)}")
             for key, array, want in ((S.STATE, st, shapes[S.STATE]), (S.ACTION, act, shapes[S.ACTION]),
                                      (S.POLICY_ACTION, proposed, shapes[S.ACTION])):
                 if array.shape != want:
@@ -213,7 +222,7 @@ class EpisodeBuilder:
                 if image.shape != shapes[camera]:
                     raise EpisodeError(f"image {camera!r} at step {t}: shape {image.shape}, earlier steps had "
                                        f"{shapes[camera]}")
-        for key, array in ((S.STATE, st), (S.ACTION, act)):
+        for key, array in ((S.STATE, st), (S.ACTION, act), *(((S.PRIVILEGED, priv),) if priv is not None else ())):
             if not np.isfinite(array).all():
                 raise EpisodeError(f"{key} at step {t} is not finite ({array.tolist()}); NaN/inf is not allowed there")
         if not math.isfinite(reward):
@@ -221,6 +230,8 @@ class EpisodeBuilder:
         self._arrays[S.STATE].append(st)
         self._arrays[S.ACTION].append(act)
         self._arrays[S.POLICY_ACTION].append(proposed)
+        if priv is not None:
+            self._arrays.setdefault(S.PRIVILEGED, []).append(priv)
         for camera, image in images.items():
             self._images[camera].append(image)
         sc = self._scalars

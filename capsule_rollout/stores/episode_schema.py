@@ -3,6 +3,9 @@
 Per step (time-major arrays, T = episode length):
   image_<camera>  (T, H, W, 3) uint8   one per camera
   state           (T, S) float32       proprio state
+  privileged      (T, P) float32       optional: the sim's own state a robot does not sense (an env's
+                                       `privileged` observation, e.g. object poses; for critics, never
+                                       for the policy); absent where the env gives none
   action          (T, A) float32       the action executed
   policy_action   (T, A) float32       the chunk element the policy proposed (NaN when none ran)
   value           (T,)   float32       critic value (NaN when none ran)
@@ -31,6 +34,7 @@ import numpy as np
 
 IMAGE_PREFIX = "image_"
 STATE = "state"
+PRIVILEGED = "privileged"
 ACTION = "action"
 POLICY_ACTION = "policy_action"
 VALUE = "value"
@@ -79,10 +83,13 @@ class StepField:
     dtype: np.dtype
     ndim: int
     nan_allowed: bool = False
+    optional: bool = False
+    """Recorded only where the source gives it (an episode of a store has it or not, like every other)."""
 
 
 STEP_FIELDS: dict[str, StepField] = {
     STATE: StepField(np.dtype(np.float32), 1),
+    PRIVILEGED: StepField(np.dtype(np.float32), 1, optional=True),
     ACTION: StepField(np.dtype(np.float32), 1),
     POLICY_ACTION: StepField(np.dtype(np.float32), 1, nan_allowed=True),
     VALUE: StepField(np.dtype(np.float32), 0, nan_allowed=True),

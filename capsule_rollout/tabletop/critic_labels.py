@@ -21,8 +21,9 @@ def critic_values(critic, data: dict, batch: int = 256) -> np.ndarray:
             images = {c: torch.from_numpy(np.ascontiguousarray(data["images"][c][sl])) for c in cams}
             step = torch.from_numpy(data["episode_steps"][sl])
             actor = torch.from_numpy(data["actors"][sl])  # each step valued for whoever acted in its episode
+            privileged = (torch.from_numpy(data["privileged"][sl]) if critic.config.privileged_dim else None)
             out.append(critic.value(critic.logits(images, torch.from_numpy(data["states"][sl]), lang, step,
-                                                  actor)).numpy())
+                                                  actor, None, privileged)).numpy())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
@@ -32,6 +33,7 @@ class StoreValues:
     def __init__(self, critic: ValueCritic | str) -> None:
         self.critic = load_critic(critic) if isinstance(critic, str) else critic
         self.cameras = tuple(self.critic.config.cameras)
+        self.privileged = bool(self.critic.config.privileged_dim)  # it reads the steps' privileged state too
         self.tokenizer = self.critic.tokenizer
 
     def store_values(self, data: dict) -> np.ndarray:

@@ -1,8 +1,9 @@
 """`CriticRuntime`: the value critic as a rollout-host component with static buffers.
 
 Buffers: `state` = the subtask language embedding; `io` = observation slots (the
-images, the robot state, the episode step and, for a critic that reads the plan, the
-actions about to be executed) and the outputs (value `(B,)` and logits `(B, bins)`). `evaluate()` runs one
+images, the robot state, the episode step, for a critic that reads the plan, the
+actions about to be executed, and for a privileged critic, the env's `privileged`
+observation) and the outputs (value `(B,)` and logits `(B, bins)`). `evaluate()` runs one
 buffer-to-buffer function through a `GraphRunner`, so it can run on lane C of a
 `TwoLaneContext` while the policy runs on lane P. It implements the rollout protocol's
 critic side (`critics.rollout_critic`).
@@ -17,8 +18,9 @@ import torch
 
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
-from capsule_rollout.models.inputs import load_observation
+from capsule_rollout.models.inputs import as_state_tensor, load_observation, require_keys
 from capsule_rollout.models.runtime import ModelRuntime, in_rows, rows_agree
+from capsule_rollout.stores.episode_schema import PRIVILEGED
 from capsule_rollout.tabletop.value_critic import ACTOR_POLICY, ValueCritic
 
 
@@ -34,6 +36,10 @@ class CriticRuntime(ModelRuntime):
         self.core: torch.nn.Module = _CriticCore(self.model)
         self.spec = CriticSpec(observation_keys=self.observation_keys)
 
+    @property
+    def observation_keys(self) -> tuple[str, ...]:
+        return (*super().observation_keys, *((PRIVILEGED,) if self.config.privileged_dim else ()))
+
     def buffer_specs(self) -> list[BufferSpec]:
         c, b, dev = self.config, self.batch, str(self.device)
         specs = [
@@ -48,13 +54,16 @@ class CriticRuntime(ModelRuntime):
         if c.plan_steps:
             specs.append(BufferSpec("plan", (b, c.plan_steps, c.action_dim), torch.float32, dev, Role.IO,
                                     doc="actions about to be executed (NaN: none, the state's value)"))
+        if c.privileged_dim:
+            specs.append(BufferSpec(PRIVILEGED, (b, c.privileged_dim), torch.float32, dev, Role.IO,
+                                    doc="the env's privileged observation (the sim's object and gripper poses)"))
         return specs
 
     def bind(self, buffers: Mapping[str, torch.Tensor]) -> None:
         super().bind(buffers)
         b = self.buffers
         example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["step"],
-                   self._plan_args())
+                   self._extra_args())
         self.together = self.core.together = not self.batch_invariant or rows_agree(
             self.core._logits, (*example[0], *example[1:4], *example[4]))
         self.core = self._compile(self.core, example, self._evaluate)
@@ -86,11 +95,25 @@ class CriticRuntime(ModelRuntime):
         with a time input (`config.episode_limit`) needs it, one without ignores it.
         """
         t = self.check_step(step)
+        privileged = self.check_privileged(obs, self.batch)
         load_observation(self.buffers, obs, cameras=self.config.cameras, who="critic")
+        if privileged is not None:
+            self.buffers[PRIVILEGED].copy_(privileged)
         if t is not None:
             self.buffers["step"].copy_(t.expand(self.batch))
         if self.config.plan_steps:
             self.buffers["plan"].fill_(float("nan"))  # a new state: no plan until one is given
+
+    def check_privileged(self, obs: Mapping, rows: int) -> torch.Tensor | None:
+        """The observation's `privileged` vector(s) `(rows, P)` for a privileged critic (None for another);
+        refuses a missing, misshapen or non-finite one."""
+        if not self.config.privileged_dim:
+            return None
+        require_keys(obs, (PRIVILEGED,), f"critic {self.name} (privileged)")
+        p = torch.as_tensor(obs[PRIVILEGED])
+        if rows == 1 and p.dim() == 1:
+            p = p[None]
+        return as_state_tensor(p, (rows, self.config.privileged_dim))
 
     def load_plan(self, plan) -> None:
         """The actions about to be executed from the loaded observation (a plan critic only): `(T, A)` or
@@ -120,13 +143,15 @@ class CriticRuntime(ModelRuntime):
         self.runner()
         return self.buffers["value"]
 
-    def _plan_args(self) -> tuple[torch.Tensor, ...]:
-        return (self.buffers["plan"],) if self.config.plan_steps else ()
+    def _extra_args(self) -> tuple[torch.Tensor, ...]:
+        """The inputs only some critics read, in order: the plan, the privileged state."""
+        return (*((self.buffers["plan"],) if self.config.plan_steps else ()),
+                *((self.buffers[PRIVILEGED],) if self.config.privileged_dim else ()))
 
     def _evaluate(self) -> None:
         b = self.buffers
         logits, value = self.core(tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"],
-                                  b["step"], self._plan_args())
+                                  b["step"], self._extra_args())
         b["logits"].copy_(logits)
         b["value"].copy_(value)
 
@@ -144,8 +169,8 @@ class _CriticCore(torch.nn.Module):
         self.cameras = model.config.cameras
 
     def forward(self, images: tuple[torch.Tensor, ...], state: torch.Tensor, lang: torch.Tensor, step: torch.Tensor,
-                plan: tuple[torch.Tensor, ...]):
-        logits = in_rows(self._logits, (*images, state, lang, step, *plan), self.together)
+                extra: tuple[torch.Tensor, ...]):
+        logits = in_rows(self._logits, (*images, state, lang, step, *extra), self.together)
         # row by row: a row's value is then the same whatever the batch holds beside it (a batched matrix-vector
         # product is not), and equal to a batch of one's
         return logits, torch.cat([self.model.value(logits[i: i + 1]) for i in range(logits.shape[0])])
@@ -153,7 +178,9 @@ class _CriticCore(torch.nn.Module):
     def _logits(self, *rows: torch.Tensor) -> torch.Tensor:
         config = self.model.config
         n = len(self.cameras)
-        images, (state, lang, step), plan = rows[:n], rows[n: n + 3], rows[n + 3:]
+        images, (state, lang, step), extra = rows[:n], rows[n: n + 3], rows[n + 3:]
+        plan = extra[0] if config.plan_steps else None
+        privileged = extra[-1] if config.privileged_dim else None
         return self.model.logits(dict(zip(self.cameras, images)), state, lang, step if config.episode_limit else None,
                                  torch.full_like(step, ACTOR_POLICY) if config.actor_input else None,
-                                 plan[0] if plan else None)
+                                 plan, privileged)

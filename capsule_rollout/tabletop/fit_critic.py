@@ -13,16 +13,32 @@ from capsule_rollout.learning.branch_values import BranchTable, branch_targets
 from capsule_rollout.learning.options import TrainCriticConfig
 from capsule_rollout.learning.policy_data import load_training_arrays
 from capsule_rollout.learning.training import Log, loop_config, open_run, run_config, start_fit
+from capsule_rollout.stores.episode_schema import PRIVILEGED
+from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.tabletop.encoders import random_shift
 from capsule_rollout.tabletop.flow_policy import load_policy
 from capsule_rollout.tabletop.value_critic import ACTOR_POLICY, KIND, CriticConfig, ValueCritic
 
 
-def _model_config(config: TrainCriticConfig, ckpt) -> CriticConfig:
+def _model_config(config: TrainCriticConfig, ckpt, privileged_dim: int) -> CriticConfig:
     if ckpt:
         return CriticConfig.from_json(ckpt.config["model"])
     return CriticConfig(cameras=config.cameras, episode_limit=config.max_steps if config.time_input else 0,
-                        actor_input=config.actor_input, plan_steps=config.plan_steps)
+                        actor_input=config.actor_input, plan_steps=config.plan_steps,
+                        privileged_dim=privileged_dim)
+
+
+def _privileged_dim(config: TrainCriticConfig) -> int:
+    """Size of the store's privileged state for a `--privileged` critic (0 without it); a clear error where the
+    store records none."""
+    if not config.privileged:
+        return 0
+    specs = open_episode_reader(config.data).specs
+    if PRIVILEGED not in specs:
+        raise ValueError(f"{config.data} records no privileged state (the env's `{PRIVILEGED}` observation), which "
+                         "--privileged reads: record the episodes with an env that gives it (the tabletop does), or "
+                         "leave --privileged off")
+    return int(specs[PRIVILEGED][0][0])
 
 
 def _held_out(ends: np.ndarray, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -53,12 +69,13 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
     critic starts from (default `config.init_policy`). Returns a summary."""
     ckpt = open_run(config.out, kind=KIND, resume=config.loop.resume, seed=config.loop.seed,
                     threads=config.loop.threads)
-    model_config = _model_config(config, ckpt)
+    model_config = _model_config(config, ckpt, _privileged_dim(config) if not ckpt else 0)
     model = ValueCritic(model_config)
     init_path = config.init_policy if init_policy is None else init_policy
     # a fresh run may start its encoders from a policy's (read first: a bad path fails before the data loads)
     init = load_policy(init_path) if init_path and not ckpt else None
-    data = load_training_arrays(config.data, model_config.cameras, model.tokenizer)
+    data = load_training_arrays(config.data, model_config.cameras, model.tokenizer,
+                                privileged=bool(model_config.privileged_dim))
     if model_config.actor_input and not ckpt and len(np.unique(data["actors"])) < 2:
         # one actor only (demonstrations before any rollout): there is nothing to tell apart, and an input
         # the critic never saw vary would be asked at run time for an actor it never saw
@@ -72,6 +89,7 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
         _distil(targets, config, data, log)
     images = {k: torch.from_numpy(v) for k, v in data["images"].items()}
     states, tokens = torch.from_numpy(data["states"]), torch.from_numpy(data["tokens"])
+    privileged = torch.from_numpy(data["privileged"]) if model_config.privileged_dim else None
     steps, actors = torch.from_numpy(data["episode_steps"]), torch.from_numpy(data["actors"])
     plan_steps = model_config.plan_steps
     if plan_steps and data["actions"].shape[1] != model_config.action_dim:
@@ -84,7 +102,7 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
         raise SystemExit("error: no training steps left after the validation split; record more episodes")
     fit = start_fit(config.out, KIND, model, ckpt, loop_config(config.loop), config.loop.seed, log)
     if not ckpt:
-        model.set_normalization(states[train_idx])
+        model.set_normalization(states[train_idx], privileged[train_idx] if privileged is not None else None)
         if init is not None:
             log(f"encoders {', '.join(model.load_backbone(init))} from {init_path}")
     n_policy = int(np.sum(data["actors"][data["episode_ends"] - 1] == ACTOR_POLICY))  # one step per episode
@@ -101,7 +119,7 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
             plan = plans[idx].clone()
             plan[torch.rand(len(idx), generator=generator) < config.plan_dropout] = float("nan")
         return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx], steps[idx], actors[idx],
-                          plan)
+                          plan, privileged[idx] if privileged is not None else None)
 
     def evaluate(step: int) -> dict:
         """Held-out loss and value error; a plan critic's with the plans given and, `_state_only`, without."""
@@ -112,7 +130,8 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
             for chunk in torch.split(val_idx, 512):
                 logits = model.logits({k: v[chunk] for k, v in images.items()}, states[chunk],
                                       model.embed_language(tokens[chunk]), steps[chunk], actors[chunk],
-                                      plans[chunk] if with_plan else None)
+                                      plans[chunk] if with_plan else None,
+                                      privileged[chunk] if privileged is not None else None)
                 losses.append(float(model.loss_from_logits(logits, targets[chunk])) * len(chunk))
                 errors.append((model.value(logits) - targets[chunk]).abs())
             out[f"val_loss{suffix}"] = sum(losses) / len(val_idx)

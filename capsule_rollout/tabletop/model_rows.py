@@ -23,6 +23,7 @@ import torch
 from capsule_rollout.capsules import Arena, Role
 from capsule_rollout.models.inputs import write_language
 from capsule_rollout.models.rows import RowSlot, set_active
+from capsule_rollout.stores.episode_schema import PRIVILEGED
 from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 
@@ -119,7 +120,10 @@ class CriticSlot(_ModelSlot):
         t = self.owner.runtime.check_step(step)
         if t is not None and t.shape[0] != 1:
             raise ValueError(f"a slot's step is one count, got {step!r}")
+        privileged = self.owner.runtime.check_privileged(obs, 1)
         self.load_row(obs, cameras=self.config.cameras, who="critic")
+        if privileged is not None:
+            self.row(PRIVILEGED).copy_(privileged)
         if t is not None:
             self.row("step").copy_(t)
         if self.config.plan_steps:

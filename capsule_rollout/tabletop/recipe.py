@@ -58,6 +58,7 @@ class TabletopRecipe:
                     eval_every=config.critic_steps, seed=config.seed, progress=config.progress)
         fit_critic(TrainCriticConfig(data=str(store), out=str(out), loop=loop, cameras=config.critic_cameras,
                                      actor_input=config.critic_actor_input, plan_steps=config.critic_plan_steps,
+                                     privileged=config.critic_privileged,
                                      max_steps=LabelAdvantagesConfig.max_steps, branch_values=branch_values),
                    log=log)
 

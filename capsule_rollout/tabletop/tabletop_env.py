@@ -7,7 +7,11 @@ the gantry's target by up to `MAX_DELTA` = 3 cm per step along world x (right), 
 x, y in [-0.25, 0.25] m, z in [0.03, 0.30] m; suction is on while `action[3] > 0`.
 Observation (dict): `image_<camera>` `(H, W, 3) uint8` per configured camera
 (none in state-only mode), `state` `(8,) float32` = EE position (m), EE velocity
-(m/s), suction on (0/1), holding a block (0/1), and `instruction` (text).
+(m/s), suction on (0/1), holding a block (0/1), `privileged` `(46,) float32` = the
+simulator's own state that a robot's sensors do not give (read from the MuJoCo state its
+capsule holds: EE position and velocity, suction, which block is held (one-hot), each
+block's position, orientation quaternion and linear velocity, each pad's x, y; for a
+critic that may read it, never for the policy), and `instruction` (text).
 Reward: -1 per step, 0 on the success step, which terminates the episode;
 `info["success"]`, the current subtask and its progress are in `info`.
 
@@ -33,7 +37,7 @@ import torch
 from capsule_rollout.capsules import BufferComponent, BufferSpec
 from capsule_rollout.capsules.rng_state import PCG64_WORDS, pack_pcg64, unpack_pcg64
 from capsule_rollout.envs.offscreen_renderer import OffscreenRenderer
-from capsule_rollout.envs.rollout_env import ObservationSpec, image_key
+from capsule_rollout.envs.rollout_env import ArraySpec, ObservationSpec, image_key
 from capsule_rollout.tabletop.phrasing import phrase
 from capsule_rollout.tabletop.scene import (
     BLOCK_HALF,
@@ -58,9 +62,16 @@ STATE_DIM = 8
 STATE_LOW = np.array([-0.3, -0.3, 0.0, -2.0, -2.0, -2.0, 0.0, 0.0], dtype=np.float32)
 STATE_HIGH = np.array([0.3, 0.3, 0.36, 2.0, 2.0, 2.0, 1.0, 1.0], dtype=np.float32)
 ACTION_DIM = 4
+PRIVILEGED_KEY = "privileged"
+PRIVILEGED_NAMES = ("ee_x", "ee_y", "ee_z", "ee_vx", "ee_vy", "ee_vz", "suction_on",
+                    *(f"holding_{c}" for c in BLOCKS),
+                    *(f"{c}_{v}" for c in BLOCKS for v in ("x", "y", "z", "qw", "qx", "qy", "qz", "vx", "vy", "vz")),
+                    *(f"pad_{c}_{v}" for c in PADS for v in ("x", "y")))
+PRIVILEGED_DIM = len(PRIVILEGED_NAMES)
 DIMENSION_NAMES = {  # the state and action, dimension by dimension (the module docstring); kept with stores
     "state": ("ee_x", "ee_y", "ee_z", "ee_vx", "ee_vy", "ee_vz", "suction_on", "holding"),
     "action": ("dx", "dy", "dz", "suction"),
+    PRIVILEGED_KEY: PRIVILEGED_NAMES,
 }
 CAMERAS = ("front", "top")
 INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " ,.'-"
@@ -113,9 +124,12 @@ class TabletopEnv(gym.Env, BufferComponent):
             image_key(c): gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8) for c in cameras
         }
         spaces["state"] = gym.spaces.Box(STATE_LOW, STATE_HIGH, (STATE_DIM,), np.float32)
+        # positions (m), quaternions, velocities (m/s) and flags all lie well within +-10
+        spaces[PRIVILEGED_KEY] = gym.spaces.Box(-10.0, 10.0, (PRIVILEGED_DIM,), np.float32)
         spaces["instruction"] = gym.spaces.Text(max_length=160, charset=INSTRUCTION_CHARSET)
         self.observation_space = gym.spaces.Dict(spaces)
-        self.observation_spec = ObservationSpec.of(state_dim=STATE_DIM, cameras=cameras, image_size=image_size)
+        self.observation_spec = ObservationSpec.of(state_dim=STATE_DIM, cameras=cameras, image_size=image_size,
+                                                   **{PRIVILEGED_KEY: ArraySpec((PRIVILEGED_DIM,), np.float32)})
         self._fingerprint = {
             "model_sha256": hashlib.sha256(self._xml.encode()).hexdigest()[:32],
             "mujoco": mujoco.__version__,
@@ -137,6 +151,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         self._pad_mocap = {c: m.body_mocapid[m.body(f"pad_{c}").id] for c in PADS}
         self._ee_qpos = [m.jnt_qposadr[m.joint(j).id] for j in ("ee_x", "ee_y", "ee_z")]
         self._ee_dof = [m.jnt_dofadr[m.joint(j).id] for j in ("ee_x", "ee_y", "ee_z")]
+        self._block_dof = {c: m.jnt_dofadr[m.joint(f"block_{c}").id] for c in BLOCKS}
 
     # -- gymnasium API ------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -196,16 +211,31 @@ class TabletopEnv(gym.Env, BufferComponent):
         obs: dict[str, Any] = {
             image_key(c): self._renderer(self.image_size).render(self.data, c).copy() for c in self.cameras
         } if self.images_wanted else {}
-        obs["state"] = self.proprio()
+        world = self.world()
+        obs["state"] = self.proprio(world)
+        obs[PRIVILEGED_KEY] = self.privileged(world)
         obs["instruction"] = self.instruction
         return obs
 
-    def proprio(self) -> np.ndarray:
+    def privileged(self, world: World | None = None) -> np.ndarray:
+        """`(PRIVILEGED_DIM,) float32`: the sim's own state a robot's sensors do not give (`PRIVILEGED_NAMES`),
+        read from the MuJoCo state the env's capsule holds."""
+        d = self.data
+        world = world or self.world()
+        parts = [world.ee, d.qvel[self._ee_dof], [float(d.ctrl[3] > 0.5)],
+                 [float(world.holding == c) for c in BLOCKS]]
+        for c in BLOCKS:
+            q, v = self._block_qpos[c], self._block_dof[c]
+            parts += [d.qpos[q: q + 7], d.qvel[v: v + 3]]
+        parts += [world.pads[c][:2] for c in PADS]
+        return np.concatenate(parts).astype(np.float32)
+
+    def proprio(self, world: World | None = None) -> np.ndarray:
         d = self.data
         ee = self._ee_pos()
         vel = d.qvel[self._ee_dof]
         suction = float(d.ctrl[3] > 0.5)
-        holding = float(self.world().holding is not None)
+        holding = float((world or self.world()).holding is not None)
         return np.clip(np.array([*ee, *vel, suction, holding], dtype=np.float32), STATE_LOW, STATE_HIGH)
 
     @property

@@ -10,7 +10,10 @@ is set, who acts from this state on (`ACTOR_DEMONSTRATOR` or `ACTOR_POLICY`): a
 demonstrator and the policy reach different returns from the same state, and a
 critic fitted to both at once predicts neither; and, when `plan_steps` is set, the
 actions the actor is about to execute (a Q on the plan; with no plan given the same
-network values the state alone). Output: logits
+network values the state alone); and, when `privileged_dim` is set, the simulator's
+privileged state `(B, P)` (an env's `privileged` observation: object poses a robot does
+not sense; in sim, for labels and takeovers, while the policy sees only what a robot
+sees). Output: logits
 `(B, bins)`; the scalar value is the expectation over the bin centres. Values are
 normalised returns: -(steps left to success) / max episode length, failures -1.
 Trained with cross-entropy against a two-hot target (the return split between its
@@ -64,12 +67,17 @@ class CriticConfig(JsonConfig):
     out). 0: the state alone, as in checkpoints written before it existed."""
     action_dim: int = 4
     """Size of one action of the plan."""
+    privileged_dim: int = 0
+    """The critic also reads the env's `privileged` observation, a vector of this size (the sim's object and
+    gripper poses); 0: what a robot senses only, as in checkpoints written before it existed."""
 
     def __post_init__(self) -> None:
         if self.bins < 2 or self.v_min >= self.v_max:
             raise ValueError("need bins >= 2 and v_min < v_max")
         if self.episode_limit < 0:
             raise ValueError(f"episode_limit must be >= 0 (0: no time input), got {self.episode_limit}")
+        if self.privileged_dim < 0:
+            raise ValueError(f"privileged_dim must be >= 0 (0: no privileged input), got {self.privileged_dim}")
         if self.plan_steps < 0 or self.action_dim < 1:
             raise ValueError(f"plan_steps must be >= 0 (0: no plan input) and action_dim >= 1, "
                              f"got {self.plan_steps} and {self.action_dim}")
@@ -92,6 +100,10 @@ class ValueCritic(nn.Module):
             self.plan_in = nn.Sequential(nn.Linear(c.plan_steps * c.action_dim, 64), nn.SiLU())
             self.no_plan = nn.Parameter(torch.zeros(64))  # stands in for the plan where none is given
             width += 64
+        if c.privileged_dim:
+            self.privileged_in = nn.Sequential(nn.Linear(c.privileged_dim, 128), nn.SiLU(), nn.Linear(128, 64),
+                                               nn.SiLU())
+            width += 64
         self.head = nn.Sequential(
             nn.Linear(width, c.hidden), nn.SiLU(), nn.LayerNorm(c.hidden),
             nn.Linear(c.hidden, c.hidden), nn.SiLU(), nn.Linear(c.hidden, c.bins),
@@ -99,10 +111,16 @@ class ValueCritic(nn.Module):
         self.register_buffer("support", torch.linspace(c.v_min, c.v_max, c.bins))
         self.register_buffer("state_mean", torch.zeros(c.state_dim))
         self.register_buffer("state_std", torch.ones(c.state_dim))
+        if c.privileged_dim:
+            self.register_buffer("privileged_mean", torch.zeros(c.privileged_dim))
+            self.register_buffer("privileged_std", torch.ones(c.privileged_dim))
 
-    def set_normalization(self, states: torch.Tensor) -> None:
+    def set_normalization(self, states: torch.Tensor, privileged: torch.Tensor | None = None) -> None:
         self.state_mean.copy_(states.mean(0))
         self.state_std.copy_(states.std(0).clamp(min=1e-3))
+        if self.config.privileged_dim:
+            self.privileged_mean.copy_(privileged.mean(0))
+            self.privileged_std.copy_(privileged.std(0).clamp(min=1e-3))
 
     def load_backbone(self, policy: nn.Module) -> list[str]:
         """Start the vision encoders (cameras both models see) and the language encoder from a policy's.
@@ -135,11 +153,12 @@ class ValueCritic(nn.Module):
 
     def logits(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
                step: torch.Tensor | None = None, actor: torch.Tensor | None = None,
-               plan: torch.Tensor | None = None) -> torch.Tensor:
+               plan: torch.Tensor | None = None, privileged: torch.Tensor | None = None) -> torch.Tensor:
         """`step` `(B,)`: control steps since the episode started (needed when `episode_limit` is set);
         `actor` `(B,)`: who acts from the state on, ACTOR_DEMONSTRATOR or ACTOR_POLICY (needed when
         `actor_input` is set); `plan` `(B, plan_steps, action_dim)`: the actions about to be executed
-        (read when `plan_steps` is set; None, or a row holding any NaN: the value of the state alone)."""
+        (read when `plan_steps` is set; None, or a row holding any NaN: the value of the state alone);
+        `privileged` `(B, privileged_dim)`: the env's privileged observation (needed when `privileged_dim` is set)."""
         feats = [self.vision[cam](images[cam], lang) for cam in self.config.cameras]
         s = (state - self.state_mean) / self.state_std
         if self.config.episode_limit:
@@ -157,6 +176,11 @@ class ValueCritic(nn.Module):
             parts.append(self.plan_features(plan, state.shape[0]))
         elif plan is not None:
             raise ValueError("this critic reads no plan (plan_steps 0); train one with --plan_steps to give it one")
+        if self.config.privileged_dim:
+            if privileged is None:
+                raise ValueError(f"this critic reads the sim's privileged state ({self.config.privileged_dim} "
+                                 "numbers, the env's `privileged` observation); pass privileged=")
+            parts.append(self.privileged_in((privileged - self.privileged_mean) / self.privileged_std))
         return self.head(torch.cat(parts, dim=-1))
 
     def plan_features(self, plan: torch.Tensor | None, batch: int) -> torch.Tensor:
@@ -188,8 +212,9 @@ class ValueCritic(nn.Module):
 
     def loss(self, images: dict[str, torch.Tensor], state: torch.Tensor, lang: torch.Tensor,
              target: torch.Tensor, step: torch.Tensor | None = None,
-             actor: torch.Tensor | None = None, plan: torch.Tensor | None = None) -> torch.Tensor:
-        return self.loss_from_logits(self.logits(images, state, lang, step, actor, plan), target)
+             actor: torch.Tensor | None = None, plan: torch.Tensor | None = None,
+             privileged: torch.Tensor | None = None) -> torch.Tensor:
+        return self.loss_from_logits(self.logits(images, state, lang, step, actor, plan, privileged), target)
 
     def loss_from_logits(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of `logits` (B, bins) against the two-hot targets of `target` (B,)."""

@@ -45,7 +45,7 @@ def test_state_only_mode_renders_nothing():
     env = TabletopEnv(cameras=())
     obs, _ = env.reset(seed=0)
     env.step(np.zeros(4))
-    assert set(obs) == {"state", "instruction"} and env._renderers == {}
+    assert set(obs) == {"state", "privileged", "instruction"} and env._renderers == {}
 
 
 def test_env_capsule_restore_is_bit_exact_with_images_after_dirtying():

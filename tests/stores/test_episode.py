@@ -10,6 +10,9 @@ def test_builder_produces_schema_dtypes_and_done_at_the_end():
     ep = fake_episode(3, length=5, cameras=("front", "top"))
     assert ep.length == 5 and ep.image_keys == ["image_front", "image_top"]
     for key, rule in S.STEP_FIELDS.items():
+        if rule.optional:  # recorded only where the source gives it (the privileged state: a sim's)
+            assert key not in ep.steps
+            continue
         assert ep.steps[key].dtype == rule.dtype and ep.steps[key].shape[0] == 5
     assert ep.steps[S.DONE].tolist() == [False] * 4 + [True]
     assert np.isnan(ep.steps[S.POLICY_ACTION][0]).all() and not np.isnan(ep.steps[S.POLICY_ACTION][1]).any()
@@ -19,6 +22,24 @@ def _add(builder, **overrides):
     args = dict(images={"front": np.zeros((4, 4, 3), np.uint8)}, state=np.zeros(3), action=np.zeros(2), reward=-1.0)
     args.update(overrides)
     builder.add(**args)
+
+
+def test_a_privileged_state_is_recorded_on_every_step_or_none():
+    b = EpisodeBuilder()
+    _add(b, privileged=np.arange(5, dtype=np.float32))
+    with pytest.raises(EpisodeError, match="privileged at step 1"):
+        _add(b)  # an episode records it on every step or on none
+    with pytest.raises(EpisodeError, match="privileged at step 1"):
+        _add(b, privileged=np.zeros(4))
+    with pytest.raises(EpisodeError, match="privileged at step 1 is not finite"):
+        _add(b, privileged=np.full(5, np.nan))
+    _add(b, privileged=np.ones(5))
+    ep = b.finish(episode_id="e", seed=0, task="t", instruction="i", success=False, stop_reason="timeout")
+    assert ep.steps[S.PRIVILEGED].dtype == np.float32 and ep.steps[S.PRIVILEGED].tolist()[1] == [1.0] * 5
+    b = EpisodeBuilder()
+    _add(b)
+    with pytest.raises(EpisodeError, match="privileged at step 1: \\(5,\\), earlier steps had None"):
+        _add(b, privileged=np.ones(5))
 
 
 def test_bad_steps_are_refused_at_once_and_earlier_steps_kept():

@@ -1,0 +1,122 @@
+"""recap_study: RECAP's yardstick measured over run seeds and arms, one resumable stage at a time.
+
+For each run seed: `base` (`recap --iterations 0`: the seed's demonstrations, behaviour cloning, critic 0 and
+the BC policy's evaluation on the held-out seeds), then each arm in a copy of `base` resumed to the last
+iteration (the arm's options on top of `--recap`; its control arm included), then the branch ceiling of the
+arm's last policy with its last critic on the held-out seeds (`value_ceiling`). The arms of a seed share its BC,
+critic 0 and so the first iteration's rollouts: at iteration 1 they differ only in how the labels are made.
+
+Every stage resumes where it stopped (a `recap` run resumes its store and checkpoints); a stage that finished
+leaves `<stage>.json` in its run directory and a copy under `--history` (per seed and arm, every iteration's
+figures and per-seed outcomes), so a lost run costs a stage and the yardstick accumulates in the repository.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+
+from capsule_rollout.commands.configs import RecapStudyConfig, ValueCeilingConfig
+from capsule_rollout.commands.registry import get as get_command
+from capsule_rollout.commands.result import ExperimentResult
+from capsule_rollout.experiments.console import make_console
+from capsule_rollout.experiments.recap_report import report_iteration
+from capsule_rollout.learning.options import Models, RecapConfig, Seeds
+from capsule_rollout.learning.recap_loop import recap_loop
+
+ARMS: dict[str, dict] = {
+    "critic": {},  # labels from the learned critic (`recap`'s default source)
+    "privileged": {"critic_privileged": True},  # a critic that also reads the sim's object and gripper poses
+}
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _done(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def run(config: RecapStudyConfig) -> ExperimentResult:
+    console = make_console()
+    root = Path(config.root).expanduser().resolve()
+    history = Path(config.history)
+    summary: dict = {"root": str(root), "seeds": {}}
+    for seed in config.seeds:
+        seed_dir = root / f"s{seed}"
+        base_dir = seed_dir / "base"
+        stages = summary["seeds"][seed] = {}
+        base = _done(base_dir / "base.json")
+        if base is None:
+            console.print(f"[bold]seed {seed}: base[/bold] (demonstrations, behaviour cloning, critic 0) -> {base_dir}")
+            base = _recap(console, dataclasses.replace(config.recap, out=str(base_dir), seed=seed, iterations=0))
+            _write(base_dir / "base.json", base)
+        _write(history / f"s{seed}_base.json", base)
+        stages["base"] = base["iterations"][0]["success_rate"]
+        for arm in config.arms:
+            arm_dir = seed_dir / arm
+            result = _done(arm_dir / "arm.json")
+            if result is None:
+                if not arm_dir.exists():  # the seed's BC, critic 0 and store, copied (the copy is the arm's own)
+                    shutil.copytree(base_dir, arm_dir.with_name(arm_dir.name + ".copying"), symlinks=True,
+                                    dirs_exist_ok=True)  # a store's commit links stay links
+                    arm_dir.with_name(arm_dir.name + ".copying").rename(arm_dir)
+                console.print(f"[bold]seed {seed}: arm {arm}[/bold] to iteration {config.recap.iterations} -> {arm_dir}")
+                recap = dataclasses.replace(config.recap, out=str(arm_dir), seed=seed, **ARMS[arm])
+                partial = history / f"s{seed}_{arm}.json"
+                result = _recap(console, recap, lambda it, p=partial, s=seed, a=arm: _partial(p, s, a, it))
+                result["arm"], result["arm_options"] = arm, ARMS[arm]
+                _write(arm_dir / "arm.json", result)
+            _write(history / f"s{seed}_{arm}.json", result)
+            stages[arm] = [it["success_rate"] for it in result["iterations"]]
+            if config.ceiling_branches:
+                ceiling = _done(arm_dir / "ceiling.json")
+                if ceiling is None:
+                    console.print(f"[bold]seed {seed}: arm {arm}: the branch ceiling[/bold] of its last policy")
+                    last = result["iterations"][-1]
+                    ceiling = _ceiling(config, last["policy"], last["critic"])
+                    _write(arm_dir / "ceiling.json", ceiling)
+                _write(history / f"s{seed}_{arm}_ceiling.json", ceiling)
+    return ExperimentResult(summary)
+
+
+def _partial(path: Path, seed: int, arm: str, iteration: dict) -> None:
+    """An arm's iterations so far, written as each ends (a stopped arm keeps what it measured)."""
+    data = _done(path) or {}
+    if data.get("complete"):
+        data = {}
+    its = [it for it in data.get("iterations", []) if it["iteration"] != iteration["iteration"]]
+    _write(path, {"seed": seed, "arm": arm, "arm_options": ARMS[arm], "complete": False,
+                  "iterations": sorted([*its, iteration], key=lambda it: it["iteration"])})
+
+
+def _recap(console, recap: RecapConfig, report=None) -> dict:
+    t0 = time.perf_counter()
+
+    def reported(it: dict) -> None:
+        report_iteration(console, it)
+        if report is not None:
+            report(it)
+
+    summary = recap_loop(recap, log=console.print, report=reported)
+    summary["complete"] = True
+    summary["wall_s_this_run"] = time.perf_counter() - t0  # a resumed stage: the part played in this run
+    summary["config"] = dataclasses.asdict(recap)
+    return summary
+
+
+def _ceiling(config: RecapStudyConfig, policy: str, critic: str) -> dict:
+    ceiling = ValueCeilingConfig(model=Models(policy=policy, critic=critic), family=config.recap.family,
+                                 seeds=Seeds(first=config.recap.eval.first, count=config.recap.eval.count),
+                                 branches=config.ceiling_branches, slots=config.recap.slots)
+    result = get_command("value_ceiling").load_runner()(ceiling)  # the command, run by its name
+    if result.exit_code:
+        raise SystemExit(f"error: the branch ceiling of {policy} failed: {result.summary.get('error')}")
+    return result.summary
