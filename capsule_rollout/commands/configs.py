@@ -509,6 +509,8 @@ class RecapStudyConfig:
     ceiling_branches: int = 8
     """Continuations per state of the branch ceiling the last iteration's critic is measured against
     (`value_ceiling` on the held-out seeds); 0: no ceiling stage."""
+    run: bool = True
+    """Run (or resume) the stages; False: only write the yardstick's table from what `--history` holds."""
 
     def __post_init__(self) -> None:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:

@@ -11,13 +11,14 @@ from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.input_bounds import check_output_dir
+from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores import lerobot_format as F
 from capsule_rollout.stores.env_description import EnvDescription, read_env_description
 from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
 from capsule_rollout.stores.zarr_reader import require_verified, store_episodes
 
 # the episode fields whose dimension names a store records (`stores.env_description`), as LeRobot names them
-FEATURES = {"state": F.OBS_STATE, "action": F.ACTION}
+FEATURES = {"state": F.OBS_STATE, "action": F.ACTION, S.PRIVILEGED: S.PRIVILEGED}
 
 
 def run(config: ExportLeRobotConfig) -> ExperimentResult:

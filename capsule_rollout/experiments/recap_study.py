@@ -8,7 +8,8 @@ critic 0 and so the first iteration's rollouts: at iteration 1 they differ only 
 
 Every stage resumes where it stopped (a `recap` run resumes its store and checkpoints); a stage that finished
 leaves `<stage>.json` in its run directory and a copy under `--history` (per seed and arm, every iteration's
-figures and per-seed outcomes), so a lost run costs a stage and the yardstick accumulates in the repository.
+figures and per-seed outcomes), so a lost run costs a stage and the yardstick accumulates in the repository;
+the yardstick's table over everything `--history` holds is written beside it (`yardstick.md`, `learning.yardstick`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.recap_report import report_iteration
 from capsule_rollout.learning.options import Models, RecapConfig, Seeds
 from capsule_rollout.learning.recap_loop import recap_loop
+from capsule_rollout.learning.yardstick import load_history, markdown
 
 ARMS: dict[str, dict] = {
     "critic": {},  # labels from the learned critic (`recap`'s default source)
@@ -49,7 +51,7 @@ def run(config: RecapStudyConfig) -> ExperimentResult:
     root = Path(config.root).expanduser().resolve()
     history = Path(config.history)
     summary: dict = {"root": str(root), "seeds": {}}
-    for seed in config.seeds:
+    for seed in config.seeds if config.run else ():
         seed_dir = root / f"s{seed}"
         base_dir = seed_dir / "base"
         stages = summary["seeds"][seed] = {}
@@ -84,6 +86,11 @@ def run(config: RecapStudyConfig) -> ExperimentResult:
                     ceiling = _ceiling(config, last["policy"], last["critic"])
                     _write(arm_dir / "ceiling.json", ceiling)
                 _write(history / f"s{seed}_{arm}_ceiling.json", ceiling)
+    if history.is_dir():  # every seed and arm the history holds, this run's and earlier ones'
+        table = markdown(load_history(history))
+        (history / "yardstick.md").write_text(table + "\n")
+        console.print(table)
+        summary["table"] = table
     return ExperimentResult(summary)
 
 

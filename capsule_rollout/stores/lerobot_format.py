@@ -75,7 +75,7 @@ STATS_PREFIX = "stats/"
 
 # The project's fields under their own names
 WALL_TIME = "wall_time"  # the store's `timestamp` (unix seconds); LeRobot's `timestamp` is episode time
-STEP_EXTRAS = (S.REWARD, S.DONE, S.VALUE, S.INTERVENTION, S.SUBTASK_ID, S.POLICY_ACTION)
+STEP_EXTRAS = (S.REWARD, S.DONE, S.VALUE, S.INTERVENTION, S.SUBTASK_ID, S.POLICY_ACTION, S.PRIVILEGED)
 EPISODE_EXTRAS = (S.EPISODE_ID, S.SEED, S.TASK, S.SUBTASKS, S.SUCCESS, S.STOP_REASON,
                   S.INITIAL_CAPSULE_ID, S.OPERATOR_EVENTS, S.ATTEMPT, S.REPEAT)
 IMAGE_NAMES = ["height", "width", "channels"]

@@ -253,6 +253,8 @@ class LeRobotDatasetReader:
             S.SUBTASK_ID: self._subtask_ids(row, columns),
             S.TIMESTAMP: scalar(F.WALL_TIME, F.TIMESTAMP, default=0.0, dtype=np.float64),
         }
+        if S.PRIVILEGED in columns:  # a sim's episode (exported by this project): its privileged state
+            steps[S.PRIVILEGED] = columns[S.PRIVILEGED].reshape(T, -1).astype(np.float32)
         for key, frames in images.items():
             steps[F.step_key(key)] = frames
         return steps

@@ -268,3 +268,72 @@ def test_runtime_values_the_state_alone_until_given_the_plan():
         plain = CriticRuntime(ValueCritic(TINY_CRITIC))
         Arena([plain]).allocate()
         plain.load_plan(chunk)
+
+
+def test_a_privileged_critic_tells_apart_states_a_robot_sees_the_same():
+    """Same images and robot state, different object poses (the sim's privileged state): one outcome each. A
+    critic that reads the privileged state fits both; one that does not can only give their mixture."""
+    frames = torch.randint(0, 256, (16, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    images = {"front": torch.cat([frames, frames])}
+    state, tokens, step = torch.zeros(32, 8), torch.zeros(32, TINY_CRITIC.max_tokens, dtype=torch.long), torch.zeros(32)
+    privileged = torch.zeros(32, 5)
+    privileged[:16, 0], privileged[16:, 0] = 0.05, -0.05  # a block 5 cm left or right of where it should be
+    target = torch.cat([torch.full((16,), -0.1), torch.full((16,), -0.9)])
+    fits = {}
+    for dim in (5, 0):
+        torch.manual_seed(0)
+        critic = ValueCritic(dataclasses.replace(TINY_CRITIC, privileged_dim=dim))
+        critic.set_normalization(state, privileged if dim else None)
+        opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
+        for _ in range(300):
+            loss = critic.loss(images, state, critic.embed_language(tokens), target, step, None, None,
+                               privileged if dim else None)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            value = critic.value(critic.logits(images, state, critic.embed_language(tokens), step, None, None,
+                                               privileged if dim else None))
+        fits[dim] = float((value - target).abs().mean())
+    assert fits[5] < 0.05 and fits[0] > 0.3  # without it: the mixture, 0.4 from either outcome
+    with pytest.raises(ValueError, match="privileged state"):
+        critic = ValueCritic(dataclasses.replace(TINY_CRITIC, privileged_dim=5))
+        critic.logits(images, state, critic.embed_language(tokens), step)
+
+
+def test_a_privileged_critic_reads_the_envs_privileged_observation_in_a_runtime_and_in_rows():
+    from capsule_rollout.tabletop.model_rows import CriticRows
+
+    torch.manual_seed(0)
+    critic = ValueCritic(dataclasses.replace(TINY_CRITIC, privileged_dim=3))
+    with torch.no_grad():  # make the privileged input matter
+        critic.privileged_in[0].weight.fill_(1.0)
+    rt = CriticRuntime(critic)
+    Arena([rt]).allocate()
+    assert rt.spec.observation_keys == ("image_front", "state", "privileged")
+    rt.set_language("pick up the red block")
+    image, state = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8), torch.zeros(8)
+    lang = critic.embed_language(torch.from_numpy(critic.tokenizer.encode_batch(["pick up the red block"])))
+    values = []
+    for p in (np.zeros(3, np.float32), np.full(3, 0.5, np.float32)):
+        with torch.no_grad():
+            want = float(critic.value(critic.logits({"front": image[None]}, state[None], lang, torch.tensor([3]), None,
+                                                    None, torch.from_numpy(p)[None]))[0])
+        got = float(rt.evaluate({**obs_of({"front": image}, state), "privileged": p}, step=3)[0])
+        assert got == pytest.approx(want, abs=1e-6)
+        values.append(got)
+    assert abs(values[0] - values[1]) > 1e-3
+    with pytest.raises(ValueError, match=r"lacks \['privileged'\]"):
+        rt.evaluate(obs_of({"front": image}, state), step=3)
+    with pytest.raises(ValueError, match="non-finite"):
+        rt.evaluate({**obs_of({"front": image}, state), "privileged": np.full(3, np.nan, np.float32)}, step=3)
+    with pytest.raises(ValueError, match="expected shape"):
+        rt.evaluate({**obs_of({"front": image}, state), "privileged": np.zeros(4, np.float32)}, step=3)
+    rows = CriticRows(CriticRuntime(critic), 3)  # slots: each row its own privileged state, the same values
+    for i, p in enumerate((np.zeros(3, np.float32), np.full(3, 0.5, np.float32), np.zeros(3, np.float32))):
+        rows.slot(i).set_language("pick up the red block")
+        rows.slot(i).load_observation({**obs_of({"front": image}, state), "privileged": p}, step=3)
+    got = rows.evaluate_rows([0, 1, 2])
+    assert [float(v) for v in got] == pytest.approx([values[0], values[1], values[0]], abs=1e-6)
+    with pytest.raises(ValueError, match=r"lacks \['privileged'\]"):
+        rows.slot(0).load_observation(obs_of({"front": image}, state), step=3)

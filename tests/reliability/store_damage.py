@@ -23,7 +23,7 @@ LENGTH = 20
 
 
 def episode(i: int) -> Episode:
-    ep = fake_episode(i, length=LENGTH)
+    ep = fake_episode(i, length=LENGTH, privileged_dim=6)  # a sim's episode: every step field there is
     meta = dataclasses.replace(ep.meta, attempt=1 + i % 2, repeat=i, operator_events=f"{i % 5}:coach:lift block {i}")
     return Episode(ep.steps, meta)
 

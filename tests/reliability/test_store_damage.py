@@ -35,7 +35,8 @@ from tests.reliability.store_damage import (
 
 STEP_ARRAYS = ["image_front", *S.STEP_FIELDS]
 META_ARRAYS = [*S.EPISODE_FIELDS, "episode_ends"]
-CHUNK = {"image_front": "0.0.0.0", S.STATE: "0.0", S.ACTION: "0.0", S.POLICY_ACTION: "0.0"}  # else "0"
+CHUNK = {"image_front": "0.0.0.0", S.STATE: "0.0", S.ACTION: "0.0", S.POLICY_ACTION: "0.0",
+         S.PRIVILEGED: "0.0"}  # else "0"
 FLIPS = 8  # bit flips per array, spread over its chunk file
 
 

@@ -8,7 +8,8 @@ from capsule_rollout.stores.episode import EpisodeBuilder
 
 
 def fake_episode(index: int, length: int = 7, *, cameras=("front",), image_size: int = 16, state_dim: int = 8,
-                 action_dim: int = 4, success: bool = True):
+                 action_dim: int = 4, success: bool = True, privileged_dim: int = 0):
+    """`privileged_dim`: a `privileged` step field of that size too (0: none, as a robot records)."""
     rng = np.random.default_rng(index)
     builder = EpisodeBuilder()
     for t in range(length):
@@ -24,6 +25,7 @@ def fake_episode(index: int, length: int = 7, *, cameras=("front",), image_size:
             intervention=bool(t % 4 == 1),
             subtask_id=t * 2 // length,
             timestamp=1.7e9 + index * 100 + t * 0.1,
+            privileged=rng.normal(size=privileged_dim).astype(np.float32) if privileged_dim else None,
         )
     return builder.finish(
         episode_id=f"ep-{index:05d}", seed=index, task="pick_place", instruction=f"put block {index} on the pad",

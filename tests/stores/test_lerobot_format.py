@@ -241,9 +241,9 @@ def test_reader_fills_what_a_lerobot_made_dataset_lacks(store, tmp_path):
     root = tmp_path / "ds"
     export(store, root, video=True)
     (root / CHECKSUMS_PATH).unlink()  # LeRobot's own datasets carry none (else the edits below are damage)
-    extras = [*F.STEP_EXTRAS, F.WALL_TIME]
     data_path = root / "data/chunk-000/file-000.parquet"
     data = pq.read_table(data_path)
+    extras = [k for k in (*F.STEP_EXTRAS, F.WALL_TIME) if k in data.column_names]  # these episodes: no privileged
     data = data.drop_columns(extras).append_column("next.reward", data["reward"])
     pq.write_table(data, data_path)
     info = json.loads((root / F.INFO_PATH).read_text())
