@@ -1,10 +1,11 @@
 """recap_study: RECAP's yardstick measured over run seeds and arms, one resumable stage at a time.
 
 For each run seed: `base` (`recap --iterations 0`: the seed's demonstrations, behaviour cloning, critic 0 and
-the BC policy's evaluation on the held-out seeds), then each arm in a copy of `base` resumed to the last
-iteration (the arm's options on top of `--recap`; its control arm included), then the branch ceiling of the
-arm's last policy with its last critic on the held-out seeds (`value_ceiling`). The arms of a seed share its BC,
-critic 0 and so the first iteration's rollouts: at iteration 1 they differ only in how the labels are made.
+the BC policy's evaluation on the held-out seeds), then each arm in a copy of `base` (the arm's options on top
+of `--recap`; its control arm included) resumed one iteration at a time, the arms side by side (iteration 1 of
+every arm, then iteration 2...), then the branch ceiling of each arm's last policy with its last critic on the
+held-out seeds (`value_ceiling`). The arms of a seed share its BC, critic 0 and so the first iteration's
+rollouts: at iteration 1 they differ only in how the labels are made.
 
 Every stage resumes where it stopped (a `recap` run resumes its store and checkpoints); a stage that finished
 leaves `<stage>.json` in its run directory and a copy under `--history` (per seed and arm, every iteration's
@@ -62,28 +63,30 @@ def run(config: RecapStudyConfig) -> ExperimentResult:
             _write(base_dir / "base.json", base)
         _write(history / f"s{seed}_base.json", base)
         stages["base"] = base["iterations"][0]["success_rate"]
-        for arm in config.arms:
-            arm_dir = seed_dir / arm
+        arm_dirs = {arm: _arm_dir(base_dir, seed_dir / arm) for arm in config.arms}
+        last = config.recap.iterations
+        for k in range(1, last + 1):  # the arms side by side, an iteration at a time: each seed's pairs come early
+            for arm, arm_dir in arm_dirs.items():
+                if _done(arm_dir / "arm.json") or k in _kept(arm_dir):
+                    continue
+                console.print(f"[bold]seed {seed}: arm {arm}[/bold], iteration {k} of {last} -> {arm_dir}")
+                recap = dataclasses.replace(config.recap, out=str(arm_dir), seed=seed, iterations=k, **ARMS[arm])
+                result = _recap(console, recap, lambda it, d=arm_dir, s=seed, a=arm: _keep(d, history, s, a, it))
+                if k == last:
+                    result.update(arm=arm, arm_options=ARMS[arm], iterations=[_kept(arm_dir)[i] for i in range(k + 1)])
+                    _write(arm_dir / "arm.json", result)
+        for arm, arm_dir in arm_dirs.items():
             result = _done(arm_dir / "arm.json")
-            if result is None:
-                if not arm_dir.exists():  # the seed's BC, critic 0 and store, copied (the copy is the arm's own)
-                    shutil.copytree(base_dir, arm_dir.with_name(arm_dir.name + ".copying"), symlinks=True,
-                                    dirs_exist_ok=True)  # a store's commit links stay links
-                    arm_dir.with_name(arm_dir.name + ".copying").rename(arm_dir)
-                console.print(f"[bold]seed {seed}: arm {arm}[/bold] to iteration {config.recap.iterations} -> {arm_dir}")
-                recap = dataclasses.replace(config.recap, out=str(arm_dir), seed=seed, **ARMS[arm])
-                partial = history / f"s{seed}_{arm}.json"
-                result = _recap(console, recap, lambda it, p=partial, s=seed, a=arm: _partial(p, s, a, it))
-                result["arm"], result["arm_options"] = arm, ARMS[arm]
-                _write(arm_dir / "arm.json", result)
+            if result is None:  # no iteration to play (--recap.iterations 0)
+                continue
             _write(history / f"s{seed}_{arm}.json", result)
             stages[arm] = [it["success_rate"] for it in result["iterations"]]
             if config.ceiling_branches:
                 ceiling = _done(arm_dir / "ceiling.json")
                 if ceiling is None:
                     console.print(f"[bold]seed {seed}: arm {arm}: the branch ceiling[/bold] of its last policy")
-                    last = result["iterations"][-1]
-                    ceiling = _ceiling(config, last["policy"], last["critic"])
+                    final = result["iterations"][-1]
+                    ceiling = _ceiling(config, final["policy"], final["critic"])
                     _write(arm_dir / "ceiling.json", ceiling)
                 _write(history / f"s{seed}_{arm}_ceiling.json", ceiling)
     if history.is_dir():  # every seed and arm the history holds, this run's and earlier ones'
@@ -94,14 +97,39 @@ def run(config: RecapStudyConfig) -> ExperimentResult:
     return ExperimentResult(summary)
 
 
-def _partial(path: Path, seed: int, arm: str, iteration: dict) -> None:
-    """An arm's iterations so far, written as each ends (a stopped arm keeps what it measured)."""
-    data = _done(path) or {}
-    if data.get("complete"):
-        data = {}
-    its = [it for it in data.get("iterations", []) if it["iteration"] != iteration["iteration"]]
-    _write(path, {"seed": seed, "arm": arm, "arm_options": ARMS[arm], "complete": False,
-                  "iterations": sorted([*its, iteration], key=lambda it: it["iteration"])})
+def _arm_dir(base_dir: Path, arm_dir: Path) -> Path:
+    """The arm's run directory: a copy of the seed's base (its demonstrations, BC, critic 0 and store), made once."""
+    if not arm_dir.exists():
+        copying = arm_dir.with_name(arm_dir.name + ".copying")
+        shutil.copytree(base_dir, copying, symlinks=True, dirs_exist_ok=True)  # a store's commit links stay links
+        copying.rename(arm_dir)
+    return arm_dir
+
+
+def _kept(arm_dir: Path) -> dict[int, dict]:
+    """The arm's iterations as first measured (`iterations.json`), by number."""
+    return {it["iteration"]: it for it in (_done(arm_dir / "iterations.json") or {}).get("iterations", [])}
+
+
+def _keep(arm_dir: Path, history: Path, seed: int, arm: str, iteration: dict) -> None:
+    """Keep an iteration's figures as first measured: a later run of the arm resumes through the iterations
+    before its own (their evaluations played again, their training done), and says whether the held-out
+    outcomes came out the same (`replayed_same`) but keeps the first wall times. The arm's history file is
+    written with every iteration so far (a stopped arm keeps what it measured)."""
+    kept = _kept(arm_dir)
+    k = iteration["iteration"]
+    if k in kept:
+        first = kept[k]
+        first["replayed_same"] = first.get("replayed_same", True) and (
+            first["success_by_seed"] == iteration["success_by_seed"]
+            and first.get("control", {}).get("success_by_seed") == iteration.get("control", {}).get("success_by_seed"))
+    else:
+        kept[k] = iteration
+    its = [kept[i] for i in sorted(kept)]
+    _write(arm_dir / "iterations.json", {"iterations": its})
+    if not _done(arm_dir / "arm.json"):
+        _write(history / f"s{seed}_{arm}.json", {"seed": seed, "arm": arm, "arm_options": ARMS[arm],
+                                                 "complete": False, "iterations": its})
 
 
 def _recap(console, recap: RecapConfig, report=None) -> dict:

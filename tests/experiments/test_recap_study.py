@@ -8,13 +8,13 @@ import pytest
 from capsule_rollout.experiments.run import main
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 
-TINY = ["--recap.iterations", "1", "--recap.demo_episodes", "6", "--recap.bc_steps", "2", "--recap.policy_steps", "2",
+TINY = ["--recap.iterations", "2", "--recap.demo_episodes", "6", "--recap.bc_steps", "2", "--recap.policy_steps", "2",
         "--recap.critic_steps", "2", "--recap.rollout_episodes", "3", "--recap.eval.count", "3",
         "--recap.batch_size", "4", "--recap.progress", "False", "--recap.actors", "1", "--recap.slots", "2",
         "--ceiling_branches", "2"]
 
 
-@pytest.mark.slow  # two minutes: a seed's base, two arms and their ceilings on Ray
+@pytest.mark.slow  # three minutes: a seed's base, two arms to iteration 2 and their ceilings on Ray
 def test_a_study_shares_each_seeds_bc_with_its_arms_and_resumes_without_replaying(tmp_path):
     root, history = tmp_path / "study", tmp_path / "history"
     args = ["recap_study", "--root", str(root), "--history", str(history), "--seeds", "3", *TINY]
@@ -23,18 +23,20 @@ def test_a_study_shares_each_seeds_bc_with_its_arms_and_resumes_without_replayin
         "s3_base.json", "s3_critic.json", "s3_critic_ceiling.json", "s3_privileged.json", "s3_privileged_ceiling.json",
         "yardstick.md"]
     table = (history / "yardstick.md").read_text().splitlines()
-    assert [line.split(" | ")[:3] for line in table[2:]] == [["| critic", "0", "3"], ["| critic", "1", "3"],
-                                                            ["| privileged", "0", "3"], ["| privileged", "1", "3"]]
+    assert [line.split(" | ")[:2] for line in table[2:]] == [["| critic", str(k)] for k in range(3)] + [
+        ["| privileged", str(k)] for k in range(3)]
     base = json.loads((history / "s3_base.json").read_text())
     arms = {arm: json.loads((history / f"s3_{arm}.json").read_text()) for arm in ("critic", "privileged")}
     for arm, result in arms.items():
         assert result["complete"] and result["arm"] == arm and result["seed"] == 3
         its = result["iterations"]
-        assert [it["iteration"] for it in its] == [0, 1] and len(its[1]["control"]["success_by_seed"]) == 3
+        assert [it["iteration"] for it in its] == [0, 1, 2] and len(its[2]["control"]["success_by_seed"]) == 3
+        # the arms went side by side: iteration 2 resumed through 0 and 1, which replayed to the same outcomes
+        assert its[0]["replayed_same"] and its[1]["replayed_same"] and "replayed_same" not in its[2]
         # the seed's BC policy, evaluated again in the arm's copy: the same outcome seed by seed
         assert its[0]["success_by_seed"] == base["iterations"][0]["success_by_seed"]
         ceiling = json.loads((history / f"s3_{arm}_ceiling.json").read_text())
-        assert ceiling["policy_checkpoint"] == its[1]["policy"] and ceiling["critic_checkpoint"] == its[1]["critic"]
+        assert ceiling["policy_checkpoint"] == its[2]["policy"] and ceiling["critic_checkpoint"] == its[2]["critic"]
         assert ceiling["branches"] == 2
     # the privileged arm's critics read the sim's state (critic 0 is the seed's, shared); the critic arm's do not
     model = {arm: json.loads((root / "s3" / arm / "critic_1" / "checkpoint.json").read_text())["config"]["model"]
