@@ -484,7 +484,7 @@ for _name, (_config, _summary) in _LEARNING_COMMANDS.items():
     command(_name, _summary)(_config)
 
 
-STUDY_ARMS = ("critic", "privileged")  # `experiments.recap_study.ARMS`: what each arm changes in `recap`
+STUDY_ARMS = ("critic", "privileged", "rollouts_x4")  # `experiments.recap_study.ARMS`: what each changes in `recap`
 
 
 @command(
@@ -501,9 +501,11 @@ class RecapStudyConfig:
     it, so the yardstick accumulates across runs."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """Run seeds (`recap --seed`): each its own demonstrations, behaviour cloning and rollouts."""
-    arms: tuple[Literal["critic", "privileged"], ...] = STUDY_ARMS
+    arms: tuple[Literal["critic", "privileged", "rollouts_x4"], ...] = STUDY_ARMS
     """Arms (`experiments.recap_study.ARMS`): `critic`, labels from the learned critic; `privileged`, from a
-    critic that also reads the sim's privileged state (`recap --critic_privileged`). Each has its control arm."""
+    critic that also reads the sim's privileged state (`recap --critic_privileged`), each with its control arm;
+    `rollouts_x4`, critic labels on 4x `--recap.rollout_episodes` per iteration (no control: compared with the critic
+    arm)."""
     recap: RecapConfig = RecapConfig(iterations=3, bc_steps=20000, rollout_episodes=200, beta=2.0, slots=4)
     """The `recap` run every arm makes (`--recap.<option>`); `out` and `seed` are the study's."""
     ceiling_branches: int = 8

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from capsule_rollout.commands.configs import RecapStudyConfig, ValueCeilingConfig
@@ -30,9 +31,13 @@ from capsule_rollout.learning.options import Models, RecapConfig, Seeds
 from capsule_rollout.learning.recap_loop import recap_loop
 from capsule_rollout.learning.yardstick import load_history, markdown
 
-ARMS: dict[str, dict] = {
-    "critic": {},  # labels from the learned critic (`recap`'s default source)
-    "privileged": {"critic_privileged": True},  # a critic that also reads the sim's object and gripper poses
+ARMS: dict[str, Callable[[RecapConfig], dict]] = {  # what each arm changes in the study's `recap` run
+    "critic": lambda recap: {},  # labels from the learned critic (`recap`'s default source)
+    # a critic that also reads the sim's object and gripper poses
+    "privileged": lambda recap: {"critic_privileged": True},
+    # 4x the rollouts per iteration (at iteration 1 the first quarter are the critic arm's: the same seeds, policy
+    # and critic); compared with the critic arm seed by seed, no control arm of its own
+    "rollouts_x4": lambda recap: {"rollout_episodes": 4 * recap.rollout_episodes, "control": False},
 }
 
 
@@ -70,10 +75,13 @@ def run(config: RecapStudyConfig) -> ExperimentResult:
                 if _done(arm_dir / "arm.json") or k in _kept(arm_dir):
                     continue
                 console.print(f"[bold]seed {seed}: arm {arm}[/bold], iteration {k} of {last} -> {arm_dir}")
-                recap = dataclasses.replace(config.recap, out=str(arm_dir), seed=seed, iterations=k, **ARMS[arm])
-                result = _recap(console, recap, lambda it, d=arm_dir, s=seed, a=arm: _keep(d, history, s, a, it))
+                recap = dataclasses.replace(config.recap, out=str(arm_dir), seed=seed, iterations=k,
+                                            **ARMS[arm](config.recap))
+                result = _recap(console, recap, lambda it, d=arm_dir, s=seed, a=arm, o=ARMS[arm](config.recap):
+                                _keep(d, history, s, a, o, it))
                 if k == last:
-                    result.update(arm=arm, arm_options=ARMS[arm], iterations=[_kept(arm_dir)[i] for i in range(k + 1)])
+                    result.update(arm=arm, arm_options=ARMS[arm](config.recap),
+                                  iterations=[_kept(arm_dir)[i] for i in range(k + 1)])
                     _write(arm_dir / "arm.json", result)
         for arm, arm_dir in arm_dirs.items():
             result = _done(arm_dir / "arm.json")
@@ -111,7 +119,7 @@ def _kept(arm_dir: Path) -> dict[int, dict]:
     return {it["iteration"]: it for it in (_done(arm_dir / "iterations.json") or {}).get("iterations", [])}
 
 
-def _keep(arm_dir: Path, history: Path, seed: int, arm: str, iteration: dict) -> None:
+def _keep(arm_dir: Path, history: Path, seed: int, arm: str, options: dict, iteration: dict) -> None:
     """Keep an iteration's figures as first measured: a later run of the arm resumes through the iterations
     before its own (their evaluations played again, their training done), and says whether the held-out
     outcomes came out the same (`replayed_same`) but keeps the first wall times. The arm's history file is
@@ -128,7 +136,7 @@ def _keep(arm_dir: Path, history: Path, seed: int, arm: str, iteration: dict) ->
     its = [kept[i] for i in sorted(kept)]
     _write(arm_dir / "iterations.json", {"iterations": its})
     if not _done(arm_dir / "arm.json"):
-        _write(history / f"s{seed}_{arm}.json", {"seed": seed, "arm": arm, "arm_options": ARMS[arm],
+        _write(history / f"s{seed}_{arm}.json", {"seed": seed, "arm": arm, "arm_options": options,
                                                  "complete": False, "iterations": its})
 
 

@@ -40,8 +40,10 @@ def critic_margin(ceiling: dict) -> float | None:
     return (critic - 0.5) / (oracle - 0.5)
 
 
-def yardstick(runs: dict[int, dict]) -> list[dict]:
-    """One row per iteration that every seed of `runs` (seed -> an arm's summary) has reached."""
+def yardstick(runs: dict[int, dict], reference: dict[int, dict] | None = None) -> list[dict]:
+    """One row per iteration that every seed of `runs` (seed -> an arm's summary) has reached; with a
+    `reference` arm (seed -> its summary), the held-out pairs against it at the same iteration, pooled over the
+    seeds both have reached it in (`vs_reference`)."""
     seeds = sorted(runs)
     by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in seeds}
     shared = sorted(set.intersection(*(set(its) for its in by_seed.values()))) if seeds else []
@@ -55,15 +57,22 @@ def yardstick(runs: dict[int, dict]) -> list[dict]:
                                   if bc["successes_per_sim_hour"] else None for it, bc in zip(its, bcs)],
                "failure_ratio": [(1 - it["success_rate"]) / (1 - bc["success_rate"]) for it, bc in zip(its, bcs)],
                "critic_auc": [(it.get("critic_failure_auc_eval") or {}).get("auc") for it in its]}
-        if k:
+        pooled_a = [x for it in its for x in it["success_by_seed"]]
+        if k and all("control" in it for it in its):
             row["control"] = [it["control"]["success_rate"] for it in its]
             row["paired"] = [it["control"]["paired"] for it in its]
-            pooled_a = [x for it in its for x in it["success_by_seed"]]
-            pooled_b = [x for it in its for x in it["control"]["success_by_seed"]]
-            row["pooled"] = paired_comparison(pooled_a, pooled_b)
+            row["pooled"] = paired_comparison(pooled_a, [x for it in its for x in it["control"]["success_by_seed"]])
+        if k:
             row["vs_bc"] = paired_comparison(pooled_a, [x for bc in bcs for x in bc["success_by_seed"]])
             row["simulated_steps"] = [it["simulated_steps"] for it in its]
             row["wall_s"] = [it["wall_s"]["iteration"] for it in its]
+        if k and reference:
+            pairs = [(by_seed[s][k], ref) for s in seeds for ref in [
+                next((it for it in reference.get(s, {}).get("iterations", []) if it["iteration"] == k), None)] if ref]
+            if pairs:
+                row["vs_reference"] = paired_comparison([x for a, _ in pairs for x in a["success_by_seed"]],
+                                                        [x for _, b in pairs for x in b["success_by_seed"]])
+                row["vs_reference"]["run_seeds"] = len(pairs)
         last = all(runs[s].get("complete") and runs[s]["iterations"][-1]["iteration"] == k for s in seeds)
         if last and all("ceiling" in runs[s] for s in seeds):
             row["critic_margin"] = [critic_margin(runs[s]["ceiling"]) for s in seeds]
@@ -81,19 +90,23 @@ def _f(values, fmt: str) -> str:
     return " / ".join("-" if v is None else format(v, fmt) for v in values)
 
 
-def markdown(arms: dict[str, dict[int, dict]]) -> str:
-    """The yardstick's table: one row per arm and iteration, each seed's figure and the mean."""
+def markdown(arms: dict[str, dict[int, dict]], reference: str = "critic") -> str:
+    """The yardstick's table: one row per arm and iteration, each seed's figure and the mean; every other arm is
+    also paired with the `reference` arm at the same iteration."""
     lines = ["| arm | it | seeds | success (each seed; mean) | control | McNemar vs control: pooled only RECAP / only "
-             "control, p | successes per sim hour x BC (mean; goal 2) | failure ratio (mean; goal 0.6) | critic AUC "
-             "held out | critic margin vs ceiling (goal 0.9) | simulated steps: rollouts + branches |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"control, p | vs the {reference} arm: pooled only this / only {reference}, p | successes per sim hour x "
+             "BC (mean; goal 2) | failure ratio (mean; goal 0.6) | critic AUC held out | critic margin vs ceiling "
+             "(goal 0.9) | simulated steps: rollouts + branches |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, runs in sorted(arms.items()):
-        for row in yardstick(runs):
+        for row in yardstick(runs, arms.get(reference) if arm != reference else None):
             seeds = ", ".join(str(s) for s in row["seeds"])
             success = f"{_f(row['success'], '.1%')}; **{row['success_mean']:.1%}**"
             control = f"{_f(row['control'], '.1%')}; {row['control_mean']:.1%}" if "control" in row else "-"
             pooled = (f"{row['pooled']['only_a']} / {row['pooled']['only_b']}, p = {row['pooled']['p_value']:.3g}"
                       if "pooled" in row else "-")
+            versus = (f"{row['vs_reference']['only_a']} / {row['vs_reference']['only_b']}, "
+                      f"p = {row['vs_reference']['p_value']:.3g}" if "vs_reference" in row else "-")
             ratio = (f"{_f(row['sim_hour_ratio'], '.2f')}; **{row['sim_hour_ratio_mean']:.2f}**"
                      if "sim_hour_ratio_mean" in row else _f(row["sim_hour_ratio"], ".2f"))
             failure = f"{_f(row['failure_ratio'], '.2f')}; **{row['failure_ratio_mean']:.2f}**"
@@ -102,6 +115,6 @@ def markdown(arms: dict[str, dict[int, dict]]) -> str:
                       if "critic_margin" in row else "-")
             steps = (" / ".join(f"{s['rollouts']:,} + {s['branches']:,}" for s in row["simulated_steps"])
                      if "simulated_steps" in row else "-")
-            lines.append(f"| {arm} | {row['iteration']} | {seeds} | {success} | {control} | {pooled} | {ratio} | "
+            lines.append(f"| {arm} | {row['iteration']} | {seeds} | {success} | {control} | {pooled} | {versus} | {ratio} | "
                          f"{failure} | {_f(row['critic_auc'], '.2f')} | {margin} | {steps} |")
     return "\n".join(lines)

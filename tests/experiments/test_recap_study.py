@@ -17,7 +17,8 @@ TINY = ["--recap.iterations", "2", "--recap.demo_episodes", "6", "--recap.bc_ste
 @pytest.mark.slow  # three minutes: a seed's base, two arms to iteration 2 and their ceilings on Ray
 def test_a_study_shares_each_seeds_bc_with_its_arms_and_resumes_without_replaying(tmp_path):
     root, history = tmp_path / "study", tmp_path / "history"
-    args = ["recap_study", "--root", str(root), "--history", str(history), "--seeds", "3", *TINY]
+    args = ["recap_study", "--root", str(root), "--history", str(history), "--seeds", "3", "--arms", "critic",
+            "privileged", *TINY]
     assert main(args) == 0
     assert sorted(p.name for p in history.iterdir()) == [
         "s3_base.json", "s3_critic.json", "s3_critic_ceiling.json", "s3_privileged.json", "s3_privileged_ceiling.json",
@@ -63,10 +64,11 @@ def test_the_yardstick_pools_the_seeds_pairs_and_measures_the_critic_against_the
     def it(k, rate, outcomes, control=None):
         out = {"iteration": k, "success_rate": rate, "successes_per_sim_hour": 100 * rate, "success_by_seed": outcomes,
                "critic_failure_auc_eval": {"auc": 0.7}}
+        if k:
+            out.update(simulated_steps={"rollouts": 10, "branches": 0}, wall_s={"iteration": 1.0})
         if control is not None:
             out.update(control={"success_rate": sum(control) / 4, "success_by_seed": control,
-                                "paired": {"only_a": 0, "only_b": 0, "p_value": 1.0}},
-                       simulated_steps={"rollouts": 10, "branches": 0}, wall_s={"iteration": 1.0})
+                                "paired": {"only_a": 0, "only_b": 0, "p_value": 1.0}})
         return out
 
     for seed, (bc, last, control) in {0: ([1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]),
@@ -85,6 +87,16 @@ def test_the_yardstick_pools_the_seeds_pairs_and_measures_the_critic_against_the
     # pooled over both seeds' 8 held-out pairs: 3 only RECAP, none only the control
     assert (last["pooled"]["only_a"], last["pooled"]["only_b"], last["pooled"]["seeds"]) == (3, 0, 8)
     assert last["critic_margin"] == [pytest.approx(0.5), pytest.approx(0.75)]
+    # an arm without a control (`rollouts_x4`), one seed so far: paired with the critic arm where both are
+    other = {"seed": 0, "complete": False, "iterations": [it(0, 0.25, [1, 0, 0, 0]), it(1, 0.75, [1, 1, 1, 0])]}
+    (tmp_path / "s0_other.json").write_text(json.dumps(other))
+    arms = load_history(tmp_path)
+    row = yardstick(arms["other"], arms["critic"])[1]
+    assert "control" not in row and "pooled" not in row
+    assert (row["vs_reference"]["only_a"], row["vs_reference"]["only_b"], row["vs_reference"]["run_seeds"]) == (1, 0, 1)
+    from capsule_rollout.learning.yardstick import markdown
+
+    assert "| other | 1 | 0 | 75.0%; **75.0%** | - | - | 1 / 0, p = 1 |" in markdown(arms)
 
 
 def test_a_study_refuses_repeated_seeds_or_arms(capsys):
