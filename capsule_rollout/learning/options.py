@@ -257,6 +257,11 @@ class TrainCriticConfig:
     """The critic also reads the sim's privileged state the episodes record (the env's `privileged` observation:
     object and gripper poses a robot does not sense; the tabletop records it). The policy never reads it; at run
     time the env must give it (a sim)."""
+    privileged_noise: float = 0.0
+    """With --privileged: Gaussian noise added to each training example's privileged state, in units of each
+    number's spread over the training steps (the exact poses name each training episode, which a critic can
+    learn by heart; noise keeps the coarse geometry and blurs the name, as the images' random shift does). 0:
+    none."""
     init_policy: str = ""
     """Start the critic's vision and language encoders from this policy checkpoint's (same encoder sizes);
     empty: from scratch."""
@@ -276,6 +281,9 @@ class TrainCriticConfig:
         if self.plan_steps < 0 or not 0.0 <= self.plan_dropout < 1.0:
             raise ValueError(f"--plan_steps must be >= 0 and --plan_dropout within [0, 1), got "
                              f"{self.plan_steps} and {self.plan_dropout}")
+        if not 0.0 <= self.privileged_noise <= 10.0 or (self.privileged_noise and not self.privileged):
+            raise ValueError(f"--privileged_noise must be within [0, 10] and is for a --privileged critic, got "
+                             f"{self.privileged_noise}")
 
 
 @dataclass(frozen=True)
@@ -336,6 +344,8 @@ class RecapConfig:
     critic_privileged: bool = False
     """Critics also read the sim's privileged state (object and gripper poses, `train_critic --privileged`): for
     the takeovers and the advantage labels; the policy sees what a robot sees."""
+    critic_privileged_noise: float = 0.0
+    """With --critic_privileged: `train_critic --privileged_noise` (training noise on the privileged state)."""
     critic_plan_steps: int = 0
     """Critics also read the first this many actions of the chunk about to run (see `train_critic
     --plan_steps`); the held-out failure AUC then values each state with the policy's chunk. Takeovers

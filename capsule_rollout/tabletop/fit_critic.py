@@ -118,8 +118,14 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
         if plans is not None:  # hide some plans: the same critic learns the state's value too
             plan = plans[idx].clone()
             plan[torch.rand(len(idx), generator=generator) < config.plan_dropout] = float("nan")
+        priv = None
+        if privileged is not None:  # blurred by --privileged_noise, in units of each number's spread
+            priv = privileged[idx]
+            if config.privileged_noise:
+                priv = priv + config.privileged_noise * model.privileged_std * torch.randn(
+                    priv.shape, generator=generator)
         return model.loss(imgs, states[idx], model.embed_language(tokens[idx]), targets[idx], steps[idx], actors[idx],
-                          plan, privileged[idx] if privileged is not None else None)
+                          plan, priv)
 
     def evaluate(step: int) -> dict:
         """Held-out loss and value error; a plan critic's with the plans given and, `_state_only`, without."""

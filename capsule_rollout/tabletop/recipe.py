@@ -59,6 +59,7 @@ class TabletopRecipe:
         fit_critic(TrainCriticConfig(data=str(store), out=str(out), loop=loop, cameras=config.critic_cameras,
                                      actor_input=config.critic_actor_input, plan_steps=config.critic_plan_steps,
                                      privileged=config.critic_privileged,
+                                     privileged_noise=config.critic_privileged_noise,
                                      max_steps=LabelAdvantagesConfig.max_steps, branch_values=branch_values),
                    log=log)
 
