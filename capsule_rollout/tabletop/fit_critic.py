@@ -28,7 +28,7 @@ def _model_config(config: TrainCriticConfig, ckpt, privileged_dim: int) -> Criti
                         privileged_dim=privileged_dim)
 
 
-def _privileged_dim(config: TrainCriticConfig) -> int:
+def privileged_dim(config: TrainCriticConfig) -> int:
     """Size of the store's privileged state for a `--privileged` critic (0 without it); a clear error where the
     store records none."""
     if not config.privileged:
@@ -69,7 +69,7 @@ def fit_critic(config: TrainCriticConfig, init_policy: str | None = None, log: L
     critic starts from (default `config.init_policy`). Returns a summary."""
     ckpt = open_run(config.out, kind=KIND, resume=config.loop.resume, seed=config.loop.seed,
                     threads=config.loop.threads)
-    model_config = _model_config(config, ckpt, _privileged_dim(config) if not ckpt else 0)
+    model_config = _model_config(config, ckpt, privileged_dim(config) if not ckpt else 0)
     model = ValueCritic(model_config)
     init_path = config.init_policy if init_policy is None else init_policy
     # a fresh run may start its encoders from a policy's (read first: a bad path fails before the data loads)

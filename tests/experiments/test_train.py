@@ -153,3 +153,26 @@ def test_a_plan_critic_trains_labels_and_judges_the_policys_chunks(demos, tmp_pa
     alone, none = policy["critic_failure_auc_state_only"]
     assert none is None and alone["episodes"] == with_plan["episodes"] == plain["episodes"] >= 1
     assert main(["train_critic", "--data", str(demos), "--out", str(tmp_path / "bad"), "--plan_steps", "-1"]) == 2
+
+
+def test_a_privileged_critic_trains_on_the_recorded_sim_state_and_labels_with_it(demos, tmp_path, capsys):
+    """train_critic --privileged reads the steps' privileged state (the tabletop records it with every step);
+    --privileged_noise blurs it in training; a store without it is refused by name, before any training."""
+    from capsule_rollout.stores.zarr_recorder import ZarrRecorder
+    from capsule_rollout.tabletop.value_critic import load_critic
+    from tests.rollout.fakes import fake_episode
+
+    critic = tmp_path / "critic"
+    args = ["train_critic", "--data", str(demos), "--steps", "2", "--batch_size", "4", "--eval_every", "2",
+            "--val_fraction", "0.34", "--no-progress", "--privileged"]
+    assert main([*args, "--out", str(critic), "--privileged_noise", "0.5"]) == 0
+    model = load_critic(str(critic))
+    assert model.config.privileged_dim == 46 and float(model.privileged_std.min()) > 0
+    assert main(["label_advantages", "--data", str(demos), "--critic", str(critic), "--n", "5"]) == 0
+    robot = tmp_path / "robot.zarr"  # episodes a robot recorded: no privileged state
+    with ZarrRecorder(robot) as recorder:
+        recorder.write_many([fake_episode(i, length=6, image_size=64) for i in range(3)])
+    capsys.readouterr()
+    assert main([*args, "--data", str(robot), "--out", str(tmp_path / "robot_critic")]) == 2
+    assert "records no privileged state" in capsys.readouterr().err and not (tmp_path / "robot_critic").exists()
+    assert main(["train_critic", "--data", str(demos), "--out", str(tmp_path / "x"), "--privileged_noise", "1"]) == 2
