@@ -28,6 +28,7 @@ from capsule_rollout.commands.store_configs import (  # noqa: F401 - the store t
     ImportLeRobotConfig,
     VerifyStoreConfig,
 )
+from capsule_rollout.commands.study_configs import RecapStudyConfig  # noqa: F401 - recap_study's config
 from capsule_rollout.commands.tool_configs import GpuCheckConfig, ScanEnvConfig, SimRobotServerConfig  # noqa: F401
 from capsule_rollout.input_bounds import check_finite, check_seeds
 from capsule_rollout.learning.options import (  # noqa: F401 - the learning layer's options are commands' configs too
@@ -482,42 +483,3 @@ _LEARNING_COMMANDS = {
 }
 for _name, (_config, _summary) in _LEARNING_COMMANDS.items():
     command(_name, _summary)(_config)
-
-
-STUDY_ARMS = ("critic", "privileged", "rollouts_x4")  # `experiments.recap_study.ARMS`: what each changes in `recap`
-
-
-@command(
-    'recap_study',
-    "RECAP's yardstick: run seeds x arms of `recap`, each seed's BC shared by its arms, resumable, outside the tree.",
-)
-@dataclass(frozen=True)
-class RecapStudyConfig:
-    root: str = "~/recap_study"
-    """Where the runs live (outside the work tree: a checkout does not keep them): <root>/s<seed>/base (the
-    seed's demonstrations, behaviour cloning and critic 0), <root>/s<seed>/<arm> (a copy of base, resumed)."""
-    history: str = "docs/history/recap_study"
-    """Where each finished stage's summary goes as JSON (per seed and arm, per-seed outcomes included): commit
-    it, so the yardstick accumulates across runs."""
-    seeds: tuple[int, ...] = (0, 1, 2)
-    """Run seeds (`recap --seed`): each its own demonstrations, behaviour cloning and rollouts."""
-    arms: tuple[Literal["critic", "privileged", "rollouts_x4"], ...] = STUDY_ARMS
-    """Arms (`experiments.recap_study.ARMS`): `critic`, labels from the learned critic; `privileged`, from a
-    critic that also reads the sim's privileged state (`recap --critic_privileged`), each with its control arm;
-    `rollouts_x4`, critic labels on 4x `--recap.rollout_episodes` per iteration (no control: compared with the critic
-    arm)."""
-    recap: RecapConfig = RecapConfig(iterations=3, bc_steps=20000, rollout_episodes=200, beta=2.0, slots=4)
-    """The `recap` run every arm makes (`--recap.<option>`); `out` and `seed` are the study's."""
-    ceiling_branches: int = 8
-    """Continuations per state of the branch ceiling the last iteration's critic is measured against
-    (`value_ceiling` on the held-out seeds); 0: no ceiling stage."""
-    run: bool = True
-    """Run (or resume) the stages; False: only write the yardstick's table from what `--history` holds."""
-
-    def __post_init__(self) -> None:
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
-            raise ValueError(f"--seeds must be distinct run seeds >= 0, got {list(self.seeds)}")
-        if not self.arms or len(set(self.arms)) != len(self.arms):
-            raise ValueError(f"--arms must be distinct arms of {list(STUDY_ARMS)}, got {list(self.arms)}")
-        if self.ceiling_branches < 0:
-            raise ValueError(f"--ceiling_branches must be >= 0, got {self.ceiling_branches}")
