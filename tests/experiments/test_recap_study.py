@@ -104,3 +104,17 @@ def test_a_study_refuses_repeated_seeds_or_arms(capsys):
     assert "distinct run seeds" in capsys.readouterr().err
     assert main(["recap_study", "--arms", "critic", "critic"]) == 2
     assert "distinct arms" in capsys.readouterr().err
+
+
+def test_every_arm_the_cli_offers_changes_recap_as_it_says():
+    from capsule_rollout.commands.study_configs import STUDY_ARMS
+    from capsule_rollout.experiments.recap_study import ARMS
+    from capsule_rollout.learning.options import RecapConfig
+
+    assert tuple(ARMS) == STUDY_ARMS  # the CLI's choices are the arms the study can run
+    recap = RecapConfig(policy_steps=3000, rollout_episodes=200)
+    assert ARMS["critic"](recap) == {}
+    assert ARMS["finetune_x3"](recap) == {"policy_steps": 9000, "control": False}
+    assert ARMS["rollouts_x4"](recap) == {"rollout_episodes": 800, "control": False}
+    for arm in ARMS.values():  # each arm is a valid `recap` run
+        RecapConfig(**{**arm(recap), "out": "x"})
