@@ -5,12 +5,14 @@ the BC policy's evaluation on the held-out seeds), then each arm in a copy of `b
 of `--recap`; its control arm included) resumed one iteration at a time, the arms side by side (iteration 1 of
 every arm, then iteration 2...), then the branch ceiling of each arm's last policy with its last critic on the
 held-out seeds (`value_ceiling`). The arms of a seed share its BC, critic 0 and so the first iteration's
-rollouts: at iteration 1 they differ only in how the labels are made.
+rollouts: at iteration 1 they differ only in what the arm changes (how the labels are made, how many rollouts,
+how many fine-tuning steps).
 
 Every stage resumes where it stopped (a `recap` run resumes its store and checkpoints); a stage that finished
 leaves `<stage>.json` in its run directory and a copy under `--history` (per seed and arm, every iteration's
 figures and per-seed outcomes), so a lost run costs a stage and the yardstick accumulates in the repository;
-the yardstick's table over everything `--history` holds is written beside it (`yardstick.md`, `learning.yardstick`).
+the yardstick's table over everything `--history` holds is written beside it (`yardstick.md`, `learning.yardstick`),
+with what a smaller or larger evaluation would have told from the critic arm's measured pairs (power, width, wall).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.recap_report import report_iteration
 from capsule_rollout.learning.options import Models, RecapConfig, Seeds
 from capsule_rollout.learning.recap_loop import recap_loop
-from capsule_rollout.learning.yardstick import load_history, markdown
+from capsule_rollout.learning.yardstick import evaluation_sizes_markdown, load_history, markdown
 
 ARMS: dict[str, Callable[[RecapConfig], dict]] = {  # what each arm changes in the study's `recap` run
     "critic": lambda recap: {},  # labels from the learned critic (`recap`'s default source)
@@ -101,8 +103,10 @@ def run(config: RecapStudyConfig) -> ExperimentResult:
                     _write(arm_dir / "ceiling.json", ceiling)
                 _write(history / f"s{seed}_{arm}_ceiling.json", ceiling)
     if history.is_dir():  # every seed and arm the history holds, this run's and earlier ones'
-        table = markdown(load_history(history))
-        (history / "yardstick.md").write_text(table + "\n")
+        arms = load_history(history)
+        table = markdown(arms)
+        sizes = evaluation_sizes_markdown(arms)  # how the evaluation's size trades power against wall time
+        (history / "yardstick.md").write_text(f"{table}\n\n{sizes}\n")
         console.print(table)
         summary["table"] = table
     return ExperimentResult(summary)

@@ -118,3 +118,46 @@ def markdown(arms: dict[str, dict[int, dict]], reference: str = "critic") -> str
             lines.append(f"| {arm} | {row['iteration']} | {seeds} | {success} | {control} | {pooled} | {versus} | {ratio} | "
                          f"{failure} | {_f(row['critic_auc'], '.2f')} | {margin} | {steps} |")
     return "\n".join(lines)
+
+
+def evaluation_sizes(runs: dict[int, dict], sizes=(50, 100, 200, 400), draws: int = 2000,
+                     seed: int = 0) -> list[dict]:
+    """What an evaluation of n held-out seeds per run seed would have told, from an arm's measured pairs with
+    its control (seed -> an arm's summary): per iteration with a control in every run seed and per n, n pairs
+    drawn with replacement from each run seed's held-out pairs `draws` times, the fraction of draws whose
+    pooled McNemar test gives p < 0.05 (the power at the measured effect), the median 95% half-width of one
+    seed's success rate, and the evaluation's measured wall time scaled to n (both policies)."""
+    rng = np.random.default_rng(seed)
+    seeds = sorted(runs)
+    by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in seeds}
+    shared = sorted(set.intersection(*(set(its) for its in by_seed.values()))) if seeds else []
+    rows = []
+    for k in shared:
+        its = [by_seed[s][k] for s in seeds]
+        if not k or not all("control" in it for it in its):
+            continue
+        pairs = [np.array([it["success_by_seed"], it["control"]["success_by_seed"]], dtype=bool) for it in its]
+        eval_s = float(np.mean([it["wall_s"]["evaluation_s"] / len(it["success_by_seed"]) for it in its]))
+        for n in sizes:
+            significant, half = 0, []
+            for _ in range(draws):
+                picks = [p[:, rng.integers(0, p.shape[1], n)] for p in pairs]
+                a, b = np.concatenate([p[0] for p in picks]), np.concatenate([p[1] for p in picks])
+                significant += paired_comparison(a, b)["p_value"] < 0.05
+                rate = picks[0][0].mean()
+                half.append(1.96 * np.sqrt(rate * (1 - rate) / n))
+            rows.append({"iteration": k, "seeds": seeds, "n": n, "power": significant / draws,
+                         "half_width": float(np.median(half)), "evaluation_s": eval_s * n})
+    return rows
+
+
+def evaluation_sizes_markdown(arms: dict[str, dict[int, dict]], reference: str = "critic", **kwargs) -> str:
+    """`evaluation_sizes` of the `reference` arm as a table."""
+    lines = [f"| it | seeds | held-out seeds per run seed | power of the pooled McNemar test at the {reference} "
+             "arm's measured effect (p < 0.05) | 95% half-width, one seed's success | evaluation wall s (both "
+             "policies, one seed) |", "|---|---|---|---|---|---|"]
+    for row in evaluation_sizes(arms.get(reference, {}), **kwargs):
+        seeds = ", ".join(str(s) for s in row["seeds"])
+        lines.append(f"| {row['iteration']} | {seeds} | {row['n']} | {row['power']:.2f} | "
+                     f"{row['half_width']:.1%} | {row['evaluation_s']:.0f} |")
+    return "\n".join(lines)

@@ -118,3 +118,20 @@ def test_every_arm_the_cli_offers_changes_recap_as_it_says():
     assert ARMS["rollouts_x4"](recap) == {"rollout_episodes": 800, "control": False}
     for arm in ARMS.values():  # each arm is a valid `recap` run
         RecapConfig(**{**arm(recap), "out": "x"})
+
+
+def test_evaluation_sizes_resample_each_seeds_pairs_with_its_control():
+    from capsule_rollout.learning.yardstick import evaluation_sizes
+
+    def run(recap, control):
+        bc = {"iteration": 0, "success_by_seed": [0] * 40}
+        return {"iterations": [bc, {"iteration": 1, "success_by_seed": recap, "wall_s": {"evaluation_s": 4.0},
+                                    "control": {"success_by_seed": control}}]}
+
+    always = {0: run([1] * 40, [0] * 40), 1: run([1] * 40, [0] * 40)}  # RECAP solves what the control never does
+    rows = evaluation_sizes(always, sizes=(5, 20), draws=50)
+    assert [(r["n"], r["power"]) for r in rows] == [(5, 1.0), (20, 1.0)]
+    assert rows[1]["evaluation_s"] == pytest.approx(2.0) and rows[1]["half_width"] == 0.0  # 0.1 s per seed
+    same = {0: run([1, 0] * 20, [1, 0] * 20)}  # no discordant pair: never significant
+    assert [r["power"] for r in evaluation_sizes(same, sizes=(40,), draws=50)] == [0.0]
+    assert evaluation_sizes({0: {"iterations": [{"iteration": 0, "success_by_seed": [1]}]}}) == []  # BC only
