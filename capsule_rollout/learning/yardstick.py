@@ -41,14 +41,14 @@ def critic_margin(ceiling: dict) -> float | None:
 
 
 def yardstick(runs: dict[int, dict], reference: dict[int, dict] | None = None) -> list[dict]:
-    """One row per iteration that every seed of `runs` (seed -> an arm's summary) has reached; with a
-    `reference` arm (seed -> its summary), the held-out pairs against it at the same iteration, pooled over the
-    seeds both have reached it in (`vs_reference`)."""
-    seeds = sorted(runs)
-    by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in seeds}
-    shared = sorted(set.intersection(*(set(its) for its in by_seed.values()))) if seeds else []
+    """One row per iteration any seed of `runs` (seed -> an arm's summary) has reached, over the seeds that have
+    reached it (`seeds`: a study in progress shows its later iterations on fewer seeds); with a `reference` arm
+    (seed -> its summary), the held-out pairs against it at the same iteration, pooled over the seeds both have
+    reached it in (`vs_reference`)."""
+    by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in sorted(runs)}
     rows = []
-    for k in shared:
+    for k in sorted(set().union(*(set(its) for its in by_seed.values()))):
+        seeds = [s for s in by_seed if k in by_seed[s]]
         its = [by_seed[s][k] for s in seeds]
         bcs = [by_seed[s][0] for s in seeds]
         row = {"iteration": k, "seeds": seeds,
@@ -124,15 +124,14 @@ def evaluation_sizes(runs: dict[int, dict], sizes=(50, 100, 200, 400), draws: in
                      seed: int = 0) -> list[dict]:
     """What an evaluation of n held-out seeds per run seed would have told, from an arm's measured pairs with
     its control (seed -> an arm's summary): per iteration with a control in every run seed and per n, n pairs
-    drawn with replacement from each run seed's held-out pairs `draws` times, the fraction of draws whose
+    drawn with replacement from the held-out pairs of each run seed that reached the iteration `draws` times, the fraction of draws whose
     pooled McNemar test gives p < 0.05 (the power at the measured effect), the median 95% half-width of one
     seed's success rate, and the evaluation's measured wall time scaled to n (both policies)."""
     rng = np.random.default_rng(seed)
-    seeds = sorted(runs)
-    by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in seeds}
-    shared = sorted(set.intersection(*(set(its) for its in by_seed.values()))) if seeds else []
+    by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in sorted(runs)}
     rows = []
-    for k in shared:
+    for k in sorted(set().union(*(set(its) for its in by_seed.values()))):
+        seeds = [s for s in by_seed if k in by_seed[s]]
         its = [by_seed[s][k] for s in seeds]
         if not k or not all("control" in it for it in its):
             continue

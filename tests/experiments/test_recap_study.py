@@ -97,6 +97,12 @@ def test_the_yardstick_pools_the_seeds_pairs_and_measures_the_critic_against_the
     from capsule_rollout.learning.yardstick import markdown
 
     assert "| other | 1 | 0 | 75.0%; **75.0%** | - | - | 1 / 0, p = 1 |" in markdown(arms)
+    # a seed that has only its BC so far: iteration 0 over three seeds, the later ones over the two that reached them
+    (tmp_path / "s2_critic.json").write_text(json.dumps({"seed": 2, "complete": False,
+                                                         "iterations": [it(0, 0.5, [1, 1, 0, 0])]}))
+    rows = yardstick(load_history(tmp_path)["critic"])
+    assert [(r["iteration"], r["seeds"]) for r in rows] == [(0, [0, 1, 2]), (1, [0, 1])]
+    assert rows[1]["critic_margin"] == [pytest.approx(0.5), pytest.approx(0.75)]  # the seeds that finished
 
 
 def test_a_study_refuses_repeated_seeds_or_arms(capsys):
