@@ -9,7 +9,8 @@ from typing import Literal
 from capsule_rollout.commands.registry import command
 from capsule_rollout.learning.options import RecapConfig
 
-STUDY_ARMS = ("critic", "privileged", "rollouts_x4", "finetune_x3")  # `experiments.recap_study.ARMS`: what each changes in `recap`
+# `experiments.recap_study.ARMS`: what each changes in `recap`
+STUDY_ARMS = ("critic", "privileged", "rollouts_x4", "finetune_x3", "finetune_third")
 
 
 @command(
@@ -26,11 +27,12 @@ class RecapStudyConfig:
     it, so the yardstick accumulates across runs."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """Run seeds (`recap --seed`): each its own demonstrations, behaviour cloning and rollouts."""
-    arms: tuple[Literal["critic", "privileged", "rollouts_x4", "finetune_x3"], ...] = STUDY_ARMS
+    arms: tuple[Literal["critic", "privileged", "rollouts_x4", "finetune_x3", "finetune_third"], ...] = STUDY_ARMS
     """Arms (`experiments.recap_study.ARMS`): `critic`, labels from the learned critic; `privileged`, from a
     critic that also reads the sim's privileged state (`recap --critic_privileged`), each with its control arm;
-    `rollouts_x4`, critic labels on 4x `--recap.rollout_episodes` per iteration; `finetune_x3`, critic labels with 3x
-    `--recap.policy_steps` of fine-tuning per iteration (these two have no control: compared with the critic arm)."""
+    `rollouts_x4`, critic labels on 4x `--recap.rollout_episodes` per iteration; `finetune_x3` / `finetune_third`,
+    critic labels with 3x / a third of `--recap.policy_steps` of fine-tuning per iteration (these three have no
+    control: compared with the critic arm)."""
     recap: RecapConfig = RecapConfig(iterations=3, bc_steps=20000, rollout_episodes=200, beta=2.0, slots=4)
     """The `recap` run every arm makes (`--recap.<option>`); `out` and `seed` are the study's."""
     ceiling_branches: int = 8

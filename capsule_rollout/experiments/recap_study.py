@@ -40,9 +40,10 @@ ARMS: dict[str, Callable[[RecapConfig], dict]] = {  # what each arm changes in t
     # 4x the rollouts per iteration (at iteration 1 the first quarter are the critic arm's: the same seeds, policy
     # and critic); compared with the critic arm seed by seed, no control arm of its own
     "rollouts_x4": lambda recap: {"rollout_episodes": 4 * recap.rollout_episodes, "control": False},
-    # 3x the fine-tuning steps per iteration (at iteration 1 the critic arm's rollouts, critic and labels: only the
-    # fine-tuning differs); compared with the critic arm seed by seed, no control arm of its own
+    # 3x (a third of) the fine-tuning steps per iteration (at iteration 1 the critic arm's rollouts, critic and
+    # labels: only the fine-tuning differs); compared with the critic arm seed by seed, no control arm of its own
     "finetune_x3": lambda recap: {"policy_steps": 3 * recap.policy_steps, "control": False},
+    "finetune_third": lambda recap: {"policy_steps": max(1, recap.policy_steps // 3), "control": False},
 }
 
 

@@ -123,10 +123,10 @@ def markdown(arms: dict[str, dict[int, dict]], reference: str = "critic") -> str
 def evaluation_sizes(runs: dict[int, dict], sizes=(50, 100, 200, 400), draws: int = 2000,
                      seed: int = 0) -> list[dict]:
     """What an evaluation of n held-out seeds per run seed would have told, from an arm's measured pairs with
-    its control (seed -> an arm's summary): per iteration with a control in every run seed and per n, n pairs
-    drawn with replacement from the held-out pairs of each run seed that reached the iteration `draws` times, the fraction of draws whose
-    pooled McNemar test gives p < 0.05 (the power at the measured effect), the median 95% half-width of one
-    seed's success rate, and the evaluation's measured wall time scaled to n (both policies)."""
+    its control (seed -> an arm's summary): per iteration with a control in every run seed that reached it and
+    per n, n pairs drawn with replacement from each such run seed's held-out pairs `draws` times, the fraction
+    of draws whose pooled McNemar test gives p < 0.05 (the power at the measured effect), the median 95%
+    half-width of one seed's success rate, and the evaluation's measured wall time scaled to n (both policies)."""
     rng = np.random.default_rng(seed)
     by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in sorted(runs)}
     rows = []

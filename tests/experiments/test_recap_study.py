@@ -121,6 +121,7 @@ def test_every_arm_the_cli_offers_changes_recap_as_it_says():
     recap = RecapConfig(policy_steps=3000, rollout_episodes=200)
     assert ARMS["critic"](recap) == {}
     assert ARMS["finetune_x3"](recap) == {"policy_steps": 9000, "control": False}
+    assert ARMS["finetune_third"](recap) == {"policy_steps": 1000, "control": False}
     assert ARMS["rollouts_x4"](recap) == {"rollout_episodes": 800, "control": False}
     for arm in ARMS.values():  # each arm is a valid `recap` run
         RecapConfig(**{**arm(recap), "out": "x"})
