@@ -23,9 +23,12 @@ def test_a_study_shares_each_seeds_bc_with_its_arms_and_resumes_without_replayin
     assert sorted(p.name for p in history.iterdir()) == [
         "s3_base.json", "s3_critic.json", "s3_critic_ceiling.json", "s3_privileged.json", "s3_privileged_ceiling.json",
         "yardstick.md"]
-    table = (history / "yardstick.md").read_text().splitlines()
-    assert [line.split(" | ")[:2] for line in table[2:]] == [["| critic", str(k)] for k in range(3)] + [
+    table, sizes = (history / "yardstick.md").read_text().strip().split("\n\n")
+    assert [line.split(" | ")[:2] for line in table.splitlines()[2:]] == [["| critic", str(k)] for k in range(3)] + [
         ["| privileged", str(k)] for k in range(3)]
+    # the evaluation sizes: iterations 1 and 2 of the critic arm (with its control), 50-400 seeds each
+    assert [line.split(" | ")[:3] for line in sizes.splitlines()[2:]] == [
+        ["| " + str(k), "3", str(n)] for k in (1, 2) for n in (50, 100, 200, 400)]
     base = json.loads((history / "s3_base.json").read_text())
     arms = {arm: json.loads((history / f"s3_{arm}.json").read_text()) for arm in ("critic", "privileged")}
     for arm, result in arms.items():
