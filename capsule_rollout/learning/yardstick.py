@@ -40,16 +40,26 @@ def critic_margin(ceiling: dict) -> float | None:
     return (critic - 0.5) / (oracle - 0.5)
 
 
+def _by_seed(runs: dict[int, dict]) -> dict[int, dict[int, dict]]:
+    """seed -> iteration -> that iteration's figures."""
+    return {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in sorted(runs)}
+
+
+def _iterations(by_seed: dict[int, dict[int, dict]]):
+    """(iteration, the seeds that reached it, their figures) for every iteration any seed reached, in order."""
+    for k in sorted(set().union(*(set(its) for its in by_seed.values()))):
+        seeds = [s for s in by_seed if k in by_seed[s]]
+        yield k, seeds, [by_seed[s][k] for s in seeds]
+
+
 def yardstick(runs: dict[int, dict], reference: dict[int, dict] | None = None) -> list[dict]:
     """One row per iteration any seed of `runs` (seed -> an arm's summary) has reached, over the seeds that have
     reached it (`seeds`: a study in progress shows its later iterations on fewer seeds); with a `reference` arm
     (seed -> its summary), the held-out pairs against it at the same iteration, pooled over the seeds both have
     reached it in (`vs_reference`)."""
-    by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in sorted(runs)}
+    by_seed = _by_seed(runs)
     rows = []
-    for k in sorted(set().union(*(set(its) for its in by_seed.values()))):
-        seeds = [s for s in by_seed if k in by_seed[s]]
-        its = [by_seed[s][k] for s in seeds]
+    for k, seeds, its in _iterations(by_seed):
         bcs = [by_seed[s][0] for s in seeds]
         row = {"iteration": k, "seeds": seeds,
                "success": [it["success_rate"] for it in its],
@@ -128,11 +138,8 @@ def evaluation_sizes(runs: dict[int, dict], sizes=(50, 100, 200, 400), draws: in
     of draws whose pooled McNemar test gives p < 0.05 (the power at the measured effect), the median 95%
     half-width of one seed's success rate, and the evaluation's measured wall time scaled to n (both policies)."""
     rng = np.random.default_rng(seed)
-    by_seed = {s: {it["iteration"]: it for it in runs[s]["iterations"]} for s in sorted(runs)}
     rows = []
-    for k in sorted(set().union(*(set(its) for its in by_seed.values()))):
-        seeds = [s for s in by_seed if k in by_seed[s]]
-        its = [by_seed[s][k] for s in seeds]
+    for k, seeds, its in _iterations(_by_seed(runs)):
         if not k or not all("control" in it for it in its):
             continue
         pairs = [np.array([it["success_by_seed"], it["control"]["success_by_seed"]], dtype=bool) for it in its]
