@@ -13,6 +13,22 @@ recently used file goes: a capsule that was only on disk is dropped, one also he
 in memory just loses its disk copy. A file that cannot be read is set aside as
 `*.corrupt` (at open, or when it is loaded) and its key forgotten.
 
+Opening a store on a directory (the scan) trusts a file only as far as the
+store's `key` can vouch for it. With a key (the user's, by default) a file that
+claims a key (its `store_key` annotation) is indexed only once its signature
+checks with that key, so whoever can drop a file into the directory cannot make
+the store hand it out, replace a rightful capsule with it, or have its word
+delete anything: a file that fails (unsigned, signed with another key, damaged)
+is set aside as `*.corrupt` and listed in `skipped_files`. Two verified files
+claiming one key both came from a key holder: the one created later by its
+signed metadata (`created_at`; then the larger file name) is indexed, the other
+set aside as `*.duplicate`. With `key=None` there is nothing to verify: the scan
+takes each header's word for its key and creation time (use it only on a
+directory nobody else can write: what it indexes is then handed out, and over
+budget evicted, as the store's own), yet sets files aside the same way. Either way a
+scan renames but never deletes a file, and does not trim the disk tier to its
+budget: the next `put` or `get` does, least recently modified file first.
+
 On a CPU-only machine the device and host tiers are both host RAM: the budgets
 still apply, a demotion just does not move bytes.
 """
@@ -20,27 +36,40 @@ still apply, a demotion just does not move bytes.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 
 from capsule_rollout.capsules.capsule import Capsule
 from capsule_rollout.capsules.capsule_file import (
     FILE_SUFFIX,
     USER_KEY,
+    _resolved,
+    _verify_signature,
     load_capsule,
     nbytes_from_header,
+    parse_meta,
     read_file_header,
+    read_header,
     save_capsule,
 )
-from capsule_rollout.capsules.errors import CapsuleError, CapsuleNotFoundError, StoreBudgetError
+from capsule_rollout.capsules.errors import (
+    CapsuleError,
+    CapsuleFormatError,
+    CapsuleNotFoundError,
+    StoreBudgetError,
+)
+from capsule_rollout.capsules.trust import Trust
 
 
 class Tier(str, Enum):
@@ -50,6 +79,9 @@ class Tier(str, Enum):
 
 
 _NEXT = {Tier.DEVICE: Tier.HOST, Tier.HOST: Tier.DISK, Tier.DISK: None}
+
+CORRUPT_SUFFIX = ".corrupt"  # a file refused: unreadable, damaged, or not signed with the store's key
+DUPLICATE_SUFFIX = ".duplicate"  # a verified file whose key a later-created verified file holds
 
 
 @dataclass
@@ -89,8 +121,27 @@ class _Entry:
     file_bytes: int = 0  # size of the disk copy
 
 
+@dataclass(frozen=True)
+class _Claim:
+    """A file found by the scan that names a store key, with what the scan knows of it."""
+
+    path: Path
+    key: str  # its `store_key` annotation
+    created_at: float  # from its metadata: signed when the store has a key
+    mtime: float  # the file's, for the LRU order only (anyone who can write the file can set it)
+    size: int
+
+
 class CapsuleStore:
-    """Keyed capsules with per-tier budgets, pinning and LRU demotion."""
+    """Keyed capsules with per-tier budgets, pinning and LRU demotion.
+
+    `key` signs the disk tier's files and is what the store trusts them by: a file is read back (by `get`, and
+    indexed when the store opens on a directory) only when its signature checks with it, so a file dropped into
+    the directory by anyone without the key is never handed out and never displaces a capsule (see the module
+    docstring). The default, `USER_KEY`, is the user's key (`capsules.signing_key`). `key=None` writes unsigned
+    files and reads any well-formed one: the store then trusts whoever can write its directory, the scan taking
+    each file's header at its word (still never deleting on it).
+    """
 
     def __init__(
         self,
@@ -116,7 +167,8 @@ class CapsuleStore:
         self._bytes: dict[Tier, int] = {t: 0 for t in Tier}
         self._stats = StoreStats()
         self._lock = threading.RLock()
-        self.skipped_files: list[tuple[Path, str]] = []  # unreadable files found on open
+        # Files found on open and not indexed, with why (refused, duplicate, or not a store's): see _scan_disk.
+        self.skipped_files: list[tuple[Path, str]] = []
         if self._disk_dir is not None:
             self._disk_dir.mkdir(parents=True, exist_ok=True)
             self._scan_disk()
@@ -247,8 +299,8 @@ class CapsuleStore:
         if entry.tier is not Tier.DISK and self._lru[entry.tier].pop(entry.key, 0) is None:
             self._bytes[entry.tier] -= entry.nbytes
 
-    def _add_file(self, entry: _Entry, path: Path) -> None:
-        entry.path, entry.file_bytes = path, path.stat().st_size
+    def _add_file(self, entry: _Entry, path: Path, size: int | None = None) -> None:
+        entry.path, entry.file_bytes = path, path.stat().st_size if size is None else size
         self._lru[Tier.DISK][entry.key] = None
         self._bytes[Tier.DISK] += entry.file_bytes
 
@@ -274,7 +326,8 @@ class CapsuleStore:
 
     def _promote(self, entry: _Entry) -> Capsule:
         if entry.tier is Tier.DISK:
-            capsule = self._read_file(entry, lambda path: load_capsule(path, key=self._key))
+            # without a key the store trusts whoever can write its directory (class docstring): its files are its own
+            capsule = self._read_file(entry, lambda path: load_capsule(path, key=self._key, trust=Trust.OWN))
             self._lru[Tier.DISK].move_to_end(entry.key)  # the file is kept: demoted again, it is reused
         else:
             capsule = entry.capsule
@@ -333,31 +386,87 @@ class CapsuleStore:
         return self._disk_dir / f"{digest}{FILE_SUFFIX}"
 
     def _scan_disk(self) -> None:
-        """Index capsule files left by an earlier store on the same directory; set aside unreadable ones."""
-        files = sorted(self._disk_dir.glob(f"*{FILE_SUFFIX}"), key=lambda p: p.stat().st_mtime)
-        for path in files:
+        """Index the capsule files left by an earlier store on this directory, trusting each only as far as
+        `self._key` vouches for it (module docstring).
+
+        Renames, never deletes: an unsigned or foreign file may sit next to a rightful one, and a damaged or
+        superseded file is kept for inspection. Files that claim no store key are reported and left as they are.
+        The disk budget is not enforced here: the next `put` or `get` trims, by the LRU order set here (mtime).
+        """
+        claims: dict[str, list[_Claim]] = {}
+        # Resolved on the first file to verify, once: USER_KEY reads (or makes) the user's key file.
+        verify_key = functools.cache(lambda: _resolved(self._key))
+        for path in sorted(self._disk_dir.glob(f"*{FILE_SUFFIX}")):
             try:
-                annotations = read_file_header(path).get("annotations")
+                claim = self._read_claim(path, verify_key)
             except (CapsuleError, OSError) as exc:
-                _set_aside(path)
-                self.skipped_files.append((path, str(exc)))
+                self._skip(path, str(exc), CORRUPT_SUFFIX)
                 continue
-            key = annotations.get("store_key") if isinstance(annotations, dict) else None
-            if not isinstance(key, str) or not key:
+            if claim is None:
                 self.skipped_files.append((path, "not written by a capsule store (no store_key annotation)"))
                 continue
-            if key in self._entries:  # two files claim one key: keep the newer one
-                self._discard(self._entries[key])
-            entry = _Entry(key, Tier.DISK, 0)
-            self._entries[key] = entry
-            self._add_file(entry, path)
+            claims.setdefault(claim.key, []).append(claim)
+        kept: list[_Claim] = []
+        for key, found in claims.items():
+            # Deterministic and not on the word of mtime: the later `created_at` (signed when there is a key),
+            # then the larger file name.
+            found.sort(key=lambda c: (c.created_at, c.path.name))
+            winner = found[-1]
+            for loser in found[:-1]:
+                self._skip(loser.path, f"another file for store key {key!r}, {winner.path.name}, was created later "
+                           f"(created_at {winner.created_at} > {loser.created_at}); kept that one",
+                           DUPLICATE_SUFFIX)
+            kept.append(winner)
+        for claim in sorted(kept, key=lambda c: (c.mtime, c.path.name)):  # least recently modified first
+            entry = _Entry(claim.key, Tier.DISK, 0)
+            self._entries[claim.key] = entry
+            self._add_file(entry, claim.path, claim.size)
             entry.nbytes = entry.file_bytes
-        self._enforce()
+
+    def _read_claim(self, path: Path, verify_key: Callable[[], bytes | str]) -> _Claim | None:
+        """The key `path` claims and its creation time, the whole file verified with `self._key` first when the
+        store has one; None for a file that claims no key. Raises CapsuleError / OSError for a file to refuse
+        (a bad key, `ValueError`, propagates: no file is to blame for it)."""
+        source = str(path)
+        stat = path.stat()
+        if self._key is None:  # nothing to verify with: the header's word (class docstring)
+            meta, size = read_file_header(path), stat.st_size
+        else:
+            data = path.read_bytes()
+            meta, size = read_header(data, source), len(data)
+        annotations = meta.get("annotations")
+        key = annotations.get("store_key") if isinstance(annotations, dict) else None
+        if not isinstance(key, str) or not key:
+            return None  # nothing is done on its word: left in place
+        capsule_meta, _, _ = parse_meta(meta, source)
+        if self._key is not None:
+            try:
+                tensors = safetensors.torch.load(data)
+            except Exception as exc:  # the Rust reader raises its own error type
+                raise CapsuleFormatError(f"{source}: unreadable tensor data ({exc})") from None
+            # The signature covers the `meta` text (key, created_at) and every tensor's bytes: checking it needs
+            # the tensors but not the slabs or digests that `load_capsule` builds (`get` checks those).
+            _verify_signature(data, tensors, verify_key(), source)
+        return _Claim(path, key, capsule_meta.created_at, stat.st_mtime, size)
+
+    def _skip(self, path: Path, reason: str, suffix: str) -> None:
+        """Set `path` aside (renamed, never deleted) and report it in `skipped_files`."""
+        moved = _set_aside(path, suffix)
+        where = f"set aside as {moved.name}" if moved is not None else "could not be renamed; left in place"
+        self.skipped_files.append((path, f"{reason} ({where})"))
 
 
-def _set_aside(path: Path) -> None:
-    """Rename an unusable capsule file to `*.corrupt` (kept for inspection, never indexed again)."""
+def _set_aside(path: Path, suffix: str = CORRUPT_SUFFIX) -> Path | None:
+    """Rename a capsule file the store will not use to `<name><suffix>` (`*.corrupt`: refused; `*.duplicate`:
+    superseded), kept for inspection and never indexed again. A free name is chosen (`<name>.1<suffix>`, ...) so
+    an earlier set-aside file is never overwritten. Returns the new path, or None when the rename failed."""
+    target = path.with_name(path.name + suffix)
+    n = 0
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.{n}{suffix}")
     try:
-        path.replace(path.with_name(path.name + ".corrupt"))
+        path.rename(target)
     except OSError:
-        pass
+        return None
+    return target

@@ -297,3 +297,101 @@ def test_with_a_key_the_disk_tier_reads_back_only_what_it_signed(arena, tmp_path
     with pytest.raises(CapsuleSignatureError, match="not signed"):
         store.get("swapped")
     assert "swapped" not in store and path.with_name(path.name + ".corrupt").exists()
+
+
+# -- what the scan on open trusts ---------------------------------------------------------------------------------
+
+STORE_KEY = "the-store-s-key-0123456789abcdef"
+OTHER_KEY = "somebody-else-s-key-0123456789ab"
+
+
+def _signed_store_file(arena, tmp_path):
+    """A signed store's file for key "k" (caps[0]) and a second capsule (caps[1]) to forge files with."""
+    caps = _capsules(arena, 2)
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path, key=STORE_KEY)
+    store.put("k", caps[0])
+    return caps, store._entries["k"].path
+
+
+def _newer_than(path, other, seconds=100):
+    import os
+
+    t = other.stat().st_mtime + seconds
+    os.utime(path, (t, t))
+
+
+@pytest.mark.parametrize("forgery", ["unsigned", "other key", "damaged copy"])
+def test_a_file_that_fails_verification_never_displaces_the_signed_one(arena, tmp_path, forgery):
+    from capsule_rollout.capsules import save_capsule
+
+    caps, signed = _signed_store_file(arena, tmp_path)
+    signed_bytes = signed.read_bytes()
+    forged = tmp_path / "forged.capsule"
+    if forgery == "damaged copy":  # the signed file with one data byte changed
+        forged.write_bytes(signed_bytes[:-1] + bytes([signed_bytes[-1] ^ 0xFF]))
+    else:
+        save_capsule(caps[1], forged, annotations={"store_key": "k"}, key=None if forgery == "unsigned" else OTHER_KEY)
+    _newer_than(forged, signed)  # newer by mtime: today's tie-break would keep it and delete the signed file
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path, key=STORE_KEY)
+    assert signed.read_bytes() == signed_bytes  # still there, untouched
+    assert store.keys() == ["k"] and dict(store.get("k").digests) == dict(caps[0].digests)
+    ((path, reason),) = store.skipped_files
+    assert path == forged and ("not signed" if forgery == "unsigned" else "does not match this key") in reason
+    assert not forged.exists() and forged.with_name(forged.name + ".corrupt").exists()  # set aside, not deleted
+
+
+@pytest.mark.parametrize("newer_mtime", ["first", "second"])
+def test_two_signed_files_for_one_key_keep_the_later_created_and_delete_neither(arena, tmp_path, newer_mtime):
+    from capsule_rollout.capsules import save_capsule
+
+    caps, first = _signed_store_file(arena, tmp_path)
+    assert caps[1].meta.created_at > caps[0].meta.created_at
+    second = save_capsule(caps[1], tmp_path / "second.capsule", annotations={"store_key": "k"}, key=STORE_KEY)
+    contents = {first.read_bytes(), second.read_bytes()}
+    if newer_mtime == "first":
+        _newer_than(first, second)
+    else:
+        _newer_than(second, first)
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path, key=STORE_KEY)
+    assert {p.read_bytes() for p in tmp_path.iterdir()} == contents  # neither unlinked, whatever the mtimes
+    assert dict(store.get("k").digests) == dict(caps[1].digests)  # the later created_at (signed), not mtime
+    ((path, reason),) = store.skipped_files
+    assert path == first and "created later" in reason
+    assert second.exists() and first.with_name(first.name + ".duplicate").exists() and not first.exists()
+
+
+def test_without_a_key_the_scan_takes_headers_at_their_word_but_deletes_nothing(arena, tmp_path):
+    from capsule_rollout.capsules import save_capsule
+
+    caps = _capsules(arena, 2)
+    later = save_capsule(caps[1], tmp_path / "later.capsule", annotations={"store_key": "k"}, key=None)
+    earlier = save_capsule(caps[0], tmp_path / "earlier.capsule", annotations={"store_key": "k"}, key=None)
+    _newer_than(earlier, later)
+    store = CapsuleStore(disk_dir=tmp_path, key=None)
+    assert dict(store.get("k").digests) == dict(caps[1].digests)  # created later, by its (unsigned) header
+    assert [p for p, _ in store.skipped_files] == [earlier]
+    assert later.exists() and earlier.with_name(earlier.name + ".duplicate").exists()
+
+
+def test_opening_over_the_disk_budget_deletes_nothing_the_next_put_trims(arena, tmp_path):
+    caps = _capsules(arena, 3)
+    first = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path)
+    first.put("k0", caps[0])
+    first.put("k1", caps[1])
+    files, disk_bytes = _disk_state(first, tmp_path)
+    store = CapsuleStore(device_bytes=0, host_bytes=0, disk_dir=tmp_path, disk_bytes=disk_bytes // 2)
+    assert _disk_state(store, tmp_path)[0] == files and sorted(store.keys()) == ["k0", "k1"]
+    store.put("k2", caps[2])
+    assert store.keys() == ["k2"] and len(_disk_state(store, tmp_path)[0]) == 1
+
+
+def test_a_set_aside_file_never_overwrites_an_earlier_one(arena, tmp_path):
+    from capsule_rollout.capsules import save_capsule
+
+    caps, signed = _signed_store_file(arena, tmp_path)
+    forged = tmp_path / "forged.capsule"
+    for _ in range(2):
+        save_capsule(caps[1], forged, annotations={"store_key": "k"}, key=None)
+        CapsuleStore(disk_dir=tmp_path, key=STORE_KEY)
+    assert sorted(p.name for p in tmp_path.glob("*.corrupt")) == ["forged.capsule.1.corrupt", "forged.capsule.corrupt"]
+    assert signed.exists()
