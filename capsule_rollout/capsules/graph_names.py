@@ -23,7 +23,7 @@ import sys
 import types
 from typing import Any
 
-from capsule_rollout.capsules.state_codec import SAFE_TYPES, StateNameError, loaded
+from capsule_rollout.capsules.state_codec import SAFE_TYPES, StateNameError, loaded, names_of
 
 GENERATOR_TYPES = frozenset({
     "numpy.random._generator:Generator", "numpy.random.mtrand:RandomState", "numpy.random._pcg64:PCG64",
@@ -99,6 +99,12 @@ class GraphNamespace:
     def lookup(self, module: str, qualname: str, purpose: str) -> Any:
         key = f"{module}:{qualname}"
         found = loaded(module, qualname)
+        if found is not None and (module, qualname) not in names_of(found):
+            # a name re-exported elsewhere (`gymnasium.core:Any` is `typing.Any`): the allow-list would be checked
+            # against the module the capsule wrote, not the one the object lives in
+            lives = ", ".join(f"{m}:{q}" for m, q in names_of(found)) or "nowhere it names"
+            raise StateNameError(f"a capsule's Python state names {key}, which lives at {lives}: refused (a name is "
+                                 "accepted only where the object itself says it lives)")
         ok = found is not None and (
             key in self.known or key in SAFE_TYPES or key in GENERATOR_TYPES
             or module.split(".")[0] in self.packages and isinstance(found, (type, types.FunctionType)))

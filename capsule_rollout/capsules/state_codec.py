@@ -28,6 +28,7 @@ in C order, no identity of strings).
 
 from __future__ import annotations
 
+import collections
 import functools
 import sys
 import types
@@ -38,6 +39,9 @@ MAGIC = b"CRS1"
 MAX_INT_BYTES = 4096
 MAX_DEPTH = 200
 MAX_NDIM = 32
+MAX_SAME_HASH = 16
+"""At most this many keys of one mapping or members of one set may share a hash: more decode in quadratic time
+(integers that differ by multiples of 2**61 - 1 share one)."""
 MEMORY_PER_BYTE = 64
 """What reading may allocate: at most this many bytes of Python objects per byte of state, plus 1 MiB (the
 containers and instances it makes are counted by their size as they are made and filled)."""
@@ -101,6 +105,53 @@ def loaded(module: str, qualname: str) -> Any:
         if isinstance(x, (staticmethod, classmethod)):
             return None
     return x
+
+
+def names_of(x: Any) -> list[tuple[str, str]]:
+    """The (module, qualname) pairs under which a class, function, builtin or module says it lives: the writer
+    names `x` by the first that finds it again, and the reader accepts a name only when the object it finds there
+    says it lives there (a name re-exported elsewhere, `gymnasium.core:Any` for `typing.Any`, is refused)."""
+    if isinstance(x, types.ModuleType):
+        return [(x.__name__, "")]
+    names: list[tuple[str, str]] = []
+    module = getattr(x, "__module__", None)
+    owner = getattr(x, "__objclass__", None) or (x.__self__ if isinstance(getattr(x, "__self__", None), type)
+                                                 else None)
+    if module is None and owner is not None:
+        module = owner.__module__
+    self_module = getattr(x, "__self__", None)
+    if module is None and isinstance(self_module, types.ModuleType):
+        module = self_module.__name__
+    for name in (getattr(x, "__qualname__", None), getattr(x, "__name__", None)):
+        if isinstance(module, str) and isinstance(name, str) and (module, name) not in names:
+            names.append((module, name))
+    return names
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not a C extension's static type
+_PLAIN_NEW = frozenset({object.__new__, dict.__new__, list.__new__, set.__new__,
+                        *(vars(k)["__new__"] for k in (collections.OrderedDict, collections.defaultdict,
+                                                       collections.deque) if "__new__" in vars(k))})
+
+
+def new_instance(cls: type) -> Any:
+    """`cls.__new__(cls)` for a class made by a class statement whose `__new__` is that of `object`, `dict`,
+    `list` or `set` (StateDecodeError otherwise): no `__new__` of the class's own runs, and no extension type
+    (numpy's bit generators, MuJoCo's structs) is made without its constructor, which could crash the process
+    at its first use."""
+    if cls is object:  # a bare sentinel
+        return object()
+    if not isinstance(cls, type) or not cls.__flags__ & _HEAPTYPE or issubclass(cls, (type, types.ModuleType)):
+        raise StateDecodeError(f"{getattr(cls, '__qualname__', cls)!r} is a built-in, extension or meta class, "
+                               "never made from a capsule's bytes")
+    owner = next((k for k in cls.__mro__ if "__new__" in vars(k)), object)
+    if owner.__flags__ & _HEAPTYPE or vars(owner)["__new__"] not in _PLAIN_NEW:
+        raise StateDecodeError(f"{cls.__qualname__} is made by {owner.__qualname__}.__new__, which a capsule's bytes "
+                               "never run")
+    try:
+        return cls.__new__(cls)
+    except TypeError as exc:
+        raise StateDecodeError(f"{cls.__qualname__} cannot be made without arguments ({exc})") from None
 
 
 def _varint(n: int) -> bytes:
@@ -168,8 +219,8 @@ def bound_method(owner: Any, name: str) -> Any:
 
 
 def rebuild_object(cls: type, d: dict | None, slots: dict, items: Any) -> Any:
-    """An instance as `Decoder` rebuilds one: `cls.__new__(cls)`, then its attributes, slots and items set."""
-    obj = cls.__new__(cls)
+    """An instance as `Decoder` rebuilds one: `new_instance(cls)`, then its attributes, slots and items set."""
+    obj = new_instance(cls)
     if d is not None:
         obj.__dict__.update(d)
     for k, v in slots.items():

@@ -1,5 +1,8 @@
-"""Reading Python state in `capsules.state_codec`'s format: `Decoder`, which runs nothing a stream names and
-bounds every size before it allocates (see `state_codec`)."""
+"""Reading Python state in `capsules.state_codec`'s format: `Decoder`, which runs nothing a stream names, bounds
+every size before it allocates (copies of values it built included), bounds nesting over the values it builds
+(back references included: a chain of tuples, each holding the one before, is as deep as it is long), refuses
+mappings and sets whose keys share a hash past `MAX_SAME_HASH` (decode time stays linear in the input) and fails
+with `StateDecodeError` alone, whatever the bytes (see `state_codec`)."""
 
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from capsule_rollout.capsules.state_codec import (
     MAX_DEPTH,
     MAX_INT_BYTES,
     MAX_NDIM,
+    MAX_SAME_HASH,
     MEMO,
     MEMORY_PER_BYTE,
     METHOD,
@@ -63,6 +67,7 @@ from capsule_rollout.capsules.state_codec import (
     StateDecodeError,
     _slot_names,
     bound_method,
+    new_instance,
 )
 
 
@@ -79,6 +84,8 @@ class Decoder:
         self.bind: Callable[[Any, str], Any] = bound_method  # a bound method from its owner and name
         self.built: dict[int, str] = {}  # instances made by `__new__` here: id -> "object" | "subclass"
         self.memo: list[Any] = []
+        self.heights: dict[int, int] = {}  # memo index -> how deep the value it holds nests (0 when absent)
+        self.deepest = 0  # the deepest nesting reached inside the value being read, back references included
         self.budget = MEMORY_PER_BYTE * self.end + (1 << 20)
         self.table: list[Callable[[int], Any] | None] = [None] * 256
         for tags, read in (((NONE,), lambda d: None), ((FALSE,), lambda d: False), ((TRUE,), lambda d: True),
@@ -104,12 +111,28 @@ class Decoder:
             raise StateDecodeError(f"the state would take more than {MEMORY_PER_BYTE}x its {self.end:,} "
                                    "bytes in memory: refused")
 
+    def _spend(self, nbytes: int) -> None:
+        """Charge `nbytes` about to be allocated, before they are."""
+        self.budget -= nbytes
+        if self.budget < 0:
+            raise StateDecodeError(f"the state would take more than {MEMORY_PER_BYTE}x its {self.end:,} "
+                                   "bytes in memory: refused")
+
     def decode(self) -> Any:
         if self.data[:len(MAGIC)] != MAGIC:
             raise StateDecodeError("not Python state in this project's format (an older capsule, or not a capsule's "
                                    "state at all): take a new snapshot")
         self.at = len(MAGIC)
-        value = self._value(0)
+        try:
+            value = self._value(0)
+        except StateDecodeError:
+            raise
+        except MemoryError:
+            raise StateDecodeError("the state asks for more memory than this process has: refused") from None
+        except RecursionError:
+            raise StateDecodeError("the state nests deeper than Python can follow: refused") from None
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes make numpy, torch or a class raise
+            raise StateDecodeError(f"the state is refused ({type(exc).__name__}: {exc})") from None
         if self.at != self.end:
             raise StateDecodeError(f"{self.end - self.at} bytes follow the state")
         return value
@@ -183,6 +206,8 @@ class Decoder:
         spec = self._value(depth + 1)
         if not isinstance(spec, (str, list)):
             raise StateDecodeError(f"a dtype given as {type(spec).__name__}")
+        # a structured dtype copies its spec (a back reference to a long list is cheap to write): charged first
+        self._spend(256 * (len(spec) if isinstance(spec, list) else 1) + 128)
         try:
             dt = np.dtype(spec)
         except (TypeError, ValueError) as exc:
@@ -201,6 +226,8 @@ class Decoder:
     def _value(self, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise StateDecodeError(f"values nested more than {MAX_DEPTH} deep")
+        if depth > self.deepest:
+            self.deepest = depth
         at = self.at
         if at >= self.end:
             raise StateDecodeError("the state ends early (truncated)")
@@ -221,6 +248,7 @@ class Decoder:
         if tag in (INTS, FLOATS):
             as_tuple = self._byte()
             n = self._count("a packed sequence", 8)
+            self._spend(40 * n + 64)  # each number a Python object, and the sequence's slots
             out: Any = struct.unpack_from(f"<{n}{'q' if tag == INTS else 'd'}", self._raw(8 * n))
             out = out if as_tuple else list(out)
             self.memo.append(out)
@@ -249,7 +277,42 @@ class Decoder:
         i = self._varint()
         if i >= len(self.memo):
             raise StateDecodeError(f"a back reference to value {i}, which is not defined yet")
+        nested = depth + self.heights.get(i, 1)
+        if nested > self.deepest:
+            if nested > MAX_DEPTH:
+                raise StateDecodeError(f"values nested more than {MAX_DEPTH} deep (through back references)")
+            self.deepest = nested
         return self.memo[i]
+
+    def _enter(self, depth: int) -> int:
+        """Start measuring how deep a container read at `depth` nests; returns what to give `_leave`."""
+        outer, self.deepest = self.deepest, depth
+        return outer
+
+    def _leave(self, i: int, depth: int, outer: int) -> None:
+        """Record how deep the container at memo index `i` nests, for the back references to it."""
+        height = self.deepest - depth
+        if height > 1:  # a container of plain values nests one deep: only deeper ones are kept (and charged)
+            self.heights[i] = height
+            self.budget -= 104
+        if outer > self.deepest:
+            self.deepest = outer
+
+    def _hashes(self, keys: Any, what: str) -> None:
+        """Refuse keys of which more than `MAX_SAME_HASH` share a hash (strings are hashed with a per-process
+        secret, so only other keys are counted)."""
+        counts: dict[int, int] = {}
+        for k in keys:
+            if type(k) is str:
+                continue
+            try:
+                h = hash(k)
+            except TypeError as exc:
+                raise StateDecodeError(f"{what} that cannot be hashed ({exc})") from None
+            c = counts[h] = counts.get(h, 0) + 1
+            if c > MAX_SAME_HASH:
+                raise StateDecodeError(f"{what}s of which more than {MAX_SAME_HASH} share a hash (they would take "
+                                       "quadratic time): refused")
 
     def _npscalar(self, depth: int) -> Any:
         dt = self._dtype(depth)
@@ -261,7 +324,9 @@ class Decoder:
     def _tuple(self, depth: int) -> tuple:
         n = self._count("a tuple")
         value = self._value
+        outer = self._enter(depth)
         out = tuple([value(depth + 1) for _ in range(n)])
+        self._leave(len(self.memo), depth, outer)
         self.memo.append(out)
         self._charge(out)
         return out
@@ -276,14 +341,20 @@ class Decoder:
             i = len(self.memo)
             self.memo.append(None)  # a set's members cannot refer back to it (unhashable)
             n = self._count("a set")
+            outer = self._enter(depth)
             items = [self._value(depth + 1) for _ in range(n)]
+            self._leave(i, depth, outer)
+            self._hashes(items, "a set member")
+            self._spend(64 * n)  # at least the set's table, before it is made
             try:
                 out = set(items) if tag == SET else frozenset(items)
             except TypeError as exc:
                 raise StateDecodeError(f"a set member that cannot be hashed ({exc})") from None
+            self.budget += 64 * n
             self._charge(out, items)
             self.memo[i] = out
             return out
+        outer = self._enter(depth)
         if tag == DDICT:
             i = len(self.memo)
             self.memo.append(None)
@@ -301,6 +372,7 @@ class Decoder:
             out = collections.deque(maxlen=maxlen)
             self.memo[i] = out
         else:
+            i = len(self.memo)
             out = {LIST: list, DICT: dict, ODICT: collections.OrderedDict}[tag]()
             self.memo.append(out)
         self._charge(out)
@@ -308,9 +380,16 @@ class Decoder:
         value = self._value
         if isinstance(out, dict):
             n = self._count("a mapping", 2)
+            counts: dict[int, int] = {}
             for _ in range(n):
                 k = value(depth + 1)
                 try:
+                    if type(k) is not str:  # strings hash with a per-process secret
+                        h = hash(k)
+                        c = counts[h] = counts.get(h, 0) + 1
+                        if c > MAX_SAME_HASH:
+                            raise StateDecodeError(f"a mapping of which more than {MAX_SAME_HASH} keys share a hash "
+                                                   "(they would take quadratic time): refused")
                     out[k] = value(depth + 1)
                 except TypeError as exc:
                     raise StateDecodeError(f"a mapping key that cannot be hashed ({exc})") from None
@@ -318,6 +397,7 @@ class Decoder:
             n = self._count("a sequence")
             for _ in range(n):
                 out.append(value(depth + 1))
+        self._leave(i, depth, outer)
         self.budget += made + 32  # charged again as filled
         self._charge(out)
         return out
@@ -337,6 +417,8 @@ class Decoder:
         n = self._varint()
         if math.prod(shape) * dt.itemsize != n:
             raise StateDecodeError(f"an array of shape {shape} and dtype {dt} given {n:,} bytes")
+        if dt.itemsize == 0 and math.prod(shape):  # numpy makes such items a byte or more: refused, never allocated
+            raise StateDecodeError(f"an array of {math.prod(shape):,} items of no bytes ({dt})")
         data = self._raw(n)
         out = np.frombuffer(data, dt).reshape(shape).copy() if n else np.zeros(shape, dt)
         out.flags.writeable = bool(writeable)
@@ -349,10 +431,16 @@ class Decoder:
         self.memo.append(None)
         shape = self._shape()
         writeable = self._byte()
+        size = math.prod(shape)
+        if size > self._left():  # each item takes at least a byte of the list that follows
+            raise StateDecodeError(f"an array of Python objects of shape {shape}, more items than the "
+                                   f"{self._left():,} bytes left can hold")
+        self._spend(8 * size + 128)  # before numpy allocates it
         out = np.empty(shape, object)
-        self._charge(out)
         self.memo[i] = out  # its items may refer back to it
+        outer = self._enter(depth)
         items = self._value(depth + 1)
+        self._leave(i, depth, outer)
         if not isinstance(items, list) or len(items) != out.size:
             raise StateDecodeError(f"an array of Python objects of shape {shape} given {type(items).__name__} "
                                    f"of {len(items) if isinstance(items, list) else '?'} items")
@@ -379,10 +467,9 @@ class Decoder:
         if math.prod(shape) * itemsize != n:
             raise StateDecodeError(f"a tensor of shape {shape} and dtype {name} given {n:,} bytes")
         data = self._raw(n)
+        self._spend(2 * n + 200)  # a copy to own the bytes, then the tensor's
         t = (torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape).clone() if n
              else torch.zeros(shape, dtype=dtype))
-        self.budget -= n + 200
-        self._charge()
         if flags & 1:
             t = torch.nn.Parameter(t, requires_grad=bool(flags & 2))
         elif flags & 2:
@@ -411,18 +498,21 @@ class Decoder:
             raise StateDecodeError("the state holds an XML element, and xml.etree is not loaded here")
         i = len(self.memo)
         self.memo.append(None)
+        outer = self._enter(depth)
         tag, attrib, text, tail = (self._value(depth + 1) for _ in range(4))
         if not isinstance(tag, str) or not isinstance(attrib, dict) or not all(
                 isinstance(v, (str, type(None))) for v in (text, tail)):
             raise StateDecodeError("a malformed XML element")
+        self._spend(2 * sys.getsizeof(attrib) + 200)  # the element copies its attributes (a table of its own)
         element = et.Element(tag, attrib)
         element.text, element.tail = text, tail
-        self._charge(element)
         self.memo[i] = element
         children = self._value(depth + 1)
         if not isinstance(children, list) or not all(type(c) is et.Element for c in children):
             raise StateDecodeError("an XML element with children that are not elements")
+        self._spend(8 * len(children) + 64)  # and its children's list
         element.extend(children)
+        self._leave(i, depth, outer)
         return element
 
     def _method(self, depth: int) -> Any:
@@ -440,18 +530,18 @@ class Decoder:
 
     def _object(self, depth: int) -> Any:
         cls = self._class()
-        try:
-            obj = cls.__new__(cls)
-        except TypeError as exc:
-            raise StateDecodeError(f"{cls.__qualname__} cannot be made without arguments ({exc})") from None
+        obj = new_instance(cls)
         i = len(self.memo)
         self.memo.append(obj)
         self.built[id(obj)] = "object"
         self._charge(obj)
+        outer = self._enter(depth)
         d, slots, items = (self._value(depth + 1) for _ in range(3))
+        self._leave(i, depth, outer)
         if d is not None:
-            if not isinstance(d, dict) or not hasattr(obj, "__dict__"):
+            if not isinstance(d, dict) or not isinstance(getattr(obj, "__dict__", None), dict):
                 raise StateDecodeError(f"a {cls.__qualname__} given attributes it cannot hold")
+            self._spend(sys.getsizeof(d))  # copied into the instance's own
             obj.__dict__.update(d)
         if not isinstance(slots, dict):
             raise StateDecodeError(f"a {cls.__qualname__} given slots as {type(slots).__name__}")
@@ -462,30 +552,35 @@ class Decoder:
             object.__setattr__(obj, k, v)
         if items is not None:
             if isinstance(obj, dict) and isinstance(items, dict):
+                self._spend(sys.getsizeof(items))  # copied into the instance
                 dict.update(obj, items)
             elif isinstance(obj, list) and isinstance(items, list):
+                self._spend(sys.getsizeof(items))
                 list.extend(obj, items)
             else:
                 raise StateDecodeError(f"a {cls.__qualname__} given items it cannot hold")
         self.memo[i] = obj
-        self._charge(getattr(obj, "__dict__", None))
         return obj
 
     def _subclass(self, depth: int) -> Any:
         cls = self._class()
         base = next((b for b in _SUBCLASS_BASES if issubclass(cls, b)), None)
+        outer = self._enter(depth)
         value = self._value(depth + 1)
         if base is None or type(value) is not base:
             raise StateDecodeError(f"{getattr(cls, '__qualname__', cls)!r} is not a subclass of "
                                    f"{type(value).__name__}")
+        self._spend(sys.getsizeof(value) + 64)  # the instance copies its value
         obj = base.__new__(cls, value)
+        i = len(self.memo)
         self.memo.append(obj)
         self.built[id(obj)] = "subclass"
-        self._charge(obj)
         d = self._value(depth + 1)
+        self._leave(i, depth, outer)
         if d is not None:
             if not isinstance(d, dict) or not isinstance(getattr(obj, "__dict__", None), dict):
                 raise StateDecodeError(f"a {cls.__qualname__} given attributes it cannot hold")
+            self._spend(sys.getsizeof(d))
             obj.__dict__.update(d)
         return obj
 

@@ -63,26 +63,13 @@ from capsule_rollout.capsules.state_codec import (
     _slot_names,
     _varint,
     loaded,
+    names_of,
 )
 
 
 def _ref_name(x: Any) -> tuple[str, str] | None:
     """(module, qualname) under which `x` (a class, function, builtin or module) can be found again."""
-    if isinstance(x, types.ModuleType):
-        return x.__name__, ""
-    names = []
-    module = getattr(x, "__module__", None)
-    owner = getattr(x, "__objclass__", None) or (x.__self__ if isinstance(getattr(x, "__self__", None), type)
-                                                 else None)
-    if module is None and owner is not None:
-        module = owner.__module__
-    self_module = getattr(x, "__self__", None)
-    if module is None and isinstance(self_module, types.ModuleType):
-        module = self_module.__name__
-    for name in (getattr(x, "__qualname__", None), getattr(x, "__name__", None)):
-        if isinstance(module, str) and isinstance(name, str) and (module, name) not in names:
-            names.append((module, name))
-    for module, name in names:
+    for module, name in names_of(x):
         try:
             if loaded(module, name) is x:
                 return module, name
