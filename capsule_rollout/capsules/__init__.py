@@ -31,6 +31,7 @@ from capsule_rollout.capsules.errors import (
 )
 from capsule_rollout.capsules.signing_key import SigningKeyError, key_source, signing_key
 from capsule_rollout.capsules.timeline import Timeline
+from capsule_rollout.capsules.trust import Trust, add_safe_types
 from capsule_rollout.capsules.verify import Steppable, VerifyReport, verify_steppable
 
 __all__ = [
@@ -59,7 +60,9 @@ __all__ = [
     "StoreStats",
     "Tier",
     "Timeline",
+    "Trust",
     "VerifyReport",
+    "add_safe_types",
     "capsule_from_bytes",
     "capsule_to_bytes",
     "digest_backend",

@@ -22,6 +22,7 @@ from capsule_rollout.capsules.digest import digest_slab
 from capsule_rollout.capsules.errors import CapsuleAlignmentError, CapsuleIntegrityError, CapsuleMismatchError, Mismatch
 from capsule_rollout.capsules.layout import SlabLayout
 from capsule_rollout.capsules.slab_copy import SlabPlace, copy_slabs, slab_places
+from capsule_rollout.capsules.trust import Trust, restoring_as
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,12 @@ class Capsule:
         meta: CapsuleMeta,
         slabs: Sequence[tuple[SlabLayout, torch.Tensor]],
         digests: Mapping[str, str] | None = None,
+        *,
+        trust: Trust = Trust.OWN,
     ) -> None:
         self.meta = meta
+        self.trust = trust  # how far its bytes are trusted at a restore (`capsules.trust`): set by its reader
+        self.annotations: Mapping[str, str] = MappingProxyType({})  # the file's notes (`capsule_file`), signed with it
         self._slabs = tuple(slabs)
         self._digests = dict(digests) if digests is not None else None
         self.signature = tuple(lay.signature for lay, _ in self._slabs)
@@ -171,7 +176,9 @@ class Capsule:
         return self._with_slabs(moved) if changed else self
 
     def _with_slabs(self, slabs: Sequence[tuple[SlabLayout, torch.Tensor]]) -> Capsule:
-        return Capsule(self.meta, slabs, self._digests)
+        moved = Capsule(self.meta, slabs, self._digests, trust=self.trust)
+        moved.annotations = self.annotations
+        return moved
 
     def __repr__(self) -> str:
         return (
@@ -247,11 +254,13 @@ def mismatches(arena: Arena, capsule: Capsule) -> list[Mismatch]:
 
 
 def refusals(arena: Arena, capsule: Capsule) -> list[Mismatch]:
-    """`mismatches`, then (when there are none) each component's own `check_restore` objections."""
+    """`mismatches`, then (when there are none) each component's own `check_restore` objections, at the capsule's
+    trust level (`capsules.trust`)."""
     found = mismatches(arena, capsule)
     if found:
         return found
-    return arena.refusals(lambda name: capsule.component_tensors(name))
+    with restoring_as(capsule.trust):
+        return arena.refusals(lambda name: capsule.component_tensors(name))
 
 
 def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) -> None:
@@ -259,7 +268,8 @@ def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) ->
 
     Everything is checked before the first byte is copied (specs, fingerprint, each
     component's `check_restore`, and with `check_integrity=True` the digests): a
-    refused capsule leaves the arena untouched.
+    refused capsule leaves the arena untouched. Components check and restore at the
+    capsule's trust level (`capsule.trust`, `capsules.trust`).
     """
     found = refusals(arena, capsule)
     if found:
@@ -267,7 +277,8 @@ def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) ->
     if check_integrity:
         capsule.check_integrity()
     _copy_into(arena, capsule)
-    arena.after_restore()
+    with restoring_as(capsule.trust):
+        arena.after_restore()
 
 
 def _copy_into(arena: Arena, capsule: Capsule) -> None:
@@ -289,4 +300,5 @@ def fork(capsule: Capsule, arenas: Sequence[Arena]) -> None:
             raise CapsuleMismatchError(capsule.label or capsule.meta.capsule_id, found)
     for arena in arenas:
         _copy_into(arena, capsule)
-        arena.after_restore()
+        with restoring_as(capsule.trust):
+            arena.after_restore()

@@ -34,6 +34,7 @@ from capsule_rollout.capsules.buffer_spec import DTYPE_NAMES, BufferSpec
 from capsule_rollout.capsules.capsule import Capsule, CapsuleMeta
 from capsule_rollout.capsules.errors import CapsuleFormatError, CapsuleSignatureError, SpecError
 from capsule_rollout.capsules.layout import plan_slabs
+from capsule_rollout.capsules.trust import Trust
 
 FORMAT_NAME = "capsule-rollout/capsule"
 FORMAT_VERSION = 1
@@ -65,7 +66,8 @@ def _signature(key: bytes | str, text: str, tensors: Mapping[str, torch.Tensor])
 
 def capsule_to_bytes(capsule: Capsule, *, annotations: Mapping[str, str] | None = None,
                      key: bytes | str | None = None) -> bytes:
-    """Serialize a capsule (digests included) to bytes; signed when a `key` is given."""
+    """Serialize a capsule (digests included) to bytes; signed when a `key` is given. `annotations`: notes kept
+    beside it in the signed meta (None: the capsule's own, those it was read with)."""
     meta = capsule.meta
     payload = {
         "capsule_id": meta.capsule_id,
@@ -78,7 +80,7 @@ def capsule_to_bytes(capsule: Capsule, *, annotations: Mapping[str, str] | None 
         "extra": dict(meta.extra),
         "specs": {k: s.to_json() for k, s in capsule.specs.items()},
         "digests": dict(capsule.digests),
-        "annotations": dict(annotations or {}),
+        "annotations": dict(annotations if annotations is not None else capsule.annotations),
     }
     # Views of one slab share storage, which safetensors refuses: save copies.
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in capsule.tensors().items()}
@@ -247,10 +249,16 @@ def parse_meta(meta: dict[str, Any], source: str = "<bytes>") -> tuple[CapsuleMe
     return capsule_meta, specs, dict(_str_map(meta, "digests", source))
 
 
-def capsule_from_bytes(data: bytes, *, source: str = "<bytes>", key: bytes | str | None = None) -> Capsule:
+def capsule_from_bytes(data: bytes, *, source: str = "<bytes>", key: bytes | str | None = None,
+                       trust: Trust | str | None = None) -> Capsule:
     """Parse and fully validate a serialized capsule (see module docstring); with a `key`, the file must carry
-    a signature made with it over what it holds now (`CapsuleSignatureError` otherwise)."""
-    capsule_meta, specs, digests = parse_meta(read_header(data, source), source)
+    a signature made with it over what it holds now (`CapsuleSignatureError` otherwise). The capsule's `trust`
+    (`capsules.trust`): `OWN` when verified with a key; without one, `trust` (`DATA` when None: a restore sets
+    data only; `CODE`: as powerful as pickle; `OWN`: the caller vouches that it wrote the bytes itself)."""
+    level = Trust.OWN if key is not None else Trust.parse(trust) if trust is not None else Trust.DATA
+    header = read_header(data, source)
+    capsule_meta, specs, digests = parse_meta(header, source)
+    annotations = _str_map(header, "annotations", source) if "annotations" in header else {}
     try:
         tensors = safetensors.torch.load(bytes(data))
     except Exception as exc:  # the Rust reader raises its own error type
@@ -263,10 +271,12 @@ def capsule_from_bytes(data: bytes, *, source: str = "<bytes>", key: bytes | str
             raw = tensors[slot.key].reshape(-1).view(torch.uint8)
             slab[slot.offset : slot.offset + slot.nbytes].copy_(raw)
         slabs.append((layout, slab))
-    capsule = Capsule(capsule_meta, slabs, digests)
+    capsule = Capsule(capsule_meta, slabs, digests, trust=level)
     capsule.check_integrity(source)
     if key is not None:  # damage is named first (by buffer, above), then tampering; nothing is returned either way
         _verify_signature(data, tensors, key, source)
+    # what the writer noted beside it (`save_capsule(annotations=)`: a run's host spec), in the signed meta text
+    capsule.annotations = MappingProxyType(annotations)
     return capsule
 
 
@@ -345,16 +355,17 @@ def save_capsule(capsule: Capsule, path: str | os.PathLike, *, annotations: Mapp
     return path
 
 
-def load_capsule(path: str | os.PathLike, *, key: Any = USER_KEY) -> Capsule:
+def load_capsule(path: str | os.PathLike, *, key: Any = USER_KEY, trust: Trust | str | None = None) -> Capsule:
     """Read and validate a capsule file; raises CapsuleFormatError / CapsuleIntegrityError, and
     CapsuleSignatureError for a file not signed with `key` (the user's by default, `USER_KEY`; None: the signature
-    is not checked, for a capsule whose source you trust)."""
+    is not checked, for a capsule whose source you trust, restored at `trust`: `DATA` by default, see
+    `capsules.trust` and `capsule_from_bytes`)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise CapsuleFormatError(f"{path}: no such capsule file") from None
-    return capsule_from_bytes(data, source=str(path), key=_resolved(key))
+    return capsule_from_bytes(data, source=str(path), key=_resolved(key), trust=trust)
 
 
 def nbytes_from_header(meta: dict[str, Any], source: str = "<header>") -> int:

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from capsule_rollout.capsules import state_codec
+from capsule_rollout.capsules.data_only import DataOnlyCheck, DataOnlyError
 from capsule_rollout.capsules.graph_apply import MISSING, NoAliases, NoStructs, apply_state, state_of
 from capsule_rollout.capsules.graph_dump import differing_paths, dump_graph, unencodable  # noqa: F401 - differing_paths: API
 from capsule_rollout.capsules.graph_names import GraphNamespace, type_key
@@ -85,8 +86,9 @@ from capsule_rollout.capsules.graph_walk import (  # noqa: F401 - the walk is pa
     resolve,
     walk,
 )
-from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError, StateNameError
+from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError, StateNameError, new_instance
 from capsule_rollout.capsules.state_reader import Decoder
+from capsule_rollout.capsules.trust import Trust, current_trust, safe_type
 
 
 class GraphState:
@@ -240,6 +242,7 @@ class GraphState:
         (`GraphStateError` for a snapshot this graph cannot take, or that this reader refuses). `externals(key)`
         gives the array a snapshot wrote by its key (`snapshot(externals=)`), or raises KeyError."""
         blob = bytes(blob)
+        data_only = current_trust() is Trust.DATA  # a capsule from elsewhere, restored as data (`capsules.trust`)
         read = self._reads.get(blob)
         if read is None:
             read = self._read(blob)
@@ -247,7 +250,7 @@ class GraphState:
         bound = self._bound.get(id(read))
         if bound is not None and (bound[0] is not read or not bound[1].hold()):
             bound = None  # another snapshot read at the same address, or the graph changed along the paths
-        if bound is not None:  # this snapshot resolved in this graph before, and the graph has not changed
+        if bound is not None and not data_only:  # resolved in this graph before, and the graph has not changed
             _, _, resolved, objects, generators, structs = bound
             resolved = dict(resolved)
             self._per_restore(read, resolved, externals)
@@ -292,13 +295,16 @@ class GraphState:
                 module, _, qualname = key.partition(":")
                 try:
                     kind = namespace.lookup(module, qualname, "class")
-                    target = kind.__new__(kind)
+                    if data_only and not safe_type(kind):
+                        raise GraphStateError(
+                            f"the capsule makes a {key} at {fmt(path)}, where the env built here holds none of that "
+                            "class: a capsule restored as data (--trust) never makes an instance the env does not "
+                            "hold. Restore it with --trust-code only if you would run this file as code, or declare "
+                            "the class safe (capsules.add_safe_types) if it is a plain record")
+                    target = new_instance(kind)
                 except StateDecodeError as exc:
                     raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
                                           f"cannot be made here ({exc})") from None
-                except TypeError as exc:
-                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
-                                          f"cannot be made without arguments ({exc})") from None
             resolved[("o", i)] = target
             objects.append(target)
         generators = []
@@ -319,7 +325,7 @@ class GraphState:
         n = len(objects)
         fresh: dict[int, Any] = {}
         for i, (_, kind) in enumerate(plan.generators):
-            if generators[i] is None:
+            if generators[i] is None:  # numpy's or random's own class, made by its constructor, set by its state API
                 fresh[i] = new_generator(kind, states[n + i])
                 generators[i] = fresh[i]
         if fresh:
@@ -346,12 +352,31 @@ class GraphState:
                 raise GraphStateError(f"the capsule's Python state is refused: a {state.get('bit_generator')!r} "
                                       f"state for a {type(bits).__name__} generator")
         absent = any(v is MISSING for v in resolved.values())
+        if data_only:
+            self._check_data_only(read, resolved, objects, states, glob)
         if not (made or fresh or absent or missing):  # every target found in the graph: bind them for next time
             if len(self._bound) >= self._reads.size:
                 self._bound.pop(next(iter(self._bound)))
             self._bound[id(read)] = (read, edges, fixed, objects, generators, structs)
         return Prepared(objects, states[:n], generators, states[n:n + ng], glob, absent, structs, states[n + ng:],
                         tuple(missing))
+
+    @staticmethod
+    def _check_data_only(read: Read, resolved: dict[tuple, Any], objects: list[Any], states: list[Any],
+                         glob: tuple | None) -> None:
+        """Every place the snapshot sets holds data, or what the env built here holds there (`data_only`)."""
+        check = DataOnlyCheck({id(v) for v in resolved.values()})
+        plan, n, ng = read.plan, len(objects), len(read.plan.generators)
+        try:
+            for target, state, (path, _) in zip(objects, states[:n], plan.objects):
+                check.check_object(target, state, path)
+            for state, (path, _) in zip(states[n:n + ng], plan.generators):
+                check.check_data(state, f"the state of the generator at {fmt(path)}")
+            for state, (path, _) in zip(states[n + ng:], plan.structs):
+                check.check_data(state, fmt(path))
+            check.check_data(glob, "the global numpy.random and random states")
+        except DataOnlyError as exc:
+            raise GraphStateError(str(exc)) from None
 
     def _per_restore(self, read: Read, resolved: dict[tuple, Any], externals: Any) -> None:
         """What a restore resolves afresh every time: views of fresh copies of the view bases, the owner's
