@@ -351,8 +351,19 @@ class ReplayConfig:
     capsules: str = ""
     """Directory of initial capsules; empty: `capsules/` next to the store."""
     trust: bool = False
-    """Replay a capsule that is not signed with this user's key (one from elsewhere, whose source you trust).
-    It is still read by a reader that cannot run code, and restored only past every check."""
+    """Replay a capsule that is not signed with this user's key (one from elsewhere) as data: its state restores
+    only where it is data or what the env built here holds already, and no code its run names is called (give
+    --env, --policy or --critic yourself). See the trust levels in the README."""
+    trust_code: bool = False
+    """Replay a capsule not signed with this user's key as code: as powerful as pickle (the state may install
+    objects and methods the env then calls, the run's factories and observers are called). Only for files you
+    would run as code."""
+    env: str = ""
+    """The env to replay on, over the one the run names (empty: the run's, from the spec signed in the capsule)."""
+    policy: str = ""
+    """The policy source, over the run's (empty: the run's)."""
+    critic: str = ""
+    """The critic source, over the run's (empty: the run's)."""
     slots: int | None = None
     """Replay on a host of this many slots (None: the run's). The project's policy and critic play the same
     episode at any slot count; a policy or critic that rounds by batch size replays exactly only with the run's

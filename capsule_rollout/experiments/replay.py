@@ -1,8 +1,8 @@
 """replay: re-run a recorded episode from its initial capsule and check it bit for bit.
 
-The host is rebuilt from the run's `rollout.json` (same checkpoints or factories, same host config); the
-episode's initial capsule is loaded from disk (signed with this user's key, or `--trust` for one from elsewhere) and
-restored (a capsule whose fingerprint does not match the
+The host is rebuilt from the host spec signed in the episode's initial capsule (`rollout.json` must name the same
+code); the capsule is loaded from disk (signed with this user's key; one from elsewhere with `--trust`, restored as
+data, or `--trust-code`, as code) and restored (a capsule whose fingerprint does not match the
 rebuilt host, e.g. other weights, is refused with the differing keys); the episode is played again and its
 actions, proposed actions, values, states and images are compared with the recording
 (`rollout.record.replay_episode`). An episode of a policy server (which no capsule can hold) replays its
@@ -14,6 +14,7 @@ from __future__ import annotations
 from capsule_rollout.commands.configs import ReplayConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
+from capsule_rollout.input_bounds import check_actors
 from capsule_rollout.rollout.record import play_replay, prepare_replay
 from capsule_rollout.stores.sharded_store import parse_store_root
 
@@ -23,8 +24,13 @@ def run(config: ReplayConfig) -> ExperimentResult:
     with checking_inputs():  # a missing store, episode, spec or capsule: one line, exit 2
         if not config.episode:
             raise ValueError("--episode is required: an episode id in the store (e.g. pick_place-s1000000)")
+        if config.trust and config.trust_code:
+            raise ValueError("--trust (as data) and --trust-code (as code) are two levels: give one")
+        if config.slots is not None:
+            check_actors(1, config.slots, 1.0, local=False)
         inputs = prepare_replay(parse_store_root(config.store), config.episode, config.capsules or None,
-                                trust=config.trust, slots=config.slots)
+                                trust="code" if config.trust_code else config.trust, slots=config.slots,
+                                named={"env": config.env, "policy": config.policy, "critic": config.critic})
     report = play_replay(inputs)
     if report.mode == "recorded_actions":
         console.print("the policy acted through a policy server, which no capsule holds: its recorded actions are "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capsule_rollout.capsules import CapsuleError, CapsuleSignatureError, key_source, load_capsule, signing_key
+from capsule_rollout.capsules import CapsuleError, CapsuleSignatureError, Trust, key_source, load_capsule, signing_key
 from capsule_rollout.envs.describe_env import describe_env
 from capsule_rollout.policies.remote_policy import RecordedChunks, RemotePolicy
 from capsule_rollout.rollout.deadlines import DeadlineSettings
@@ -47,6 +47,7 @@ from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 from capsule_rollout.rollout.run_capsules import capsule_path
+from capsule_rollout.rollout.run_trust import check_label, replay_spec, signed_spec
 from capsule_rollout.rollout.slot_check import check_slots as check_slots_of
 from capsule_rollout.rollout.slot_check import require_slots
 from capsule_rollout.stores import episode_schema as S
@@ -295,20 +296,26 @@ class ReplayInputs:
 
 
 def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None = None, *,
-                   trust: bool = False, slots: int | None = None) -> ReplayReport:
-    """Re-run a recorded episode from its initial capsule on a host rebuilt from the run's `rollout.json`, and
+                   trust: bool | str | Trust = False, slots: int | None = None,
+                   named: dict[str, str] | None = None) -> ReplayReport:
+    """Re-run a recorded episode from its initial capsule on a host rebuilt from the host spec signed in it, and
     compare actions, proposed actions, values, states, rewards, subtasks and images with the recording. `run`:
     the run directory or its store (`<run>/episodes.zarr`). The capsule must be signed with this user's key
-    (`capsules.signing_key`) unless `trust`. `slots`: a host of that many slots (None: the run's)."""
-    return play_replay(prepare_replay(run, episode_id, capsules, trust=trust, slots=slots))
+    (`capsules.signing_key`) unless `trust` (`prepare_replay`). `slots`: a host of that many slots (None: the
+    run's); `named`: env, policy or critic sources the user gives over the run's."""
+    return play_replay(prepare_replay(run, episode_id, capsules, trust=trust, slots=slots, named=named))
 
 
 def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None = None, *,
-                   trust: bool = False, slots: int | None = None) -> ReplayInputs:
+                   trust: bool | str | Trust = False, slots: int | None = None,
+                   named: dict[str, str] | None = None) -> ReplayInputs:
     """Read and check a replay's inputs: the store, the episode, the run's spec, the initial capsule (ValueError
     or FileNotFoundError naming what is missing or refused). The capsule is read only when signed with this
-    user's key, or with `trust` (a capsule from elsewhere the user vouches for: it is still read by a reader
-    that cannot run code, and restored only past every check). `slots`: replay on that many (None: the run's)."""
+    user's key, or with `trust` (a capsule from elsewhere the user vouches for: True or "data" restores it as data
+    only and calls no code its run names; "code" trusts it as code, as powerful as pickle: `capsules.trust`). It
+    is taken only for the episode's task and seed, and the host is built from the spec signed in it
+    (`rollout.run_trust`). `slots`: replay on that many (None: the run's)."""
+    level = Trust.OWN if trust is False else Trust.DATA if trust is True else Trust.parse(trust)
     if slots is not None and slots < 1:
         raise ValueError(f"--slots: a host has at least one slot, got {slots}")
     if not episode_id:
@@ -321,21 +328,21 @@ def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None
     if episode_id not in ids:
         raise ValueError(f"episode {episode_id!r} is not in {store}; it has {len(ids)} episodes, e.g. {ids[:3]}")
     recorded = reader.episode(ids.index(episode_id))
-    spec = dataclasses.replace(read_spec(store.parent), capsule_dir="")
-    if slots is not None:
-        spec = dataclasses.replace(spec, slots=slots)
     meta = recorded.meta
-    spec = dataclasses.replace(spec, env=env_for_task(spec.env, meta.task))  # a `suite:*` run: the episode's task
     path = capsule_path(capsules or store.parent / CAPSULES, meta.task, meta.seed)
     if not path.exists():
         raise FileNotFoundError(f"initial capsule {path} not found (a recorded run saves one per seed)")
     try:
-        capsule = load_capsule(path, key=None if trust else signing_key())
+        capsule = load_capsule(path, key=signing_key() if level is Trust.OWN else None, trust=level)
     except CapsuleSignatureError as exc:
         raise ValueError(f"{exc}. Capsules are signed with this user's key ({key_source()}); if you trust where "
-                         "this one came from, replay it with --trust") from None
+                         "this one came from, replay it with --trust (as data) or --trust-code (as code)") from None
     except CapsuleError as exc:
         raise ValueError(str(exc)) from None
+    check_label(capsule, capsule_key(meta.task, meta.seed), path)
+    spec = replay_spec(read_spec(store.parent), signed_spec(capsule, path), level, named=named or {}, source=path)
+    spec = dataclasses.replace(spec, capsule_dir="", **({} if slots is None else {"slots": slots}))
+    spec = dataclasses.replace(spec, env=env_for_task(spec.env, meta.task))  # a `suite:*` run: the episode's task
     return ReplayInputs(spec, recorded, capsule)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -41,8 +42,9 @@ from capsule_rollout.rollout.host_factory import (
 )
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.phase_clock import BUILD, WRITE, Hang, PhaseClock, Times, combined_times
-from capsule_rollout.rollout.rollout_host import RolloutHost
+from capsule_rollout.rollout.rollout_host import RolloutHost, capsule_key
 from capsule_rollout.rollout.run_capsules import capsule_path, save_initial_capsule
+from capsule_rollout.rollout.run_trust import check_label
 from capsule_rollout.rollout.slot_calls import WATCH_POLL_S, SlotCalls
 from capsule_rollout.rollout.slot_host import SlotHost
 from capsule_rollout.stores import episode_schema as S
@@ -259,9 +261,15 @@ class RolloutActor(SlotCalls):
         if not path.exists():
             return None
         try:
-            return load_capsule(path, key=self.capsule_key)
+            capsule = load_capsule(path, key=self.capsule_key)
         except CapsuleError:
             return None  # unreadable, or not signed with the run's key: the reset is cold (no new file over it)
+        try:
+            check_label(capsule, capsule_key(task, seed), path)
+        except ValueError as exc:  # signed, but for another seed or task (moved or swapped): a cold reset
+            warnings.warn(str(exc), stacklevel=1)
+            return None
+        return capsule
 
     def run(self, item: WorkItem) -> ActorReport:
         """Play one episode (and, sharded, write it to this actor's shard)."""

@@ -296,3 +296,53 @@ def test_replay_reads_only_capsules_signed_with_the_users_key_unless_trusted(che
     monkeypatch.setenv("CAPSULE_ROLLOUT_KEY", "short")
     assert main(replay) == 2
     assert "needs 16 or more" in capsys.readouterr().err
+
+
+def test_replay_builds_from_the_signed_spec_and_takes_a_capsule_only_for_its_seed(checkpoints, tmp_path, capsys):
+    """A run directory edited beside validly signed capsules: `rollout.json` naming another factory is refused
+    (it made replay call any importable function); two signed capsules swapped on disk are refused naming both
+    seeds (the actor restored seed 2's state for seed 1); a run from elsewhere trusted as data calls no factory its
+    files name unless the user names it, and as code (--trust-code) it does."""
+    from capsule_rollout.capsules import load_capsule, save_capsule
+
+    policy, critic = checkpoints
+    out = tmp_path / "run"
+    assert main(["sim_rollout", "--actors", "1", "--episodes", "2", "--out", str(out), "--policy", policy,
+                 "--critic", critic, "--n_exec", "2", "--no-progress", "--video", "false"]) == 0
+    store, caps = out / "episodes.zarr", out / "capsules" / "pick_place"
+    replay = ["replay", "--store", str(store), "--episode", "pick_place-s1000000"]
+    spec_file = out / "rollout.json"
+    honest = spec_file.read_text()
+    edited = json.loads(honest)
+    edited["observers"] = [["os:system", "{}"]]
+    spec_file.write_text(json.dumps(edited))
+    capsys.readouterr()
+    assert main(replay) == 2
+    err = capsys.readouterr().err
+    assert "rollout.json names other code than the spec signed" in err and "observers" in err, err
+    spec_file.write_text(honest)
+    first, second = caps / "s1000000.capsule", caps / "s1000001.capsule"
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b)
+    second.write_bytes(a)
+    assert main(replay) == 2
+    err = capsys.readouterr().err
+    assert "holds the initial capsule of 'pick_place/s1000001', not of 'pick_place/s1000000'" in err, err
+    first.write_bytes(a)
+    second.write_bytes(b)
+    assert main(replay) == 0
+    # a run from elsewhere whose env is a factory's import path: as data, replay imports nothing it names
+    key = os.environ["CAPSULE_ROLLOUT_KEY"]
+    capsule = load_capsule(first, key=key)
+    signed = json.loads(capsule.annotations["host_spec"])
+    signed["env"] = "tests.envs.broken_envs:make_counter"
+    save_capsule(capsule, first, key="someone-else-s-key-0123456789",
+                 annotations={"host_spec": json.dumps(signed)})
+    edited = json.loads(honest)
+    edited["env"] = signed["env"]
+    spec_file.write_text(json.dumps(edited))
+    assert main([*replay, "--trust"]) == 2
+    err = capsys.readouterr().err
+    assert "names code to call (env 'tests.envs.broken_envs:make_counter')" in err and len(err.splitlines()) == 1
+    assert main([*replay, "--trust", "--trust-code"]) == 2
+    assert "two levels" in capsys.readouterr().err
