@@ -1,20 +1,33 @@
 """Admission to the robot bridge: `Admission` holds every new connection, on the server's accept thread,
-until it says a valid `hello`; `PeerBackoff` slows down a peer address whose tokens fail, `TokenBudget` all
-addresses together.
+until it says a valid `hello`; `PeerBackoff` delays the answers to wrong tokens by peer address, `TokenBudget`
+bounds the wrong tokens checked for addresses that have never presented the right one.
 
-A connection that has not said a valid hello costs a socket and no thread, waits in a pool of its own
+Every connection is opened with a `challenge`, a fresh nonce, and its hello must prove the token over it
+(`envs.robot_protocol`): the token never travels, and a hello recorded on one connection is a wrong token on any
+other. A connection that has not said a valid hello costs a socket and no thread, waits in a pool of its own
 (`max_pending`), never counts against the server's `max_connections`, and is closed `auth_timeout_s` after it
-connected. A hello is read in one step, as soon as its bytes are there (a connection is read as it is accepted),
-and checked at once unless its address backs off or the global budget of wrong tokens is spent. A full pool makes
-room by closing, in this order, a connection being closed anyway, one whose wrong token awaits its answer, one whose
-hello waits to be checked, or the oldest that has not said a whole hello (read once more first); never one whose
-hello had the right token. Only a hello with the right token is handed to the server (`admit`), which serves it
-on a thread, refuses it, or has it wait for the robot (`WAIT`), first come first served.
+connected. A hello is read in one step, as soon as its bytes are there, and checked at once, whatever wrong tokens
+came from its address before: a guesser on the rightful client's address (a shared host, a NAT) cannot have the
+rightful client's hellos refused unchecked. What is slowed is the answer to a wrong token (and its connection's
+close): one address's wrong tokens are answered one after another, each `PeerBackoff.delay(n)` after the one
+before, however many connections it opens. The right token is answered at once. Only the global budget holds a
+hello back before its check, and only one from an address that has never presented the right token: since the
+right token is answered at once, a guess that brings no welcome is known wrong, and slowing answers alone would
+bound nothing; the budget bounds the guesses tested from any number of addresses (see `TokenBudget`).
+
+A full pool makes room by closing, in this order, a connection being closed anyway, one whose wrong token awaits
+its answer, one whose hello waits for the budget, or the oldest that has not said a whole hello (read once more
+first), one from an address that has never presented the right token before one from an address that has; never
+one whose hello had the right token. (A client says hello a round trip after it connected, once the challenge
+came: a burst of new connections meanwhile would otherwise push out the rightful client as the oldest; only the
+right token makes an address trusted, so a flood cannot use that way.) Only a hello with the right token is handed
+to the server (`admit`), which serves it on a thread, refuses it, or has it wait for the robot (`WAIT`), first come
+first served.
 """
 
 from __future__ import annotations
 
-import hmac
+import secrets
 import selectors
 import socket
 import threading
@@ -25,13 +38,17 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from capsule_rollout.envs.robot_protocol import (
+    NONCE_BYTES,
     PREFIX_BYTES,
+    VERSION,
     Message,
     ProtocolError,
+    challenge_message,
     decode_body,
     encode,
     error_message,
     parse_prefix,
+    proof_matches,
 )
 
 HELLO_MAX_PAYLOAD = 64 * 1024  # before hello a frame carries at most this much payload (a hello needs none)
@@ -43,39 +60,36 @@ Admit = Callable[[socket.socket, Message, str, float], Message | None | Literal[
 
 
 class PeerBackoff:
-    """Failed tokens by peer address. The n-th failure in a row is answered `delay(n)` after its check
-    (`base_s * 2**(n-1)`, at most `max_s`), and the peer's next hello is not checked before that answer is
-    due, however many connections it opens. A success clears the peer; a peer with no failure for
-    `forget_s` starts again from nothing; at most `max_peers` are remembered (the least recent dropped)."""
+    """Failed tokens by peer address, and when each is answered. The n-th failure in a row from a peer is answered
+    `delay(n)` (`base_s * 2**(n-1)`, at most `max_s`) after the later of its check and the peer's previous answer:
+    one address's answers come one after another, ever slower, however many connections it opens. Only answers
+    wait: every hello is checked as it arrives (a right token is never held back by the guessing of another client
+    on its address). A success clears the peer; a peer with no failure nor answer due for `forget_s` starts again
+    from nothing; at most `max_peers` are remembered (the least recent dropped)."""
 
     def __init__(self, base_s: float, max_s: float, *, forget_s: float = 60.0, max_peers: int = 4096) -> None:
         self.base_s, self.max_s, self.forget_s, self.max_peers = base_s, max_s, forget_s, max_peers
         self.failed_total = 0
-        self._peers: OrderedDict[str, tuple[int, float, float]] = OrderedDict()  # failures, last failure, next check
+        self._peers: OrderedDict[str, tuple[int, float, float]] = OrderedDict()  # failures, last failure, last answer
         self._lock = threading.Lock()  # the accept thread writes, `summary` reads from any thread
 
     def delay(self, failures: int) -> float:
-        """Seconds between the check of the `failures`-th wrong token in a row and its answer."""
+        """Seconds between the answer to the `failures - 1`-th wrong token in a row (or the check of the first)
+        and the answer to the `failures`-th."""
         return min(self.max_s, self.base_s * 2.0 ** min(failures - 1, 60))
 
-    def ready_at(self, peer: str, now: float) -> float:
-        """When a hello from `peer` may be checked (`now` or earlier: at once)."""
-        with self._lock:
-            entry = self._live(peer, now)
-            return entry[2] if entry else now
-
     def failed(self, peer: str, now: float) -> float:
-        """Count a wrong token from `peer` checked at `now`; returns the delay before its answer."""
+        """Count a wrong token from `peer` checked at `now`; returns when its answer is due."""
         with self._lock:
             entry = self._live(peer, now)
             failures = (entry[0] if entry else 0) + 1
-            wait = self.delay(failures)
+            due = max(now, entry[2] if entry else now) + self.delay(failures)
             self._peers.pop(peer, None)
-            self._peers[peer] = (failures, now, now + wait)
+            self._peers[peer] = (failures, now, due)
             while len(self._peers) > self.max_peers:
                 self._peers.popitem(last=False)
             self.failed_total += 1
-            return wait
+            return due
 
     def succeeded(self, peer: str) -> None:
         with self._lock:
@@ -83,32 +97,30 @@ class PeerBackoff:
 
     def summary(self, now: float) -> dict:
         with self._lock:
-            live = [e for e in self._peers.values() if now - e[1] <= self.forget_s]
+            live = [e for e in self._peers.values() if not self._stale(e, now)]
             waits = [e[2] - now for e in live if e[2] > now]
             return {"failed_tokens": self.failed_total, "peers_with_failures": len(live),
                     "peers_backing_off": len(waits), "longest_backoff_s": round(max(waits, default=0.0), 3),
                     "most_failures_in_a_row": max((e[0] for e in live), default=0),
                     "auth_backoff_s": self.base_s, "auth_backoff_max_s": self.max_s}
 
+    def _stale(self, entry: tuple[int, float, float], now: float) -> bool:
+        return now - max(entry[1], entry[2]) > self.forget_s
+
     def _live(self, peer: str, now: float) -> tuple[int, float, float] | None:
         entry = self._peers.get(peer)
-        if entry is not None and now - entry[1] > self.forget_s:
+        if entry is not None and self._stale(entry, now):
             del self._peers[peer]
             return None
         return entry
 
 
-@dataclass(eq=False)
-class _Pending:
-    """A connection that has not been admitted: reading its hello, parked (its peer is backing off), refusing
-    (a wrong token's answer is due at `at`) or closing (its last frame sent, read until the peer closes)."""
-
-
 class TokenBudget:
     """Wrong tokens on the whole server, whatever their addresses: each spends a unit of a budget that refills at
     `per_s` a second up to `burst`. A hello from an address that has never presented the right token is checked
-    only while a unit is left (`ready_at`); one from an address that has (`trust`: at most `max_trusted`, the least
-    recent dropped) is checked whatever the budget, its own backoff still applying. Only the right token makes an
+    only while a unit is left (`ready_at`): this, not the delay of wrong answers, bounds the guesses tested, since
+    a guess that brings no welcome at once is known wrong. One from an address that has (`trust`: at most
+    `max_trusted`, the least recent dropped) is checked at once whatever the budget. Only the right token makes an
     address trusted, so guessing from many addresses can neither use that way nor push the rightful client's
     address out of it."""
 
@@ -134,6 +146,11 @@ class TokenBudget:
             self._units = self._refill(now) - 1
             self.spent_total += 1
 
+    def trusted(self, peer: str) -> bool:
+        """Whether `peer` has presented the right token (among the `max_trusted` most recent)."""
+        with self._lock:
+            return peer in self._trusted
+
     def trust(self, peer: str) -> None:
         with self._lock:
             self._trusted.pop(peer, None)
@@ -155,13 +172,15 @@ class TokenBudget:
 
 @dataclass(eq=False)
 class _Pending:
-    """A connection that has not been admitted: reading its hello, parked (its hello waits to be checked: its
-    address backs off, or the global budget is spent), refusing (a wrong token's answer is due at `at`), waiting
-    (the right token: for the robot, in the queue) or closing (its last frame sent, read until the peer closes)."""
+    """A connection that has not been admitted: reading its hello, parked (its hello waits to be checked: the
+    global budget is spent and its address has never presented the right token), refusing (a wrong token's answer
+    is due at `at`), waiting (the right token: for the robot, in the queue) or closing (its last frame sent, read
+    until the peer closes)."""
 
     conn: socket.socket
     peer: str
     deadline: float  # the hello must have arrived, and been checked, by then
+    nonce: bytes  # the challenge this connection's hello must prove the token over
     buf: bytearray = field(default_factory=bytearray)
     need: int = PREFIX_BYTES
     state: str = "reading"
@@ -183,7 +202,8 @@ class Admission:
                  auth_timeout_s: float, max_pending: int, backoff: PeerBackoff, budget: TokenBudget) -> None:
         self.sock, self.stop, self.admit, self.token = sock, stop, admit, token
         self.auth_timeout_s, self.max_pending, self.backoff, self.budget = auth_timeout_s, max_pending, backoff, budget
-        self.counts = {"auth_timeouts": 0, "evicted": 0, "not_checked": 0, "refused_full": 0, "waited_for_robot": 0}
+        self.counts = {"auth_timeouts": 0, "evicted": 0, "not_checked": 0, "plaintext_tokens": 0, "refused_full": 0,
+                       "waited_for_robot": 0}
         self._pending: dict[socket.socket, _Pending] = {}  # in the order they connected
         self._queue: deque[_Pending] = deque()  # right hellos waiting for the robot, first come first
         self._sel = selectors.DefaultSelector()
@@ -191,9 +211,10 @@ class Admission:
     def status(self) -> dict:
         """The admission limits, how many connections wait, and the failed tokens by peer and in all (any thread)."""
         now = time.monotonic()
-        return {"pending": len(self._pending), "max_pending": self.max_pending, "auth_timeout_s": self.auth_timeout_s,
-                "waiting_for_robot": len(self._queue), **self.counts, **self.backoff.summary(now),
-                **self.budget.summary(now)}
+        pending = list(self._pending.values())
+        return {"pending": len(pending), "max_pending": self.max_pending, "auth_timeout_s": self.auth_timeout_s,
+                "waiting_for_robot": len(self._queue), "wrong_answers_due": sum(p.state == "refusing" for p in pending),
+                **self.counts, **self.backoff.summary(now), **self.budget.summary(now)}
 
     def run(self) -> None:
         self.sock.setblocking(False)
@@ -232,10 +253,11 @@ class Admission:
                                               fatal=True))
                 conn.close()
                 continue
-            p = _Pending(conn, str(addr[0]), time.monotonic() + self.auth_timeout_s)
+            p = _Pending(conn, str(addr[0]), time.monotonic() + self.auth_timeout_s, secrets.token_bytes(NONCE_BYTES))
             self._pending[conn] = p
             self._sel.register(conn, selectors.EVENT_READ)
-            self._readable(p)  # a hello sent as the client connected is often there already: heard before more accepts
+            _send_now(conn, challenge_message(p.nonce))
+            self._readable(p)  # what came with the connection (a protocol 1 hello) is answered before more accepts
 
     def _make_room(self) -> bool:
         """Close one connection so that a new one fits; False when none may be closed."""
@@ -255,16 +277,18 @@ class Admission:
 
     def _victim(self) -> _Pending | None:
         """Which connection a full pool closes (see the module docstring), oldest first within each kind."""
-        for state in ("closing", "refusing", "parked", "reading"):
+        for state in ("closing", "refusing", "parked"):
             for p in self._pending.values():
                 if p.state == state:
                     return p
-        return None
+        reading = [p for p in self._pending.values() if p.state == "reading"]
+        untrusted = (p for p in reading if not self.budget.trusted(p.peer))
+        return next(untrusted, reading[0] if reading else None)
 
     def _evict(self, victim: _Pending) -> None:
         if victim.state != "closing":
             self.counts["evicted"] += 1
-            why = {"refusing": "its wrong token was counted", "parked": "its hello was not checked",
+            why = {"refusing": "its hello awaits its answer", "parked": "its hello was not checked",
                    "reading": "the oldest that has not said hello"}[victim.state]
             _send_now(victim.conn, error_message(
                 "busy", f"{self.max_pending} connections are waiting to say hello: this one ({why}) is closed to make "
@@ -301,20 +325,15 @@ class Admission:
             p.buf += chunk
             try:
                 if p.need == PREFIX_BYTES and len(p.buf) == PREFIX_BYTES:
-                    h_len, p_len = parse_prefix(bytes(p.buf), max_payload=HELLO_MAX_PAYLOAD)
+                    h_len, p_len = parse_prefix(bytes(p.buf), max_payload=HELLO_MAX_PAYLOAD, peer="client")
                     p.need = PREFIX_BYTES + h_len + p_len
                 if len(p.buf) < p.need:
                     continue
                 h_len = int.from_bytes(p.buf[8:12], "little")
                 msg = decode_body(bytes(p.buf[PREFIX_BYTES:PREFIX_BYTES + h_len]),
                                   bytes(p.buf[PREFIX_BYTES + h_len:]))
-            except ProtocolError as exc:
-                reply = error_message(exc.code, exc.message, fatal=exc.fatal)
-                if exc.fatal:
-                    self._finish(p, reply)
-                else:  # a frame that decodes to nothing usable: answered, the stream is still in step
-                    _send_now(p.conn, reply)
-                    p.buf, p.need = bytearray(), PREFIX_BYTES
+            except ProtocolError as exc:  # before hello every broken frame closes: one error answered per connection
+                self._finish(p, error_message(exc.code, exc.message, fatal=True))
                 return
             self._said(p, msg)
             return
@@ -324,6 +343,12 @@ class Admission:
             self._finish(p, None)
         elif msg.type != "hello":
             self._finish(p, error_message("unauthorized", "send hello first", fatal=True, seq=msg.seq))
+        elif msg.fields.get("token") not in (None, ""):  # protocol 1's hello: never checked, the fix at once
+            self.counts["plaintext_tokens"] += 1
+            self._finish(p, error_message(
+                "unauthorized", f"this hello carries the token itself; this server speaks protocol {VERSION}, where "
+                "the hello proves the token over the server's challenge and the token never travels: upgrade the "
+                "client (and consider the token seen by the network: change it)", fatal=True, seq=msg.seq))
         else:
             self._sel.unregister(p.conn)  # nothing more is read before the hello is answered
             p.state, p.hello, p.heard = "parked", msg, time.monotonic()
@@ -331,18 +356,20 @@ class Admission:
 
     # -- tokens and the robot ---------------------------------------------------------------
     def _try_check(self, p: _Pending, now: float) -> None:
-        """Check a parked hello if its address and the whole server allow it now, else leave it parked till then."""
-        p.at = max(self.backoff.ready_at(p.peer, now), self.budget.ready_at(p.peer, now))
+        """Check a parked hello if the global budget allows it now (its own address's failures never hold it
+        back), else leave it parked till then."""
+        p.at = self.budget.ready_at(p.peer, now)
         if p.at <= now:
             self._check(p, now)
 
     def _check(self, p: _Pending, now: float) -> None:
-        token = p.hello.fields.get("token", "")
-        if self.token and not (isinstance(token, str) and hmac.compare_digest(
-                token.encode("utf-8", "surrogatepass"), self.token.encode())):
+        """The proof against this connection's nonce: right, the server has it at once; wrong, its answer (and its
+        connection's close) waits for its address's backoff."""
+        if self.token and not proof_matches(p.hello.fields.get("proof"), self.token, p.nonce):
             self.budget.spent(now)
-            p.state, p.at = "refusing", now + self.backoff.failed(p.peer, now)
-            p.answer = error_message("unauthorized", "wrong or missing token", fatal=True, seq=p.hello.seq)
+            p.state, p.at = "refusing", self.backoff.failed(p.peer, now)
+            p.answer = error_message("unauthorized", "wrong or missing token: the hello's proof does not match this "
+                                     "connection's challenge", fatal=True, seq=p.hello.seq)
             return
         self.backoff.succeeded(p.peer)
         self.budget.trust(p.peer)
@@ -384,10 +411,9 @@ class Admission:
             self._try_check(p, now)  # another hello may have gone first
             if p.state == "parked" and now > p.deadline:  # still not allowed: refused unchecked, which tells nothing
                 self.counts["not_checked"] += 1
-                by_peer = self.backoff.ready_at(p.peer, now) > now
-                why = f"too many wrong tokens from {p.peer}" if by_peer else "too many wrong tokens on this server"
                 self._finish(p, error_message(
-                    "unauthorized", f"{why}: this hello was not checked; try again in {p.at - now:.1f} s",
+                    "unauthorized", f"too many wrong tokens on this server, and {p.peer} has not presented the right "
+                    f"one before: this hello was not checked; try again in {max(p.at - now, 0.0):.1f} s",
                     fatal=True, seq=p.hello.seq))
         elif p.state == "refusing" and now >= p.at:
             self._finish(p, p.answer)
@@ -395,17 +421,17 @@ class Admission:
             self._close(p)
 
     def _finish(self, p: _Pending, reply: Message | None) -> None:
-        """Send the last frame, then read until the peer closes (at most `_DRAIN_S`) so that it arrives."""
+        """Send the last frame, then read until the peer closes (at most `_DRAIN_S`) so that it arrives. The state
+        changes first: `status()` never counts an answer the peer may already have as still due."""
+        if p.state not in ("reading", "closing"):
+            self._sel.register(p.conn, selectors.EVENT_READ)
+        p.state, p.at = "closing", time.monotonic() + _DRAIN_S
         if reply is not None:
             _send_now(p.conn, reply)
         try:
             p.conn.shutdown(socket.SHUT_WR)
         except OSError:
             self._close(p)
-            return
-        if p.state not in ("reading", "closing"):
-            self._sel.register(p.conn, selectors.EVENT_READ)
-        p.state, p.at = "closing", time.monotonic() + _DRAIN_S
 
     def _close(self, p: _Pending) -> None:
         self._pending.pop(p.conn, None)

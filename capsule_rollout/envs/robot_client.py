@@ -1,4 +1,10 @@
-"""The rollout side of the robot bridge: `RobotClient` (observe, act, reset, e-stop) and its errors."""
+"""The rollout side of the robot bridge: `RobotClient` (observe, act, reset, e-stop) and its errors.
+
+The client says hello as protocol 2 asks (`envs.robot_protocol`): it waits for the server's challenge and
+answers with a proof of the token over its nonce, so the token never leaves this process. What the welcome
+announces (cameras, image shape, state size) is checked against what a frame can carry before anything is sized
+by it, and operator events are kept up to `MAX_OPERATOR_EVENTS`: no count the robot side sends is unbounded here.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,18 @@ from typing import Any
 import numpy as np
 
 from capsule_rollout.envs.robot_protocol import (
+    MAX_ARRAYS,
+    MAX_PAYLOAD,
     ConnectionClosed,
     Message,
+    ProtocolError,
     encode,
+    hello_message,
     read_frame,
     require_fields,
 )
+
+MAX_OPERATOR_EVENTS = 1024  # operator events kept until `operator_events()` takes them (the oldest dropped)
 
 
 class RobotDisconnected(ConnectionError):
@@ -53,8 +65,9 @@ class RobotClient:
             raise RobotDisconnected(f"cannot reach the robot at {host}:{port} ({exc})") from None
         self._lock = threading.Lock()
         self._seq = 0
+        self._silence = "stopped answering"  # what a timeout says
         try:
-            welcome = self._request(Message("hello", {"token": token, "client": "rollout"}))
+            welcome = self._hello(token)
         except BaseException:
             self._sock.close()
             raise
@@ -75,13 +88,26 @@ class RobotClient:
             self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat_s,), daemon=True)
             self._beat.start()
 
+    def _hello(self, token: str) -> Message:
+        """The server's challenge, then a hello that proves `token` over its nonce; returns the welcome."""
+        self._silence = "sent no challenge (a robot side older than protocol 2 sends none: upgrade it)"
+        with self._lock:
+            challenge = self._receive()
+        self._silence = "stopped answering"
+        if challenge.type == "error":
+            raise RobotError(str(challenge.fields.get("code")), str(challenge.fields.get("message")))
+        welcome = self._request(hello_message(challenge, token, client="rollout"))
+        _check_welcome(welcome)
+        return welcome
+
     def _recv_exactly(self, n: int) -> bytes:
         chunks, got = [], 0
         while got < n:
             try:
                 chunk = self._sock.recv(n - got)
             except TimeoutError:
-                raise RobotDisconnected(f"the robot at {self.address[0]}:{self.address[1]} stopped answering") from None
+                raise RobotDisconnected(f"the robot at {self.address[0]}:{self.address[1]} {self._silence}") \
+                    from None
             if not chunk:
                 break
             chunks.append(chunk)
@@ -94,15 +120,22 @@ class RobotClient:
             msg.seq = self._seq
             try:
                 self._sock.sendall(encode(msg))
-                reply = read_frame(self._recv_exactly)
-            except ConnectionClosed:
-                raise RobotDisconnected(f"the robot at {self.address[0]}:{self.address[1]} closed the connection") \
-                    from None
             except OSError as exc:
                 raise RobotDisconnected(f"connection to the robot lost ({exc})") from None
+            reply = self._receive()
         if reply.type == "error":
             raise RobotError(str(reply.fields.get("code")), str(reply.fields.get("message")))
         return reply
+
+    def _receive(self) -> Message:
+        """The next frame from the robot side (the lock held)."""
+        try:
+            return read_frame(self._recv_exactly, peer="robot side")
+        except ConnectionClosed:
+            raise RobotDisconnected(f"the robot at {self.address[0]}:{self.address[1]} closed the connection") \
+                from None
+        except OSError as exc:
+            raise RobotDisconnected(f"connection to the robot lost ({exc})") from None
 
     def _heartbeat(self, every: float) -> None:
         while not self._stop.wait(every):
@@ -131,13 +164,15 @@ class RobotClient:
         events = reply.fields.pop("operator_events", None)
         if isinstance(events, list):
             self._operator_events += [e for e in events if isinstance(e, str)]
+            del self._operator_events[:-MAX_OPERATOR_EVENTS]  # a host that never asks keeps the latest only
         obs = dict(reply.arrays)
         obs["instruction"] = reply.fields["instruction"]
         return obs, dict(reply.fields)
 
     def operator_events(self) -> list[str]:
         """Operator events the robot side sent with its observations since the last call (`kind` or
-        `kind:text`, kinds of `envs.operator_input.Kind`); `envs.robot_operator.RobotOperator` reads them."""
+        `kind:text`, kinds of `envs.operator_input.Kind`; the latest `MAX_OPERATOR_EVENTS`);
+        `envs.robot_operator.RobotOperator` reads them."""
         events, self._operator_events = self._operator_events, []
         return events
 
@@ -167,3 +202,34 @@ class RobotClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_welcome(welcome: Message) -> None:
+    """Refuse a welcome whose counts no observation frame could carry (ProtocolError `bad_header`): the rollout
+    host sizes its observation buffers by them, so they must be bounded like every count in a frame."""
+    f = welcome.fields
+    cameras, shape, state_dim = f.get("cameras", []), f.get("image_shape") or [], f.get("state_dim") or 0
+    low, high = welcome.arrays.get("action_low"), welcome.arrays.get("action_high")
+    problems = []
+    if not isinstance(cameras, list) or len(cameras) >= MAX_ARRAYS or not all(isinstance(c, str) for c in cameras):
+        problems.append(f"'cameras' must be a list of fewer than {MAX_ARRAYS} names (each is an array of an "
+                        "observation)")
+        cameras = []
+    if not isinstance(shape, list) or len(shape) not in (0, 2) or not all(_count(d) for d in shape):
+        problems.append("'image_shape' must be [height, width]")
+        shape = []
+    if not _count(state_dim):
+        problems.append("'state_dim' must be a non-negative integer")
+        state_dim = 0
+    if not problems and len(cameras) * 3 * (shape[0] * shape[1] if shape else 0) + 4 * state_dim > MAX_PAYLOAD:
+        problems.append(f"{len(cameras)} cameras of {shape} and a state of {state_dim} do not fit in an observation "
+                        f"frame ({MAX_PAYLOAD} bytes of payload at most)")
+    if low is None or high is None or low.ndim != 1 or low.shape != high.shape:
+        problems.append("'action_low' and 'action_high' must be 1-d arrays of the same size")
+    if problems:
+        raise ProtocolError("bad_header", f"the robot's welcome is not one this client can use: {'; '.join(problems)}"
+                            "; fix the robot side's backend (RobotBackend) or upgrade it")

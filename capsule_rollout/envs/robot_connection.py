@@ -70,7 +70,7 @@ class FrameReader:
         prefix, deadline = self._recv(PREFIX_BYTES, idle_deadline, idle=True)
         if not prefix:
             raise ConnectionClosed("peer closed the connection")
-        h_len, p_len = parse_prefix(prefix, max_payload=self.max_payload)
+        h_len, p_len = parse_prefix(prefix, max_payload=self.max_payload, peer="client")
         body, _ = self._recv(h_len + p_len, deadline)
         self.frame_started = None
         return decode_body(body[:h_len], body[h_len:])

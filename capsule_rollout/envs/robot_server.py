@@ -17,15 +17,19 @@ Safety, enforced by the server whatever the backend does:
   resets nothing); the client learns it on its next request (error
   `heartbeat_timeout`), and what was recorded is kept; a controller that leaves
   during an episode has the robot hold too, and the next client is told `not_ready`;
-- the server binds 127.0.0.1 by default; any other address needs a shared token,
-  which every client must present in `hello`.
+- the server binds 127.0.0.1 by default; any other address needs a shared token, which every client proves
+  it knows in `hello`: an HMAC of it over the nonce of the server's `challenge`, so the token never crosses the
+  wire and a recorded hello is refused on any other connection (`envs.robot_protocol`).
 Admission (`envs.robot_admission`): a connection must say a valid hello within `auth_timeout_s` of
 connecting; until then it waits, threadless, in a pool of at most `max_pending` (a full pool never closes one
 whose hello had the right token) and never counts against `max_connections`, the limit on admitted
-connections. A wrong token's refusal comes `auth_backoff_s` after its check, doubling with each failure in a
-row from that address up to `auth_backoff_max_s`, and that address's next hello waits for it; all addresses
-together have wrong tokens checked at most `auth_checks_per_s` a second, after a burst of as many (an address
-that has presented the right token is not held to that). `status()` reports these limits and counts.
+connections. Every hello is checked as it arrives and the right token is answered at once, whatever wrong tokens
+came from its address (a shared host, a NAT). A wrong token's refusal comes `auth_backoff_s` after its check,
+doubling with each failure in a row from that address up to `auth_backoff_max_s`, each after the address's
+previous refusal; all addresses together have wrong tokens checked at most `auth_checks_per_s` a second, after
+a burst of as many: a hello from an address that has never presented the right token waits for that budget (a
+guess that brings no welcome is known wrong, so only a bound on checks bounds guessing). `status()` reports
+these limits and counts.
 Connections are served concurrently, and the robot has one controller: the first
 client whose `hello` is accepted; another gets `busy` at once until it leaves, unless the controller is in
 the middle of a frame begun before that hello: then the hello waits for the frame, `busy` if it completes,
@@ -57,6 +61,7 @@ from capsule_rollout.envs.robot_admission import WAIT, Admission, PeerBackoff, T
 from capsule_rollout.envs.robot_backend import RobotBackend
 from capsule_rollout.envs.robot_connection import HANDOVER_S, POLL_S, FrameReader, Idle, Job, close_gracefully, send
 from capsule_rollout.envs.robot_protocol import (
+    MAX_INT,
     ConnectionClosed,
     Message,
     ProtocolError,
@@ -65,6 +70,7 @@ from capsule_rollout.envs.robot_protocol import (
 )
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MIN_TOKEN_CHARS = 16  # a token that exposes the robot beyond this machine: 16 hex digits are 64 bits
 
 
 class RobotServer:
@@ -81,9 +87,12 @@ class RobotServer:
                  max_connections: int = 8, auth_timeout_s: float = 2.0, max_pending: int = 32,
                  auth_backoff_s: float = 0.25, auth_backoff_max_s: float = 4.0, auth_checks_per_s: float = 5.0,
                  operator: OperatorSource | None = None):
-        if host not in LOOPBACK and not token:
-            raise ValueError(f"binding {host!r} exposes the robot beyond this machine: set a shared token "
-                             "(and give it to the clients), or bind 127.0.0.1")
+        if host not in LOOPBACK and len(token) < MIN_TOKEN_CHARS:
+            # a client admitted before may guess from its address as fast as it likes (the right token is always
+            # checked and answered at once): only the token's length bounds that
+            raise ValueError(f"binding {host!r} exposes the robot beyond this machine: set a shared token of "
+                             f"{MIN_TOKEN_CHARS} characters or more (e.g. python -c 'import secrets; "
+                             "print(secrets.token_hex(16))'), give it to the clients, or bind 127.0.0.1")
         for name, value in (("heartbeat_timeout_s", heartbeat_timeout_s), ("idle_timeout_s", idle_timeout_s),
                             ("frame_timeout_s", frame_timeout_s), ("auth_timeout_s", auth_timeout_s),
                             ("auth_checks_per_s", auth_checks_per_s)):
@@ -159,7 +168,8 @@ class RobotServer:
     def status(self) -> dict:
         """Health, the episode, admitted connections and their limit, how long the controller's frame in progress
         has been coming (0: none), and admission: connections waiting to say hello or for the robot, their limit
-        and time, closed ones by cause, failed tokens by peer address and in all (any thread)."""
+        and time, wrong tokens whose answer is still due, closed ones by cause (protocol 1 hellos that carried the
+        token: `plaintext_tokens`), failed tokens by peer address and in all (any thread)."""
         with self._lock:
             connections, controller, reader = self._open, self._controller is not None, self._controller_reader
         started = reader.frame_started if reader else None
@@ -341,8 +351,9 @@ class RobotServer:
         b = self.backend
         if msg.type == "reset":
             seed = msg.fields.get("seed")
-            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-                raise ProtocolError("bad_header", "reset 'seed' must be a non-negative integer or null")
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_INT):
+                raise ProtocolError("bad_header", "reset 'seed' must be null or an integer in 0 .. 2**63 - 1 (like "
+                                    "'seq': a backend may hand it to a 64-bit seed)")
             instruction = b.reset(seed)
             self.episode_state, self.last_action, self.episode_owner = "running", _present(b), cid
             self.last_heard = time.monotonic()

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import threading
 import time
 
 import numpy as np
@@ -15,14 +16,18 @@ from capsule_rollout.envs.robot_bridge import (
     RobotError,
     RobotServer,
 )
+from capsule_rollout.envs.robot_client import MAX_OPERATOR_EVENTS
 from capsule_rollout.envs.robot_protocol import (
+    NONCE_BYTES,
     PREFIX,
     VERSION,
     ConnectionClosed,
     Message,
     ProtocolError,
+    challenge_message,
     decode,
     encode,
+    hello_message,
     read_frame,
 )
 from capsule_rollout.tabletop.sim_robot import SimBackend, SimRobotServer
@@ -94,11 +99,15 @@ def test_heartbeats_keep_an_idle_episode_alive(server):
 def test_tokens_and_non_loopback_binds():
     with pytest.raises(ValueError, match="shared token"):
         RobotServer(SimBackend(image_size=32), host="0.0.0.0")
-    with SimRobotServer(image_size=32, host="0.0.0.0", token="t0ken") as srv:
+    # a short token beyond this machine: an admitted address may guess at any rate, only length bounds it
+    with pytest.raises(ValueError, match="16 characters or more"):
+        RobotServer(SimBackend(image_size=32), host="0.0.0.0", token="t0ken")
+    token = "a-long-enough-t0ken"
+    with SimRobotServer(image_size=32, host="0.0.0.0", token=token) as srv:
         port = srv.address[1]
         with pytest.raises(RobotError, match="unauthorized"):
             RobotClient("127.0.0.1", port, token="wrong")
-        with RobotClient("127.0.0.1", port, token="t0ken") as robot:
+        with RobotClient("127.0.0.1", port, token=token) as robot:
             assert robot.reset_to_initial(seed=0)
 
 
@@ -115,7 +124,8 @@ def test_a_closed_server_gives_a_clear_disconnect_error():
 
 
 def _raw(server, data: bytes) -> Message | None:
-    """Send raw bytes on a fresh connection and read the reply frame (None if the server closed)."""
+    """Send raw bytes on a fresh connection and read the reply frame after the server's challenge (None if the
+    server closed)."""
     with socket.create_connection(server.address, timeout=5) as s:
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
@@ -134,7 +144,9 @@ def _raw(server, data: bytes) -> Message | None:
         del stream[:n]
         return out
 
-    return read_frame(recv_exactly)
+    challenge = read_frame(recv_exactly)
+    assert challenge.type == "challenge", challenge
+    return read_frame(recv_exactly) if stream else None
 
 
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
@@ -155,9 +167,9 @@ def test_oversized_wrong_version_and_truncated_frames(server):
     big = PREFIX.pack(b"CRBP", VERSION, 0, 10, 2**31)
     assert _raw(server, big).fields["code"] == "oversized"
     wrong = encode(Message("observe"))
-    wrong = wrong[:4] + (2).to_bytes(2, "little") + wrong[6:]
+    wrong = wrong[:4] + (VERSION + 1).to_bytes(2, "little") + wrong[6:]
     assert _raw(server, wrong).fields["code"] == "bad_version"
-    assert _raw(server, encode(Message("hello", {"token": ""}))[:-2]).fields["code"] == "truncated"
+    assert _raw(server, encode(Message("hello", {"client": "raw"}))[:-2]).fields["code"] == "truncated"
     assert _raw(server, encode(Message("observe"))).fields["code"] == "unauthorized"  # no hello
     with pytest.raises(ProtocolError):
         decode(big)
@@ -206,10 +218,14 @@ def test_a_realtime_sim_robot_paces_actions_to_its_control_rate(monkeypatch):
 
 
 class _Raw:
-    """A hand-driven connection: send frames (or raw bytes), read reply frames."""
+    """A hand-driven connection: send frames (or raw bytes), read reply frames; `challenge`: the server's first."""
 
     def __init__(self, address, timeout=5.0):
         self.sock = socket.create_connection(address, timeout=timeout)
+        self.challenge = self.recv()
+
+    def hello(self, token: str = "") -> Message | None:
+        return self.ask(hello_message(self.challenge, token))
 
     def send(self, msg_or_bytes):
         self.sock.sendall(msg_or_bytes if isinstance(msg_or_bytes, bytes) else encode(msg_or_bytes))
@@ -240,7 +256,7 @@ class _Raw:
 def test_a_slow_dripping_controller_neither_disables_the_watchdog_nor_locks_others_out():
     with SimRobotServer(image_size=16, heartbeat_timeout_s=0.5) as srv:  # frames must arrive within 2 s
         dripper = _Raw(srv.address)
-        assert dripper.ask(Message("hello", {"token": ""})).type == "welcome"
+        assert dripper.hello().type == "welcome"
         assert dripper.ask(Message("reset", {"seed": 0})).type == "reset_done"
         frame = encode(Message("observe"))
         for byte in frame[:12]:  # one byte per 0.1 s: every byte used to restart the stall timer
@@ -282,7 +298,7 @@ def test_a_silent_controller_is_dropped_after_the_idle_limit():
 def test_a_nan_heartbeat_gets_an_error_frame_and_the_episode_keeps_running(server):
     raw = _Raw(server.address)
     try:
-        assert raw.ask(Message("hello", {"token": ""})).type == "welcome"
+        assert raw.hello().type == "welcome"
         assert raw.ask(Message("reset", {"seed": 0})).type == "reset_done"
         header = json.dumps({"type": "heartbeat", "seq": 5, "fields": {"t": float("nan")}, "arrays": []}).encode()
         reply = raw.ask(PREFIX.pack(b"CRBP", VERSION, 0, len(header), 0) + header)
@@ -331,3 +347,95 @@ def test_after_a_client_left_mid_episode_the_next_one_is_told_to_reset(server):
             second.send_action(np.zeros(4))
         second.reset_to_initial(seed=0)
         second.send_action(np.zeros(4))
+
+
+def test_a_protocol_1_client_is_told_to_upgrade_and_its_plaintext_token_is_never_checked():
+    with SimRobotServer(image_size=16, token="t0ken") as srv:
+        v1 = encode(Message("hello", {"token": "t0ken", "client": "rollout"}))
+        v1 = v1[:4] + (1).to_bytes(2, "little") + v1[6:]  # what a protocol 1 client sends as it connects
+        reply = _raw(srv, v1)
+        assert reply.fields["code"] == "bad_version" and reply.fields["fatal"]
+        assert f"speaks protocol {VERSION}" in reply.fields["message"] and "upgrade the client" in \
+            reply.fields["message"]
+        raw = _Raw(srv.address)  # a protocol 2 frame with protocol 1's hello in it
+        try:
+            reply = raw.ask(Message("hello", {"token": "t0ken", "client": "rollout"}))
+            assert reply.fields["code"] == "unauthorized" and "carries the token itself" in reply.fields["message"]
+            assert "upgrade the client" in reply.fields["message"] and raw.recv() is None
+        finally:
+            raw.close()
+        status = srv.status()
+        assert status["plaintext_tokens"] == 1 and status["failed_tokens"] == 0  # refused, never checked
+
+
+def test_a_reset_seed_is_bounded_like_seq(server):
+    raw = _Raw(server.address)
+    try:
+        assert raw.hello().type == "welcome"
+        reply = raw.ask(Message("reset", {"seed": 2**63}))
+        assert reply.type == "error" and reply.fields["code"] == "bad_header" and not reply.fields["fatal"]
+        assert "2**63" in reply.fields["message"]
+        assert raw.ask(Message("reset", {"seed": 2**63 - 1})).type == "reset_done"
+    finally:
+        raw.close()
+
+
+def _fake_robot(welcome: Message, replies: list[Message] = ()) -> tuple[tuple[str, int], threading.Thread]:
+    """A scripted robot side on loopback for one client: its challenge, `welcome` to the hello, then `replies` in
+    turn, one for each request."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener, listener.accept()[0] as conn:
+            raw = _RawConn(conn)
+            raw.send(challenge_message(bytes(NONCE_BYTES)))
+            for reply in (welcome, *replies):
+                request = raw.recv()
+                if request is None or request.type == "bye":
+                    return
+                reply.seq = request.seq
+                raw.send(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[:2], thread
+
+
+class _RawConn(_Raw):
+    def __init__(self, sock: socket.socket) -> None:  # an accepted connection: the server speaks first
+        self.sock = sock
+
+
+def _welcome(**fields) -> Message:
+    base = {"robot": "fake", "control_hz": 10, "cameras": ["front"], "state_dim": 8, "image_shape": [64, 64]}
+    return Message("welcome", {**base, **fields}, {"action_low": -np.ones(4, np.float32),
+                                                   "action_high": np.ones(4, np.float32)})
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"state_dim": 10**12}, "do not fit in an observation frame"),
+    ({"image_shape": [100_000, 100_000]}, "do not fit in an observation frame"),
+    ({"cameras": [f"c{i}" for i in range(100)]}, "fewer than 32 names"),
+    ({"image_shape": [64, 64, 3]}, "'image_shape' must be [height, width]"),
+    ({"state_dim": -1}, "'state_dim' must be a non-negative integer"),
+])
+def test_a_welcome_announcing_counts_no_frame_can_carry_is_refused(fields, why):
+    address, thread = _fake_robot(_welcome(**fields))
+    with pytest.raises(ProtocolError, match="welcome is not one this client can use") as info:
+        RobotClient(*address, heartbeat_s=None)
+    assert why in info.value.message and info.value.code == "bad_header"
+    thread.join(5)
+
+
+def test_operator_events_a_host_never_takes_are_bounded_to_the_latest():
+    image = np.zeros((64, 64, 3), np.uint8)
+    observations = [Message("observation", {"instruction": "x", "step": i,
+                                            "operator_events": [f"coach:{i}-{j}" for j in range(700)]},
+                            {"image_front": image, "state": np.zeros(8, np.float32)}) for i in range(3)]
+    address, thread = _fake_robot(_welcome(), observations)
+    with RobotClient(*address, heartbeat_s=None) as robot:
+        for _ in range(3):
+            robot.observe()
+        events = robot.operator_events()
+    assert len(events) == MAX_OPERATOR_EVENTS and events[-1] == "coach:2-699" and events[0] == "coach:1-376"
+    thread.join(5)

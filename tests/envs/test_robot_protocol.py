@@ -1,4 +1,5 @@
-"""Robot bridge protocol v1: round trip of every message, and fuzzing of broken frames."""
+"""Robot bridge protocol v2: round trip of every message, the challenge-response hello, version errors that say
+which side to upgrade, and fuzzing of broken frames."""
 
 import struct
 
@@ -10,20 +11,27 @@ from hypothesis import strategies as st
 from capsule_rollout.envs.robot_protocol import (
     ERROR_CODES,
     MAX_HEADER,
+    NONCE_BYTES,
     PREFIX,
     TYPES,
     VERSION,
     ConnectionClosed,
     Message,
     ProtocolError,
+    challenge_message,
+    challenge_nonce,
     decode,
     encode,
     error_message,
+    hello_message,
+    hello_proof,
+    proof_matches,
     read_frame,
 )
 
 EXAMPLES = {
-    "hello": Message("hello", {"token": "s3cret", "client": "rollout-host"}),
+    "challenge": challenge_message(bytes(range(NONCE_BYTES))),
+    "hello": Message("hello", {"proof": "ab" * 32, "client": "rollout-host"}),
     "welcome": Message("welcome", {"robot": "sim-tabletop", "control_hz": 10, "cameras": ["front"]},
                        {"action_low": -np.ones(4, np.float32), "action_high": np.ones(4, np.float32)}),
     "observe": Message("observe", {}, {}, seq=3),
@@ -83,7 +91,8 @@ def _frame(header: bytes, payload: bytes = b"", *, version=VERSION, magic=b"CRBP
 
 @pytest.mark.parametrize("frame, code", [
     (_frame(b'{"type":"observe"}', magic=b"HTTP"), "bad_magic"),
-    (_frame(b'{"type":"observe"}', version=2), "bad_version"),
+    (_frame(b'{"type":"observe"}', version=1), "bad_version"),
+    (_frame(b'{"type":"observe"}', version=VERSION + 1), "bad_version"),
     (PREFIX.pack(b"CRBP", VERSION, 0, MAX_HEADER + 1, 0), "oversized"),
     (PREFIX.pack(b"CRBP", VERSION, 0, 10, 2**31), "oversized"),
     (_frame(b'{"type":"observe"}')[:-3], "truncated"),
@@ -149,3 +158,44 @@ def test_non_finite_numbers_in_a_header_are_bad_headers(value):
     with pytest.raises(ProtocolError) as info:
         decode(PREFIX.pack(b"CRBP", VERSION, 0, len(header), 0) + header)
     assert info.value.code == "bad_header" and not info.value.fatal
+
+
+def test_the_hello_proves_the_token_over_the_challenge_without_carrying_it():
+    nonce, other = bytes(range(NONCE_BYTES)), bytes(NONCE_BYTES)
+    challenge = decode(encode(challenge_message(nonce)))
+    assert challenge.type == "challenge" and challenge_nonce(challenge) == nonce
+    hello = hello_message(challenge, "s3cret-t0ken", client="host", seq=1)
+    frame = encode(hello)
+    assert b"s3cret-t0ken" not in frame and set(hello.fields) == {"proof", "client"} and hello.seq == 1
+    proof = decode(frame).fields["proof"]
+    assert proof_matches(proof, "s3cret-t0ken", nonce)
+    assert not proof_matches(proof, "s3cret-t0ken", other)  # a recorded hello is worth nothing on another connection
+    assert not proof_matches(proof, "s3cret-t0ke", nonce) and not proof_matches(proof, "", nonce)
+    assert hello_proof("t\u00f6ken", nonce) != hello_proof("token", nonce)  # the token's UTF-8 bytes are the key
+    for bad in (None, 17, "", proof[:-1], proof.upper() if proof != proof.upper() else "0" * 64, "\u00e9" * 64):
+        assert not proof_matches(bad, "s3cret-t0ken", nonce), bad
+
+
+@pytest.mark.parametrize("msg", [
+    Message("welcome"),
+    Message("challenge", {"nonce": "ab" * (NONCE_BYTES - 1)}),
+    Message("challenge", {"nonce": "zz" * NONCE_BYTES}),
+    Message("challenge", {"nonce": 12}),
+])
+def test_a_first_frame_that_is_no_challenge_is_a_clear_error(msg):
+    with pytest.raises(ProtocolError) as info:
+        challenge_nonce(msg)
+    assert info.value.code == "bad_header"
+    if msg.type == "welcome":
+        assert "upgrade the robot side" in info.value.message
+
+
+def test_a_version_mismatch_says_which_side_to_upgrade():
+    old = PREFIX.pack(b"CRBP", 1, 0, 10, 0)
+    with pytest.raises(ProtocolError, match="upgrade the client") as info:
+        read_frame(lambda n: old[:n], peer="client")
+    assert f"speaks protocol {VERSION}" in info.value.message and "token no longer travels" in info.value.message
+    newer = PREFIX.pack(b"CRBP", VERSION + 1, 0, 10, 0)
+    with pytest.raises(ProtocolError, match="upgrade this side") as info:
+        read_frame(lambda n: newer[:n], peer="robot side")
+    assert info.value.code == "bad_version"

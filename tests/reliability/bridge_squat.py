@@ -16,7 +16,14 @@ import threading
 import time
 
 from capsule_rollout.envs.robot_bridge import RobotServer
-from capsule_rollout.envs.robot_protocol import ConnectionClosed, Message, ProtocolError, encode, read_frame
+from capsule_rollout.envs.robot_protocol import (
+    ConnectionClosed,
+    Message,
+    ProtocolError,
+    encode,
+    hello_message,
+    read_frame,
+)
 from tests.reliability.bridge_fuzz import CLIENT_TIMEOUT_S, checked_server
 
 TOKEN = "the-rightful-token"
@@ -182,7 +189,11 @@ class Staller(_Attack):
             try:
                 with socket.create_connection(self.address, timeout=CLIENT_TIMEOUT_S,
                                               source_address=(self.source, 0)) as sock:
-                    sock.sendall(encode(Message("hello", {"token": self.token, "client": "staller"})))
+                    challenge = read_frame(socket_reader(sock))
+                    if challenge.type != "challenge":
+                        time.sleep(0.02)
+                        continue
+                    sock.sendall(encode(hello_message(challenge, self.token, client="staller")))
                     if read_frame(socket_reader(sock)).type != "welcome":
                         time.sleep(0.02)
                         continue
@@ -224,9 +235,13 @@ def wrong_token(address, *, source: str = ATTACKER) -> tuple[float, str]:
     code, with ':checked' when the server said the token was wrong, or 'welcome' or 'no reply')."""
     try:
         with socket.create_connection(address, timeout=CLIENT_TIMEOUT_S, source_address=(source, 0)) as sock:
+            first = read_frame(socket_reader(sock))  # the challenge, or the refusal of a full pool
             start = time.monotonic()  # before the hello leaves: the server may check it before sendall returns
-            sock.sendall(encode(Message("hello", {"token": "guess", "client": "brute"})))
-            reply = read_frame(socket_reader(sock))
+            if first.type == "challenge":
+                sock.sendall(encode(hello_message(first, "guess", client="brute")))
+                reply = read_frame(socket_reader(sock))
+            else:
+                reply = first
             waited = time.monotonic() - start
     except (OSError, ConnectionClosed, ProtocolError):
         return float("nan"), "no reply"
