@@ -91,7 +91,7 @@ class Decoder:
         for tags, read in (((NONE,), lambda d: None), ((FALSE,), lambda d: False), ((TRUE,), lambda d: True),
                            ((SMALLINT,), self._smallint), ((INT,), lambda d: self._int()), ((FLOAT,), self._float),
                            ((COMPLEX,), self._complex), ((STR,), lambda d: self._str()),
-                           ((BYTES,), lambda d: self._raw(self._varint())), ((ELLIPSIS,), lambda d: Ellipsis),
+                           ((BYTES,), self._bytes), ((ELLIPSIS,), lambda d: Ellipsis),
                            ((NOTIMPL,), lambda d: NotImplemented), ((SLICE, RANGE), None),
                            ((GLOBAL,), self._global), ((ENUM,), self._enum), ((METHOD,), self._method),
                            ((PERSISTENT,), self._persistent), ((MEMO,), self._memo), ((DTYPE,), self._dtype),
@@ -180,10 +180,17 @@ class Decoder:
         return self.data[at:at + n]
 
     def _str(self) -> str:
+        n = self._varint()
+        self.budget -= 4 * n + 56  # the bytes sliced, then the string (up to 4 a character): checked at the next charge
         try:
-            return self._raw(self._varint()).decode("utf-8", "surrogatepass")
+            return self._raw(n).decode("utf-8", "surrogatepass")
         except UnicodeDecodeError:
             raise StateDecodeError("a string that is not UTF-8") from None
+
+    def _bytes(self, depth: int) -> bytes:
+        n = self._varint()
+        self.budget -= n + 40
+        return self._raw(n)
 
     def _int(self) -> int:
         n = self._varint()
