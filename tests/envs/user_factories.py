@@ -36,6 +36,25 @@ def dm_control_humanoid():
     return _dm_control("humanoid", "walk")
 
 
+def _robotics(env_id: str):
+    import gymnasium_robotics
+
+    gymnasium.register_envs(gymnasium_robotics)  # its README
+    return gymnasium.make(env_id)
+
+
+def point_maze():
+    return _robotics("PointMaze_UMaze-v3")
+
+
+def ant_maze():
+    return _robotics("AntMaze_UMaze-v5")
+
+
+def adroit_door():
+    return _robotics("AdroitHandDoor-v1")
+
+
 def _headless_gl() -> None:
     """Suites read `MUJOCO_GL` once (robosuite when imported, dm_control and gymnasium's viewer at their first
     render); unset, they try GLFW, which needs a display: their users set it."""

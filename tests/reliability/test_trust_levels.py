@@ -325,3 +325,36 @@ def test_an_actor_restores_a_saved_capsule_only_for_the_seed_it_was_signed_for(t
     paths[2].write_bytes(one)
     with pytest.warns(UserWarning, match="holds the initial capsule of 'task/s0000002', not of 'task/s0000001'"):
         assert actor._saved_capsule("task", 1) is None  # a cold reset instead
+
+
+@pytest.mark.parametrize("env_id", ["tabletop:pick_place", "gymnasium:Reacher-v5", COUNTER,
+                                    "tests.envs.broken_envs:make_rebuilds_at_reset"])
+def test_an_env_restores_its_own_capsule_and_another_key_s_as_data_or_says_what_it_needs(env_id, tmp_path):
+    """The survey of docs/BENCHMARKS.md (`tests/reliability/trust_survey.py`), for the envs of this venv: bit-exact
+    from its own signed capsule, and from the same capsule signed elsewhere as data, or refused naming the class
+    it would have to make."""
+    from tests.reliability.trust_survey import survey
+
+    row = survey(env_id, tmp_path)
+    assert row["own"]["outcome"] == "bit-exact", row
+    if env_id.endswith("make_rebuilds_at_reset"):  # it makes a new controller at every reset
+        assert row["data"]["outcome"] == "refused" and "broken_envs:Controller at .env.controller" in \
+            row["data"]["why"], row
+    else:
+        assert row["data"]["outcome"] == "bit-exact", row
+
+
+def test_the_coverage_guided_fuzzer_runs_its_budget_with_nothing_but_the_reader_s_error(tmp_path):
+    """`fuzz_state_reader` for a fixed budget of inputs (its long run's figures are in docs/BENCHMARKS.md): exit 0,
+    every input read or refused, no allocation past the bound (any other outcome stops it with a crash report)."""
+    pytest.importorskip("atheris")
+    done = subprocess.run([sys.executable, "-m", "tests.reliability.fuzz_state_reader", "-runs=4000",
+                           "-max_len=4096", "-seed=1", str(tmp_path / "corpus")], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = [line for line in done.stderr.splitlines() if line.startswith("{")][-1]
+    import json
+
+    counts = json.loads(last)
+    assert counts["inputs"] >= 4000 and counts["read"] + counts["refused"] == counts["inputs"], counts
+    assert counts["worst_peak_share"] < 1.0
