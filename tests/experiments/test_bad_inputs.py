@@ -60,6 +60,8 @@ def test_non_finite_options_seeds_out_of_range_and_counts_past_the_machine_are_r
         "--seeds.count (--episodes) x --repeats 1000: 1,000,000,000 episodes":
             ["sim_rollout", "--episodes", "1000000", "--repeats", "1000", "--out", out],
         "--slots 100,000: an actor of 100,000 env slots needs about": ["sim_rollout", "--slots", "100000", "--out", out],
+        "--slots 1,000,000: an actor of 1,000,000 env slots needs about":  # before any store is opened
+            ["replay", "--store", out, "--episode", "x-s1", "--slots", "1000000"],
         "--actors 100,000: one driver records for about 1,000 actors": ["sim_rollout", "--actors", "100000", "--out",
                                                                         out],
         "--seeds.count (--episodes): 4,000,000,000 episodes": ["eval_policy", "--episodes", "4000000000"],
