@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import math
 import struct
 import sys
@@ -100,9 +101,12 @@ class Decoder:
                            ((OBJECT_ARRAY,), self._object_array),
                            ((TUPLE,), self._tuple), ((OBJECT,), self._object), ((SUBCLASS,), self._subclass),
                            ((INTS, FLOATS), None),
-                           ((LIST, DICT, SET, FROZENSET, ODICT, DDICT, DEQUE, BYTEARRAY), None)):
+                           ((LIST, DICT, SET, FROZENSET, ODICT, DDICT, DEQUE, BYTEARRAY), self._container)):
             for tag in tags:
-                self.table[tag] = read if read is not None else (lambda d, tag=tag: self._tagged(tag, d))
+                # containers straight to their reader (a partial adds no Python frame: nesting 200 deep holds 400
+                # frames, and an error raised there makes each a frame object as it unwinds)
+                self.table[tag] = (read if read is not None and read != self._container
+                                   else functools.partial(read or self._tagged, tag))
 
     def _charge(self, *objs: Any) -> None:
         for obj in objs:
