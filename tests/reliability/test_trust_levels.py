@@ -358,3 +358,27 @@ def test_the_coverage_guided_fuzzer_runs_its_budget_with_nothing_but_the_reader_
     counts = json.loads(last)
     assert counts["inputs"] >= 4000 and counts["read"] + counts["refused"] == counts["inputs"], counts
     assert counts["worst_peak_share"] < 1.0
+
+
+@pytest.mark.parametrize("make", [lambda: __import__("types").ModuleType("os"), lambda: __import__("ctypes").c_long,
+                                  lambda: __import__("multiprocessing.connection").connection.Connection,
+                                  lambda: __import__("copy").deepcopy, lambda: __import__("os").system])
+def test_a_module_class_or_function_the_env_does_not_hold_there_is_refused_as_data(make, tmp_path):
+    """Values the allow-list accepted by their names (a module named os, ctypes.c_long, a multiprocessing
+    Connection, copy.deepcopy): as data they are refused wherever the env built here does not hold them."""
+    env = make_env(COUNTER, cameras=())
+    arena = Arena([env]).allocate()
+    env.reset(seed=1)
+    try:
+        env.unwrapped.helper = make()
+        capsule = snapshot(arena)
+    except Exception as exc:  # noqa: BLE001 - the writer refused it: nothing to restore
+        assert "cannot" in str(exc) or "refused" in str(exc), exc
+        return
+    finally:
+        vars(env.unwrapped).pop("helper", None)
+    path = save_capsule(capsule, tmp_path / "c.capsule", key=OTHER_KEY)
+    with pytest.raises(CapsuleMismatchError, match=r"at \.env\.helper, where the env built here holds nothing"):
+        restore(arena, load_capsule(path, key=None))
+    assert "helper" not in vars(env.unwrapped)
+    env.close()
