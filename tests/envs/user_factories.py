@@ -55,6 +55,14 @@ def adroit_door():
     return _robotics("AdroitHandDoor-v1")
 
 
+def myo_elbow():
+    """MyoSuite's elbow (its own venv: its wheel pins gymnasium 1.2.3 and mujoco 4, which the suites' venv
+    cannot hold beside the others)."""
+    import myosuite  # noqa: F401 - registers its ids with gymnasium (its README)
+
+    return gymnasium.make("myoElbowPose1D6MRandom-v0")
+
+
 def _headless_gl() -> None:
     """Suites read `MUJOCO_GL` once (robosuite when imported, dm_control and gymnasium's viewer at their first
     render); unset, they try GLFW, which needs a display: their users set it."""
