@@ -203,3 +203,27 @@ def test_collect_demos_records_so101s_own_scripted_controller(tmp_path):
                  "--no-progress"]) == 0
     reader = ZarrEpisodeReader(store)
     assert len(reader) == 1 and reader.meta(0).instruction == "pick up the cube"
+
+
+@pytest.mark.parametrize(("env_id", "module", "as_data"), [
+    ("metaworld:pick-place-v3", "metaworld", "bit-exact"),
+    ("robotics:FetchPickAndPlace-v4", "gymnasium_robotics", "bit-exact"),
+    (f"{USER}:point_maze", "gymnasium_robotics", "bit-exact"),
+    (f"{USER}:adroit_door", "gymnasium_robotics", "bit-exact"),
+    (f"{USER}:dm_control_finger", "shimmy", "bit-exact"),
+    ("so101:SO101PickCube-v0", "lerobot_env_so101", "bit-exact"),
+    ("robosuite:Lift", "robosuite", "bit-exact"),
+    ("aloha:AlohaTransferCube-v0", "gym_aloha", "PassthroughRenderExecutor"),
+])
+def test_a_suite_restores_its_own_capsule_and_another_key_s_as_data_or_names_what_it_needs(env_id, module, as_data,
+                                                                                           tmp_path):
+    """BENCHMARKS' survey of capsules from elsewhere (`tests/reliability/trust_survey.py`), for the suites."""
+    from tests.reliability.trust_survey import survey
+
+    _need_module(module, "make suites-venv")
+    row = survey(env_id, tmp_path)
+    assert row["own"]["outcome"] == "bit-exact", row
+    if as_data == "bit-exact":
+        assert row["data"]["outcome"] == "bit-exact", row
+    else:
+        assert row["data"]["outcome"] == "refused" and as_data in row["data"]["why"], row
