@@ -1,7 +1,8 @@
 """`resolve(path)`: the object an import path `package.module:name` names, the one resolver every layer uses
 (envs, policies, critics, observers, runners and torch module factories given on a command line or in a
-checkpoint). A factory named with keyword arguments is `package.module:factory={JSON object}` (`split_kwargs`,
-`with_kwargs`), on the command line and in Python alike. Standard library only, so any layer may import it."""
+checkpoint), or an object handed over in Python (`object_source`, `__objects__:<name>`). A factory named with
+keyword arguments is `package.module:factory={JSON object}` (`split_kwargs`, `with_kwargs`), on the command line
+and in Python alike. Standard library only, so any layer may import it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import difflib
 import importlib
 import importlib.util
 import json
+import re
+from collections.abc import Iterable
 from typing import Any
 
 KWARGS_SEP = "="
+OBJECTS = "__objects__"
+"""The module part of a source that names an object handed over in Python (`object_source`), not an import path."""
+_OBJECTS: dict[str, Any] = {}
 
 
 class ImportPathError(ValueError):
@@ -41,6 +47,25 @@ def with_kwargs(path: str, **kwargs: Any) -> str:
     return f"{path}{KWARGS_SEP}{json.dumps(kwargs, sort_keys=True, separators=(',', ':'))}" if kwargs else path
 
 
+def object_source(obj: Any) -> str:
+    """A source naming `obj` (a factory, a class: any callable Ray can ship), `__objects__:<its name>`, resolved by
+    `resolve` in every process that registered it (`register_objects`): a run's spec carries the objects beside it
+    (`HostSpec.objects`), so its actors have them too."""
+    base = re.sub(r"\W+", "_", getattr(obj, "__qualname__", None) or type(obj).__name__).strip("_") or "object"
+    name, n = base, 1
+    while _OBJECTS.get(name, obj) is not obj:
+        n += 1
+        name = f"{base}_{n}"
+    _OBJECTS[name] = obj
+    return f"{OBJECTS}:{name}"
+
+
+def register_objects(objects: Iterable[tuple[str, Any]]) -> None:
+    """Make `(source, object)` pairs resolvable in this process (a spec's `objects`, on an actor)."""
+    for source, obj in objects:
+        _OBJECTS[source.partition(":")[2]] = obj
+
+
 def resolve(path: str, what: str = "object") -> Any:
     """The attribute `name` of module `package.module` for `path = "package.module:name"` (`name` may be dotted:
     `module:Class.method`). `what` names the thing in errors ("env", "policy", "observer").
@@ -49,6 +74,12 @@ def resolve(path: str, what: str = "object") -> Any:
     but fails to import (the error it raised, with its cause: a missing dependency of the user's module is
     reported as that, not as a missing module); for a missing attribute (with close names)."""
     module_name, sep, attr = path.partition(":")
+    if module_name == OBJECTS:
+        if attr not in _OBJECTS:
+            raise ImportPathError(f"{what} {path!r} was an object handed over in Python to the process that made the "
+                                  "run: give it again (replay_episode(..., named={'env': make_env, ...})), or name "
+                                  f"an import path `package.module:name` (replay --{what} ...)")
+        return _OBJECTS[attr]
     if not sep or not module_name or not attr or not all(p.isidentifier() for p in attr.split(".")):
         raise ImportPathError(f"{what} {path!r}: give an import path `package.module:name`")
     try:

@@ -43,7 +43,7 @@ class PushTowardGoal:
 
     def infer(self, obs, *, noise):
         s = obs["state"]
-        return {"actions": np.clip(3.0 * (s[4:6] - s[0:2]) - 0.5 * s[2:4] + 0.2 * noise, -1.0, 1.0)}
+        return np.clip(3.0 * (s[4:6] - s[0:2]) - 0.5 * s[2:4] + 0.2 * noise, -1.0, 1.0)  # the chunk (8, 2)
 
 
 class GoalDistance:

@@ -106,3 +106,20 @@ def test_recap_recipe_skeleton_names_every_method_the_loop_calls():
         mine, theirs = inspect.signature(getattr(recipe, name)), inspect.signature(getattr(RecapRecipe, name))
         assert list(mine.parameters) == [p for p in theirs.parameters if p != "self"], name
     assert recipe.rollout_spec(None).env and recipe.episode_limit(None) > 0
+
+
+def test_objects_defined_in_a_script_run_on_two_actors_and_replay_bit_for_bit(tmp_path):
+    """`record_rollouts(env=make_env, policy=Nudge)` with a script's own function and class (no import path): 2 Ray
+    actors, a replay with them given again; without them, a replay says so in one line."""
+    out = _run([str(ROOT / "examples/objects_not_paths.py")], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "episodes 4 resets {'cold': 2, 'restore': 2}" in out.stdout
+    assert "replay bit-identical: True" in out.stdout
+    spec = json.loads((tmp_path / "runs/objects/rollout.json").read_text())
+    assert spec["env"] == "__objects__:make_env" and spec["policy"] == "__objects__:Nudge" and "objects" not in spec
+    episode = open_episode_reader(tmp_path / "runs/objects/episodes.zarr").episode_ids[0]
+    refused = _run(["-m", "capsule_rollout", "replay", "--store", "runs/objects/episodes.zarr", "--episode", episode],
+                   tmp_path)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.strip().startswith("error: env '__objects__:make_env' was an object handed over in Python")
+    assert len(refused.stderr.strip().splitlines()) == 1

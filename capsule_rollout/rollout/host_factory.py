@@ -16,12 +16,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from capsule_rollout.capsules import Arena, CapsuleStore
 from capsule_rollout.envs.rollout_env import ArraySpec, RolloutEnv
-from capsule_rollout.import_path import resolve, split_kwargs
+from capsule_rollout.import_path import register_objects, resolve, split_kwargs
 from capsule_rollout.models.runtime import batch_invariance
 from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
@@ -145,6 +146,10 @@ class HostSpec:
     not say). Those the policy and critic read must be among them."""
     image_size: int | None = None
     """Side of the rendered images in pixels; None: what the policy and critic were made for, else 64."""
+    objects: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+    """(source, object) of each source handed over in Python (`import_path.object_source`: a factory or class a
+    script defined, `record_rollouts(env=make_env)`): they travel with the spec to every process that builds a host
+    (Ray ships them), never into `rollout.json`."""
 
     def __post_init__(self) -> None:
         if self.cameras is not None and any(not isinstance(c, str) or not c for c in self.cameras):
@@ -162,7 +167,9 @@ class HostSpec:
             raise ValueError(f"takeover is (threshold, steps >= 1), got {self.takeover}")
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(dataclasses.replace(self, objects=()))
+        data.pop("objects")  # objects are not data: the sources name them
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> HostSpec:
@@ -348,6 +355,7 @@ def _prepare(spec: HostSpec, *, env_given: bool = False, policy: Callable[[], Lo
                          "dataclasses.replace(spec, env=env_for_task(spec.env, <the task>))")
     if spec.threads:
         torch.set_num_threads(spec.threads)
+    register_objects(spec.objects)  # the objects its sources name, resolvable here (an actor's process too)
     return _load_parts(spec, check_spec(spec, policy_given=policy is not None), policy)
 
 

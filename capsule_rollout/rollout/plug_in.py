@@ -11,7 +11,8 @@ value critic. A factory is called in every process that builds a host (on each R
 keyword arguments its source names (`package.module:factory={"size": 3}`, `import_path.with_kwargs`; none
 otherwise), and returns one of:
 - a rollout-protocol policy (`policies.rollout_policy.RolloutPolicy`: a capsule component), used as it is;
-- an object with `infer(obs) -> chunk` (openpi's shape), wrapped by `policies.infer_policy.InferPolicy`;
+- an object with `infer(obs) -> chunk` (openpi's shape; every member it may carry: `contracts.Policy`, checked by
+  `contracts.check_policy`), wrapped by `policies.infer_policy.InferPolicy`;
 - a torch module `module(inputs, noise) -> chunk`, wrapped by `policies.torch_policy.TorchPolicy`.
 A policy source may also be a policy server's address, `ws://host:port` (`wss://`, `openpi://`): the policy
 acts through it (`policies.remote_policy.RemotePolicy`, openpi's websocket protocol), sized from the server's
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from capsule_rollout.contracts import check_critic, check_policy
 from capsule_rollout.critics.infer_critic import InferCritic
 from capsule_rollout.critics.rollout_critic import CriticSpec, RolloutCritic
 from capsule_rollout.envs.rollout_env import RolloutEnv, action_bounds
@@ -248,6 +250,8 @@ def as_rollout_policy(obj: Any, env: RolloutEnv, *, chunk_length: int | None = N
         arrays = env.observation_spec.arrays
         return connect_remote_policy(obj.source, action_dim=action_dim, client=obj,
                                      arrays={k: (tuple(a.shape), np.dtype(a.dtype).name) for k, a in arrays.items()})
+    if not isinstance(obj, torch.nn.Module):
+        check_policy(obj)  # every member a user may give, named in one line when missing or wrong
     keys = _keys(obj, env, observation_keys)
     length = chunk_length or getattr(obj, "chunk_length", None) or getattr(obj, "action_horizon", None)
     if isinstance(obj, torch.nn.Module):
@@ -257,23 +261,18 @@ def as_rollout_policy(obj: Any, env: RolloutEnv, *, chunk_length: int | None = N
         arrays = env.observation_spec.arrays
         shapes = {k: (tuple(arrays[k].shape), np.dtype(arrays[k].dtype).name) for k in keys}
         return TorchPolicy(obj, PolicySpec(int(length), action_dim, keys), shapes, device=device, seed=seed)
-    if callable(getattr(obj, "infer", None)):
-        declared = deterministic if deterministic is not None else bool(getattr(obj, "deterministic", False))
-        if not length:
-            if accepts_noise(obj.infer):
-                raise ValueError(f"{type(obj).__name__}.infer takes noise, so its chunk length cannot be probed: "
-                                 "give chunk_length (or a `chunk_length` / `action_horizon` attribute)")
-            length = _probe_chunk_length(obj, env, keys)
-        return InferPolicy(obj, PolicySpec(int(length), action_dim, keys), deterministic=declared, seed=seed)
-    raise TypeError(f"{type(obj).__name__} is not a policy this project can run: give a rollout-protocol policy, "
-                    "an object with infer(obs) -> action chunk, or a torch module")
+    declared = deterministic if deterministic is not None else bool(getattr(obj, "deterministic", False))
+    if not length:
+        if accepts_noise(obj.infer):
+            raise ValueError(f"{type(obj).__name__}.infer takes noise, so its chunk length cannot be probed: "
+                             "give chunk_length (or a `chunk_length` / `action_horizon` attribute)")
+        length = _probe_chunk_length(obj, env, keys)
+    return InferPolicy(obj, PolicySpec(int(length), action_dim, keys), deterministic=declared, seed=seed)
 
 
 def as_rollout_critic(obj: Any, env: RolloutEnv, *, observation_keys: tuple[str, ...] | None = None) -> RolloutCritic:
     """`obj` as a rollout-protocol critic for `env`; a rollout critic as it is."""
     if isinstance(obj, RolloutCritic):
         return obj
-    if callable(getattr(obj, "value", None)):
-        return InferCritic(obj, CriticSpec(_keys(obj, env, observation_keys)))
-    raise TypeError(f"{type(obj).__name__} is not a critic this project can run: give a rollout-protocol critic or "
-                    "an object with value(obs) -> float")
+    check_critic(obj)  # every member a user may give, named in one line when missing or wrong
+    return InferCritic(obj, CriticSpec(_keys(obj, env, observation_keys)))

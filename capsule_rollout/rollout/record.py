@@ -20,11 +20,13 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from capsule_rollout.capsules import CapsuleError, CapsuleSignatureError, Trust, key_source, load_capsule, signing_key
 from capsule_rollout.envs.describe_env import describe_env
+from capsule_rollout.import_path import OBJECTS, object_source, register_objects, resolve
 from capsule_rollout.policies.remote_policy import RecordedChunks, RemotePolicy
 from capsule_rollout.rollout.deadlines import DeadlineSettings
 from capsule_rollout.rollout.host_config import episode_id, file_safe
@@ -130,9 +132,9 @@ FIRST_SEED = 1_000_000
 def record_rollouts(
     out: str | Path,
     *,
-    env: str,
-    policy: str,
-    critic: str = "",
+    env: str | Callable,
+    policy: str | Callable,
+    critic: str | Callable = "",
     seeds: Iterable[int] | int = 8,
     repeats: int = 1,
     attempts: int = 1,
@@ -169,7 +171,9 @@ def record_rollouts(
 
     Play `env` (a registered id `suite:task`, `gymnasium:<a registered id>`, or a factory `package.module:make_env`,
     with keyword arguments `package.module:make_env={"size": 3}`: `import_path.with_kwargs`) with `policy` (a
-    checkpoint, a factory, or a policy server's `ws://` address; `rollout.plug_in`) and optional `critic`, on
+    checkpoint, a factory, or a policy server's `ws://` address; `rollout.plug_in`) and optional `critic`: each
+    a source string, or the factory or class itself (any callable Ray can ship: one a script defines; the run's
+    `rollout.json` names it `__objects__:<name>`, and a replay is given it again: `replay_episode(named=)`), on
     `actors` Ray actors (0: in this process), every episode recorded once under `out`. `seeds`: the seeds, or how
     many from `FIRST_SEED` (as the command line's `--seeds.count`). `observers`: import paths, each
     `package.module:factory` or `package.module:factory={JSON kwargs}`. `on_report(report, stats)`: called for each
@@ -183,6 +187,21 @@ def record_rollouts(
     options = dict(locals())
     with kept_process_state():  # the caller's torch threads and environment, as they were
         return _record(**options)
+
+
+def as_sources(given: dict[str, Any]) -> tuple[dict[str, str], tuple[tuple[str, Any], ...]]:
+    """The sources of `given` (role -> a source string, or a factory or class handed over in Python), and the
+    (source, object) pairs of those handed over (`import_path.object_source`), for `HostSpec.objects`."""
+    sources, objects = {}, []
+    for role, value in given.items():
+        if isinstance(value, str):
+            sources[role] = value
+        elif callable(value):
+            sources[role] = object_source(value)
+            objects.append((sources[role], value))
+        else:
+            raise TypeError(f"{role}: give a source string or a factory (a callable), got {type(value).__name__}")
+    return sources, tuple(objects)
 
 
 def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int | None = None,
@@ -213,7 +232,9 @@ def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call,
     out = Path(out).resolve()
     if check_slots:
         require_slots(spec_options["slots"], "slots")
-    spec = run_spec(out, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor, **spec_options)
+    sources, objects = as_sources({k: spec_options.pop(k) for k in ("env", "policy", "critic")})
+    spec = run_spec(out, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor, **sources, **spec_options)
+    spec = dataclasses.replace(spec, objects=objects)
     if attempts > 1 and spec.noise_scale == 0:
         raise ValueError("attempts: at noise scale 0 every retry plays the failed episode again; give noise_scale > 0")
     seeds = list(range(FIRST_SEED, FIRST_SEED + seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
@@ -297,18 +318,19 @@ class ReplayInputs:
 
 def replay_episode(run: str | Path, episode_id: str, capsules: str | Path | None = None, *,
                    trust: bool | str | Trust = False, slots: int | None = None,
-                   named: dict[str, str] | None = None) -> ReplayReport:
+                   named: dict[str, Any] | None = None) -> ReplayReport:
     """Re-run a recorded episode from its initial capsule on a host rebuilt from the host spec signed in it, and
     compare actions, proposed actions, values, states, rewards, subtasks and images with the recording. `run`:
     the run directory or its store (`<run>/episodes.zarr`). The capsule must be signed with this user's key
     (`capsules.signing_key`) unless `trust` (`prepare_replay`). `slots`: a host of that many slots (None: the
-    run's); `named`: env, policy or critic sources the user gives over the run's."""
+    run's); `named`: env, policy or critic sources the user gives over the run's (a source string, or the factory
+    or class itself: a run recorded with objects is replayed with them given again)."""
     return play_replay(prepare_replay(run, episode_id, capsules, trust=trust, slots=slots, named=named))
 
 
 def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None = None, *,
                    trust: bool | str | Trust = False, slots: int | None = None,
-                   named: dict[str, str] | None = None) -> ReplayInputs:
+                   named: dict[str, Any] | None = None) -> ReplayInputs:
     """Read and check a replay's inputs: the store, the episode, the run's spec, the initial capsule (ValueError
     or FileNotFoundError naming what is missing or refused). The capsule is read only when signed with this
     user's key, or with `trust` (a capsule from elsewhere the user vouches for: True or "data" restores it as data
@@ -340,7 +362,13 @@ def prepare_replay(run: str | Path, episode_id: str, capsules: str | Path | None
     except CapsuleError as exc:
         raise ValueError(str(exc)) from None
     check_label(capsule, capsule_key(meta.task, meta.seed), path)
-    spec = replay_spec(read_spec(store.parent), signed_spec(capsule, path), level, named=named or {}, source=path)
+    named, objects = as_sources({k: v for k, v in (named or {}).items() if v})
+    spec = replay_spec(read_spec(store.parent), signed_spec(capsule, path), level, named=named, source=path)
+    spec = dataclasses.replace(spec, objects=objects)
+    register_objects(objects)
+    for role in ("env", "policy", "critic"):  # objects a run was handed in Python: given again, or said so here
+        if getattr(spec, role).startswith(f"{OBJECTS}:"):
+            resolve(getattr(spec, role).partition("=")[0], role)
     spec = dataclasses.replace(spec, capsule_dir="", **({} if slots is None else {"slots": slots}))
     spec = dataclasses.replace(spec, env=env_for_task(spec.env, meta.task))  # a `suite:*` run: the episode's task
     return ReplayInputs(spec, recorded, capsule)

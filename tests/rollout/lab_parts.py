@@ -178,3 +178,97 @@ class NanModule(Chunk4):
 
 def make_nan_module() -> NanModule:
     return NanModule()
+
+
+class _Push:
+    """The example's policy, as a base for the broken members below."""
+
+    chunk_length = 8
+
+    def infer(self, obs, *, noise):
+        s = obs["state"]
+        return np.clip(3.0 * (s[4:6] - s[0:2]) + 0.2 * noise, -1.0, 1.0)
+
+
+class NoInfer:
+    chunk_length = 8
+
+    def act(self, obs):  # named otherwise
+        return np.zeros((8, 2))
+
+
+class InferNotCallable(_Push):
+    infer = "yes"
+
+
+class ResetWithSeed(_Push):
+    def reset(self, seed):  # the internal protocol's shape, not a user's
+        self.seed = seed
+
+
+class ChunkLengthFloat(_Push):
+    chunk_length = 8.0
+
+
+class ChunkLengthZero(_Push):
+    chunk_length = 0
+
+
+class KeysAString(_Push):
+    observation_keys = "state"
+
+
+class KeyMapList(_Push):
+    key_map = ["state"]
+
+
+class DeterministicString(_Push):
+    deterministic = "yes"
+
+
+class GetStateOnly(_Push):
+    def get_state(self):
+        return {}
+
+
+class InferBatchNotCallable(_Push):
+    infer_batch = 4
+
+
+class NoValue:
+    def values(self, obs):
+        return 0.0
+
+
+class CriticResetWithSeed:
+    def value(self, obs):
+        return 0.0
+
+    def reset(self, seed):
+        pass
+
+
+BROKEN_POLICIES = {
+    NoInfer: "NoInfer.infer is missing: a policy answers infer(obs, *, noise) -> action chunk (T, A)",
+    InferNotCallable: "InferNotCallable.infer is not callable",
+    ResetWithSeed: "ResetWithSeed.reset takes arguments: reset() is called with none at every episode start",
+    ChunkLengthFloat: "ChunkLengthFloat.chunk_length is 8.0: give the number of actions each infer answers",
+    ChunkLengthZero: "ChunkLengthZero.chunk_length is 0: give the number of actions each infer answers",
+    KeysAString: "KeysAString.observation_keys is 'state': give a list or tuple of the env's observation keys",
+    KeyMapList: "KeyMapList.key_map is ['state']: give a dict",
+    DeterministicString: "DeterministicString.deterministic is 'yes': give True or False",
+    GetStateOnly: "GetStateOnly.set_state is missing: give get_state() and set_state(state) together",
+    InferBatchNotCallable: "InferBatchNotCallable.infer_batch is a int: make it a method",
+}
+BROKEN_CRITICS = {
+    NoValue: "NoValue.value is missing: a critic answers value(obs) -> float",
+    CriticResetWithSeed: "CriticResetWithSeed.reset takes arguments",
+}
+
+
+def make_broken_policy(name: str):
+    return next(c for c in BROKEN_POLICIES if c.__name__ == name)()
+
+
+def make_broken_critic(name: str):
+    return next(c for c in BROKEN_CRITICS if c.__name__ == name)()

@@ -12,6 +12,7 @@ from capsule_rollout.policies.infer_policy import InferPolicy
 from capsule_rollout.rollout.branching import branch_episode
 from capsule_rollout.rollout.plug_in import as_rollout_critic, as_rollout_policy, source_kind
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.user_code import ContractError
 
 ENV = "examples.own_env_and_policy:make_env"
 
@@ -99,9 +100,9 @@ def test_unfit_objects_are_refused_with_the_reason():
         as_rollout_policy(type("NoLength", (), {"infer": lambda self, obs, *, noise: None})(), env)
     with pytest.raises(ValueError, match="give chunk_length"):
         as_rollout_policy(torch.nn.Linear(6, 2), env)
-    with pytest.raises(TypeError, match="not a policy this project can run"):
+    with pytest.raises(ContractError, match=r"object.infer is missing: a policy answers infer\(obs, \*, noise\)"):
         as_rollout_policy(object(), env)
-    with pytest.raises(TypeError, match="not a critic this project can run"):
+    with pytest.raises(ContractError, match=r"object.value is missing: a critic answers value\(obs\) -> float"):
         as_rollout_critic(object(), env)
     with pytest.raises(ValueError, match=r"reads observation key\(s\) \['image_top'\]"):
         as_rollout_policy(NoisyPush(), env, observation_keys=("state", "image_top"))

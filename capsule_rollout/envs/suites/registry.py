@@ -21,7 +21,7 @@ from capsule_rollout.envs.gl_backend import load_triton_first
 from capsule_rollout.envs.mujoco_capsule import Camera, CaptureSpec, MujocoCapsuleEnv, find_physics
 from capsule_rollout.envs.rollout_env import RolloutEnv
 from capsule_rollout.extras import install_command
-from capsule_rollout.import_path import resolve, split_kwargs
+from capsule_rollout.import_path import OBJECTS, resolve, split_kwargs
 from capsule_rollout.user_code import UserCodeError, one_line, user_frames
 
 
@@ -76,6 +76,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
 def parse_env_id(env_id: str) -> tuple[Suite | None, str]:
     """(suite, task) for `suite:task`; (None, env_id) for an import path `package.module:factory`."""
     prefix, sep, rest = env_id.partition(":")
+    if prefix == OBJECTS and rest:  # a factory handed over in Python (`import_path.object_source`)
+        return None, env_id
     if not sep or not rest:
         raise ValueError(f"env id {env_id!r}: write `suite:task` (suites: {', '.join(SUITES)}) or an import "
                          "path `package.module:factory`")
