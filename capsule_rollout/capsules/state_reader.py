@@ -309,21 +309,20 @@ class Decoder:
         if outer > self.deepest:
             self.deepest = outer
 
-    def _hashes(self, keys: Any, what: str) -> None:
-        """Refuse keys of which more than `MAX_SAME_HASH` share a hash (strings are hashed with a per-process
-        secret, so only other keys are counted)."""
-        counts: dict[int, int] = {}
-        for k in keys:
-            if type(k) is str:
-                continue
-            try:
-                h = hash(k)
-            except TypeError as exc:
-                raise StateDecodeError(f"{what} that cannot be hashed ({exc})") from None
-            c = counts[h] = counts.get(h, 0) + 1
-            if c > MAX_SAME_HASH:
-                raise StateDecodeError(f"{what}s of which more than {MAX_SAME_HASH} share a hash (they would take "
-                                       "quadratic time): refused")
+    @staticmethod
+    def _same_hash(counts: dict[int, int], key: Any, what: str) -> None:
+        """Count `key`'s hash in `counts`; refuse past `MAX_SAME_HASH` keys of one hash (strings are hashed with a
+        per-process secret, so only other keys are counted), or a key that cannot be hashed."""
+        if type(key) is str:
+            return
+        try:
+            h = hash(key)
+        except TypeError as exc:
+            raise StateDecodeError(f"{what} that cannot be hashed ({exc})") from None
+        c = counts[h] = counts.get(h, 0) + 1
+        if c > MAX_SAME_HASH:
+            raise StateDecodeError(f"{what}s of which more than {MAX_SAME_HASH} share a hash (they would take "
+                                   "quadratic time): refused")
 
     def _npscalar(self, depth: int) -> Any:
         dt = self._dtype(depth)
@@ -355,7 +354,9 @@ class Decoder:
             outer = self._enter(depth)
             items = [self._value(depth + 1) for _ in range(n)]
             self._leave(i, depth, outer)
-            self._hashes(items, "a set member")
+            counts: dict[int, int] = {}
+            for k in items:
+                self._same_hash(counts, k, "a set member")
             self._spend(64 * n)  # at least the set's table, before it is made
             try:
                 out = set(items) if tag == SET else frozenset(items)
@@ -391,16 +392,11 @@ class Decoder:
         value = self._value
         if isinstance(out, dict):
             n = self._count("a mapping", 2)
-            counts: dict[int, int] = {}
+            counts = {}
             for _ in range(n):
                 k = value(depth + 1)
+                self._same_hash(counts, k, "a mapping key")
                 try:
-                    if type(k) is not str:  # strings hash with a per-process secret
-                        h = hash(k)
-                        c = counts[h] = counts.get(h, 0) + 1
-                        if c > MAX_SAME_HASH:
-                            raise StateDecodeError(f"a mapping of which more than {MAX_SAME_HASH} keys share a hash "
-                                                   "(they would take quadratic time): refused")
                     out[k] = value(depth + 1)
                 except TypeError as exc:
                     raise StateDecodeError(f"a mapping key that cannot be hashed ({exc})") from None
