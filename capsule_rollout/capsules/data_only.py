@@ -33,6 +33,10 @@ from capsule_rollout.capsules.graph_walk import Path, fmt
 from capsule_rollout.capsules.state_codec import _SUBCLASS_BASES, SAFE_TYPES, loaded
 from capsule_rollout.capsules.trust import safe_type
 
+HOW_TO_TRUST = ("Restore it with --trust-code only if you would run this file as code, or declare the class safe "
+                "(capsules.add_safe_types) if it is a plain record")
+"""The end of every data-level refusal: what the user can do instead."""
+
 
 class DataOnlyError(ValueError):
     """A capsule restored at the data level holds more than data at a place; the message names it."""
@@ -168,6 +172,4 @@ class DataOnlyCheck:
     @staticmethod
     def _refuse(new: Any, old: Any, where: str) -> None:
         raise DataOnlyError(f"the capsule puts {_describe(new)} at {where}, where the env built here holds "
-                            f"{_describe(old)}: a capsule restored as data (--trust) sets data only. Restore it with "
-                            "--trust-code only if you would run this file as code, or declare the class safe "
-                            "(capsules.add_safe_types) if it is a plain record")
+                            f"{_describe(old)}: a capsule restored as data (--trust) sets data only. {HOW_TO_TRUST}")

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from capsule_rollout.capsules import state_codec
-from capsule_rollout.capsules.data_only import DataOnlyCheck, DataOnlyError
+from capsule_rollout.capsules.data_only import HOW_TO_TRUST, DataOnlyCheck, DataOnlyError
 from capsule_rollout.capsules.graph_apply import MISSING, NoAliases, NoStructs, apply_state, state_of
 from capsule_rollout.capsules.graph_dump import differing_paths, dump_graph, unencodable  # noqa: F401 - differing_paths: API
 from capsule_rollout.capsules.graph_names import GraphNamespace, type_key
@@ -298,9 +298,8 @@ class GraphState:
                     if data_only and not safe_type(kind):
                         raise GraphStateError(
                             f"the capsule makes a {key} at {fmt(path)}, where the env built here holds none of that "
-                            "class: a capsule restored as data (--trust) never makes an instance the env does not "
-                            "hold. Restore it with --trust-code only if you would run this file as code, or declare "
-                            "the class safe (capsules.add_safe_types) if it is a plain record")
+                            f"class: a capsule restored as data (--trust) never makes an instance the env does not "
+                            f"hold. {HOW_TO_TRUST}")
                     target = new_instance(kind)
                 except StateDecodeError as exc:
                     raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
