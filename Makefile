@@ -48,7 +48,7 @@ OPENPI_VENV ?= .venv-openpi
 OPENPI_SPEC ?= openpi-client==0.1.2 typing_extensions==4.16.0
 OPENPI_STAMP := $(OPENPI_VENV)/.installed
 
-.PHONY: install test test-slow lint lerobot-venv suites-venv openpi-venv demo bench gpu-check gpu-present clean
+.PHONY: install test test-unit test-integration test-slow lint lerobot-venv suites-venv openpi-venv demo bench gpu-check gpu-present clean
 
 install: $(STAMP)
 
@@ -59,11 +59,34 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -e ".[dev]" -c constraints.txt
 	touch $(STAMP)
 
-test: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+# `make test`: the unit tier (neither Ray nor training; in parallel, one worker per core), then the integration
+# tier (Ray, training, the command line, one at a time: its tests time hangs and deadlines). tests/conftest.py says
+# which is which, and fails a unit-tier test that starts Ray.
+UNIT_WORKERS ?= auto
+test: test-unit test-integration
+
+test-unit: $(STAMP)
+	CAPSULE_ROLLOUT_TEST_TIER=unit $(PY) -m pytest -m "not slow and not integration" -n $(UNIT_WORKERS) --durations=10 $(PYTEST_ARGS)
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -m "not slow and integration" --durations=10 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# The docs site (mkdocs.yml, docs/): the `docs` extra (MkDocs, Material, mkdocstrings; exact versions in
+# constraints.txt) installed into the venv once, then a strict build into site/ (a broken link or a docstring
+# mkdocstrings cannot read fails it). The reference pages are made from the code at every build.
+# NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2 left out of the log.
+DOCS_STAMP := $(VENV)/.docs-installed
+.PHONY: docs
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml constraints.txt
+	$(PY) -m pip install -e ".[docs]" -c constraints.txt
+	touch $@
 
 test-slow: $(STAMP) $(LEROBOT_PROJECT_STAMP) $(SUITES_STAMP) $(OPENPI_STAMP)
 	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
@@ -115,20 +138,41 @@ demo: $(STAMP)
 	$(PY) -m capsule_rollout replay --store $(DEMO_OUT)/sim_rollout/episodes.zarr --episode pick_place-s1000000 --json $(DEMO_OUT)/replay.json
 	$(PY) -m capsule_rollout verify_capsule --json $(DEMO_OUT)/verify_capsule.json
 
+# Every benchmark (benchmarks/: run from the repository's root, not shipped in the wheel), each writing its section
+# of $(BENCH_DOCS) and its summary to runs/bench/. The LeRobot ones run in LeRobot's venv when it is there
+# (`make lerobot-venv`); the LeRobot policy one needs trained policies: BENCH_LEROBOT_POLICIES="DIR ...". The
+# suites' own envs (`benchmarks.env --env` in `make suites-venv`'s venv) and the GPU checks (`make gpu-check`) run
+# apart: benchmarks/README.md.
+BENCH_DOCS ?= docs/BENCHMARKS.md
+BENCH_LEROBOT_POLICIES ?=
+
 bench: $(STAMP)
-	$(PY) -m capsule_rollout bench_capsules --json runs/bench/bench_capsules.json --docs docs/BENCHMARKS.md
-	$(PY) -m capsule_rollout bench_env --json runs/bench/bench_env.json --docs docs/BENCHMARKS.md
-	$(PY) -m capsule_rollout bench_policy --json runs/bench/bench_policy.json --docs docs/BENCHMARKS.md
-	$(PY) -m capsule_rollout bench_rollout --json runs/bench/bench_rollout.json --docs docs/BENCHMARKS.md
-	$(PY) -m capsule_rollout bench_slots --json runs/bench/bench_slots.json --docs docs/BENCHMARKS.md
-	$(PY) -m capsule_rollout bench_tasks --json runs/bench/bench_tasks.json --docs docs/BENCHMARKS.md
+	$(PY) -m benchmarks.capsules --json runs/bench/bench_capsules.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.env --json runs/bench/bench_env.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.env --env gymnasium:Pusher-v5 gymnasium:Ant-v5 gymnasium:Hopper-v5 gymnasium:InvertedPendulum-v5 gymnasium:Humanoid-v5 --resets 1000 --json runs/bench/bench_suite_envs.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.restore_levers --json runs/bench/restore_levers.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.policy --json runs/bench/bench_policy.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.remote_policy --rounds 1000 --json runs/bench/bench_remote_policy.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.rollout --json runs/bench/bench_rollout.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.slots --json runs/bench/bench_slots.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.slot_memory --json runs/bench/bench_slot_memory.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.tasks --json runs/bench/bench_tasks.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.recording --json runs/bench/bench_recording.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.checksums --json runs/bench/bench_checksums.json --docs $(BENCH_DOCS)
+	$(PY) -m benchmarks.bridge --json runs/bench/bench_bridge.json --docs $(BENCH_DOCS)
 	$(PY) -m capsule_rollout collect_demos --episodes 200 --out runs/bench/demos200.zarr --no-progress
-	$(PY) -m capsule_rollout bench_lerobot --rounds 5 --svt_presets 7 8 10 --json runs/bench/bench_lerobot.json --docs docs/BENCHMARKS.md
+	$(PY) -m benchmarks.lerobot_dataset --rounds 5 --svt_presets 7 8 10 --json runs/bench/bench_lerobot.json --docs $(BENCH_DOCS)
+	if [ -x $(LEROBOT_VENV)/bin/python ]; then \
+	  $(LEROBOT_VENV)/bin/python -m benchmarks.lerobot_bridge --json runs/bench/bench_lerobot_bridge.json --docs $(BENCH_DOCS); \
+	else echo "bench: lerobot_bridge skipped: no $(LEROBOT_VENV) (make lerobot-venv)"; fi
+	if [ -x $(LEROBOT_VENV)/bin/python ] && [ -n "$(BENCH_LEROBOT_POLICIES)" ]; then \
+	  $(LEROBOT_VENV)/bin/python -m benchmarks.lerobot_policy --policies $(BENCH_LEROBOT_POLICIES) --json runs/bench/bench_lerobot_policy.json --docs $(BENCH_DOCS); \
+	else echo "bench: lerobot_policy skipped: it needs $(LEROBOT_VENV) and BENCH_LEROBOT_POLICIES=\"DIR ...\" (LeRobot policies)"; fi
 
 # On a machine with an NVIDIA GPU and its driver: installs the CUDA build of torch into the
 # venv (GPU_TORCH_SPEC from the index in GPU_TORCH_PIP_ARGS), then runs every check of the
-# CUDA path (experiments/gpu_check.py: GPU tests, verify_capsule, bench_capsules, bench_policy,
-# sim_rollout on 2 actors with half a GPU each, a replay) and writes one JSON report,
+# CUDA path (benchmarks/gpu_check.py: GPU tests, verify_capsule, the capsules and policy benchmarks,
+# sim_rollout on 2 actors with half a GPU each, the slots' GPU check, a replay) and writes one JSON report,
 # $(GPU_CHECK_OUT)/gpu_check.json. Without a GPU it stops at once, before installing anything.
 # GPU_CHECK_ARGS="--docs docs/BENCHMARKS.md" also writes the figures into BENCHMARKS.
 GPU_TORCH_SPEC ?= $(TORCH_SPEC)
@@ -144,7 +188,7 @@ gpu-check: gpu-present $(STAMP)
 	  echo "gpu-check: installing the CUDA build of torch: $(GPU_TORCH_SPEC) $(GPU_TORCH_PIP_ARGS)"; \
 	  $(PY) -m pip install --force-reinstall --no-deps "$(GPU_TORCH_SPEC)" $(GPU_TORCH_PIP_ARGS) && \
 	  $(PY) -m pip install "$(GPU_TORCH_SPEC)" $(GPU_TORCH_PIP_ARGS); }
-	$(PY) -m capsule_rollout gpu_check --out $(GPU_CHECK_OUT) --json $(GPU_CHECK_OUT)/gpu_check.json $(GPU_CHECK_ARGS)
+	$(PY) -m benchmarks.gpu_check --out $(GPU_CHECK_OUT) --json $(GPU_CHECK_OUT)/gpu_check.json $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(LEROBOT_VENV) $(SUITES_VENV) $(OPENPI_VENV) runs .pytest_cache .hypothesis

@@ -27,11 +27,41 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "project"))
 DEVICES = ["cpu", "cuda"] if HAS_CUDA else ["cpu"]
 
 
+# Test tiers (Makefile: `make test-unit`, then `make test-integration`; `make test` runs both). A test is in the
+# integration tier when it is marked `ray` or lives in one of these places (the command line, benchmarks, the
+# examples, training and learning loops): it starts Ray or trains a model. Everything else is the unit tier, which
+# runs in parallel (pytest-xdist) and in which starting Ray is an error naming this list (`_unit_tier_starts_no_ray`).
+INTEGRATION = ("tests/experiments/", "tests/benchmarks/", "tests/learning/", "tests/test_examples.py",
+               "tests/reliability/test_ray_driver_faults.py", "tests/reliability/test_store_damage.py",
+               "tests/critics/test_value_critic.py", "tests/rollout/test_slot_check.py", "tests/rollout/test_slots.py",
+               "tests/rollout/test_preflight.py", "tests/rollout/test_record.py", "tests/rollout/test_served_sources.py",
+               "tests/rollout/test_infer_rows.py", "tests/rollout/test_remote_policy.py", "tests/test_import_path.py")
+UNIT_TIER = os.environ.get("CAPSULE_ROLLOUT_TEST_TIER") == "unit"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        where = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
+        if "ray" in item.keywords or where.startswith(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_no_ray(monkeypatch):
+    """In the unit tier, a test that starts Ray fails with the line that says where it belongs."""
+    if UNIT_TIER:
+        ray = pytest.importorskip("ray")
+
+        def refuse(*args, **kwargs):
+            raise RuntimeError("this test starts Ray: it belongs to the integration tier (mark it `ray`, or add its "
+                               "module to INTEGRATION in tests/conftest.py)")
+
+        monkeypatch.setattr(ray, "init", refuse)
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """DESIGN.md section 2: imports go one way; only rollout/ imports ray; capsules/ imports only
-torch/numpy/triton/safetensors; commands in experiments/ never import each other."""
+torch/numpy/triton/safetensors; commands in experiments/ never import each other; the repository's benchmarks/
+(not shipped) import the package, which never imports them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import pytest
 NS = "capsule_rollout"  # the one import namespace; its layers are subpackages
 ROOT = Path(__file__).resolve().parents[1] / NS
 PACKAGES = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "tabletop", "commands",
-            "benchmarks", "experiments", "robot_side")
+            "experiments", "robot_side")
+# the repository's, beside the package and never shipped with it: benchmarks/ imports the package; the package
+# imports none of them
+REPOSITORY_ONLY = ("benchmarks", "tests", "examples")
+BENCHMARKS = ROOT.parent / "benchmarks"
 # The core: knows nothing of the tabletop example, which plugs into it as a user's package does (entry points)
 CORE = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "robot_side")
 # what runs on the robot's computer (numpy alone, LeRobot inside functions): these modules of envs/ and no other
@@ -31,10 +36,8 @@ ALLOWED = {
     "learning": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout"},
     "tabletop": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
     "commands": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
-    "benchmarks": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
-                   "commands", "robot_side"},
     "experiments": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
-                    "commands", "benchmarks", "robot_side"},
+                    "commands", "robot_side"},
     "robot_side": ROBOT_SIDE_ENVS,
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
@@ -75,6 +78,9 @@ def violations(package: str, source: str, package_path: str | None = None) -> li
             found.append(f"{package} imports {absolute}: only rollout/ may import ray")
         if top in PACKAGES:
             found.append(f"{package} imports {absolute}: the project's layers are imported as {NS}.{absolute}")
+            continue
+        if top in REPOSITORY_ONLY:
+            found.append(f"{package} imports {absolute}: the package never imports the repository's {top}/ (not shipped)")
             continue
         mod = layer_of(absolute)
         if mod is None:
@@ -149,6 +155,9 @@ def test_the_namespace_root_imports_no_layer():
          "policies imports envs.tabletop"),
         ("rollout", "import envs.tabletop", "imported as capsule_rollout.envs.tabletop"),
         ("rollout", "from capsule_rollout import learning", "rollout imports learning"),
+        ("experiments", "from benchmarks.capsules import run", "never imports the repository's benchmarks/"),
+        ("commands", "def f():\n    import benchmarks.harness\n", "never imports the repository's benchmarks/"),
+        ("rollout", "from tests.rollout.fakes import fake_episode", "never imports the repository's tests/"),
     ],
 )
 def test_checker_flags_wrong_imports(package, source, fragment):
@@ -168,6 +177,32 @@ def test_checker_flags_wrong_imports(package, source, fragment):
 )
 def test_checker_allows_right_imports(package, source):
     assert violations(package, source, f"{NS}.{package}.sub") == []
+
+
+def test_nothing_in_the_package_imports_the_repositorys_benchmarks_tests_or_examples():
+    """Every module of the package, its root modules and `__main__` included: a wheel has no benchmarks/, tests/ or
+    examples/ to import."""
+    problems = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        package_path = ".".join(rel.parts if rel.parts[-1] == "__init__" else rel.parts[:-1])
+        problems += [f"{rel}: imports {m}" for m in imported_modules(path.read_text(), package_path)
+                     if m.split(".")[0] in REPOSITORY_ONLY]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_benchmarks_import_the_package_by_its_name_and_nothing_of_the_repository():
+    """benchmarks/ may import anything of the package (as `capsule_rollout.*`) and each other's shared modules; never
+    a bare layer name, tests/ or examples/ (an example env is named by its import path, as a user names theirs), nor
+    ray (rollout/ starts it)."""
+    assert sorted(p.stem for p in BENCHMARKS.glob("*.py"))  # the directory is where this test looks
+    problems = []
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        for mod in imported_modules(path.read_text(), "benchmarks"):
+            top = mod.split(".")[0]
+            if top in PACKAGES or top in ("tests", "examples", "ray"):
+                problems.append(f"benchmarks/{path.name} imports {mod}")
+    assert not problems, "\n".join(problems)
 
 
 # what every command shares; commands import these, never each other (shared code lives in learning/)

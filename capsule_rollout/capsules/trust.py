@@ -1,6 +1,6 @@
 """How far a capsule's bytes are trusted when they are restored: `Trust`, carried by a `Capsule` in memory (set by
 whoever read it, never read from a file), and the classes a user declares safe to make from a capsule at the data
-level. The levels (README and docs/DESIGN.md carry the same table):
+level. The levels (docs/how-to/sharing-capsules.md and docs/DESIGN.md carry the same table):
 
 - `OWN`: a capsule made in this process, or read from a file signed with this user's key. A restore sets what the
   env made: any state of the env's own graph (`capsules.graph_state`), instances of its classes made fresh.

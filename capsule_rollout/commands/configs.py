@@ -8,18 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from capsule_rollout.commands.bench_configs import (  # noqa: F401 - the benchmarks' configs
-    BenchBridgeConfig,
-    BenchCapsulesConfig,
-    BenchChecksumsConfig,
-    BenchEnvConfig,
-    BenchLeRobotBridgeConfig,
-    BenchLeRobotConfig,
-    BenchPolicyConfig,
-    BenchRecordingConfig,
-    BenchRemotePolicyConfig,
-    BenchRolloutConfig,
-)
 from capsule_rollout.commands.registry import command
 from capsule_rollout.commands.serve_configs import ServePolicyConfig  # noqa: F401 - serve_policy's config
 from capsule_rollout.commands.store_configs import (  # noqa: F401 - the store tools' configs
@@ -29,7 +17,7 @@ from capsule_rollout.commands.store_configs import (  # noqa: F401 - the store t
     VerifyStoreConfig,
 )
 from capsule_rollout.commands.study_configs import RecapStudyConfig  # noqa: F401 - recap_study's config
-from capsule_rollout.commands.tool_configs import GpuCheckConfig, ScanEnvConfig, SimRobotServerConfig  # noqa: F401
+from capsule_rollout.commands.tool_configs import ScanEnvConfig, SimRobotServerConfig  # noqa: F401
 from capsule_rollout.input_bounds import check_finite, check_seeds
 from capsule_rollout.learning.options import (  # noqa: F401 - the learning layer's options are commands' configs too
     ADVANTAGE,
@@ -353,7 +341,7 @@ class ReplayConfig:
     trust: bool = False
     """Replay a capsule that is not signed with this user's key (one from elsewhere) as data: its state restores
     only where it is data or what the env built here holds already, and no code its run names is called (give
-    --env, --policy or --critic yourself). See the trust levels in the README."""
+    --env, --policy or --critic yourself). See the trust levels in docs/how-to/sharing-capsules.md."""
     trust_code: bool = False
     """Replay a capsule not signed with this user's key as code: as powerful as pickle (the state may install
     objects and methods the env then calls, the run's factories and observers are called). Only for files you

@@ -1,8 +1,10 @@
-"""Registry of named experiments: name -> default config + runner (imported lazily).
+"""Registry of named experiments: name -> default config + runner (imported lazily), and the groups `--help` lists
+them in.
 
 A command registers by decorating its config class (`@command("name", "summary")`, next to the config in
-`configs.py` / `bench_configs.py`); the runner is `experiments.<name>:run` unless named. Only the configs are
-imported to list or parse commands (standard library only): a runner is imported when its command runs.
+`configs.py` and its siblings); the runner is `experiments.<name>:run` unless named. Only the configs are
+imported to list or parse commands (standard library only): a runner is imported when its command runs. The
+project's benchmarks are no commands: they live apart from the package (`benchmarks/` in the repository).
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ class Experiment:
 
 
 _REGISTRY: dict[str, Experiment] = {}
+
+# What users do, in the order `--help` lists it; each command in one group, in the order a user meets it
+GROUPS: dict[str, tuple[str, ...]] = {
+    "run and replay": ("sim_rollout", "replay", "eval_policy", "serve_policy"),
+    "inspect and verify": ("verify_capsule", "verify_store", "scan_env"),
+    "data": ("collect_demos", "consolidate", "export_lerobot", "import_lerobot"),
+    "robot": ("real_recap", "sim_robot_server"),
+    "learning": ("train_policy", "train_critic", "train_state_policy", "export_checkpoint", "label_advantages", "recap",
+                 "recap_study", "value_ceiling"),
+}
 
 
 def register(experiment: Experiment) -> None:
@@ -71,3 +83,13 @@ def get(name: str) -> Experiment:
 
 def names() -> list[str]:
     return sorted(_registered())
+
+
+def groups() -> dict[str, list[Experiment]]:
+    """Every command under its group (`GROUPS`), in the groups' order; one no group names comes last, under
+    "other", so that `--help` never hides a command."""
+    registry = _registered()
+    out = {group: [registry[name] for name in members if name in registry] for group, members in GROUPS.items()}
+    placed = {name for members in GROUPS.values() for name in members}
+    other = [registry[name] for name in sorted(registry) if name not in placed]
+    return {**out, **({"other": other} if other else {})}

@@ -1,5 +1,5 @@
-"""Configs of the project's own tools: `sim_robot_server` (the tabletop sim as a robot over the bridge), `gpu_check`
-(every check of the CUDA path in one run) and `scan_env` (the hidden-state scan of an env)."""
+"""Configs of the project's own tools: `sim_robot_server` (the tabletop sim as a robot over the bridge) and `scan_env`
+(the hidden-state scan of an env)."""
 
 from __future__ import annotations
 
@@ -26,30 +26,6 @@ class SimRobotServerConfig:
     """Serve this long, then stop (0: until Ctrl-C)."""
     realtime: bool = True
     """Step at the robot's control rate (10 Hz) like real hardware, so operator keys have time to act."""
-
-
-@command(
-    'gpu_check',
-    "Every check of the CUDA path in one run (GPU tests, verify, benchmarks, GPU actors, replay); one JSON report.",
-)
-@dataclass(frozen=True)
-class GpuCheckConfig:
-    out: str = "runs/gpu_check"
-    """Directory for every step's JSON summary and log, the rollout's episodes and the report (gpu_check.json)."""
-    episodes: int = 4
-    """sim_rollout episodes (2 actors with half a GPU each); the first one recorded is replayed."""
-    rounds: int = 100
-    """Timed rounds of bench_capsules and bench_policy."""
-    step_timeout_s: float = 1800.0
-    """A step still running after this many seconds is stopped and recorded as timed out."""
-    docs: str = ""
-    """Markdown file whose gpu_check section gets the report's figures (e.g. docs/BENCHMARKS.md); empty: none."""
-
-    def __post_init__(self) -> None:
-        if self.episodes < 1 or self.rounds < 3:
-            raise ValueError("--episodes must be >= 1 and --rounds >= 3")
-        if self.step_timeout_s <= 0:
-            raise ValueError(f"--step_timeout_s must be positive, got {self.step_timeout_s}")
 
 
 @command("scan_env", "hidden-state scan of a gymnasium MuJoCo env: candidate capture declarations")

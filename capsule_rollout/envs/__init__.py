@@ -26,6 +26,6 @@ _EXPORTS = {
     "CaptureSpec": "capsule_rollout.envs.mujoco_capsule",
     "Camera": "capsule_rollout.envs.mujoco_capsule",
     "Attr": "capsule_rollout.envs.mujoco_capsule",
-    "describe_env": "capsule_rollout.envs.describe_env",
+    "describe_env": "capsule_rollout.envs.describe",
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

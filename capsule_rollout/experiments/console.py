@@ -7,21 +7,10 @@ import os
 import sys
 
 from rich.console import Console
-from rich.table import Table
 
 
 def make_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 150)
-
-
-def measure_table(title: str, rows) -> Table:
-    """A benchmark's (measure, value, target) rows as a table."""
-    table = Table(title=title)
-    for col in ("measure", "value", "target"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*row)
-    return table
 
 
 def process_age_s() -> float | None:

@@ -15,7 +15,7 @@ from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.input_bounds import check_run
 from capsule_rollout.learning.evaluation import EpisodesLostError, evaluate_spec
 from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
-from capsule_rollout.rollout.preflight import preflight
+from capsule_rollout.rollout.preflight_checks import preflight
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
 from capsule_rollout.rollout.record import absolute_source
 from capsule_rollout.rollout.rollout_host import HostConfig

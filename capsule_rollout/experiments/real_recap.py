@@ -6,7 +6,7 @@ labels), takes over (those steps come from the robot side's teleoperation device
 and are flagged as interventions), coaches new subtasks or e-stops, at this terminal or, when the robot side
 reads operator input of its own (a LeRobot teleoperator's buttons), there too. Episodes go to
 `<out>/npz/<episode_id>.npz` and `<out>/episodes.zarr`. Against a sim robot:
-start `SimRobotServer` (see the README) and point --robot.port at it.
+start `SimRobotServer` (see docs/how-to/robot.md) and point --robot.port at it.
 """
 
 from __future__ import annotations

@@ -14,10 +14,12 @@ from capsule_rollout.user_code import UserCodeError
 
 
 def _usage() -> str:
-    lines = ["usage: python -m capsule_rollout NAME [--field value ...] [--json PATH]", "", "experiments:"]
-    for name in registry.names():
-        lines.append(f"  {name:<18} {registry.get(name).summary}")
-    lines.append("\n`python -m capsule_rollout NAME --help` lists an experiment's options.")
+    lines = ["usage: python -m capsule_rollout NAME [--field value ...] [--json PATH]"]
+    width = max(map(len, registry.names()))
+    for group, experiments in registry.groups().items():
+        lines += ["", f"{group}:"]
+        lines += [f"  {e.name:<{width}}  {e.summary}" for e in experiments]
+    lines.append("\n`python -m capsule_rollout NAME --help` lists a command's options.")
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
 from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
 from capsule_rollout.rollout.branching import require_capturable_source
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
-from capsule_rollout.rollout.preflight import preflight
+from capsule_rollout.rollout.preflight_checks import preflight
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.tabletop.evaluation import task_phase
 

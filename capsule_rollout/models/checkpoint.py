@@ -194,7 +194,7 @@ def export_weights(source: str | os.PathLike, destination: str | os.PathLike, *,
     The weights are validated against the source's sha256 first; `note` is merged
     into the JSON's `info` (e.g. how the checkpoint was made and evaluated). Paths in the
     JSON are made relative to `root` (default: the working directory, the repository when
-    run as the README says) or dropped (`portable_paths`).
+    run from the repository root) or dropped (`portable_paths`).
     """
     ckpt = Checkpoint(source)
     destination = Path(destination)

@@ -6,14 +6,14 @@ capsules to these weights, the language slot every model reads (`set_language`),
 and the `GraphRunner` that runs its buffer-to-buffer function: one CUDA graph on a
 GPU, the network traced to TorchScript (or eager) on the CPU.
 
-Batch invariance: a row's result is what a runtime of batch 1 computes for it, whatever the batch. A matrix
-product's kernel is chosen by its number of rows, and on this project's CPU 1, 2-3 and 5-7 rows each round
-differently from 4, 8 or 16, and a convolution of one image can round differently from one of several; norms
-and softmax do not depend on the batch (measured). So the runtime's copy of the model computes every linear layer
-over its rows padded to a multiple of `LINEAR_ROWS` and every convolution over its images padded to a multiple of
-`CONV_IMAGES` (`invariant_copy`), and runs the rows in one call where that gives each row what it gets alone (`rows_agree`,
-checked on random rows when the runtime is made), else one row at a time: an episode is then the same in a host
-of any number of slots, a function of its work item alone.
+Batch invariance: a row's result is what a runtime of batch 1 computes for it, whatever the batch, the row's
+position and the CPU's kernels. A library's matrix product rounds by the order of its sums, and picks that order by
+the number of rows and the instruction set; so the runtime's copy of the model (`invariant_copy`) computes every
+linear layer and convolution with exact sums (`models.exact_sums`), where the order cannot matter, and leaves to the
+library only what never mixes rows (element-wise operations; norms and softmax over one row). A module with sums
+of its own (a matrix product outside a layer) says how to make them exact: `exact_sums()`, called on the copy.
+`rows_agree` still checks, where the runtime is made, that one call gives every row what it gets alone (a user's
+module may sum in a way the copy does not know), and the rows then run one at a time if not.
 """
 
 from __future__ import annotations
@@ -31,36 +31,50 @@ import torch.nn.functional as F
 
 from capsule_rollout.capsules import BufferComponent
 from capsule_rollout.capsules.fingerprint import module_sha256
+from capsule_rollout.models.exact_sums import ExactWeights, exact_linear
 from capsule_rollout.models.graph_runner import GraphRunner, trace_on_cpu
 from capsule_rollout.models.inputs import observation_keys, write_language
 
-LINEAR_ROWS = 4  # a linear layer's rows padded to a multiple of this (on this CPU, 4k rows round alike)
-CONV_IMAGES = 2  # a convolution's images padded to a multiple of this (on this CPU, one image alone rounds apart)
-_invariant = [True]
+SUMS = ("exact", "padded")
+"""How a batch-invariant runtime sums: `exact` (`models.exact_sums`, in a capsule's fingerprint as `sums`); `padded`:
+how runs recorded before exact sums played (linear layers over rows padded to a multiple of 4, convolutions over
+images in pairs; no `sums` in the fingerprint), kept so that they replay as they played."""
+LINEAR_ROWS, CONV_IMAGES = 4, 2  # `padded`
+_invariant: list[tuple[bool, str]] = [(True, "exact")]
 
 
 @contextmanager
-def batch_invariance(on: bool) -> Iterator[None]:
-    """Runtimes made inside are batch-invariant (`ModelRuntime`'s `batch_invariant`) unless told; off: the
-    network over the batch as it is (for benchmarks and checks that compare with it)."""
-    _invariant.append(on)
+def batch_invariance(on: bool, sums: str = "exact") -> Iterator[None]:
+    """Runtimes made inside are batch-invariant (`ModelRuntime`'s `batch_invariant`), summing as `sums`, unless
+    told; off: the network over the batch as it is (for benchmarks and checks that compare with it)."""
+    if sums not in SUMS:
+        raise ValueError(f"sums is one of {SUMS}, got {sums!r}")
+    _invariant.append((on, sums))
     try:
         yield
     finally:
         _invariant.pop()
 
 
+def _linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return exact_linear(x, layer.exact_t, layer.exact_bias, layer.exact_bits_in)
+
+
+def _conv_per_image(layer: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """`layer(x)`, each image by the call a batch of one makes (the same shapes, the same kernel), output in
+    contiguous (N, C, H, W)."""
+    return torch.cat([layer._conv_forward(x[i: i + 1], layer.weight, layer.bias).contiguous()
+                      for i in range(x.shape[0])])
+
+
 def _padded(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, multiple: int) -> torch.Tensor:
-    """`fn(x)` with `x`'s first dimension padded with zeros to a multiple of `multiple` (the padding's results
-    dropped)."""
     short = -x.shape[0] % multiple
     if not short:
         return fn(x)
     return fn(torch.cat([x, x.new_zeros((short, *x.shape[1:]))]))[: x.shape[0]]
 
 
-def _linear_in_row_blocks(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)` with `x`'s rows (every leading dimension) padded with zero rows to a multiple of `LINEAR_ROWS`."""
+def _linear_padded(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not m % LINEAR_ROWS:
         return F.linear(x, layer.weight, layer.bias)
@@ -68,27 +82,31 @@ def _linear_in_row_blocks(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tens
     return rows.reshape(*x.shape[:-1], layer.out_features)
 
 
-def _conv_in_image_pairs(layer: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)` with `x`'s images padded with zero images to a multiple of `CONV_IMAGES`."""
+def _conv_padded(layer: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return _padded(lambda images: layer._conv_forward(images, layer.weight, layer.bias), x, CONV_IMAGES)
 
 
-def invariant_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `model` whose linear layers compute their rows in blocks of `LINEAR_ROWS` (`_linear_in_row_blocks`)
-    and whose 2-D convolutions take their images in pairs (`_conv_in_image_pairs`): a matrix product's kernel is
-    chosen by its number of rows, and 1, 2-3 or 5-7 rows round differently from 4k; a 64-channel 3x3 convolution
-    of one 16x16 image rounds differently from one of 2 or more (norms and softmax do not depend on the batch:
-    measured). The same parameters' values, so the same weights hash; the caller's model is left as it is (it may
-    go on training)."""
-    if getattr(model, "_rows_in_blocks", False):
+def invariant_copy(model: torch.nn.Module, sums: str = "exact") -> torch.nn.Module:
+    """A copy of `model` whose linear layers sum exactly (`models.exact_sums`), whose 2-D convolutions take each
+    image as a batch of one does, and whose modules with an `exact_sums()` method have had it called (`sums`
+    "padded": the layers of runs recorded before, see `SUMS`). The same parameters' values, so the same weights
+    hash; the caller's model is left as it is (it may go on training)."""
+    if getattr(model, "_sums", None) == sums:
         return model
     copy = deepcopy(model)
     for layer in copy.modules():
-        if isinstance(layer, torch.nn.Linear):
-            layer.forward = partial(_linear_in_row_blocks, layer)
-        elif type(layer) is torch.nn.Conv2d and layer.padding_mode == "zeros":
-            layer.forward = partial(_conv_in_image_pairs, layer)
-    copy._rows_in_blocks = True
+        if isinstance(layer, torch.nn.Linear) and sums == "exact":
+            weights = ExactWeights(layer.weight, layer.bias)
+            weights.register(layer)
+            layer.exact_bits_in = weights.bits_in
+            layer.forward = partial(_linear, layer)
+        elif isinstance(layer, torch.nn.Linear):
+            layer.forward = partial(_linear_padded, layer)
+        elif type(layer) is torch.nn.Conv2d:
+            layer.forward = partial(_conv_per_image if sums == "exact" else _conv_padded, layer)
+        elif sums == "exact" and callable(getattr(layer, "exact_sums", None)):
+            layer.exact_sums()
+    copy._sums = sums
     return copy
 
 
@@ -131,18 +149,23 @@ class ModelRuntime(BufferComponent):
     KIND: ClassVar[str] = "model"
 
     def __init__(self, model: torch.nn.Module, *, name: str, device: str, batch: int, capture: bool | None,
-                 trace: bool | None, batch_invariant: bool | None = None, **fingerprint: str) -> None:
+                 trace: bool | None, batch_invariant: bool | None = None, sums: str | None = None,
+                 **fingerprint: str) -> None:
         """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`).
-        `batch_invariant`: a row's result the same at any batch size (the model's copy in `invariant_copy`; the
-        rows in one call where `rows_agree`, else one at a time); False: the batch as it is, which rounds by its
-        size. None: True, or what `batch_invariance` sets.
+        `batch_invariant`: a row's result the same at any batch size (the model's copy in `invariant_copy`, with
+        exact sums; the rows in one call where `rows_agree`, else one at a time); False: the library's kernels over
+        the batch as it is, which round by its size. None: True, or what `batch_invariance` sets.
         `fingerprint`: extra entries that decide what capsules fit (e.g. whether guidance runs)."""
         super().__init__()
         self.name = name
         self.device = torch.device(device)
-        self.batch_invariant = _invariant[-1] if batch_invariant is None else bool(batch_invariant)
+        on, context_sums = _invariant[-1]
+        self.batch_invariant = on if batch_invariant is None else bool(batch_invariant)
+        self.sums = (sums or context_sums) if self.batch_invariant else None
+        if self.sums is not None and self.sums not in SUMS:
+            raise ValueError(f"sums is one of {SUMS}, got {self.sums!r}")
         model = model.to(self.device).eval()  # runs under no_grad (GraphRunner)
-        self.model = invariant_copy(model) if self.batch_invariant else model
+        self.model = invariant_copy(model, self.sums) if self.batch_invariant else model
         self.config = model.config
         self.batch, self._capture, self._trace = batch, capture, trace
         self._fingerprint = {
@@ -150,6 +173,7 @@ class ModelRuntime(BufferComponent):
             "weights_sha256": module_sha256(self.model),
             "config_sha256": hashlib.sha256(json.dumps(self.config.to_json(), sort_keys=True).encode()).hexdigest()[:16],
             "batch": str(batch),
+            **({"sums": "exact"} if self.sums == "exact" else {}),
             **fingerprint,
         }
         self.runner: GraphRunner | None = None

@@ -1,7 +1,7 @@
 """Rolling out, recording, replaying and branching: the rollout host, its builders and the Ray layer.
 
 The only package that imports ray; episodes are recorded through `stores/`. What a user needs, by task
-(README, "Bring your own env, policy and critic", and `examples/`):
+(docs/how-to/own-env.md and own-policy.md, and `examples/`):
 
 - record and replay: `record_rollouts` (`sim_rollout` as a call: `RecordResult`, `RunError`), `replay_episode`
   (`ReplayReport`); `preflight` (`Preflight`, `PreflightError`) is what both run before any actor starts
@@ -28,9 +28,9 @@ _EXPORTS = {
     "replay_episode": "capsule_rollout.rollout.record",
     "ReplayReport": "capsule_rollout.rollout.record",
     "FIRST_SEED": "capsule_rollout.rollout.record",
-    "preflight": "capsule_rollout.rollout.preflight",
-    "Preflight": "capsule_rollout.rollout.preflight",
-    "PreflightError": "capsule_rollout.rollout.preflight",
+    "preflight": "capsule_rollout.rollout.preflight_checks",
+    "Preflight": "capsule_rollout.rollout.preflight_checks",
+    "PreflightError": "capsule_rollout.rollout.preflight_checks",
     "HostSpec": "capsule_rollout.rollout.host_factory",
     "build_host": "capsule_rollout.rollout.host_factory",
     "build_slots": "capsule_rollout.rollout.host_factory",

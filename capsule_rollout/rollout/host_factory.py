@@ -23,7 +23,7 @@ import torch
 from capsule_rollout.capsules import Arena, CapsuleStore
 from capsule_rollout.envs.rollout_env import ArraySpec, RolloutEnv
 from capsule_rollout.import_path import register_objects, resolve, split_kwargs
-from capsule_rollout.models.runtime import batch_invariance
+from capsule_rollout.models.runtime import SUMS, batch_invariance
 from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
 from capsule_rollout.rollout.observer import EpisodeObserver
@@ -140,6 +140,9 @@ class HostSpec:
     gives it, so an episode is the same at any slot count); False: the network over the batch as it is (a host of
     one slot about 1.3x faster with the shipped policy, episodes that change with `slots`). Part of what is
     played; a run recorded before this setting existed played as False."""
+    sums: str = "exact"
+    """How the batch-invariant runtimes sum (`models.runtime.SUMS`): "exact"; "padded" is how runs recorded before
+    exact sums played (a `rollout.json` without this setting), so that they resume and replay as they played."""
     cameras: tuple[str, ...] | None = None
     """Cameras the env renders (and episodes record), by the env's names (a camera the MuJoCo model defines
     too); () for none; None: what the policy and critic read (the env's default camera for a part that does
@@ -161,6 +164,8 @@ class HostSpec:
         check_noise_scale(self.noise_scale)
         if self.capsule_budget_mb is not None and not self.capsule_budget_mb >= 0:
             raise ValueError(f"capsule_budget_mb must be >= 0 or None, got {self.capsule_budget_mb}")
+        if self.sums not in SUMS:
+            raise ValueError(f"sums is one of {SUMS}, got {self.sums!r}")
         if self.slots < 1 or self.env_threads < 1:
             raise ValueError(f"slots and env_threads must be >= 1, got {self.slots}, {self.env_threads}")
         if self.takeover and (len(self.takeover) != 2 or int(self.takeover[1]) < 1):
@@ -176,6 +181,7 @@ class HostSpec:
         data = dict(data)
         data.pop("crash", None)  # written by earlier versions (a test hook, always empty in a run's file)
         data.setdefault("batch_invariant", False)  # written before batch-invariant runtimes: the batch as it was
+        data.setdefault("sums", "padded")  # written before exact sums: rows padded as they were
         family = data.pop("family", None)  # earlier versions: a tabletop family ("all": every one) when no env
         if family and not data.get("env"):
             data["env"] = f"tabletop:{ANY_TASK if family == 'all' else family}"
@@ -443,7 +449,7 @@ def _load_critic(spec: HostSpec) -> Loaded:
 
 
 def _load_parts(spec: HostSpec, conditioning: Conditioning, make_policy: Callable[[], Loaded] | None = None) -> _Parts:
-    with batch_invariance(spec.batch_invariant):
+    with batch_invariance(spec.batch_invariant, spec.sums):
         policy = make_policy() if make_policy is not None else _load_policy(spec, conditioning)
         critic = _load_critic(spec) if spec.critic else None
     loaded = [part for part in (policy, critic) if part is not None]

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from capsule_rollout.capsules import CapsuleError, CapsuleSignatureError, Trust, key_source, load_capsule, signing_key
-from capsule_rollout.envs.describe_env import describe_env
+from capsule_rollout.envs.describe import describe_env
 from capsule_rollout.import_path import OBJECTS, object_source, register_objects, resolve
 from capsule_rollout.policies.remote_policy import RecordedChunks, RemotePolicy
 from capsule_rollout.rollout.deadlines import DeadlineSettings
@@ -43,7 +43,7 @@ from capsule_rollout.rollout.host_factory import (
     write_spec,
 )
 from capsule_rollout.rollout.plug_in import Loaded
-from capsule_rollout.rollout.preflight import Preflight, preflight
+from capsule_rollout.rollout.preflight_checks import Preflight, preflight
 from capsule_rollout.rollout.process_state import kept_process_state
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem

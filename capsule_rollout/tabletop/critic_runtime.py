@@ -28,11 +28,13 @@ class CriticRuntime(ModelRuntime):
     KIND = "value_critic"
 
     def __init__(self, model: ValueCritic, *, name: str = "critic", device: str = "cpu", batch: int = 1,
-                 capture: bool | None = None, trace: bool | None = None, batch_invariant: bool | None = None) -> None:
+                 capture: bool | None = None, trace: bool | None = None, batch_invariant: bool | None = None,
+                 sums: str | None = None) -> None:
         """`trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`).
-        `batch_invariant`: a row's value the same at any batch size (`models.runtime`; None: yes)."""
+        `batch_invariant`: a row's value the same at any batch size (`models.runtime`; None: yes); `sums`: how
+        (`models.runtime.SUMS`; None: exact sums)."""
         super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
-                         batch_invariant=batch_invariant)
+                         batch_invariant=batch_invariant, sums=sums)
         self.core: torch.nn.Module = _CriticCore(self.model)
         self.spec = CriticSpec(observation_keys=self.observation_keys)
 

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from capsule_rollout.models.exact_sums import ExactWeights, exact_linear
+
 
 class LanguageEncoder(nn.Module):
     def __init__(self, vocab_size: int, *, max_tokens: int, dim: int = 64, out_dim: int = 64, heads: int = 4) -> None:
@@ -62,11 +64,23 @@ class SpatialSoftmax(nn.Module):
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
         self.register_buffer("grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1), persistent=False)
         self.log_temperature = nn.Parameter(torch.zeros(()))
+        self.exact_bits_in = 0  # set by `exact_sums`
+
+    def exact_sums(self) -> None:
+        """Sum the expectation over the grid exactly (`models.runtime.invariant_copy`): a row's keypoints then do
+        not depend on the batch beside it."""
+        weights = ExactWeights(self.grid.t(), None)
+        weights.register(self, "exact_grid")
+        self.exact_bits_in = weights.bits_in
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c = x.shape[:2]
         attn = torch.softmax(x.reshape(b, c, -1) / self.log_temperature.exp(), dim=-1)
-        return (attn @ self.grid).reshape(b, 2 * c)
+        if self.exact_bits_in:
+            points = exact_linear(attn, self.exact_grid_t, None, self.exact_bits_in)
+        else:
+            points = attn @ self.grid
+        return points.reshape(b, 2 * c)
 
 
 class VisionEncoder(nn.Module):

@@ -70,8 +70,9 @@ class _ResBlock(nn.Module):
         self.film = nn.Linear(cond_dim, 2 * hidden)
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
 
-    def forward(self, h: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        gamma, beta = self.film(cond).chunk(2, dim=-1)
+    def forward(self, h: torch.Tensor, film: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """`film`: `(gamma, beta)` of the conditioning (`self.film(cond).chunk(2, -1)`)."""
+        gamma, beta = film
         return h + self.mlp(self.norm(h) * (1 + gamma) + beta)
 
 
@@ -137,11 +138,20 @@ class FlowPolicy(nn.Module):
         """Conditioning vector for one advantage indicator (B,) int64."""
         return self.cond(torch.cat([features, self.advantage(advantage)], dim=-1))
 
-    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        """x (B, T*A) normalised actions at time t (B,) -> velocity (B, T*A)."""
-        h = self.head_in(torch.cat([x, time_embedding(t, self.config.time_dim)], dim=-1))
-        for block in self.blocks:
-            h = block(h, cond)
+    def films(self, cond: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each block's `(gamma, beta)` of `cond` `(B, cond_dim)`: constant over a chunk's integration steps."""
+        return [tuple(block.film(cond).chunk(2, dim=-1)) for block in self.blocks]
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, *,
+                 films: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 t_embedding: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T*A) normalised actions at time t (B,) -> velocity (B, T*A). `films` (`self.films(cond)`) and
+        `t_embedding` (`time_embedding(t)`), where given, are used instead of computing them again."""
+        if t_embedding is None:
+            t_embedding = time_embedding(t, self.config.time_dim)
+        h = self.head_in(torch.cat([x, t_embedding], dim=-1))
+        for block, film in zip(self.blocks, self.films(cond) if films is None else films):
+            h = block(h, film)
         return self.head_out(h)
 
     def sample(self, cond: torch.Tensor, noise: torch.Tensor, *, cond_none: torch.Tensor | None = None,
@@ -149,18 +159,25 @@ class FlowPolicy(nn.Module):
         """Integrate from `noise` (B, T*A) to an action chunk (B, T, A) in K Euler steps.
 
         With `cond_none` (the same observation, indicator dropped) the velocity is
-        guided: v_none + beta (v - v_none).
+        guided: v_none + beta (v - v_none). The blocks' modulation of the conditioning is computed once per
+        chunk, and each step's time embedding once for all rows (every row is at the same time): a row's
+        numbers then never depend on how many rows there are.
         """
         k = self.config.denoise_steps
         x = noise
         b = x.shape[0]
+        guided = cond_none is not None
+        conds = torch.cat([cond, cond_none]) if guided else cond
+        films = self.films(conds)
         for i in range(k):
-            t = torch.full((b,), i / k, device=x.device, dtype=x.dtype)
-            if cond_none is None:
-                v = self.velocity(x, t, cond)
+            t = torch.full((1,), i / k, device=x.device, dtype=x.dtype)
+            t_embedding = time_embedding(t, self.config.time_dim).expand(conds.shape[0], -1)
+            t = t.expand(conds.shape[0])
+            if not guided:
+                v = self.velocity(x, t, cond, films=films, t_embedding=t_embedding)
             else:
-                both = self.velocity(torch.cat([x, x]), torch.cat([t, t]), torch.cat([cond, cond_none]))
-                v_cond, v_none = both.chunk(2)
+                v_cond, v_none = self.velocity(torch.cat([x, x]), t, conds, films=films,
+                                               t_embedding=t_embedding).chunk(2)
                 v = v_none + beta * (v_cond - v_none)
             x = x + v / k
         return self.unnormalize_actions(x.view(b, self.config.chunk_length, self.config.action_dim))

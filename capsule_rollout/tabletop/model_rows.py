@@ -66,7 +66,7 @@ class PolicyRows(_ModelRows):
         super().__init__(template, n, lambda: PolicyRuntime(
             template.model, name=template.name, device=str(template.device), batch=n, seed=template.seed,
             guidance=template.guidance, noise_scale=template.noise_scale, capture=template._capture,
-            trace=template._trace, rows=True, batch_invariant=template.batch_invariant), PolicySlot)
+            trace=template._trace, rows=True, batch_invariant=template.batch_invariant, sums=template.sums), PolicySlot)
 
     def act_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all rows; the chunks `(N, T, A)` of the `active` rows are valid (a view of the output
@@ -105,7 +105,7 @@ class CriticRows(_ModelRows):
     def __init__(self, template: CriticRuntime, n: int) -> None:
         super().__init__(template, n, lambda: CriticRuntime(
             template.model, name=template.name, device=str(template.device), batch=n, capture=template._capture,
-            trace=template._trace, batch_invariant=template.batch_invariant), CriticSlot)
+            trace=template._trace, batch_invariant=template.batch_invariant, sums=template.sums), CriticSlot)
 
     def evaluate_rows(self, active: Sequence[int]) -> torch.Tensor:
         """One call over all rows; the values `(N,)` of the `active` rows are valid."""

@@ -45,17 +45,19 @@ class PolicyRuntime(ModelRuntime):
         trace: bool | None = None,
         rows: bool = False,
         batch_invariant: bool | None = None,
+        sums: str | None = None,
     ) -> None:
         """`guidance`: classifier-free guidance over the advantage indicator (weight in `set_conditioning`).
         `noise_scale`: the chunk noise's scale (>= 0; a capsule fits only a runtime with the same scale).
         `trace`: run the network as TorchScript on the CPU (None: yes; see `trace_on_cpu`).
         `rows`: the batched runtime of a host's slots (`batched`): a noise stream and a guidance weight per row,
         and an `active` row mask (only rows that act advance their stream).
-        `batch_invariant`: a row's chunk the same at any batch size (`models.runtime`; None: yes)."""
+        `batch_invariant`: a row's chunk the same at any batch size (`models.runtime`; None: yes); `sums`: how
+        (`models.runtime.SUMS`; None: exact sums)."""
         check_noise_scale(noise_scale)
         scaled = {} if noise_scale == 1.0 else {"noise_scale": repr(float(noise_scale))}
         super().__init__(model, name=name, device=device, batch=batch, capture=capture, trace=trace,
-                         batch_invariant=batch_invariant, guidance=str(guidance), **scaled)
+                         batch_invariant=batch_invariant, sums=sums, guidance=str(guidance), **scaled)
         self.seed, self.guidance, self.noise_scale, self.rows = seed, guidance, float(noise_scale), rows
         flat = self.config.chunk_length * self.config.action_dim
         self._index = torch.arange(flat if rows else batch * flat, device=self.device)

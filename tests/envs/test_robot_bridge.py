@@ -175,16 +175,6 @@ def test_oversized_wrong_version_and_truncated_frames(server):
         decode(big)
 
 
-def test_bench_bridge_smoke(tmp_path):
-    import json
-
-    from capsule_rollout.experiments.run import main
-
-    out = tmp_path / "b.json"
-    assert main(["bench_bridge", "--rounds", "12", "--image_size", "32", "--json", str(out)]) == 0
-    assert set(json.loads(out.read_text())["latency_us"]) == {"heartbeat", "action", "observe"}
-
-
 def test_a_realtime_sim_robot_paces_actions_to_its_control_rate(monkeypatch):
     import capsule_rollout.tabletop.sim_robot as bridge
 

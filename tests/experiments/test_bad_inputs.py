@@ -48,8 +48,8 @@ def test_non_finite_options_seeds_out_of_range_and_counts_past_the_machine_are_r
             ["sim_rollout", "--value_threshold", "nan", "--out", out],
         "--episode_timeout_s must be a finite number, got inf (0: no deadline; none: derived per phase)":
             ["sim_rollout", "--episode_timeout_s", "inf", "--out", out],
-        "--step_timeout_s must be a finite number, got inf":  # any float option, through the CLI's one check
-            ["gpu_check", "--step_timeout_s", "inf", "--out", out],
+        "--seconds must be a finite number, got inf":  # any float option, through the CLI's one check
+            ["sim_robot_server", "--seconds", "inf"],
         "--act.*: beta must be a finite number, got inf": ["sim_rollout", "--act.beta", "inf", "--out", out],
         f"--seeds.*: first {2**70}: seeds are 0 .. {SEED_LIMIT - 1} (numpy's seeding range":
             ["sim_rollout", "--seed", str(2**70), "--out", out],

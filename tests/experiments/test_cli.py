@@ -20,15 +20,26 @@ def test_usage_lists_every_experiment(capsys):
         assert name in out
 
 
+def test_usage_groups_the_commands_by_what_users_do_and_lists_no_benchmark(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    headings = [line[:-1] for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert headings == ["run and replay", "inspect and verify", "data", "robot", "learning"]
+    placed = [name for members in registry.GROUPS.values() for name in members]
+    assert sorted(placed) == registry.names()  # every command in exactly one group, none left for "other"
+    assert out.index("sim_rollout") < out.index("verify_capsule") < out.index("collect_demos") < out.index("real_recap")
+    assert "bench" not in out and "gpu_check" not in out  # the benchmarks live apart: `python -m benchmarks`
+
+
 def test_unknown_experiment_suggests_the_closest(capsys):
     assert main(["verify_capsul"]) == 2
     assert "did you mean 'verify_capsule'" in capsys.readouterr().err
 
 
 def test_unknown_option_suggests_the_closest(capsys):
-    assert main(["bench_capsules", "--round", "3"]) == 2
+    assert main(["verify_capsule", "--step", "3"]) == 2
     err = capsys.readouterr().err
-    assert "Unrecognized options: --round" in err and "Perhaps you meant" in err and "--rounds INT" in err
+    assert "Unrecognized options: --step" in err and "Perhaps you meant" in err and "--steps INT" in err
     assert main(["verify_capsule", "stray"]) == 2
     assert "Unrecognized options: stray" in capsys.readouterr().err
 
@@ -40,10 +51,10 @@ def test_bad_values_get_clear_errors(capsys):
         parse("verify_capsule", ["--device", "tpu"])
     err = " ".join(capsys.readouterr().err.replace("│", " ").split())  # tyro's message box wraps lines
     assert "'tpu' is not one of" in err and "did you mean 'cpu'" in err
-    assert main(["bench_capsules", "--quick", "maybe"]) == 2
+    assert main(["sim_rollout", "--video", "maybe"]) == 2
     assert "'maybe' is not a boolean" in capsys.readouterr().err
-    assert main(["bench_capsules", "--sizes_kib", "4", "8"]) == 2
-    assert "one buffer count per size" in capsys.readouterr().err
+    assert main(["consolidate", "--store", "a.zarr", "--out", "a.zarr"]) == 2  # a check across two options
+    assert "--out (the zarr store to write, another one)" in capsys.readouterr().err
 
 
 def field_docs(config, prefix=""):
@@ -77,14 +88,13 @@ def test_every_config_field_is_documented_and_shown_in_help():
 
 
 def test_values_and_tuples_are_parsed():
-    _, config, json_path = parse(
-        "bench_capsules", ["--sizes_kib", "4", "8", "--buffers", "2", "3", "--quick", "--json", "out.json"]
-    )
-    assert config.sizes_kib == (4, 8) and config.buffers == (2, 3) and config.quick is True
+    _, config, json_path = parse("sim_rollout", ["--pin_seeds", "4", "8", "--observers", "a:b", "--shards", "--json",
+                                                 "out.json"])
+    assert config.pin_seeds == (4, 8) and config.observers == ("a:b",) and config.shards is True
     assert json_path == "out.json"
-    for argv, expected in ((["--no-quick"], False), (["--quick", "false"], False), (["--quick", "yes"], True)):
-        _, config, _ = parse("bench_capsules", argv)
-        assert config.quick is expected
+    for argv, expected in ((["--no-video"], False), (["--video", "false"], False), (["--video", "yes"], True)):
+        _, config, _ = parse("sim_rollout", argv)
+        assert config.video is expected
 
 
 def test_json_summary_is_written(tmp_path):

@@ -1,4 +1,5 @@
-"""Entry points over a registered third-party env: sim_rollout with a TorchPolicy, replay, verify, scan, bench."""
+"""Entry points over a registered third-party env: sim_rollout with a TorchPolicy, replay, verify, scan (its benchmark:
+tests/benchmarks/test_env.py)."""
 
 from __future__ import annotations
 
@@ -47,15 +48,12 @@ def test_sim_rollout_and_replay_with_a_torch_policy(tmp_path):
                  "--no-progress"]) == 2
 
 
-def test_verify_scan_bench_and_bad_ids(tmp_path, capsys):
+def test_verify_scan_and_bad_ids(tmp_path, capsys):
     assert main(["verify_capsule", "--env", ENV, "--steps", "4", "--json", str(tmp_path / "v.json")]) == 0
     assert json.loads((tmp_path / "v.json").read_text())["all_bit_exact"]
     assert main(["scan_env", "--env", ENV, "--steps", "5", "--json", str(tmp_path / "scan.json")]) == 0
     scan = json.loads((tmp_path / "scan.json").read_text())
     assert scan["seed_honoured"] and any("TimeLimit._elapsed_steps" in c for c in scan["declared"])
-    assert main(["bench_env", "--env", ENV, "--quick", "--json", str(tmp_path / "b.json")]) == 0
-    bench = json.loads((tmp_path / "b.json").read_text())["suite_envs"][0]
-    assert bench["capsule_bytes"] > 0 and bench["restore"]["median"] > 0
     assert main(["verify_capsule", "--env", "gymnasium:Reachr-v5"]) == 2
     assert "did you mean Reacher-v5" in capsys.readouterr().err
 

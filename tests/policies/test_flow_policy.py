@@ -45,7 +45,10 @@ class _Analytic(FlowPolicy):
         super().__init__(TINY_POLICY)
         self.field = field
 
-    def velocity(self, x, t, cond):
+    def films(self, cond):  # the field reads the conditioning itself
+        return []
+
+    def velocity(self, x, t, cond, **_):
         return self.field(x, t, cond)
 
 

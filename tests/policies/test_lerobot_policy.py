@@ -267,10 +267,3 @@ def test_without_lerobot_loading_one_says_in_one_line_how_to_install_it(tmp_path
         load_source(_lerobot_dir(tmp_path), "policy", device="cpu", conditioning=Conditioning(), noise_scale=1.0)
     message = str(info.value)
     assert "\n" not in message and "LeRobot is not installed" in message and "make lerobot-venv" in message
-
-
-def test_bench_lerobot_policy_asks_for_the_policies_it_measures(capsys):
-    from capsule_rollout.experiments.run import main
-
-    assert main(["bench_lerobot_policy"]) == 2
-    assert "--policies" in capsys.readouterr().err

@@ -124,7 +124,7 @@ def test_the_lerobot_example_runs(checkpoints, tmp_path):
 def test_bench_lerobot_policy_smoke(checkpoints, tmp_path):
     docs, out = tmp_path / "B.md", tmp_path / "bench.json"
     docs.write_text("# Benchmarks\n")
-    _run(["-m", "capsule_rollout", "bench_lerobot_policy", "--policies", str(checkpoints["act"]), "--rounds", "1",
+    _run(["-m", "benchmarks.lerobot_policy", "--policies", str(checkpoints["act"]), "--rounds", "1",
           "--calls", "2", "--slots", "2", "--episodes", "2", "--max_steps", "6", "--docs", str(docs), "--json",
           str(out)], tmp_path)
     [measured] = json.loads(out.read_text())["policies"]

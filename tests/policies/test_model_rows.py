@@ -113,8 +113,8 @@ def test_a_critic_row_refuses_a_step_per_batch_and_rows_need_a_batch_of_one_to_s
 @pytest.mark.parametrize("trace", [False, True])
 @pytest.mark.parametrize("guidance", [False, True])
 def test_a_row_is_the_batch_of_ones_at_any_number_of_rows(trace, guidance):
-    """Batch-invariant runtimes (`models.runtime`): row 0's chunk and value are those of a runtime of batch 1 at 1
-    to 17 rows, and the rows run in one call (on this CPU, linear layers over rows padded to 4k agree)."""
+    """Batch-invariant runtimes (`models.runtime`, exact sums): a row's chunk and value are those of a runtime of
+    batch 1 at 1 to 17 rows, in every position (first beside others, then every row the same), in one call."""
     model, critic_model = load_policy(f"{SHIPPED}/policy"), load_critic(f"{SHIPPED}/critic")
     config = model.config
     one, judge = PolicyRuntime(model, trace=trace, guidance=guidance), CriticRuntime(critic_model, trace=trace)
@@ -139,20 +139,33 @@ def test_a_row_is_the_batch_of_ones_at_any_number_of_rows(trace, guidance):
         assert torch.equal(rows.act_rows(range(n))[0], chunk[0]), n
         assert torch.equal(critic.evaluate_rows(range(n))[0:1], value), n
         assert (rows.runtime.together, critic.runtime.together) == (True, True)
+        for i in range(n):  # every position holds the first row's inputs: each gives what the batch of one gave
+            for slot in (rows.slot(i), critic.slot(i)):
+                slot.set_language("pick")
+            rows.slot(i).reset(7)
+            if guidance:
+                rows.slot(i).set_conditioning(1, 1.5)
+            rows.slot(i).load_observation(_obs(config, 1))
+            critic.slot(i).load_observation(_obs(config, 1), step=4)
+        assert torch.equal(rows.act_rows(range(n)), chunk.expand(n, -1, -1)), n
+        assert torch.equal(critic.evaluate_rows(range(n)), value.expand(n)), n
 
 
-def test_linear_layers_pad_their_rows_and_the_rows_run_one_at_a_time_where_together_differs():
-    from capsule_rollout.models.runtime import LINEAR_ROWS, in_rows, invariant_copy, rows_agree
+def test_the_copy_sums_exactly_and_the_rows_run_one_at_a_time_where_together_differs():
+    from capsule_rollout.models.exact_sums import ExactWeights, exact_linear
+    from capsule_rollout.models.runtime import in_rows, invariant_copy, rows_agree
 
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.SiLU(), torch.nn.Linear(5, 3))
-    seen = []
-    model[0].register_forward_pre_hook(lambda _, args: seen.append(args[0].shape))
     copy = invariant_copy(model)
     assert copy is not model and invariant_copy(copy) is copy and model[0].forward.__name__ == "forward"
-    x = torch.randn(3, 2, 6)  # 6 rows: padded to 8 in each linear layer, given back as 6
+    x = torch.randn(3, 2, 6)
     assert copy(x).shape == (3, 2, 3) and torch.allclose(copy(x), model(x), atol=1e-6)
-    one = copy(x[:1, :1])
-    assert torch.equal(copy(torch.cat([x[:1, :1], x[1:2, :1]]))[:1], one) and LINEAR_ROWS == 4
+    w = ExactWeights(model[0].weight, model[0].bias)
+    first = exact_linear(x, w.t, w.bias, w.bits_in)
+    assert torch.equal(copy[0](x), first)
+    for i in range(3):
+        for j in range(2):
+            assert torch.equal(copy(x[i: i + 1, j: j + 1]), copy(x)[i: i + 1, j: j + 1])
     calls = []
 
     def fn(a, b):
@@ -166,4 +179,28 @@ def test_linear_layers_pad_their_rows_and_the_rows_run_one_at_a_time_where_toget
     assert calls == [1] * 5 and torch.equal(alone, torch.cat([fn(rows[0][i:i + 1], rows[1][i:i + 1]) for i in range(5)]))
     with pytest.raises(TypeError):
         PolicyRuntime(tiny_policy(), row_block=4)
-    assert not getattr(PolicyRuntime(tiny_policy(), batch_invariant=False).model, "_rows_in_blocks", False)
+    assert getattr(PolicyRuntime(tiny_policy(), batch_invariant=False).model, "_sums", None) is None
+    assert PolicyRuntime(tiny_policy()).fingerprint()["sums"] == "exact"
+    assert "sums" not in PolicyRuntime(tiny_policy(), batch_invariant=False).fingerprint()
+
+
+def test_runs_recorded_before_exact_sums_still_play_their_padded_rows():
+    """A run recorded before exact sums (`sums` "padded"): its runtimes pad rows as they did, and its capsules'
+    fingerprint (no `sums`) fits them; an exact runtime refuses those capsules by that entry."""
+    from capsule_rollout.models.runtime import LINEAR_ROWS, batch_invariance
+
+    with batch_invariance(True, "padded"):
+        old = PolicyRuntime(tiny_policy(), trace=False)
+    assert old.sums == "padded" and "sums" not in old.fingerprint() and LINEAR_ROWS == 4
+    Arena([old]).allocate()
+    old.reset(3)
+    obs = _obs(old.config, 2)
+    chunk = old.act(obs).clone()
+    rows = old.batched(3)
+    assert rows.runtime.sums == "padded"
+    for i in range(3):
+        rows.slot(i).reset(3 if i == 1 else 50 + i)
+        rows.slot(i).load_observation(obs if i == 1 else _obs(old.config, 9 + i))
+    assert torch.equal(rows.act_rows(range(3))[1], chunk[0])
+    with pytest.raises(ValueError, match="sums is one of"):
+        PolicyRuntime(tiny_policy(), sums="rounded")

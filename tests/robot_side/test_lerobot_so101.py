@@ -162,7 +162,7 @@ def test_real_recap_with_a_lerobot_robot_and_teleoperator(calibration, tmp_path)
 
 def test_bench_lerobot_bridge_smoke(calibration, tmp_path):
     out = tmp_path / "bench.json"
-    done = subprocess.run([str(LEROBOT_PYTHON), "-m", "capsule_rollout", "bench_lerobot_bridge", "--steps", "20",
+    done = subprocess.run([str(LEROBOT_PYTHON), "-m", "benchmarks.lerobot_bridge", "--steps", "20",
                            "--camera_sizes", "16", "--json", str(out), "--robot_id", "test_follower",
                            "--calibration_dir", str(calibration)], env=_env(tmp_path), cwd=ROOT,
                           capture_output=True, text=True, timeout=600)

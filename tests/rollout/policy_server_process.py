@@ -1,4 +1,5 @@
-"""`serve_policy` in a process of its own (what a test kills), with this checkout on its path (the examples)."""
+"""`serve_policy` in a process of its own (what a test kills), with this checkout on its path (the examples); started as
+the remote policy benchmark starts it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from capsule_rollout.benchmarks.remote_policy import start_server as start
+from benchmarks.remote_policy import start_server as start
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import pytest
 
 from capsule_rollout.contracts import BatchPolicy, Critic, Policy, StatefulPolicy, check_critic, check_policy
 from capsule_rollout.rollout.host_factory import HostSpec
-from capsule_rollout.rollout.preflight import PreflightError, preflight
+from capsule_rollout.rollout.preflight_checks import PreflightError, preflight
 from tests.rollout.lab_parts import BROKEN_CRITICS, BROKEN_POLICIES
 
 LAB = "tests.rollout.lab_parts"

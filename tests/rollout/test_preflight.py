@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from capsule_rollout.rollout.host_factory import HostSpec
-from capsule_rollout.rollout.preflight import PreflightError, preflight
+from capsule_rollout.rollout.preflight_checks import PreflightError, preflight
 from capsule_rollout.rollout.record import RunError, record_rollouts
 from capsule_rollout.user_code import UserCodeError
 

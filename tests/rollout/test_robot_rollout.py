@@ -18,8 +18,10 @@ from tests.policies.tiny import tiny_critic, tiny_policy
 @pytest.fixture
 def robot():
     # 0.5 s: the watchdog checks every 50 ms on its own timer (it used to run only at 0.15 s polls of an idle
-    # connection), and a loaded machine leaves up to ~0.4 s between a heartbeat-less client's requests
-    with SimRobotServer(image_size=16, heartbeat_timeout_s=0.5) as server:
+    # connection), and a loaded machine leaves up to ~0.4 s between a heartbeat-less client's requests.
+    # 60 s of silence allowed: making the host (tracing two models) can take seconds on a loaded machine before
+    # the first request, and dropping idle clients is not what these tests are about (test_robot_bridge is)
+    with SimRobotServer(image_size=16, heartbeat_timeout_s=0.5, idle_timeout_s=60.0) as server:
         client = RobotClient(*server.address, heartbeat_s=None)
         yield server, client
         client.close()

@@ -85,12 +85,15 @@ def test_batch_invariance_is_part_of_what_a_run_plays_and_older_runs_played_with
                     host=HostConfig(n_exec=4, max_steps=8))
     data = spec.to_json()
     assert data["batch_invariant"] is True
+    assert data["sums"] == "exact"
+    del data["sums"]  # written before exact sums: the padded rows it played with
+    assert HostSpec.from_json(data).sums == "padded"
     del data["batch_invariant"]  # a rollout.json written before the setting existed
     assert HostSpec.from_json(data).batch_invariant is False
     for invariant in (True, False):
         host = build_host(dataclasses.replace(spec, batch_invariant=invariant))
         try:
-            assert getattr(host.policy.model, "_rows_in_blocks", False) is invariant
+            assert getattr(host.policy.model, "_sums", None) == ("exact" if invariant else None)
         finally:
             host.close()
     write_spec(tmp_path, spec)

@@ -2,7 +2,7 @@
 
 Meta-World 3.1.1 pins mujoco 3.3.0 and does not run on mujoco 4.0.0 (its
 `reset_mocap_welds` writes 11 numbers into `eq_data`, which MuJoCo 4 widened to
-12): the extra installs mujoco 3.3.0 (see README, "Third-party suites").
+12): the extra installs mujoco 3.3.0 (see docs/how-to/own-env.md).
 
 Declarations (from `scan_env`): its `reset` ignores the seed, and task positions
 come from `_last_rand_vec`, frozen per task; the seed function switches on

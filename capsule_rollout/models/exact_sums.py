@@ -1,0 +1,89 @@
+"""Layers whose sums are exact: a row's result cannot depend on the batch, its position or the CPU's kernels.
+
+A matrix product's rounding depends on the order of its sums, and the order is the library's choice: it picks
+kernels by the number of rows, the instruction set (AVX2, AVX-512, AMX), split-K, the tile a row falls in. Here
+the order does not matter because no sum rounds:
+
+- each input row is put on a grid of its own: rounded to a multiple of `2^(e - bits_in)`, where `2^e` bounds
+  the row's largest magnitude (the row alone decides its grid), at most `2^(bits_in + 1)` steps;
+- each weight column (one output feature) is put on its grid once, at most `2^bits_w` steps;
+- so every product is an integer times the product of the two grid steps, and a sum of `K` of them is an
+  integer of at most `log2(K) + bits_in + 1 + bits_w <= 53` bits times that step: float64 holds every partial
+  sum exactly, in any order, with or without fused multiply-add.
+
+The exact sum is then rounded once, to float64 with the bias added, then to float32. The grid costs the input a
+few bits below float32's 24 near a row's largest entry (21 bits for the widest layer of the shipped models): a
+perturbation of the order of float32's own rounding, the same on every machine. What is left to the library is
+what never mixes rows: element-wise operations, and norms and softmax over one row.
+
+`exact_linear` computes with weights prepared once (`ExactWeights`, held as a module's buffers; a constant matrix
+`m` that multiplies from the right is `ExactWeights(m.T, None)`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+_SMALLEST = 2.0 ** -126  # float32's smallest normal: a row of smaller values shares its grid
+
+
+def split_bits(k: int) -> tuple[int, int]:
+    """Bits of the input and weight grids for sums of `k` products: an input row's integers stay within
+    `2^(bits_in + 1)` (`round_row`), a weight column's within `2^bits_w` (`on_grid`), and
+    `ceil(log2 k) + bits_in + 1 + bits_w = 53`."""
+    if k < 1:
+        raise ValueError(f"a sum of {k} products has nothing to add")
+    free = 53 - math.ceil(math.log2(k)) - 1
+    return free // 2, free - free // 2
+
+
+def on_grid(x: torch.Tensor, bits: int, dims: int | Sequence[int]) -> torch.Tensor:
+    """`x` (float64) rounded to multiples of `2^(e - bits)`, where `2^(e-1) <= max |x| < 2^e` over `dims`, so
+    at most `2^bits` steps each (for weights, once). `2^e` is `max |x|` over its mantissa: a quotient that is a
+    power of two, so exact; adding and taking away `1.5 * 2^(e + 52 - bits)` rounds to the step, the sum staying
+    in one binade whose spacing is the step."""
+    top = torch.linalg.vector_norm(x, ord=float("inf"), dim=dims, keepdim=True).clamp_min(_SMALLEST)
+    mantissa, _ = torch.frexp(top)
+    shift = (top / mantissa) * (0.75 * 2.0 ** (53 - bits))
+    return (x + shift) - shift
+
+
+def round_row(x: torch.Tensor, bits: int, dims: int | Sequence[int]) -> torch.Tensor:
+    """`x` (float64) rounded to multiples of a step `q = 2^(e - bits)` (`2^(e-1) <= max |x| < 2^e` over `dims`),
+    at most `2^(bits + 1)` steps each: the cheap rounding of inputs, three operations on a row. With
+    `t = max |x|` and `c = t (1 + 2^(54 - bits))`: `x + c` lies at or above `t 2^(53 - bits)`, where float64's spacing
+    is a multiple of `q`, and so is `c`'s; `(x + c) - c` is exact (Sterbenz), a multiple of `q` within
+    `t + 2q`. A zero row stays zero, a non-finite entry makes its row non-finite."""
+    top = torch.linalg.vector_norm(x, ord=float("inf"), dim=dims, keepdim=True)
+    shift = top * (1.0 + 2.0 ** (54 - bits))
+    return (x + shift) - shift
+
+
+class ExactWeights:
+    """A weight matrix `(out, k)` put on its grid once: `t`, float64 `(k, out)` ready for `x @ t`; `bias` float64 or
+    None; `bits_in`, the grid of the inputs it takes."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        w = weight.detach().reshape(weight.shape[0], -1).to(torch.float64)
+        self.k = w.shape[1]
+        self.bits_in, bits_w = split_bits(self.k)
+        self.t = on_grid(w, bits_w, 1).t().contiguous()
+        self.bias = None if bias is None else bias.detach().to(torch.float64)
+
+    def register(self, module: torch.nn.Module, prefix: str = "exact") -> None:
+        """Hold `t` and `bias` as `module`'s buffers `<prefix>_t`, `<prefix>_bias` (not in its state dict, so
+        not in its weights' hash): they move with it (`.to(device)`, copies)."""
+        module.register_buffer(f"{prefix}_t", self.t, persistent=False)
+        module.register_buffer(f"{prefix}_bias", self.bias, persistent=False)
+
+
+def exact_linear(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor | None, bits_in: int) -> torch.Tensor:
+    """`x @ t + bias` over the last dimension of `x` (`t`, `bias` from `ExactWeights`), every sum exact, then
+    rounded to `x`'s dtype."""
+    y = round_row(x.to(torch.float64), bits_in, -1) @ t
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype)

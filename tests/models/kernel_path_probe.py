@@ -1,0 +1,63 @@
+"""Run by tests/models/test_kernel_paths.py in a fresh process under one kernel path (environment variables set
+before torch loads): prints, as JSON, the exact sums' digest and whether the shipped models' rows agree."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import torch
+
+from capsule_rollout.capsules import Arena
+from capsule_rollout.models.exact_sums import ExactWeights, exact_linear
+from capsule_rollout.tabletop.critic_runtime import CriticRuntime
+from capsule_rollout.tabletop.flow_policy import load_policy
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from capsule_rollout.tabletop.value_critic import load_critic
+
+SHIPPED = "capsule_rollout/experiments/checkpoints"
+
+
+def _obs(config, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    obs = {f"image_{c}": torch.randint(0, 256, (config.image_size, config.image_size, 3), dtype=torch.uint8,
+                                       generator=g) for c in config.cameras}
+    obs["state"] = torch.randn(config.state_dim, generator=g)
+    return obs
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)  # numpy's draws: torch's normal draws differ between kernel paths
+    weight, bias = (torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)) for shape in ((256, 272), 256))
+    x = torch.from_numpy(rng.standard_normal((8, 272), dtype=np.float32) * np.logspace(-3, 3, 8, dtype=np.float32)[:, None])
+    w = ExactWeights(weight, bias)
+    sums = exact_linear(x, w.t, w.bias, w.bits_in)
+    digest = hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
+
+    policy, critic = PolicyRuntime(load_policy(f"{SHIPPED}/policy")), CriticRuntime(load_critic(f"{SHIPPED}/critic"))
+    Arena([policy, critic]).allocate()
+    config = policy.config
+    policy.set_language("pick")
+    policy.reset(7)
+    critic.set_language("pick")
+    chunk, value = policy.act(_obs(config, 1)).clone(), critic.evaluate(_obs(config, 1), step=4).clone()
+    rows, judges = policy.batched(8), critic.batched(8)
+    agree = []
+    for where in (None, 0, 5, 7):  # every row the batch of one's inputs, then that row beside other rows
+        for i in range(8):
+            mine = where is None or i == where
+            rows.slot(i).set_language("pick" if mine else f"place {i}")
+            rows.slot(i).reset(7 if mine else 100 + i)
+            rows.slot(i).load_observation(_obs(config, 1 if mine else 50 + i))
+            judges.slot(i).set_language("pick" if mine else f"place {i}")
+            judges.slot(i).load_observation(_obs(config, 1 if mine else 50 + i), step=4 if mine else i)
+        chunks, values = rows.act_rows(range(8)), judges.evaluate_rows(range(8))
+        at = range(8) if where is None else [where]
+        agree.append(all(torch.equal(chunks[i], chunk[0]) and torch.equal(values[i], value[0]) for i in at))
+    print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "sums": digest,
+                      "rows_agree": all(agree), "one_call": rows.runtime.together and judges.runtime.together}))
+
+
+if __name__ == "__main__":
+    main()
