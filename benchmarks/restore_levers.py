@@ -6,7 +6,7 @@ of it, one that only resets (`reset(seed=0)`) and one that only restores the cap
 and p99 of each in microseconds, and the capsule file's bytes. With `--levers` (the default), for a graph-captured
 env, the restore again with each lever turned off, each in fresh envs: `no_bound` (every restore resolves its
 targets again), `no_quick_generators` (generator states thawed with the rest, an MT19937 key as an array),
-`no_array_templates` (no templates compiled: the states read from their bytes at every restore). The summary names
+`no_array_templates` (arrays rebuilt by the unpickler from their bytes at every restore). The summary names
 the package it measured (`code`): to measure another tree the same way, run this from outside the repository with
 both on `PYTHONPATH`, that tree first.
 """
@@ -128,7 +128,7 @@ def _measure(env, other, rounds: int) -> dict:
 
 
 LEVER_NAMES = {"no_bound": "without bound targets", "no_quick_generators": "without shared generator states",
-               "no_array_templates": "without templates"}
+               "no_array_templates": "without array templates"}
 
 
 def measure_all(config: RestoreLeversConfig) -> dict:
