@@ -6,7 +6,7 @@ of it, one that only resets (`reset(seed=0)`) and one that only restores the cap
 and p99 of each in microseconds, and the capsule file's bytes. With `--levers` (the default), for a graph-captured
 env, the restore again with each lever turned off, each in fresh envs: `no_bound` (every restore resolves its
 targets again), `no_quick_generators` (generator states thawed with the rest, an MT19937 key as an array),
-`no_array_templates` (arrays rebuilt by the unpickler from their bytes at every restore). The summary names
+`no_array_templates` (no templates compiled: the states read from their bytes at every restore). The summary names
 the package it measured (`code`): to measure another tree the same way, run this from outside the repository with
 both on `PYTHONPATH`, that tree first.
 """
@@ -54,10 +54,10 @@ LEVERS = ("no_bound", "no_quick_generators", "no_array_templates")
 @contextmanager
 def _turned_off(lever: str, env) -> Iterator[None]:
     """`lever` off for `env` while inside (each put back after). The levers are the compiled restore's own
-    (`capsules.graph_state` and `capsules.graph_read`'s names, patched where they are looked up)."""
-    from capsule_rollout.capsules import graph_read, graph_state
+    (`capsules.graph_state`'s names, patched where it looks them up)."""
+    from capsule_rollout.capsules import graph_state
 
-    quick, persistent_id = graph_state.quick_state, graph_read._Freezer.persistent_id
+    quick, compile_template = graph_state.quick_state, graph_state.compile_template
     if lever == "no_bound":
         class Never(dict):
             def __setitem__(self, key, value) -> None:
@@ -66,20 +66,12 @@ def _turned_off(lever: str, env) -> Iterator[None]:
         env._graph._bound = Never()
     elif lever == "no_quick_generators":
         graph_state.quick_state = lambda state: state
-    elif lever == "no_array_templates":  # arrays frozen as plain data: every restore reads them from their bytes
-        def plain(self, obj):
-            t = type(obj)
-            if t is graph_read.Ref:
-                return ("r", obj.pid)
-            if t is graph_read.BoundRef:
-                return ("m", obj.owner.pid, obj.name)
-            return None
-
-        graph_read._Freezer.persistent_id = plain
+    elif lever == "no_array_templates":  # no template compiled: every restore reads the states from their bytes
+        graph_state.compile_template = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        graph_state.quick_state, graph_read._Freezer.persistent_id = quick, persistent_id
+        graph_state.quick_state, graph_state.compile_template = quick, compile_template
 
 
 def measure(env_id: str, rounds: int, lever: str = "") -> dict:
@@ -128,7 +120,7 @@ def _measure(env, other, rounds: int) -> dict:
 
 
 LEVER_NAMES = {"no_bound": "without bound targets", "no_quick_generators": "without shared generator states",
-               "no_array_templates": "without array templates"}
+               "no_array_templates": "without templates"}
 
 
 def measure_all(config: RestoreLeversConfig) -> dict:

@@ -55,17 +55,20 @@ from capsule_rollout.capsules.graph_names import GraphNamespace, type_key
 from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateError and split are part of this module's API
     BIT_GENERATORS,
     BoundRef,
+    Consumed,
     GraphStateError,
     Plan,
     Prepared,
     Read,
     ReadCache,
     Ref,
+    Shared,
     SpareGenerators,
+    Template,
     bounded_view,
     checked_plan,
     checked_states,
-    freeze,
+    compile_template,
     fresh_copy,
     generator_state,
     new_generator,
@@ -73,7 +76,6 @@ from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateErro
     quick_state,
     set_generator_state,
     split,
-    thaw,
 )
 from capsule_rollout.capsules.graph_walk import (  # noqa: F401 - the walk is part of this module's API
     Edges,
@@ -89,6 +91,32 @@ from capsule_rollout.capsules.graph_walk import (  # noqa: F401 - the walk is pa
 from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError, StateNameError, new_instance
 from capsule_rollout.capsules.state_reader import Decoder
 from capsule_rollout.capsules.trust import Trust, current_trust, safe_type
+
+
+@dataclasses.dataclass
+class Binding:
+    """A read snapshot's targets in this graph, with the steps that led to them (`graph_walk.Edges`): a restore of it
+    again follows those steps and resolves only what the env replaced since (`GraphState._rebind`)."""
+
+    read: Read
+    edges: Edges
+    fixed: dict[tuple, Any]  # what the graph gives, by reference: the same at every restore while its paths hold
+    objects: list[Any]
+    generators: list[Any]
+    structs: list[Any]
+    targets: dict[int, list[tuple]]  # a place of `edges` -> the references whose target it is
+    template: Template | None = None  # `read`'s template compiled against `fixed` (`GraphState._specialized`)
+    moving: set[tuple] = dataclasses.field(default_factory=set)  # references the env replaced: resolved every time
+
+
+def _targets(plan: Plan, edges: Edges) -> dict[int, list[tuple]]:
+    out: dict[int, list[tuple]] = {}
+    for kind, entries in (("r", plan.refs), ("o", plan.objects), ("g", plan.generators), ("t", plan.structs)):
+        for k, entry in enumerate(entries):
+            i = edges.indices.get(entry[0]) if entry[0] is not None else None
+            if i is not None:
+                out.setdefault(i, []).append((kind, k))
+    return out
 
 
 class GraphState:
@@ -118,10 +146,8 @@ class GraphState:
         self._static: dict[Path, np.ndarray] = {}
         self._known: GraphNamespace | None = None  # the names its capsules may use
         self._seen: set[str] = set()  # names the graph held at its snapshots
-        self._reads = ReadCache()  # snapshots read (a restore of the same capsule again thaws a copy)
-        # a read snapshot's targets in this graph, with the steps that led to them (`graph_walk.Edges`): a restore
-        # of it again checks those steps still hold, and resolves nothing
-        self._bound: dict[int, tuple] = {}
+        self._reads = ReadCache()  # snapshots read (a restore of the same capsule again makes copies of its states)
+        self._bound: dict[int, Binding] = {}  # a read snapshot's targets in this graph, by the `Read`'s id
         self._spares = SpareGenerators()  # to try a capsule's generator states on
 
     def remember_static(self) -> str:
@@ -247,17 +273,14 @@ class GraphState:
         if read is None:
             read = self._read(blob)
             self._reads.put(blob, read)
-        bound = self._bound.get(id(read))
-        if bound is not None and (bound[0] is not read or not bound[1].hold()):
-            bound = None  # another snapshot read at the same address, or the graph changed along the paths
-        if bound is not None and not data_only:  # resolved in this graph before, and the graph has not changed
-            _, _, resolved, objects, generators, structs = bound
-            resolved = dict(resolved)
+        bound = self._bound.get(id(read)) if not data_only else None
+        if bound is not None and bound.read is read and self._rebind(bound):  # resolved in this graph before
+            resolved = dict(bound.fixed)
             self._per_restore(read, resolved, externals)
-            states, glob = self._states(read, resolved)
-            n, ng = len(objects), len(generators)
-            return Prepared(objects, states[:n], generators, states[n:n + ng], glob, False, structs, states[n + ng:],
-                            ())
+            states, glob = self._states(read, resolved, self._specialized(bound))
+            objects, generators, n, ng = bound.objects, bound.generators, len(bound.objects), len(bound.generators)
+            return Prepared(objects, states[:n], generators, states[n:n + ng], glob, False, bound.structs,
+                            states[n + ng:], ())
         plan = read.plan
         edges = Edges(self.root)
         resolved: dict[tuple, Any] = {}
@@ -356,9 +379,59 @@ class GraphState:
         if not (made or fresh or absent or missing):  # every target found in the graph: bind them for next time
             if len(self._bound) >= self._reads.size:
                 self._bound.pop(next(iter(self._bound)))
-            self._bound[id(read)] = (read, edges, fixed, objects, generators, structs)
+            self._bound[id(read)] = Binding(read, edges, fixed, objects, generators, structs, _targets(plan, edges))
         return Prepared(objects, states[:n], generators, states[n:n + ng], glob, absent, structs, states[n + ng:],
                         tuple(missing))
+
+    def _rebind(self, bound: Binding) -> bool:
+        """Follow a binding's steps in the graph as it is now: True when its targets are still there, or where the env
+        replaced one by an object of the same class (not a MuJoCo handle nor a struct, and paired with no other
+        target), now bound to that one; False when the snapshot must be resolved again from the start."""
+        moved = bound.edges.changes()
+        if moved is None:
+            return False
+        changed = [(i, x) for i, x in moved.items() if i in bound.targets]
+        if not changed:
+            return True
+        objects, generators, fixed = list(bound.objects), list(bound.generators), dict(bound.fixed)
+        refs = bound.read.plan.refs
+        for i, x in changed:
+            if type(x) is not type(bound.edges.objects[i]):
+                return False
+            for kind, k in bound.targets[i]:
+                if kind == "o":
+                    objects[k] = x
+                elif kind == "g":
+                    generators[k] = x
+                elif kind != "r" or refs[k][2] != "opaque":
+                    return False
+                fixed[(kind, k)] = x
+        paired = [t for t in (*objects, *generators, *bound.structs) if t is not None]
+        if len({id(t) for t in paired}) != len(paired):
+            return False
+        pids = {pid for i, _ in changed for pid in bound.targets[i]}
+        bound.objects, bound.generators, bound.fixed = objects, generators, fixed
+        for i, x in changed:
+            bound.edges.objects[i] = x
+        bound.moving |= pids
+        if bound.template is not None and bound.template.fixed & pids:
+            bound.template = None  # it holds an object the env replaced: compiled again without it
+        return True
+
+    def _specialized(self, bound: Binding) -> Template | None:
+        """The binding's template, compiled at its first restore through the binding against the objects it binds
+        (shared by every restore, with the tuples and bound methods holding them) less those the env has replaced
+        (resolved at every restore), and again when the env replaces one the template holds."""
+        if bound.template is None:
+            read = bound.read
+            fixed = {k: v for k, v in bound.fixed.items() if k not in bound.moving}
+            try:
+                bound.template = compile_template(read.value, read.built, fixed) if read.template else None
+            except StateDecodeError as exc:
+                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+            if bound.template is None:
+                bound.template = read.template  # nothing to compile: the read snapshot's own
+        return bound.template
 
     @staticmethod
     def _check_data_only(read: Read, resolved: dict[tuple, Any], objects: list[Any], states: list[Any],
@@ -430,7 +503,9 @@ class GraphState:
             raise StateDecodeError(f"the snapshot refers to {pid!r}, which it does not define")
 
         def bind(owner: Any, name: str) -> Any:
-            return BoundRef(owner, name) if type(owner) is Ref else state_codec.bound_method(owner, name)
+            if type(owner) is not Ref:
+                state_codec.bound_method(owner, name)  # refused here if its owner has no such method
+            return BoundRef(owner, name)  # made again with its owner at every restore (`Template`)
 
         for fresh_names in (False, True):
             reader = Decoder(parts[2], self._namespace(fresh_names), reference)
@@ -448,17 +523,25 @@ class GraphState:
         self._spares.check(plan.generators, states[n:n + ng], glob)
         # generator states are only read by the generators they are set into: kept once, shared by every restore
         # (an MT19937 key as a list: numpy sets a 624-word key from a list 14x faster than from an array)
-        generator_states = [quick_state(x) for x in states[n:n + ng]]
         glob = None if glob is None else (quick_state(glob[0]), glob[1])
-        return Read(plan, bases, freeze(states[:n] + states[n + ng:], reader.built),
-                    parts[2], generator_states, glob)
-
-    def _states(self, read: Read, resolved: dict[tuple, Any]) -> tuple[list, tuple | None]:
-        """Fresh copies of a read snapshot's states, its references resolved in this graph."""
+        # what a restore only reads is given as it is (a generator's state, a struct's fields, the dicts of an
+        # object's attributes holding nothing made afresh): the rest is copied from the template at every restore
+        kept = [*((Consumed(d), Consumed(slots), Consumed(items)) for d, slots, items in states[:n]),
+                *(Shared(quick_state(x)) for x in states[n:n + ng]), *(Shared(x) for x in states[n + ng:])]
         try:
-            if read.states is not None:
-                fresh, n = thaw(read.states, resolved), len(read.plan.objects)
-                return fresh[:n] + read.generator_states + fresh[n:], read.glob
+            template = compile_template(kept, reader.built)
+        except StateDecodeError as exc:
+            raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+        return Read(plan, bases, template, parts[2], kept, reader.built, value, glob)
+
+    def _states(self, read: Read, resolved: dict[tuple, Any],
+                template: Template | None = None) -> tuple[list, tuple | None]:
+        """Fresh copies of a read snapshot's states, its references resolved in this graph (`template`: one compiled
+        against this graph's objects, `_specialized`)."""
+        template = template or read.template
+        try:
+            if template is not None:
+                return template(resolved), read.glob
             value = state_codec.decode(read.raw_states, self._namespace(), resolved.__getitem__)
         except StateDecodeError as exc:
             raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None

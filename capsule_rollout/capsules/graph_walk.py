@@ -83,14 +83,14 @@ def classify(x: Any, handles: tuple[type, ...] = (), structs: tuple[type, ...] =
         return "atomic"
     t = type(x)
     if isinstance(x, types.FunctionType):
-        # a closure points at its owner, a lambda or local function cannot be pickled by reference
+        # a closure points at its owner, a lambda or local function cannot be named in another process
         return "opaque" if x.__closure__ or "<" in x.__qualname__ else "atomic"
     if isinstance(x, GENERATOR_TYPES):
         return "generator"
     if isinstance(x, np.ndarray):
         return "array"
     if t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter", "Generator"):
-        return "value"  # its data is not in its __dict__: pickled whole
+        return "value"  # its data is not in its __dict__: saved whole
     if isinstance(x, types.MethodType):
         return "method"
     module = t.__module__ or ""
@@ -100,7 +100,7 @@ def classify(x: Any, handles: tuple[type, ...] = (), structs: tuple[type, ...] =
             or module.split(".")[0] in OPAQUE_MODULES):
         return "opaque"
     if callable(x) and not isinstance(x, type) and not _python_call(t) and not hasattr(x, "__dict__"):
-        return "atomic"  # C functions, method wrappers, numpy ufuncs: pickled by reference
+        return "atomic"  # C functions, method wrappers, numpy ufuncs: saved by name
     if isinstance(x, (list, tuple, dict, set, frozenset, collections.deque)) and (
             not hasattr(x, "__dict__") or t in (collections.OrderedDict, collections.defaultdict)):
         return "container"
@@ -210,43 +210,62 @@ def follow(x: Any, step: tuple) -> Any:
     raise KeyError("__self__")
 
 
-_CONTAINERS = (dict, list, tuple, collections.deque)
+_MISSING = object()
 
 
 class Edges:
-    """The steps from `root` to a set of objects, each distinct step once (paths share their prefixes):
-    `resolve(path)` as `resolve` does, remembering each step; `hold()` whether every remembered step still
-    leads to the same object (the graph still has its shape along those paths). A plain container on the way is
-    made afresh by every restore (saved by value): it is followed as it is now, and the steps out of it must
-    reach the same objects."""
+    """The steps from `root` to a set of objects, each distinct step once (paths share their prefixes): `resolve(path)`
+    as `resolve` does, remembering each step (`index(path)`: the place of the object it leads to); `changes()` follows
+    every remembered step again from the root, as the graph is now, and names the places whose object is not the one
+    remembered (an object the env replaced, and any container, which a restore makes afresh: the steps out of it
+    are followed as it is now)."""
 
     def __init__(self, root: Any) -> None:
         self.root = root
-        self._at: dict[Path, Any] = {(): root}
-        self.steps: list[tuple[Any, tuple, Any]] = []  # (parent, step, child)
+        self.indices: dict[Path, int] = {(): 0}  # a path -> its place
+        self.objects: list[Any] = [root]  # the object remembered at each place
+        self.steps: list[tuple[int, tuple]] = []  # place i + 1 is (the place it is followed from, the step)
 
     def resolve(self, path: Path) -> Any:
-        x = self._at.get(path)
-        if x is not None:
-            return x
-        parent = self.resolve(path[:-1])
-        x = follow(parent, path[-1])
-        self._at[path] = x
-        self.steps.append((parent, path[-1], x))
-        return x
+        return self.objects[self.index(path)]
 
-    def hold(self) -> bool:
-        now: dict[int, Any] = {}  # a container remembered -> the one at its place now
+    def index(self, path: Path) -> int:
+        i = self.indices.get(path)
+        if i is not None:
+            return i
+        parent = self.index(path[:-1])
+        x = follow(self.objects[parent], path[-1])
+        self.objects.append(x)
+        self.steps.append((parent, path[-1]))
+        i = self.indices[path] = len(self.objects) - 1
+        return i
+
+    def changes(self) -> dict[int, Any] | None:
+        """Place -> the object there now, where it is not the one remembered ({} when none is); None when a
+        remembered path no longer leads anywhere."""
+        objects, now, moved = self.objects, [self.root], {}
+        append = now.append
         try:
-            for parent, step, child in self.steps:  # a parent's step comes before its children's
-                x = follow(now.get(id(parent), parent), step)
-                if x is not child:
-                    if type(x) is not type(child) or not isinstance(child, _CONTAINERS):
-                        return False
-                    now[id(child)] = x
+            for (parent, step), old in zip(self.steps, objects[1:]):
+                at = now[parent]
+                if step[0] == "a":  # an attribute in the instance's own dict: `follow` for anything else
+                    try:
+                        d = at.__dict__
+                    except AttributeError:
+                        d = None
+                    x = d.get(step[1], _MISSING) if type(d) is dict else _MISSING
+                elif type(at) is dict or type(at) is list:  # a plain container: no __getitem__ of the env's runs
+                    x = at[step[1]]
+                else:
+                    x = _MISSING
+                if x is _MISSING:
+                    x = follow(at, step)
+                append(x)
+                if x is not old:
+                    moved[len(now) - 1] = x
         except (KeyError, IndexError, AttributeError, TypeError):
-            return False
-        return True
+            return None
+        return moved
 
 
 # -- snapshot / restore ----------------------------------------------------------------------------------

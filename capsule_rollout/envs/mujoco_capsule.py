@@ -256,7 +256,7 @@ class MujocoCapsuleEnv(MujocoPythonState, BufferComponent):
                   for name, arr in self._model_fields]
         if self._graph is not None:
             specs += [
-                BufferSpec("python", (self._python_bytes,), torch.uint8, doc="the env's Python object graph, pickled"),
+                BufferSpec("python", (self._python_bytes,), torch.uint8, doc="the env's Python object graph (state_codec)"),
                 BufferSpec("python_len", (1,), torch.int64, doc="bytes used in `python`"),
                 BufferSpec("model", (max(1, self._model_bytes),), torch.uint8,
                            doc="every MjModel array that is not an asset (contiguous runs)"),

@@ -4,22 +4,22 @@
 import json
 
 from benchmarks.restore_levers import LEVERS, main
-from capsule_rollout.capsules import graph_read, graph_state
+from capsule_rollout.capsules import graph_state
 
 ENV = "tests.envs.broken_envs:make_counter"  # graph-captured: nothing declared
 
 
 def test_restore_levers_smoke(tmp_path):
-    quick, persistent_id = graph_state.quick_state, graph_read._Freezer.persistent_id
+    quick, compile_template = graph_state.quick_state, graph_state.compile_template
     out, docs = tmp_path / "b.json", tmp_path / "B.md"
     assert main(["--env", ENV, "--rounds", "3", "--json", str(out), "--docs", str(docs)]) == 0
     got = json.loads(out.read_text())[ENV]
     assert set(got) == {"all", *LEVERS} and got["all"]["graph"] and got["all"]["file_bytes"] > 0
     assert all(got[k]["restore_med"] > 0 and got[k]["reset_med"] > 0 for k in got)
-    assert graph_state.quick_state is quick and graph_read._Freezer.persistent_id is persistent_id
+    assert graph_state.quick_state is quick and graph_state.compile_template is compile_template
     text = docs.read_text()
     assert "<!-- restore_levers:begin -->" in text and f"| `{ENV}` (graph) |" in text
-    assert "without array templates" in text
+    assert "without templates" in text
 
 
 def test_without_levers_an_env_is_measured_once(tmp_path):
