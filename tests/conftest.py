@@ -29,13 +29,15 @@ DEVICES = ["cpu", "cuda"] if HAS_CUDA else ["cpu"]
 
 # Test tiers (Makefile: `make test-unit`, then `make test-integration`; `make test` runs both). A test is in the
 # integration tier when it is marked `ray` or lives in one of these places (the command line, benchmarks, the
-# examples, training and learning loops): it starts Ray or trains a model. Everything else is the unit tier, which
+# examples, training and learning loops, the shipped models under every kernel path): it starts Ray, trains a
+# model or runs the shipped models in fresh processes. Everything else is the unit tier, which
 # runs in parallel (pytest-xdist) and in which starting Ray is an error naming this list (`_unit_tier_starts_no_ray`).
 INTEGRATION = ("tests/experiments/", "tests/benchmarks/", "tests/learning/", "tests/test_examples.py",
                "tests/reliability/test_ray_driver_faults.py", "tests/reliability/test_store_damage.py",
                "tests/critics/test_value_critic.py", "tests/rollout/test_slot_check.py", "tests/rollout/test_slots.py",
                "tests/rollout/test_preflight.py", "tests/rollout/test_record.py", "tests/rollout/test_served_sources.py",
-               "tests/rollout/test_infer_rows.py", "tests/rollout/test_remote_policy.py", "tests/test_import_path.py")
+               "tests/rollout/test_infer_rows.py", "tests/rollout/test_remote_policy.py", "tests/test_import_path.py",
+               "tests/models/test_kernel_paths.py")
 UNIT_TIER = os.environ.get("CAPSULE_ROLLOUT_TEST_TIER") == "unit"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -22,18 +22,22 @@ PATHS = {
 }
 
 
-def _probe(extra: dict[str, str]) -> dict:
+def _start(extra: dict[str, str]) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
                                                              "MKL_ENABLE_INSTRUCTIONS")}
-    out = subprocess.run([sys.executable, "-m", "tests.models.kernel_path_probe"], cwd=ROOT, env={**env, **extra},
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, "-m", "tests.models.kernel_path_probe"], cwd=ROOT, env={**env, **extra},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
 def probes() -> dict[str, dict]:
-    return {name: _probe(extra) for name, extra in PATHS.items()}
+    started = {name: _start(extra) for name, extra in PATHS.items()}  # side by side: one process each
+    found = {}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, (name, err[-3000:])
+        found[name] = json.loads(out.strip().splitlines()[-1])
+    return found
 
 
 def test_the_rows_agree_in_one_call_under_every_kernel_path(probes):
