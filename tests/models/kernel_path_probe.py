@@ -15,16 +15,9 @@ from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.flow_policy import load_policy
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from capsule_rollout.tabletop.value_critic import load_critic
+from tests.policies.tiny import random_obs
 
 SHIPPED = "capsule_rollout/experiments/checkpoints"
-
-
-def _obs(config, seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    obs = {f"image_{c}": torch.randint(0, 256, (config.image_size, config.image_size, 3), dtype=torch.uint8,
-                                       generator=g) for c in config.cameras}
-    obs["state"] = torch.randn(config.state_dim, generator=g)
-    return obs
 
 
 def main() -> None:
@@ -41,7 +34,7 @@ def main() -> None:
     policy.set_language("pick")
     policy.reset(7)
     critic.set_language("pick")
-    chunk, value = policy.act(_obs(config, 1)).clone(), critic.evaluate(_obs(config, 1), step=4).clone()
+    chunk, value = policy.act(random_obs(config, 1)).clone(), critic.evaluate(random_obs(config, 1), step=4).clone()
     rows, judges = policy.batched(8), critic.batched(8)
     agree = []
     for where in (None, 0, 5, 7):  # every row the batch of one's inputs, then that row beside other rows
@@ -49,9 +42,9 @@ def main() -> None:
             mine = where is None or i == where
             rows.slot(i).set_language("pick" if mine else f"place {i}")
             rows.slot(i).reset(7 if mine else 100 + i)
-            rows.slot(i).load_observation(_obs(config, 1 if mine else 50 + i))
+            rows.slot(i).load_observation(random_obs(config, 1 if mine else 50 + i))
             judges.slot(i).set_language("pick" if mine else f"place {i}")
-            judges.slot(i).load_observation(_obs(config, 1 if mine else 50 + i), step=4 if mine else i)
+            judges.slot(i).load_observation(random_obs(config, 1 if mine else 50 + i), step=4 if mine else i)
         chunks, values = rows.act_rows(range(8)), judges.evaluate_rows(range(8))
         at = range(8) if where is None else [where]
         agree.append(all(torch.equal(chunks[i], chunk[0]) and torch.equal(values[i], value[0]) for i in at))

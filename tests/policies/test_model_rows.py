@@ -12,7 +12,7 @@ from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.flow_policy import load_policy
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from capsule_rollout.tabletop.value_critic import load_critic
-from tests.policies.tiny import tiny_critic, tiny_policy
+from tests.policies.tiny import random_obs, tiny_critic, tiny_policy
 
 SHIPPED = "capsule_rollout/experiments/checkpoints"
 
@@ -26,14 +26,6 @@ def test_each_row_draws_the_noise_normal_draws_for_its_state_and_only_active_row
         normal_(torch.tensor([seed, counter]), alone, index)
         assert torch.equal(alone, out[row])
     assert state[:, 1].tolist() == [4, 0, 43]
-
-
-def _obs(config, seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    obs = {f"image_{c}": torch.randint(0, 256, (config.image_size, config.image_size, 3), dtype=torch.uint8,
-                                       generator=g) for c in config.cameras}
-    obs["state"] = torch.randn(config.state_dim, generator=g)
-    return obs
 
 
 def _policy_rows(model, n: int, trace: bool):
@@ -53,7 +45,7 @@ def test_a_policy_row_is_the_same_in_any_row_beside_anything(n, trace):
             slot = rows.slot(i)
             slot.set_language("pick up the red cube" if i == where else f"other {i}")
             slot.reset(11 if i == where else others_seed + i)
-            slot.load_observation(_obs(config, 42 if i == where else others_seed + 100 * i))
+            slot.load_observation(random_obs(config, 42 if i == where else others_seed + 100 * i))
         return rows.act_rows(range(n))[where].clone()
 
     first = act(0, 1)
@@ -72,13 +64,13 @@ def test_the_shipped_policy_and_critic_rows_are_row_invariant_at_8():
         for i in range(8):
             rows.slot(i).set_language("pick" if i == where else "place")
             rows.slot(i).reset(7 if i == where else 100 + i)
-            rows.slot(i).load_observation(_obs(config, 1 if i == where else 50 + i))
+            rows.slot(i).load_observation(random_obs(config, 1 if i == where else 50 + i))
             critic.slot(i).set_language("pick" if i == where else "place")
-            critic.slot(i).load_observation(_obs(config, 1 if i == where else 50 + i), step=4 if i == where else i)
+            critic.slot(i).load_observation(random_obs(config, 1 if i == where else 50 + i), step=4 if i == where else i)
         results.append((rows.act_rows([where])[where].clone(), critic.evaluate_rows([where])[where].clone()))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     one.set_language("pick")
-    one.load_observation(_obs(config, 1), step=4)
+    one.load_observation(random_obs(config, 1), step=4)
     value = one.evaluate()  # a batch of one: the value head is the one it always was
     assert torch.equal(value, one.model.value(one.buffers["logits"]))
 
@@ -87,7 +79,7 @@ def test_acting_moves_only_the_active_rows_streams_and_a_slot_capsule_holds_its_
     rows = _policy_rows(tiny_policy(), 4, False)
     for i in range(4):
         rows.slot(i).reset(10 + i)
-        rows.slot(i).load_observation(_obs(rows.runtime.config, i))
+        rows.slot(i).load_observation(random_obs(rows.runtime.config, i))
     rows.act_rows([1, 3])
     assert rows.runtime.buffers["rng"].tolist() == [[10, 0], [11, 1], [12, 0], [13, 1]]
     slot = rows.slot(3)
@@ -105,7 +97,7 @@ def test_a_critic_row_refuses_a_step_per_batch_and_rows_need_a_batch_of_one_to_s
     Arena([one]).allocate()
     critic = one.batched(3)
     with pytest.raises(ValueError, match="a slot's step is one count"):
-        critic.slot(0).load_observation(_obs(critic.runtime.config, 0), step=[1, 2, 3])
+        critic.slot(0).load_observation(random_obs(critic.runtime.config, 0), step=[1, 2, 3])
     with pytest.raises(ValueError, match="made from a runtime of batch 1"):
         PolicyRuntime(tiny_policy(), batch=2).batched(4)
 
@@ -124,8 +116,8 @@ def test_a_row_is_the_batch_of_ones_at_any_number_of_rows(trace, guidance):
     judge.set_language("pick")
     if guidance:
         one.set_conditioning(1, 1.5)
-    chunk = one.act(_obs(config, 1)).clone()
-    value = judge.evaluate(_obs(config, 1), step=4).clone()
+    chunk = one.act(random_obs(config, 1)).clone()
+    value = judge.evaluate(random_obs(config, 1), step=4).clone()
     for n in (1, 2, 3, 5, 8, 9, 16, 17):
         rows, critic = one.batched(n), judge.batched(n)
         for i in range(n):
@@ -134,8 +126,8 @@ def test_a_row_is_the_batch_of_ones_at_any_number_of_rows(trace, guidance):
             rows.slot(i).reset(7 if i == 0 else 100 + i)
             if guidance:
                 rows.slot(i).set_conditioning(1, 1.5 if i == 0 else 3.0)
-            rows.slot(i).load_observation(_obs(config, 1 if i == 0 else 50 + i))
-            critic.slot(i).load_observation(_obs(config, 1 if i == 0 else 50 + i), step=4 if i == 0 else i)
+            rows.slot(i).load_observation(random_obs(config, 1 if i == 0 else 50 + i))
+            critic.slot(i).load_observation(random_obs(config, 1 if i == 0 else 50 + i), step=4 if i == 0 else i)
         assert torch.equal(rows.act_rows(range(n))[0], chunk[0]), n
         assert torch.equal(critic.evaluate_rows(range(n))[0:1], value), n
         assert (rows.runtime.together, critic.runtime.together) == (True, True)
@@ -145,8 +137,8 @@ def test_a_row_is_the_batch_of_ones_at_any_number_of_rows(trace, guidance):
             rows.slot(i).reset(7)
             if guidance:
                 rows.slot(i).set_conditioning(1, 1.5)
-            rows.slot(i).load_observation(_obs(config, 1))
-            critic.slot(i).load_observation(_obs(config, 1), step=4)
+            rows.slot(i).load_observation(random_obs(config, 1))
+            critic.slot(i).load_observation(random_obs(config, 1), step=4)
         assert torch.equal(rows.act_rows(range(n)), chunk.expand(n, -1, -1)), n
         assert torch.equal(critic.evaluate_rows(range(n)), value.expand(n)), n
 
@@ -194,13 +186,13 @@ def test_runs_recorded_before_exact_sums_still_play_their_padded_rows():
     assert old.sums == "padded" and "sums" not in old.fingerprint() and LINEAR_ROWS == 4
     Arena([old]).allocate()
     old.reset(3)
-    obs = _obs(old.config, 2)
+    obs = random_obs(old.config, 2)
     chunk = old.act(obs).clone()
     rows = old.batched(3)
     assert rows.runtime.sums == "padded"
     for i in range(3):
         rows.slot(i).reset(3 if i == 1 else 50 + i)
-        rows.slot(i).load_observation(obs if i == 1 else _obs(old.config, 9 + i))
+        rows.slot(i).load_observation(obs if i == 1 else random_obs(old.config, 9 + i))
     assert torch.equal(rows.act_rows(range(3))[1], chunk[0])
     with pytest.raises(ValueError, match="sums is one of"):
         PolicyRuntime(tiny_policy(), sums="rounded")

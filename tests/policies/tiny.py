@@ -1,5 +1,7 @@
 """Tiny model configs so tests run in milliseconds."""
 
+import torch
+
 from capsule_rollout.tabletop.flow_policy import FlowPolicy, FlowPolicyConfig
 from capsule_rollout.tabletop.value_critic import CriticConfig, ValueCritic
 
@@ -41,3 +43,12 @@ def save_tiny_checkpoints(directory, seed: int = 0) -> tuple[str, str]:
     save_checkpoint(policy, kind=POLICY_KIND, model=tiny_policy(seed), step=0, config={"model": TINY_POLICY.to_json()})
     save_checkpoint(critic, kind=CRITIC_KIND, model=tiny_critic(seed), step=0, config={"model": TINY_CRITIC.to_json()})
     return str(policy), str(critic)
+
+
+def random_obs(config, seed: int) -> dict:
+    """An observation for a model of `config`: random uint8 images of its cameras and a random state, from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    obs = {f"image_{c}": torch.randint(0, 256, (config.image_size, config.image_size, 3), dtype=torch.uint8,
+                                       generator=g) for c in config.cameras}
+    obs["state"] = torch.randn(config.state_dim, generator=g)
+    return obs
