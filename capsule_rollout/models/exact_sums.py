@@ -68,8 +68,7 @@ class ExactWeights:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         w = weight.detach().reshape(weight.shape[0], -1).to(torch.float64)
-        self.k = w.shape[1]
-        self.bits_in, bits_w = split_bits(self.k)
+        self.bits_in, bits_w = split_bits(w.shape[1])
         self.t = on_grid(w, bits_w, 1).t().contiguous()
         self.bias = None if bias is None else bias.detach().to(torch.float64)
 
