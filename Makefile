@@ -60,16 +60,19 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # `make test`: the unit tier (neither Ray nor training; in parallel, one worker per core), then the integration
-# tier (Ray, training, the command line, one at a time: its tests time hangs and deadlines). tests/conftest.py says
-# which is which, and fails a unit-tier test that starts Ray.
+# tier (Ray, training, the command line): its modules spread over INTEGRATION_WORKERS workers (a Ray session each;
+# they wait on Ray and on child processes as much as they compute), then the tests that time hangs against short
+# deadlines (`serial`), alone. tests/conftest.py says which is which, and fails a unit-tier test that starts Ray.
 UNIT_WORKERS ?= auto
+INTEGRATION_WORKERS ?= 3
 test: test-unit test-integration
 
 test-unit: $(STAMP)
 	CAPSULE_ROLLOUT_TEST_TIER=unit $(PY) -m pytest -m "not slow and not integration" -n $(UNIT_WORKERS) --durations=10 $(PYTEST_ARGS)
 
 test-integration: $(STAMP)
-	$(PY) -m pytest -m "not slow and integration" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and integration and not serial" -n $(INTEGRATION_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and serial" --durations=10 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

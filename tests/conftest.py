@@ -38,6 +38,10 @@ INTEGRATION = ("tests/experiments/", "tests/benchmarks/", "tests/learning/", "te
                "tests/rollout/test_preflight.py", "tests/rollout/test_record.py", "tests/rollout/test_served_sources.py",
                "tests/rollout/test_infer_rows.py", "tests/rollout/test_remote_policy.py", "tests/test_import_path.py",
                "tests/models/test_kernel_paths.py")
+SERIAL = ("tests/rollout/test_ray_driver.py", "tests/reliability/test_ray_driver_faults.py",
+          "tests/experiments/test_sim_rollout.py")
+"""Integration tests that time hangs against deadlines of a second or two: run after the others, alone (marked
+`serial`), so that no test beside them stretches a step past its deadline."""
 UNIT_TIER = os.environ.get("CAPSULE_ROLLOUT_TEST_TIER") == "unit"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,6 +54,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         where = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
         if "ray" in item.keywords or where.startswith(INTEGRATION):
             item.add_marker(pytest.mark.integration)
+        if where.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(autouse=True)
