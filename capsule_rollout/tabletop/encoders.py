@@ -98,6 +98,7 @@ class VisionEncoder(nn.Module):
         ])
         self.norms = nn.ModuleList([nn.GroupNorm(8, c) for c in channels])
         self.films = nn.ModuleList([FiLM(cond_dim, c) for c in channels])
+        self.act = nn.SiLU()  # a module: the batch-invariant copy aligns its rows (`models.runtime.ACTIVATIONS`)
         side = math.ceil(math.ceil(image_size / 2) / 2)
         self.keypoints = SpatialSoftmax(side, side)
         self.out = nn.Sequential(nn.Linear(3 * c2, out_dim), nn.LayerNorm(out_dim), nn.SiLU())
@@ -106,7 +107,7 @@ class VisionEncoder(nn.Module):
         x = images.permute(0, 3, 1, 2).to(torch.float32) / 255.0 - 0.5
         x = torch.cat([x, self.coords.expand(x.shape[0], -1, -1, -1)], dim=1)
         for conv, norm, film in zip(self.convs, self.norms, self.films):
-            x = film(F.silu(norm(conv(x))), cond)
+            x = film(self.act(norm(conv(x))), cond)
         feats = torch.cat([self.keypoints(x), x.mean(dim=(2, 3))], dim=-1)
         return self.out(feats)
 

@@ -11,6 +11,7 @@ import torch
 
 from capsule_rollout.capsules import Arena
 from capsule_rollout.models.exact_sums import ExactWeights, exact_linear
+from capsule_rollout.models.runtime import invariant_copy
 from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.flow_policy import load_policy
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
@@ -48,8 +49,15 @@ def main() -> None:
         chunks, values = rows.act_rows(range(8)), judges.evaluate_rows(range(8))
         at = range(8) if where is None else [where]
         agree.append(all(torch.equal(chunks[i], chunk[0]) and torch.equal(values[i], value[0]) for i in at))
+    torch.manual_seed(0)
+    narrow = invariant_copy(torch.nn.Sequential(torch.nn.Linear(6, 20), torch.nn.SiLU(), torch.nn.Linear(20, 20),
+                                                torch.nn.Sigmoid()).eval())
+    xs = torch.randn(64, 6) * 3
+    with torch.no_grad():  # rows of 20 activations: a multiple of no vector width
+        narrow_agree = torch.equal(narrow(xs), torch.cat([narrow(xs[i: i + 1]) for i in range(xs.shape[0])]))
     print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "sums": digest,
-                      "rows_agree": all(agree), "one_call": rows.runtime.together and judges.runtime.together}))
+                      "rows_agree": all(agree), "one_call": rows.runtime.together and judges.runtime.together,
+                      "narrow_rows_agree": narrow_agree}))
 
 
 if __name__ == "__main__":

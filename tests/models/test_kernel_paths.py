@@ -43,7 +43,7 @@ def probes() -> dict[str, dict]:
 def test_the_rows_agree_in_one_call_under_every_kernel_path(probes):
     assert probes["aten-avx2"]["capability"] == "AVX2" and probes["aten-scalar"]["capability"] == "DEFAULT"
     for name, probe in probes.items():
-        assert probe["rows_agree"] and probe["one_call"], (name, probe)
+        assert probe["rows_agree"] and probe["one_call"] and probe["narrow_rows_agree"], (name, probe)
 
 
 def test_the_exact_sums_are_the_same_bits_on_every_kernel_path(probes):
