@@ -62,11 +62,23 @@ def _linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return exact_linear(x, layer.exact_t, layer.exact_bias, layer.exact_bits_in)
 
 
+def _onednn(layer: torch.nn.Conv2d, x: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and layer.padding_mode == "zeros" and not isinstance(layer.padding, str))
+
+
 def _conv_per_image(layer: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)`, each image by the call a batch of one makes (the same shapes, the same kernel), output in
-    contiguous (N, C, H, W)."""
-    return torch.cat([layer._conv_forward(x[i: i + 1], layer.weight, layer.bias).contiguous()
-                      for i in range(x.shape[0])])
+    """`layer(x)`, each image by one call of a batch of one (the same shapes, the same kernel), output in
+    contiguous (N, C, H, W). On the CPU the call is oneDNN's convolution: for some small images torch would
+    pick its native kernel at a batch of one, 1.5x slower."""
+    if _onednn(layer, x):
+        def conv(image: torch.Tensor) -> torch.Tensor:
+            return torch.mkldnn_convolution(image, layer.weight, layer.bias, layer.padding, layer.stride,
+                                            layer.dilation, layer.groups)
+    else:
+        def conv(image: torch.Tensor) -> torch.Tensor:
+            return layer._conv_forward(image, layer.weight, layer.bias)
+    return torch.cat([conv(x[i: i + 1]).contiguous() for i in range(x.shape[0])])
 
 
 ALIGN = 64
