@@ -82,8 +82,8 @@ def _conv_per_image(layer: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 
 ALIGN = 64
-"""Elements a row of an activation is padded to a multiple of (`invariant_copy`): twice the widest vector of
-AVX-512 (16 float32), and of 16-bit floats' (32)."""
+"""Elements a row of an activation is padded to a multiple of (`invariant_copy`): two of AVX-512's widest
+vectors (32 16-bit floats each; 16 float32)."""
 ACTIVATIONS = (torch.nn.SiLU, torch.nn.Sigmoid, torch.nn.Tanh, torch.nn.GELU, torch.nn.Mish, torch.nn.Softplus,
                torch.nn.ELU, torch.nn.SELU, torch.nn.CELU, torch.nn.LogSigmoid)
 """Activations whose CPU kernels round an element by where it falls: ATen runs a tensor's elements through a
@@ -127,9 +127,9 @@ def _conv_padded(layer: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 def invariant_copy(model: torch.nn.Module, sums: str = "exact") -> torch.nn.Module:
     """A copy of `model` whose linear layers sum exactly (`models.exact_sums`), whose 2-D convolutions take each
     image as a batch of one does, whose activations (`ACTIVATIONS`) see rows aligned to the vector loop, and whose
-    modules with an `exact_sums()` method have had it called (`sums`
-    "padded": the layers of runs recorded before, see `SUMS`). The same parameters' values, so the same weights
-    hash; the caller's model is left as it is (it may go on training)."""
+    modules with an `exact_sums()` method have had it called (`sums` "padded": the layers of runs recorded before,
+    see `SUMS`). The same parameters' values, so the same weights hash; the caller's model is left as it is (it may
+    go on training)."""
     if getattr(model, "_sums", None) == sums:
         return model
     copy = deepcopy(model)
