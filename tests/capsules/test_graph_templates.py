@@ -20,16 +20,7 @@ from capsule_rollout.capsules.graph_read import BoundRef, Consumed, Ref, Shared,
 from capsule_rollout.capsules.graph_state import GraphState
 from capsule_rollout.capsules.graph_walk import Edges
 from capsule_rollout.capsules.state_reader import Decoder
-
-
-class Names:
-    """Every name this module's values use (the reader's own bounds are tested elsewhere)."""
-
-    def lookup(self, module, qualname, purpose):
-        found = sc.loaded(module, qualname)
-        if found is None:
-            raise sc.StateNameError(f"{module}:{qualname}")
-        return found
+from tests.capsules.any_name import AnyLoadedName
 
 
 class Color(enum.Enum):
@@ -60,7 +51,7 @@ class Table(dict):
 def read(value: Any) -> tuple[Any, Decoder]:
     """`value` written and read back as `GraphState._read` reads a snapshot's states (bound methods kept as
     `BoundRef`)."""
-    reader = Decoder(sc.encode(value), Names())
+    reader = Decoder(sc.encode(value), AnyLoadedName())
     reader.bind = BoundRef
     return reader.decode(), reader
 
@@ -172,7 +163,7 @@ def test_a_template_makes_what_the_reader_makes_sharing_and_cycles_kept():
     template = compile_template(value, reader.built)
     assert template is not None
     first, second = template({}), template({})
-    plain = sc.decode(sc.encode(everything()), Names())  # what the reader makes (bound methods bound)
+    plain = sc.decode(sc.encode(everything()), AnyLoadedName())  # what the reader makes (bound methods bound)
     for out in (first, second):
         assert same(out, plain)
     assert first["self"] is first and first["shared"] is first["again"] is first["holds"][0]

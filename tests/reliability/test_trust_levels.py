@@ -26,6 +26,7 @@ from capsule_rollout.capsules import state_codec as sc
 from capsule_rollout.capsules.graph_names import GraphNamespace
 from capsule_rollout.capsules.state_codec import StateDecodeError, decode, encode
 from capsule_rollout.envs.suites import make_env
+from tests.capsules.any_name import AnyLoadedName
 
 OTHER_KEY = "someone-else-s-key-0123456789abcdef"
 COUNTER = "tests.envs.broken_envs:make_counter"
@@ -38,16 +39,6 @@ def _str(s: str) -> bytes:
 
 def _global(module: str, qualname: str) -> bytes:
     return bytes([sc.GLOBAL]) + _str(module) + _str(qualname)
-
-
-class _Everything:
-    """A namespace that accepts any name it finds (the reader's own bounds are what is tested)."""
-
-    def lookup(self, module, qualname, purpose):
-        found = sc.loaded(module, qualname)
-        if found is None:
-            raise sc.StateNameError(f"{module}:{qualname}")
-        return found
 
 
 def _evil_capsule(tmp_path, marker):
@@ -163,7 +154,7 @@ def test_no_extension_class_is_made_by_new_alone(cls):
     module, qualname = cls.split(":")
     stream = sc.MAGIC + bytes([sc.OBJECT]) + _global(module, qualname) + bytes([sc.NONE, sc.DICT, 0, sc.NONE])
     with pytest.raises(StateDecodeError, match="never made from a capsule|never run"):
-        decode(stream, _Everything())
+        decode(stream, AnyLoadedName())
 
 
 def test_a_pcg64_made_by_new_no_longer_crashes_a_process(tmp_path):
@@ -194,7 +185,7 @@ def _peak(stream: bytes) -> tuple[int, bool]:
     tracemalloc.start()
     try:
         try:
-            decode(stream, _Everything())
+            decode(stream, AnyLoadedName())
             refused = False
         except StateDecodeError:
             refused = True
@@ -242,10 +233,10 @@ def test_nesting_through_back_references_is_bounded():
     items = bytes([sc.TUPLE, 0]) + b"".join(bytes([sc.TUPLE, 1, sc.MEMO]) + sc._varint(i + 1) for i in range(n))
     stream = sc.MAGIC + bytes([sc.LIST]) + sc._varint(n + 1) + items
     with pytest.raises(StateDecodeError, match="nested more than 200 deep \\(through back references\\)"):
-        decode(stream, _Everything())
+        decode(stream, AnyLoadedName())
     ok = sc.MAGIC + bytes([sc.LIST]) + sc._varint(51) + items[: 2 + sum(len(bytes([sc.TUPLE, 1, sc.MEMO]) +
                                                                              sc._varint(i + 1)) for i in range(50))]
-    assert len(decode(ok, _Everything())) == 51  # shallow sharing still reads
+    assert len(decode(ok, AnyLoadedName())) == 51  # shallow sharing still reads
 
 
 def test_keys_that_share_a_hash_are_refused():
@@ -254,10 +245,10 @@ def test_keys_that_share_a_hash_are_refused():
     keys = [i * p for i in range(1, 2001)]
     assert len({hash(k) for k in keys}) == 1
     with pytest.raises(StateDecodeError, match="share a hash"):
-        decode(encode({k: 0 for k in keys}), _Everything())
+        decode(encode({k: 0 for k in keys}), AnyLoadedName())
     with pytest.raises(StateDecodeError, match="share a hash"):
-        decode(encode(set(keys)), _Everything())
-    assert len(decode(encode({i: 0 for i in range(5000)}), _Everything())) == 5000
+        decode(encode(set(keys)), AnyLoadedName())
+    assert len(decode(encode({i: 0 for i in range(5000)}), AnyLoadedName())) == 5000
 
 
 VALUES = st.recursive(
@@ -285,7 +276,7 @@ def test_any_damage_to_a_stream_is_the_reader_s_own_error(value, data):
         else:
             stream.insert(at, byte)
     try:
-        decode(bytes(stream), _Everything())
+        decode(bytes(stream), AnyLoadedName())
     except StateDecodeError:
         pass
 
@@ -300,7 +291,7 @@ def test_the_reader_s_error_for_anything_a_class_raises():
     stream = sc.MAGIC + bytes([sc.SET, 1, sc.OBJECT]) + _global(__name__, "Boom") + bytes(
         [sc.NONE, sc.DICT, 0, sc.NONE])
     with pytest.raises(StateDecodeError, match="AttributeError"):
-        decode(stream, _Everything())
+        decode(stream, AnyLoadedName())
 
 
 def test_an_actor_restores_a_saved_capsule_only_for_the_seed_it_was_signed_for(tmp_path):
