@@ -17,7 +17,7 @@ from benchmarks.report import Block, Table, publish
 from benchmarks.timing import machine, stats_us
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.envs.robot_bridge import RobotClient
-from capsule_rollout.envs.robot_protocol import Message
+from capsule_rollout.robot_side.protocol import Message
 from capsule_rollout.tabletop.sim_robot import SimRobotServer
 
 

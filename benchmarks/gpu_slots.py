@@ -330,7 +330,7 @@ def worker(wid: int, cfg: dict, seeds: list[int], barrier, queue) -> None:
             sys.path.append(cfg["meta_site"])
         from capsule_rollout.rollout.host_config import HostConfig
         from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
-        from capsule_rollout.rollout.slot_host import episode_job
+        from capsule_rollout.rollout.slots.host import episode_job
 
         out["import_s"] = time.perf_counter() - t
         dev = cfg["device"]

@@ -54,8 +54,8 @@ LEVERS = ("no_bound", "no_quick_generators", "no_array_templates")
 @contextmanager
 def _turned_off(lever: str, env) -> Iterator[None]:
     """`lever` off for `env` while inside (each put back after). The levers are the compiled restore's own
-    (`capsules.graph_state`'s names, patched where it looks them up)."""
-    from capsule_rollout.capsules import graph_state
+    (`capsules.graph.state`'s names, patched where it looks them up)."""
+    from capsule_rollout.capsules.graph import state as graph_state
 
     quick, compile_template = graph_state.quick_state, graph_state.compile_template
     if lever == "no_bound":

@@ -23,7 +23,7 @@ from benchmarks.timing import machine
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.slot_host import episode_job
+from capsule_rollout.rollout.slots.host import episode_job
 
 
 @dataclass(frozen=True)

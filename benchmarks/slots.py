@@ -38,7 +38,7 @@ from capsule_rollout.rollout.branching import BranchActor, BranchItem
 from capsule_rollout.rollout.host_config import two_lanes
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig, episode_noise_seed
-from capsule_rollout.rollout.slot_host import episode_job
+from capsule_rollout.rollout.slots.host import episode_job
 
 
 @dataclass(frozen=True)

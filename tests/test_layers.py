@@ -20,25 +20,24 @@ REPOSITORY_ONLY = ("benchmarks", "tests", "examples")
 BENCHMARKS = ROOT.parent / "benchmarks"
 # The core: knows nothing of the tabletop example, which plugs into it as a user's package does (entry points)
 CORE = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "robot_side")
-# what runs on the robot's computer (numpy alone, LeRobot inside functions): these modules of envs/ and no other
-ROBOT_SIDE_ENVS = {"envs.robot_backend", "envs.robot_connection", "envs.robot_server", "envs.robot_protocol",
-                   "envs.robot_admission", "envs.operator_input", "envs.robot_operator"}
 # package -> project modules it may import (a dotted entry allows that module only)
 ALLOWED = {
     "capsules": set(),
     "models": {"capsules"},
-    "envs": {"capsules"},
+    # the host's side of the robot bridge (envs.robot_client, robot_env) speaks the robot side's protocol
+    "envs": {"capsules", "robot_side"},
     "policies": {"capsules", "models"},
     "critics": {"capsules", "models"},
     "stores": set(),  # episodes and their store formats: numpy, zarr, pyarrow; no other layer
-    "rollout": {"capsules", "models", "envs", "policies", "critics", "stores"},
+    "rollout": {"capsules", "models", "envs", "policies", "critics", "stores", "robot_side"},
     # learning's loops run over the protocols (a RECAP recipe supplies the trainers); the example builds on them
-    "learning": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout"},
-    "tabletop": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
-    "commands": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning"},
+    "learning": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "robot_side"},
+    "tabletop": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "robot_side"},
+    "commands": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "robot_side"},
     "experiments": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
                     "commands", "robot_side"},
-    "robot_side": ROBOT_SIDE_ENVS,
+    # what runs on the robot's computer (numpy alone, LeRobot inside functions): the whole package, nothing else
+    "robot_side": set(),
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
 # modules at the namespace's root that every layer may import: standard library only, importing no layer
@@ -238,7 +237,7 @@ def _imports_by_depth(source: str, package_path: str) -> tuple[list[str], list[s
 
 
 def _project_module(name: str) -> str | None:
-    """`capsule_rollout.envs.robot_server` for any name under it that is a module file of the project."""
+    """`capsule_rollout.robot_side.server` for any name under it that is a module file of the project."""
     parts = name.split(".")
     while parts and parts[0] == NS:
         path = ROOT.parent.joinpath(*parts)
@@ -277,21 +276,23 @@ def robot_side_closure() -> tuple[set[str], set[str], set[str]]:
 
 
 def test_the_robot_side_imports_numpy_alone_and_ships_all_it_imports():
-    """The robot side (robot_side/ and the envs modules it uses) imports numpy alone when imported, LeRobot and its
-    parser (draccus) only inside the functions that build a LeRobot robot; the robot side's distribution
-    (packaging/robot) ships exactly those modules."""
+    """The robot side (the package robot_side/, whole) imports numpy alone when imported, LeRobot and its parser
+    (draccus) only inside the functions that build a LeRobot robot, and of the project only itself and the
+    namespace's root modules; its distribution (packaging/robot) ships the package and exactly those root modules."""
     import tomllib
 
     modules, top_level, in_functions = robot_side_closure()
     assert top_level == {"numpy"}, top_level
     assert in_functions <= {"numpy", "lerobot", "draccus"}, in_functions
     layers = {m[len(NS) + 1:] for m in modules if m != NS}
-    assert {m for m in layers if m.startswith("envs.")} == ROBOT_SIDE_ENVS
-    assert not {m.split(".")[0] for m in layers} - {"envs", "robot_side"} - ROOT_MODULES
+    assert not {m.split(".")[0] for m in layers} - {"robot_side"} - ROOT_MODULES, sorted(layers)
     project = tomllib.loads((ROOT.parent / "packaging" / "robot" / "pyproject.toml").read_text())
-    shipped = set(project["tool"]["setuptools"]["py-modules"])
-    packages = {m for m in modules if (ROOT.parent.joinpath(*m.split(".")) / "__init__.py").is_file()}
-    assert shipped == modules - packages, (sorted(shipped - modules), sorted(modules - packages - shipped))
+    setup = project["tool"]["setuptools"]
+    assert setup["packages"] == [f"{NS}.robot_side"]
+    whole = {f"{NS}.robot_side.{p.stem}" for p in (ROOT / "robot_side").glob("*.py") if p.stem != "__init__"}
+    assert whole <= modules
+    roots = {m for m in modules if m.split(".")[1:2] and m.split(".")[1] in ROOT_MODULES}
+    assert set(setup["py-modules"]) == roots, (sorted(setup["py-modules"]), sorted(roots))
     main = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
     assert project["project"]["version"] == main["project"]["version"]
     assert project["project"]["dependencies"] == ["numpy>=1.26"]

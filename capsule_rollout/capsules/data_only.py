@@ -1,5 +1,5 @@
 """The data level of a restore (`capsules.trust.Trust.DATA`, `--trust`): a capsule's Python state, read and resolved in
-the env built here (`capsules.graph_state.GraphState.prepare`), checked place by place against what that env holds
+the env built here (`capsules.graph.state.GraphState.prepare`), checked place by place against what that env holds
 now, before anything is set.
 
 Data goes anywhere: numbers, strings, bytes, arrays, tensors, enum members, numpy dtypes and scalar types, the
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from capsule_rollout.capsules.graph_apply import MISSING
-from capsule_rollout.capsules.graph_walk import Path, fmt
+from capsule_rollout.capsules.graph.apply import MISSING
+from capsule_rollout.capsules.graph.walk import Path, fmt
 from capsule_rollout.capsules.state_codec import _SUBCLASS_BASES, SAFE_TYPES, loaded
 from capsule_rollout.capsules.trust import safe_type
 
@@ -47,7 +47,7 @@ _LEAVES = frozenset({type(None), bool, int, float, complex, str, bytes, bytearra
                      type(NotImplemented), np.ndarray, np.random.Generator, np.random.RandomState, np.random.PCG64,
                      np.random.PCG64DXSM, np.random.MT19937, np.random.Philox, np.random.SFC64, random.Random})
 """Values that are data; numpy's and random's generators among them (of these very classes: made by their own
-constructors and set through their state API, `graph_read.new_generator`)."""
+constructors and set through their state API, `graph.read.new_generator`)."""
 _SEQUENCES = (list, tuple, collections.deque)
 _MAPPINGS = (dict, collections.OrderedDict, collections.defaultdict)
 _HARMLESS_CLASSES = frozenset(t for t in (loaded(*k.split(":")) for k in SAFE_TYPES) if isinstance(t, type))

@@ -3,7 +3,7 @@ whoever read it, never read from a file), and the classes a user declares safe t
 level. The levels (docs/how-to/sharing-capsules.md and docs/DESIGN.md carry the same table):
 
 - `OWN`: a capsule made in this process, or read from a file signed with this user's key. A restore sets what the
-  env made: any state of the env's own graph (`capsules.graph_state`), instances of its classes made fresh.
+  env made: any state of the env's own graph (`capsules.graph.state`), instances of its classes made fresh.
 - `DATA` (`replay --trust`): a file not signed with this user's key, the user vouching for its source. A restore
   sets data only: MuJoCo state, arrays, numbers, strings, bytes and containers of them, generators of numpy's and
   random's own classes (made by their constructors, set through their state API), enum members; an instance only

@@ -255,7 +255,7 @@ class SimRolloutConfig:
     has every episode of its call re-run. With --slots, at least 4 per slot."""
     slots: int = 1
     """Env slots per actor: episodes played side by side in one process, their policy and critic calls batched
-    into one per round (rollout/slot_host.py). The project's policy and critic are batch-invariant, so
+    into one per round (rollout/slots/host.py). The project's policy and critic are batch-invariant, so
     their episodes are the same at any slot count; a user's policy or critic may round by batch size
     (`--check_slots` says), so a run resumes with the slots it was made with, and replays with them unless
     `replay --slots` says otherwise."""

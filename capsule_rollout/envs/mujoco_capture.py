@@ -14,9 +14,9 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
-from capsule_rollout.capsules.graph_walk import fmt, resolve
-from capsule_rollout.envs.graph_handles import handle_fields
+from capsule_rollout.capsules.graph.walk import fmt, resolve
 from capsule_rollout.envs.object_graph import env_walk as walk
+from capsule_rollout.envs.object_graph import handle_fields
 
 OBSERVATION_KEY = "observation"
 """The suite's own observation, flattened to float64, next to `state` (float32) in `observe()`."""

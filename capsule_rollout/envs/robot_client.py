@@ -1,6 +1,6 @@
 """The rollout side of the robot bridge: `RobotClient` (observe, act, reset, e-stop) and its errors.
 
-The client says hello as protocol 2 asks (`envs.robot_protocol`): it waits for the server's challenge and
+The client says hello as protocol 2 asks (`robot_side.protocol`): it waits for the server's challenge and
 answers with a proof of the token over its nonce, so the token never leaves this process. What the welcome
 announces (cameras, image shape, state size) is checked against what a frame can carry before anything is sized
 by it, and operator events are kept up to `MAX_OPERATOR_EVENTS`: no count the robot side sends is unbounded here.
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from capsule_rollout.envs.robot_protocol import (
+from capsule_rollout.robot_side.protocol import (
     MAX_ARRAYS,
     MAX_PAYLOAD,
     ConnectionClosed,
@@ -171,8 +171,8 @@ class RobotClient:
 
     def operator_events(self) -> list[str]:
         """Operator events the robot side sent with its observations since the last call (`kind` or
-        `kind:text`, kinds of `envs.operator_input.Kind`; the latest `MAX_OPERATOR_EVENTS`);
-        `envs.robot_operator.RobotOperator` reads them."""
+        `kind:text`, kinds of `robot_side.operator_input.Kind`; the latest `MAX_OPERATOR_EVENTS`);
+        `robot_side.operator.RobotOperator` reads them."""
         events, self._operator_events = self._operator_events, []
         return events
 

@@ -20,12 +20,12 @@ import numpy as np
 
 from capsule_rollout.commands.configs import RealRecapConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
-from capsule_rollout.envs.operator_input import KeyboardOperator, ScriptedOperator, parse_script
 from capsule_rollout.envs.robot_bridge import RobotClient
 from capsule_rollout.envs.robot_env import RobotEnv
-from capsule_rollout.envs.robot_operator import OperatorMix, RobotOperator
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.robot_side.operator import OperatorMix, RobotOperator
+from capsule_rollout.robot_side.operator_input import KeyboardOperator, ScriptedOperator, parse_script
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, check_spec, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.stores.npz_recorder import NpzRecorder

@@ -29,8 +29,8 @@ from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec
 from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts, summarize_run
 from capsule_rollout.rollout.record import OpenedRun, episode_id_of, open_run, run_spec
 from capsule_rollout.rollout.rollout_actor import WorkItem
-from capsule_rollout.rollout.slot_check import check_slots, require_slots
-from capsule_rollout.rollout.slot_host import instances_by_actor
+from capsule_rollout.rollout.slots.check import check_slots, require_slots
+from capsule_rollout.rollout.slots.host import instances_by_actor
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import ShardedStore, parse_store_root

@@ -23,7 +23,7 @@ from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.record import episode_id_of
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.slot_host import instances_by_actor
+from capsule_rollout.rollout.slots.host import instances_by_actor
 
 
 class EpisodesLostError(RuntimeError):

@@ -10,7 +10,7 @@ from capsule_rollout.learning.evaluation import EpisodesLostError
 from capsule_rollout.rollout.branching import branch_value, require_capturable
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.slot_host import SlotHost
+from capsule_rollout.rollout.slots.host import SlotHost
 
 
 class BoundaryKeeper(EpisodeObserver):

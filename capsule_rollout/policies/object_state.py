@@ -3,7 +3,7 @@
 `ObjectState(obj)` captures it one of two ways:
 - **hooks**: the object has `get_state()` and `set_state(state)`; the state (plain values, containers, numpy
   arrays, torch tensors) is written with `capsules.state_codec` and handed back to `set_state` after a restore;
-- **graph** (nothing declared): the object's whole Python object graph (`capsules.graph_state.GraphState`), as
+- **graph** (nothing declared): the object's whole Python object graph (`capsules.graph.state.GraphState`), as
   an env's is captured: its attributes, containers, queues, generators; a torch module's weights, buffers and
   submodules and read-only numpy arrays of 64 KiB or more are taken by reference (never copied: a capsule holds
   what changes, not the weights).
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from capsule_rollout.capsules import BufferSpec, state_codec
-from capsule_rollout.capsules.graph_read import GraphStateError
-from capsule_rollout.capsules.graph_state import GraphState
-from capsule_rollout.capsules.graph_walk import fmt
+from capsule_rollout.capsules.graph.read import GraphStateError
+from capsule_rollout.capsules.graph.state import GraphState
+from capsule_rollout.capsules.graph.walk import fmt
 from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError
 
 MIN_BYTES = 1 << 18

@@ -7,9 +7,9 @@ own. The command: `python -m capsule_rollout.robot_side.serve` (`capsule-rollout
 Importing this package imports no LeRobot.
 """
 
-from capsule_rollout.envs.robot_backend import RobotBackend
-from capsule_rollout.envs.robot_server import RobotServer
+from capsule_rollout.robot_side.backend import RobotBackend
 from capsule_rollout.robot_side.lerobot_backend import LeRobotBackend, LeRobotLimits, calibrated_ranges
+from capsule_rollout.robot_side.server import RobotServer
 from capsule_rollout.robot_side.teleop_buttons import TeleopButtons
 
 __all__ = ["LeRobotBackend", "LeRobotLimits", "RobotBackend", "RobotServer", "TeleopButtons", "calibrated_ranges"]

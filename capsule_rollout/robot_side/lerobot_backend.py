@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from capsule_rollout.envs.robot_backend import RobotBackend
+from capsule_rollout.robot_side.backend import RobotBackend
 
 DEFAULT_HZ = 30.0  # LeRobot's recording default (`lerobot-record --dataset.fps`)
 NORM_RANGES = {"range_m100_100": (-100.0, 100.0), "range_0_100": (0.0, 100.0)}

@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from dataclasses import field, make_dataclass
 from typing import Any
 
-from capsule_rollout.envs.operator_input import KeyboardOperator, OperatorSource
-from capsule_rollout.envs.robot_backend import RobotBackend
-from capsule_rollout.envs.robot_operator import OperatorMix
-from capsule_rollout.envs.robot_server import RobotServer
 from capsule_rollout.import_path import resolve
+from capsule_rollout.robot_side.backend import RobotBackend
 from capsule_rollout.robot_side.lerobot_backend import LeRobotBackend, LeRobotLimits
+from capsule_rollout.robot_side.operator import OperatorMix
+from capsule_rollout.robot_side.operator_input import KeyboardOperator, OperatorSource
+from capsule_rollout.robot_side.server import RobotServer
 from capsule_rollout.robot_side.teleop_buttons import TeleopButtons
 
 TOKEN_ENV = "CAPSULE_ROLLOUT_ROBOT_TOKEN"  # the token from the environment: it stays out of the process list

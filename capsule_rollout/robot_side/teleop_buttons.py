@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capsule_rollout.envs.operator_input import Kind, OperatorEvent
+from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent
 
 
 def _flags(events: Any) -> dict[str, bool]:

@@ -129,9 +129,9 @@ class HostSpec:
     observers: tuple[tuple[str, str], ...] = ()
     """(import path `module:factory`, JSON kwargs) of episode observers built in each process."""
     slots: int = 1
-    """Env slots per host (`rollout.slot_host`): episodes played side by side in one process, their policy and
+    """Env slots per host (`rollout.slots.host`): episodes played side by side in one process, their policy and
     critic calls batched. Part of the run's identity: the project's policy and critic play the same episodes at
-    any N (batch-invariant runtimes), a user's may round by batch size (`rollout.slot_check`)."""
+    any N (batch-invariant runtimes), a user's may round by batch size (`rollout.slots.check`)."""
     env_threads: int = 1
     """Threads that step a host's slots between batched calls (slot i on thread i mod W): slots step in parallel
     where the env releases the GIL (MuJoCo). Does not change what is played."""
@@ -371,7 +371,7 @@ def build_slots(spec: HostSpec, *, recorder=None, policy: Callable[[], Loaded] |
     slot. `policy`: as `build_host`'s (called once per instance). A spec over several tasks (`suite:*`): the slots
     start on `task` and play any task of the suite (`episode_job(..., task=)`), each slot's host for a task made
     when it first plays it, over the same rows (one policy and critic for every task)."""
-    from capsule_rollout.rollout.slot_host import LoopRows, SlotHost, rows_of
+    from capsule_rollout.rollout.slots.host import LoopRows, SlotHost, rows_of
 
     multi = is_multi_task(spec.env)
     if multi and not task:

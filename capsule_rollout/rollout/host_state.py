@@ -3,7 +3,7 @@
 The action queue of the current chunk, where in it the host is, the critic's value of
 the chunk, the low-value streak, the chunk count, what the planner last published, and
 a copy of the hand-off block at the boundary, the step the operator was last polled at and
-the operator's own state (`envs.operator_input.OperatorSource`). Every field is a buffer of its own (a
+the operator's own state (`robot_side.operator_input.OperatorSource`). Every field is a buffer of its own (a
 named counter, not an index into one array); numpy views of them are what the control
 loop reads and writes each step (the same memory, cheap to index).
 """

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from capsule_rollout.envs.operator_input import OperatorSource
+from capsule_rollout.robot_side.operator_input import OperatorSource
 from capsule_rollout.rollout.handoff import SubtaskChannel
 
 

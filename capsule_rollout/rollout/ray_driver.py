@@ -50,7 +50,7 @@ class _Call:
 
 def calls_in_flight(spec: HostSpec, actor_cls: type[RolloutActor]) -> int:
     """Calls an actor holds at once: 2 for an actor of slots whose calls play side by side (the second call's
-    items fill the slots the first call's last items leave free: `rollout.slot_calls`), else 1."""
+    items fill the slots the first call's last items leave free: `rollout.slots.calls`), else 1."""
     return 2 if spec.slots > 1 and actor_cls.side_by_side else 1
 
 

@@ -46,7 +46,7 @@ from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.ray_driver import RayDriver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.slot_host import rows_filled
+from capsule_rollout.rollout.slots.host import rows_filled
 from capsule_rollout.rollout.work_plan import (
     LOST,
     DriverStats,

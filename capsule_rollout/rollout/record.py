@@ -50,8 +50,8 @@ from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 from capsule_rollout.rollout.run_capsules import capsule_path
 from capsule_rollout.rollout.run_trust import check_label, replay_spec, signed_spec
-from capsule_rollout.rollout.slot_check import check_slots as check_slots_of
-from capsule_rollout.rollout.slot_check import require_slots
+from capsule_rollout.rollout.slots.check import check_slots as check_slots_of
+from capsule_rollout.rollout.slots.check import require_slots
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.env_description import EnvDescription, write_env_description
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -178,7 +178,7 @@ def record_rollouts(
     many from `FIRST_SEED` (as the command line's `--seeds.count`). `observers`: import paths, each
     `package.module:factory` or `package.module:factory={JSON kwargs}`. `on_report(report, stats)`: called for each
     episode's report as it comes back. `check_slots`: before the run, play the first seed at 1 slot and in the last of
-    `slots` and put what was found in the summary's `slot_check` (`rollout.slot_check`).
+    `slots` and put what was found in the summary's `slot_check` (`rollout.slots.check`).
 
     Before any actor starts, the env, policy and critic are built here once and probed (`rollout.preflight`:
     `PreflightError`, a ValueError naming the object, for what cannot work); `n_exec` unset is what the checkpoint

@@ -2,8 +2,8 @@
 it is handed and returns: `WorkItem` (seed, episode id, attempt, repeat, task) and `ActorReport`.
 
 The actor plays one item per call (or K, `run_batch`; with `HostSpec.slots` > 1 the K items are played on the
-host's slots side by side, `rollout.slot_host`, and the actor holds two calls at once, both played from one feed:
-`rollout.slot_calls`), builds the host for the item's task when a run over several of a suite's tasks
+host's slots side by side, `rollout.slots.host`, and the actor holds two calls at once, both played from one feed:
+`rollout.slots.calls`), builds the host for the item's task when a run over several of a suite's tasks
 (`HostSpec.env` `suite:*`) first needs it (with slots, one slot host for every task), records its episode to its
 own shard when the store is sharded, and turns a fatal CUDA error into the end of its process (the context is unusable;
 the driver re-runs the episode on a fresh one). The driver that places actors and hands them items is
@@ -45,8 +45,8 @@ from capsule_rollout.rollout.phase_clock import BUILD, WRITE, Hang, PhaseClock, 
 from capsule_rollout.rollout.rollout_host import RolloutHost, capsule_key
 from capsule_rollout.rollout.run_capsules import capsule_path, save_initial_capsule
 from capsule_rollout.rollout.run_trust import check_label
-from capsule_rollout.rollout.slot_calls import WATCH_POLL_S, SlotCalls
-from capsule_rollout.rollout.slot_host import SlotHost
+from capsule_rollout.rollout.slots.calls import WATCH_POLL_S, SlotCalls
+from capsule_rollout.rollout.slots.host import SlotHost
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.shard_manifest import ManifestEntry
@@ -163,7 +163,7 @@ class RolloutActor(SlotCalls):
         self._player = ThreadPoolExecutor(1, thread_name_prefix="rollout-play") if _in_ray_actor() else None
         self._current: int | None = None  # the index in the call of the item played (or its host built) now
         self._done: dict[int, ActorReport] = {}  # the call's items played so far
-        self._init_slot_calls()  # with slots: every call's items played from one feed (`rollout.slot_calls`)
+        self._init_slot_calls()  # with slots: every call's items played from one feed (`rollout.slots.calls`)
         self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         self._shard: ShardWriter | None = None
         if spec.pin_cores and hasattr(os, "sched_setaffinity"):

@@ -43,11 +43,11 @@ import torch
 
 from capsule_rollout.capsules import Arena, Capsule, CapsuleStore, restore, snapshot
 from capsule_rollout.critics.rollout_critic import RolloutCritic
-from capsule_rollout.envs.operator_input import OperatorSource
 from capsule_rollout.envs.rollout_env import RolloutEnv, action_bounds, image_key
 from capsule_rollout.models.inputs import provides
 from capsule_rollout.policies.execution_context import TwoLaneContext
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
+from capsule_rollout.robot_side.operator_input import OperatorSource
 from capsule_rollout.rollout.chunk_loop import ChunkLoop
 from capsule_rollout.rollout.handoff import SubtaskChannel
 from capsule_rollout.rollout.host_config import (  # noqa: F401 (capsule_key, episode_noise_seed: re-exported)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from capsule_rollout.envs.operator_input import Kind, OperatorEvent
+from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent
 
 
 class ValueTakeover:

@@ -16,9 +16,9 @@ import itertools
 
 import numpy as np
 
-from capsule_rollout.envs.operator_input import Kind, OperatorEvent
 from capsule_rollout.learning.evaluation import run_items
 from capsule_rollout.learning.stats import wilson_interval
+from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent
 from capsule_rollout.rollout.host_factory import build_host, make_observers
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_actor import WorkItem

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from capsule_rollout.envs.robot_backend import RobotBackend
-from capsule_rollout.envs.robot_server import RobotServer
+from capsule_rollout.robot_side.backend import RobotBackend
+from capsule_rollout.robot_side.server import RobotServer
 from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
 from capsule_rollout.tabletop.tabletop_env import ACTION_DIM, TabletopEnv
 

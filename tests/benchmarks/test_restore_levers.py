@@ -4,7 +4,7 @@
 import json
 
 from benchmarks.restore_levers import LEVERS, main
-from capsule_rollout.capsules import graph_state
+from capsule_rollout.capsules.graph import state as graph_state
 
 ENV = "tests.envs.broken_envs:make_counter"  # graph-captured: nothing declared
 

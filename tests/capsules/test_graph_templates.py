@@ -1,4 +1,4 @@
-"""`capsules.graph_read.Template`: the fresh copies a restore makes of a snapshot's states without reading its bytes
+"""`capsules.graph.read.Template`: the fresh copies a restore makes of a snapshot's states without reading its bytes
 again (and without pickle) are what the reader makes from those bytes, sharing and cycles kept, nothing mutable
 shared between two restores; the references to the env resolved at every restore unless the template holds them."""
 
@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capsule_rollout.capsules import state_codec as sc
-from capsule_rollout.capsules.graph_read import BoundRef, Consumed, Ref, Shared, compile_template
-from capsule_rollout.capsules.graph_state import GraphState
-from capsule_rollout.capsules.graph_walk import Edges
+from capsule_rollout.capsules.graph.read import BoundRef, Consumed, Ref, Shared, compile_template
+from capsule_rollout.capsules.graph.state import GraphState
+from capsule_rollout.capsules.graph.walk import Edges
 from capsule_rollout.capsules.state_reader import Decoder
 from tests.capsules.any_name import AnyLoadedName
 

@@ -12,7 +12,7 @@ from capsule_rollout.capsules import Arena, restore, snapshot
 from capsule_rollout.envs.suites import make_env
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.slot_host import episode_job
+from capsule_rollout.rollout.slots.host import episode_job
 from tests.envs.broken_envs import XML
 
 ENV = f"{__name__}:make_dict_env"

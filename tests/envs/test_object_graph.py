@@ -1,4 +1,4 @@
-"""The graph capture's Python state (`capsules.graph_state`, `envs.object_graph`): a crafted capsule runs no code
+"""The graph capture's Python state (`capsules.graph.state`, `envs.object_graph`): a crafted capsule runs no code
 and reaches no memory outside what it names, and a refused one leaves the env as it was."""
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def test_a_renderers_camera_and_options_are_values_set_in_place():
 def test_a_struct_state_of_other_fields_or_shapes_is_refused():
     import mujoco
 
-    from capsule_rollout.envs.graph_structs import VisualStructs
+    from capsule_rollout.envs.object_graph import VisualStructs
 
     structs, cam = VisualStructs(), mujoco.MjvCamera()
     state = structs.state(cam)

@@ -3,7 +3,7 @@
 import os
 import time
 
-from capsule_rollout.envs.operator_input import KeyboardOperator, KeyParser, Kind, OperatorEvent, ScriptedOperator
+from capsule_rollout.robot_side.operator_input import KeyboardOperator, KeyParser, Kind, OperatorEvent, ScriptedOperator
 
 
 def test_keys_become_events_with_takeover_toggling_and_coaching():

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from capsule_rollout.envs.robot_admission import PeerBackoff, TokenBudget
 from capsule_rollout.envs.robot_bridge import RobotClient, RobotDisconnected, RobotError
-from capsule_rollout.envs.robot_protocol import (
+from capsule_rollout.robot_side.admission import PeerBackoff, TokenBudget
+from capsule_rollout.robot_side.protocol import (
     PREFIX,
     PREFIX_BYTES,
     VERSION,

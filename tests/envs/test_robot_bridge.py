@@ -17,7 +17,7 @@ from capsule_rollout.envs.robot_bridge import (
     RobotServer,
 )
 from capsule_rollout.envs.robot_client import MAX_OPERATOR_EVENTS
-from capsule_rollout.envs.robot_protocol import (
+from capsule_rollout.robot_side.protocol import (
     NONCE_BYTES,
     PREFIX,
     VERSION,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capsule_rollout.envs.robot_protocol import (
+from capsule_rollout.robot_side.protocol import (
     ERROR_CODES,
     MAX_HEADER,
     NONCE_BYTES,

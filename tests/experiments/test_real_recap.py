@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from capsule_rollout.envs.operator_input import ScriptedOperator, parse_script
 from capsule_rollout.experiments.run import main
+from capsule_rollout.robot_side.operator_input import ScriptedOperator, parse_script
 from capsule_rollout.stores.npz_recorder import read_npz_episode
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from capsule_rollout.tabletop.sim_robot import SimRobotServer

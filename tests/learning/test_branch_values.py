@@ -115,7 +115,7 @@ def test_chunks_after_a_takeover_get_their_known_branch_values(tmp_path):
     """The operator takes over for step 1 (the policy's first chunk is dropped); the chunks from steps 2 and 4
     come after the takeover, and their branches meet the operator as the episode left it (played again: no
     second takeover), so the values are the known ones."""
-    from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent, ScriptedOperator
 
     store, host = tmp_path / "episodes.zarr", _host()
     host.teleop = lambda: np.full(DOF, -1.0, np.float32)

@@ -72,7 +72,7 @@ def mid_queue_in_slots(path: str, at: int = 3) -> dict:
     from capsule_rollout.rollout.branching import BoundaryCapsules
     from capsule_rollout.rollout.host_factory import HostSpec, build_slots
     from capsule_rollout.rollout.rollout_host import HostConfig
-    from capsule_rollout.rollout.slot_host import episode_job
+    from capsule_rollout.rollout.slots.host import episode_job
 
     before = LeRobotModel.loaded
     slots = build_slots(HostSpec(env="tabletop:pick_place", policy=path, slots=3, host=HostConfig(n_exec=1,

@@ -18,7 +18,7 @@ from capsule_rollout.rollout.branching import BoundaryCapsules
 from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
 from capsule_rollout.rollout.plug_in import LEROBOT_KIND, checkpoint_kind, describe_source, load_source
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
-from capsule_rollout.rollout.slot_host import ROWS_REPORT, SlotHost, episode_job, instances_by_actor
+from capsule_rollout.rollout.slots.host import ROWS_REPORT, SlotHost, episode_job, instances_by_actor
 from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 
 KEYS = {"observation.state": "state", "observation.images.front": "image_front"}

@@ -16,7 +16,7 @@ from capsule_rollout.rollout.branching import BoundaryCapsules
 from capsule_rollout.rollout.host_factory import HostSpec, build_slots
 from capsule_rollout.rollout.plug_in import as_rollout_policy
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
-from capsule_rollout.rollout.slot_host import LoopRows, episode_job
+from capsule_rollout.rollout.slots.host import LoopRows, episode_job
 from examples.stateful_policy import HistoryAndQueue
 
 ENV = "examples.own_env_and_policy:make_env"

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from capsule_rollout.envs.robot_bridge import RobotClient, RobotServer
-from capsule_rollout.envs.robot_protocol import MAX_ARRAYS, MAX_HEADER, PREFIX, VERSION, Message, encode
+from capsule_rollout.robot_side.protocol import MAX_ARRAYS, MAX_HEADER, PREFIX, VERSION, Message, encode
 from capsule_rollout.tabletop.sim_robot import SimBackend
 
 CLIENT_TIMEOUT_S = 5.0  # RobotClient's default: a client waits this long for any reply

@@ -16,7 +16,7 @@ import threading
 import time
 
 from capsule_rollout.envs.robot_bridge import RobotServer
-from capsule_rollout.envs.robot_protocol import (
+from capsule_rollout.robot_side.protocol import (
     ConnectionClosed,
     Message,
     ProtocolError,

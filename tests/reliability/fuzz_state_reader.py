@@ -1,5 +1,5 @@
 """A coverage-guided fuzzer (atheris, libFuzzer) of the capsule state reader: every input is decoded as a capsule's
-Python state would be, by the names an env's graph allows (`capsules.graph_names.GraphNamespace` of a MuJoCo env
+Python state would be, by the names an env's graph allows (`capsules.graph.names.GraphNamespace` of a MuJoCo env
 with Python state of its own), and must either read or fail with `StateDecodeError`; what reading allocates must
 stay under the reader's bound (`MEMORY_PER_BYTE` x the input + 1 MiB, traced by tracemalloc).
 
@@ -24,9 +24,9 @@ import atheris
 with atheris.instrument_imports(include=["capsule_rollout.capsules"]):
     from capsule_rollout.capsules import state_codec as sc
     from capsule_rollout.capsules import state_reader  # noqa: F401 - loaded lazily by decode: instrumented here
-    from capsule_rollout.capsules.graph_names import GraphNamespace
-    from capsule_rollout.capsules.graph_read import split
-    from capsule_rollout.capsules.graph_walk import walk
+    from capsule_rollout.capsules.graph.names import GraphNamespace
+    from capsule_rollout.capsules.graph.read import split
+    from capsule_rollout.capsules.graph.walk import walk
     from capsule_rollout.capsules.state_codec import StateDecodeError, decode
 
 import importlib.util  # noqa: E402 - after the instrumented imports

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from capsule_rollout.envs.robot_bridge import RobotClient, RobotError
-from capsule_rollout.envs.robot_protocol import Message, encode
+from capsule_rollout.robot_side.protocol import Message, encode
 from tests.reliability.bridge_fuzz import (
     CLIENT_TIMEOUT_S,
     actuator_session,

@@ -23,7 +23,7 @@ from capsule_rollout.capsules import (
     snapshot,
 )
 from capsule_rollout.capsules import state_codec as sc
-from capsule_rollout.capsules.graph_names import GraphNamespace
+from capsule_rollout.capsules.graph.names import GraphNamespace
 from capsule_rollout.capsules.state_codec import StateDecodeError, decode, encode
 from capsule_rollout.envs.suites import make_env
 from tests.capsules.any_name import AnyLoadedName

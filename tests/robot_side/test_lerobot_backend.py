@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
 from capsule_rollout.envs.robot_bridge import RobotClient
-from capsule_rollout.envs.robot_operator import OperatorMix, RobotOperator, parse_event
 from capsule_rollout.robot_side import LeRobotBackend, LeRobotLimits, RobotServer, TeleopButtons, calibrated_ranges
+from capsule_rollout.robot_side.operator import OperatorMix, RobotOperator, parse_event
+from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent, ScriptedOperator
 from capsule_rollout.robot_side.serve import main as serve_main
 
 DEG = 1024 * 360 / 4095  # a joint calibrated over ticks 1024..3072, in LeRobot's degrees

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BACKEND = textwrap.dedent('''
     import numpy as np
     import capsule_rollout
-    from capsule_rollout.envs.robot_backend import RobotBackend
+    from capsule_rollout.robot_side.backend import RobotBackend
 
     class TwoJoints(RobotBackend):
         name = capsule_rollout.__file__  # where the robot side was imported from, for the test to see

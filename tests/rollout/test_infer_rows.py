@@ -10,7 +10,7 @@ from capsule_rollout.critics.infer_critic_rows import InferCriticRows
 from capsule_rollout.policies.infer_policy_rows import InferPolicyRows
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.slot_host import LoopRows, episode_job
+from capsule_rollout.rollout.slots.host import LoopRows, episode_job
 from tests.rollout.test_plug_in import Distance, NoisyPush
 from tests.rollout.test_slots import same_episode
 

@@ -5,9 +5,9 @@ import time
 import numpy as np
 import pytest
 
-from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
 from capsule_rollout.envs.robot_bridge import RobotClient
 from capsule_rollout.envs.robot_env import RobotEnv
+from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent, ScriptedOperator
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime

@@ -172,7 +172,7 @@ def test_bad_configuration_is_refused():
 
 
 def test_operator_takeover_is_recorded_as_intervention_and_the_policy_replans():
-    from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent, ScriptedOperator
 
     h = make_host(max_steps=10, n_exec=4)
     expert = ScriptedExpert(h.env)
@@ -190,7 +190,7 @@ def test_operator_takeover_is_recorded_as_intervention_and_the_policy_replans():
 
 
 def test_operator_end_coach_and_estop():
-    from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent, ScriptedOperator
 
     h = make_host(max_steps=30)
     h.operator = ScriptedOperator({1: OperatorEvent(Kind.COACH, "push the green block"),
@@ -261,7 +261,7 @@ def test_a_branch_after_a_value_takeover_meets_the_operator_as_the_episode_did()
 
 
 def test_a_branch_meets_a_scripted_operator_where_the_episode_left_it():
-    from capsule_rollout.envs.operator_input import Kind, OperatorEvent, ScriptedOperator
+    from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent, ScriptedOperator
     from capsule_rollout.rollout.branching import BoundaryCapsules
 
     keeper = BoundaryCapsules()
@@ -281,7 +281,7 @@ def test_a_branch_meets_a_scripted_operator_where_the_episode_left_it():
 
 
 def test_operator_state_that_does_not_fit_or_match_is_refused():
-    from capsule_rollout.envs.operator_input import ScriptedOperator
+    from capsule_rollout.robot_side.operator_input import ScriptedOperator
     from capsule_rollout.rollout.value_takeover import ValueTakeover
 
     h = make_host(max_steps=2)

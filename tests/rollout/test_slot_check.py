@@ -13,7 +13,7 @@ import pytest
 from capsule_rollout.experiments.run import main
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.slot_check import check_slots
+from capsule_rollout.rollout.slots.check import check_slots
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from tests.rollout.test_infer_rows import BatchPush
 from tests.rollout.test_slots import same_episode

@@ -1,4 +1,4 @@
-"""Env slots (`rollout.slot_host`): episodes side by side in one process, their policy and critic calls batched.
+"""Env slots (`rollout.slots.host`): episodes side by side in one process, their policy and critic calls batched.
 
 An episode is the same in any slot and whatever else shares the batch; a restore into one slot touches no other
 slot; forks of one boundary into the slots give the values `branch_value` gives one at a time; slots out of
@@ -17,7 +17,7 @@ from capsule_rollout.capsules import Role
 from capsule_rollout.rollout.branching import BoundaryCapsules, branch_episode, branch_value
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
-from capsule_rollout.rollout.slot_host import Feed, LoopRows, SlotHost, episode_job
+from capsule_rollout.rollout.slots.host import Feed, LoopRows, SlotHost, episode_job
 from tests.policies.tiny import save_tiny_checkpoints
 from tests.rollout.protocol_fakes import GreedyPolicy, ReachEnv
 from tests.rollout.test_protocols import DistanceCritic

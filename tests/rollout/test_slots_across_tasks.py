@@ -12,7 +12,7 @@ from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slo
 from capsule_rollout.rollout.ray_rollout import run_rollouts, summarize_run
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.rollout.slot_host import ROWS_REPORT, episode_job
+from capsule_rollout.rollout.slots.host import ROWS_REPORT, episode_job
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 from tests.policies.tiny import save_tiny_checkpoints
 from tests.rollout.test_slots import same_episode

@@ -19,8 +19,8 @@ import threading
 from dataclasses import dataclass, field
 
 from capsule_rollout.rollout.phase_clock import WRITE, Hang, PhaseClock
-from capsule_rollout.rollout.slot_host import SlotHost
-from capsule_rollout.rollout.slot_work import Feed, episode_job
+from capsule_rollout.rollout.slots.host import SlotHost
+from capsule_rollout.rollout.slots.work import Feed, episode_job
 from capsule_rollout.user_code import describe
 
 WATCH_POLL_S = 0.25

@@ -13,7 +13,7 @@ samplers, caches, spaces, a policy's queues and histories...) breadth first, giv
 - **opaque**: what cannot or must not be copied: GL and render contexts and other classes with `__del__`
   (a copy would free the original's resources), MuJoCo's other C structs, locks, weak references, file and
   socket objects, closures and local functions or classes (not importable in another process), and a torch
-  module's weights, buffers and submodules (`graph_walk.by_reference`). The target's own object at the same
+  module's weights, buffers and submodules (`graph.walk.by_reference`). The target's own object at the same
   path is used; the walk still looks inside for handles (not inside a module's weights).
 - **generator**: numpy `Generator` / `RandomState` / `BitGenerator` and `random.Random`: restored in place
   (the target's generator at the same path takes the saved state, so whoever else holds it sees it too).
@@ -22,7 +22,7 @@ samplers, caches, spaces, a policy's queues and histories...) breadth first, giv
   it (the adapter, the user, a Ray actor); objects rebuilt at reset, or at paths the target lacks, are made
   fresh. Attributes absent at the snapshot are removed.
 - **struct**: an object of one of `structs`' types (an env's MuJoCo visualization structs: a renderer's camera,
-  options, perturbation and scene settings, `envs.graph_structs`): its fields are saved and set in place in the
+  options, perturbation and scene settings, `envs.object_graph`): its fields are saved and set in place in the
   target's struct at the same path, also inside an opaque object (the renderer that holds it); a target that has
   none there yet (a renderer made at the first render) is listed in `Prepared.missing_structs`, for its owner
   to make.
@@ -33,7 +33,7 @@ samplers, caches, spaces, a policy's queues and histories...) breadth first, giv
 states), so the state fits a fixed-size capsule buffer and travels to another process; `restore(blob)`
 applies them to this graph: `prepare(blob)` reads and checks everything and resolves it in this graph, changing
 nothing (so a capsule refused there leaves the env as it was), `apply` then sets it. The names a snapshot may
-use are `graph_names.GraphNamespace`'s. The global `numpy.random` and
+use are `graph.names.GraphNamespace`'s. The global `numpy.random` and
 `random` states are part of it (some suites seed those). `dump()` lists every value by path, for the
 diagnostics that name what a restore did not bring back.
 """
@@ -49,10 +49,10 @@ import numpy as np
 
 from capsule_rollout.capsules import state_codec
 from capsule_rollout.capsules.data_only import HOW_TO_TRUST, DataOnlyCheck, DataOnlyError
-from capsule_rollout.capsules.graph_apply import MISSING, NoAliases, NoStructs, apply_state, state_of
-from capsule_rollout.capsules.graph_dump import differing_paths, dump_graph, unencodable  # noqa: F401 - differing_paths: API
-from capsule_rollout.capsules.graph_names import GraphNamespace, type_key
-from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateError and split are part of this module's API
+from capsule_rollout.capsules.graph.apply import MISSING, NoAliases, NoStructs, apply_state, state_of
+from capsule_rollout.capsules.graph.dump import differing_paths, dump_graph, unencodable  # noqa: F401 - differing_paths: API
+from capsule_rollout.capsules.graph.names import GraphNamespace, type_key
+from capsule_rollout.capsules.graph.read import (  # noqa: F401 - GraphStateError and split are part of this module's API
     BIT_GENERATORS,
     BoundRef,
     Consumed,
@@ -77,7 +77,7 @@ from capsule_rollout.capsules.graph_read import (  # noqa: F401 - GraphStateErro
     set_generator_state,
     split,
 )
-from capsule_rollout.capsules.graph_walk import (  # noqa: F401 - the walk is part of this module's API
+from capsule_rollout.capsules.graph.walk import (  # noqa: F401 - the walk is part of this module's API
     Edges,
     Node,
     Path,
@@ -95,7 +95,7 @@ from capsule_rollout.capsules.trust import Trust, current_trust, safe_type
 
 @dataclasses.dataclass
 class Binding:
-    """A read snapshot's targets in this graph, with the steps that led to them (`graph_walk.Edges`): a restore of it
+    """A read snapshot's targets in this graph, with the steps that led to them (`graph.walk.Edges`): a restore of it
     again follows those steps and resolves only what the env replaced since (`GraphState._rebind`)."""
 
     read: Read
@@ -474,7 +474,7 @@ class GraphState:
 
     def _read(self, blob: bytes) -> Read:
         """A snapshot read and checked once (nothing resolved in the env yet): its plan, and its view bases and
-        states kept for fresh copies at every restore (`graph_read`)."""
+        states kept for fresh copies at every restore (`graph.read`)."""
         parts = split(blob)
         namespace = self._namespace()
         try:
@@ -589,5 +589,5 @@ class GraphState:
 
     # -- diagnostics ------------------------------------------------------------------------------------
     def dump(self) -> dict[str, str]:
-        """Every value reachable, by path -> a short digest (`graph_dump.dump_graph`)."""
+        """Every value reachable, by path -> a short digest (`graph.dump.dump_graph`)."""
         return dump_graph(self.nodes(), self.handles, self._structs, self._aliases)

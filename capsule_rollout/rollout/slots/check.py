@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, env_for_task
-from capsule_rollout.rollout.slot_host import episode_job
+from capsule_rollout.rollout.slots.host import episode_job
 from capsule_rollout.stores import episode_schema as S
 
 __all__ = ["SlotCheck", "check_slots", "require_slots"]

@@ -1,4 +1,4 @@
-"""Diagnostics of a graph capture (`capsules.graph_state`): every value reachable from the root, by path, as a
+"""Diagnostics of a graph capture (`capsules.graph.state`): every value reachable from the root, by path, as a
 short digest (`dump_graph`), and the paths where two such dumps differ (`differing_paths`): what names the
 state a restore did not bring back."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from capsule_rollout.capsules import state_codec
-from capsule_rollout.capsules.graph_read import generator_state
-from capsule_rollout.capsules.graph_walk import Node, _children, classify, fmt
+from capsule_rollout.capsules.graph.read import generator_state
+from capsule_rollout.capsules.graph.walk import Node, _children, classify, fmt
 from capsule_rollout.capsules.state_codec import StateEncodeError
 
 

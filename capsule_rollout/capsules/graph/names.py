@@ -1,9 +1,9 @@
-"""The names a capsule of an object graph (`capsules.graph_state`: an env's, a policy object's) may use, read
+"""The names a capsule of an object graph (`capsules.graph.state`: an env's, a policy object's) may use, read
 by `capsules.state_codec`, a format that cannot run code when it is read.
 
 A capsule's Python state may name (never call) only:
 
-- the classes, functions and modules the object graph holds now (`graph_walk.walk(..., refs=)`), each as the
+- the classes, functions and modules the object graph holds now (`graph.walk.walk(..., refs=)`), each as the
   object itself: a capsule cannot bring a name the graph does not already use (no `os.system`, no `getattr`);
 - classes and functions of the graph's own third-party packages (the top-level packages of those classes, less
   the standard library, numpy, torch, mujoco and this project) and of the third-party packages their modules

@@ -1,7 +1,7 @@
 """What a robot integration writes for the bridge (`RobotBackend`). Two are written: any LeRobot `Robot`
 (`robot_side.lerobot_backend`) and the example's tabletop sim (`tabletop.sim_robot.SimBackend`).
 
-The server (`envs.robot_server`) calls a backend from its one robot thread and enforces the safety layer
+The server (`robot_side.server`) calls a backend from its one robot thread and enforces the safety layer
 whatever the backend does; a backend only moves the hardware.
 """
 

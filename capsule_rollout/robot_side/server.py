@@ -1,7 +1,7 @@
-"""The robot side of the bridge over TCP (protocol: `envs.robot_protocol`): `RobotServer`.
+"""The robot side of the bridge over TCP (protocol: `robot_side.protocol`): `RobotServer`.
 
 `RobotServer` owns the socket, the protocol and the safety layer; a `RobotBackend`
-(`envs.robot_backend`) is the part a user writes for their hardware. The example's `SimRobotServer`
+(`robot_side.backend`) is the part a user writes for their hardware. The example's `SimRobotServer`
 (`tabletop.sim_robot`) is the server over the tabletop sim, speaking the real protocol.
 
 Safety, enforced by the server whatever the backend does:
@@ -19,8 +19,8 @@ Safety, enforced by the server whatever the backend does:
   during an episode has the robot hold too, and the next client is told `not_ready`;
 - the server binds 127.0.0.1 by default; any other address needs a shared token, which every client proves
   it knows in `hello`: an HMAC of it over the nonce of the server's `challenge`, so the token never crosses the
-  wire and a recorded hello is refused on any other connection (`envs.robot_protocol`).
-Admission (`envs.robot_admission`): a connection must say a valid hello within `auth_timeout_s` of
+  wire and a recorded hello is refused on any other connection (`robot_side.protocol`).
+Admission (`robot_side.admission`): a connection must say a valid hello within `auth_timeout_s` of
 connecting; until then it waits, threadless, in a pool of at most `max_pending` (a full pool never closes one
 whose hello had the right token) and never counts against `max_connections`, the limit on admitted
 connections. Every hello is checked as it arrives and the right token is answered at once, whatever wrong tokens
@@ -42,7 +42,7 @@ a handler becomes an error frame (the robot held) or a clean close; the server
 keeps accepting.
 Operator input near the robot (`operator`: a teleoperator's buttons, the robot computer's keys) is polled on
 the robot thread at each observation and its events travel with it (`operator_events`; the welcome says
-`operator`), for the rollout host to apply as its own operator's (`envs.robot_operator`).
+`operator`), for the rollout host to apply as its own operator's (`robot_side.operator`).
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from capsule_rollout.envs.operator_input import OperatorSource
-from capsule_rollout.envs.robot_admission import WAIT, Admission, PeerBackoff, TokenBudget
-from capsule_rollout.envs.robot_backend import RobotBackend
-from capsule_rollout.envs.robot_connection import HANDOVER_S, POLL_S, FrameReader, Idle, Job, close_gracefully, send
-from capsule_rollout.envs.robot_protocol import (
+from capsule_rollout.robot_side.admission import WAIT, Admission, PeerBackoff, TokenBudget
+from capsule_rollout.robot_side.backend import RobotBackend
+from capsule_rollout.robot_side.connection import HANDOVER_S, POLL_S, FrameReader, Idle, Job, close_gracefully, send
+from capsule_rollout.robot_side.operator_input import OperatorSource
+from capsule_rollout.robot_side.protocol import (
     MAX_INT,
     ConnectionClosed,
     Message,

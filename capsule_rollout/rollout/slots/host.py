@@ -37,7 +37,7 @@ from capsule_rollout.policies.execution_context import TwoLaneContext
 from capsule_rollout.rollout.host_config import EpisodeResult, two_lanes
 from capsule_rollout.rollout.phase_clock import CHUNK, PhaseClock
 from capsule_rollout.rollout.rollout_host import RolloutHost
-from capsule_rollout.rollout.slot_work import Ahead, Feed, Job, episode_job
+from capsule_rollout.rollout.slots.work import Ahead, Feed, Job, episode_job
 
 ROWS_REPORT = "slots"
 """The key of a slot host's record in every episode result's `extra` it plays (it travels back from a Ray actor in

@@ -45,7 +45,7 @@ random token (`secrets.token_urlsafe(32)`).
 
 `teleop` says the robot side has a teleoperation device; `operator` that it reads operator input of its
 own, whose events since the last observation come in `operator_events` (`kind` or `coach:TEXT`, the kinds of
-`envs.operator_input.Kind`). `sent` is what the robot took: clipped, rate-limited, and as the hardware clipped it
+`robot_side.operator_input.Kind`). `sent` is what the robot took: clipped, rate-limited, and as the hardware clipped it
 further. Fields a side does not know are ignored.
 
 Counts are bounded: a header is at most MAX_HEADER bytes, a payload max_payload, a frame carries at most

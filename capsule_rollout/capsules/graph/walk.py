@@ -1,10 +1,10 @@
-"""The walk of an object graph (`capsules.graph_state`): every object reachable from a root (an env, a policy
+"""The walk of an object graph (`capsules.graph.state`): every object reachable from a root (an env, a policy
 object), breadth first, with its first path, and what kind of thing each is (handle, opaque, generator, array,
-struct, object, container, value; see `graph_state`'s docstring for what each kind means to a capsule).
+struct, object, container, value; see `graph.state`'s docstring for what each kind means to a capsule).
 
 `handles` are the types whose objects are never copied but must be there (an env's MuJoCo `MjModel` / `MjData`:
 `envs.object_graph`); `structs` the types whose objects are values set in place (MuJoCo's visualization structs:
-a renderer's camera and options, `envs.graph_structs`). A torch module's weights, buffers and submodules are
+a renderer's camera and options, `envs.object_graph`). A torch module's weights, buffers and submodules are
 taken by reference (opaque): a capsule holds the module's own attributes (an action queue, a history), never its
 weights."""
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from capsule_rollout.capsules.graph_names import OPAQUE_MODULES, ref_key
+from capsule_rollout.capsules.graph.names import OPAQUE_MODULES, ref_key
 from capsule_rollout.capsules.state_codec import _slot_names as _slots
 
 ATOMIC_TYPES = (type(None), bool, int, float, complex, str, bytes, range, slice, type, types.BuiltinFunctionType,
@@ -152,7 +152,7 @@ class Node:
 def walk(root: Any, refs: set[str] | None = None, handles: tuple[type, ...] = (),
          structs: tuple[type, ...] = ()) -> dict[int, Node]:
     """Every non-atomic object reachable from `root`, breadth first, with its first path; `refs` (when given)
-    gathers the `graph_names.ref_key` of every class, function and module met (the names a capsule of this
+    gathers the `graph.names.ref_key` of every class, function and module met (the names a capsule of this
     graph may use). What `by_reference` names is an opaque node the walk does not enter."""
     seen: dict[int, Node] = {}
     queue = collections.deque([(root, (), False)])

@@ -3,7 +3,7 @@ until it says a valid `hello`; `PeerBackoff` delays the answers to wrong tokens 
 bounds the wrong tokens checked for addresses that have never presented the right one.
 
 Every connection is opened with a `challenge`, a fresh nonce, and its hello must prove the token over it
-(`envs.robot_protocol`): the token never travels, and a hello recorded on one connection is a wrong token on any
+(`robot_side.protocol`): the token never travels, and a hello recorded on one connection is a wrong token on any
 other. A connection that has not said a valid hello costs a socket and no thread, waits in a pool of its own
 (`max_pending`), never counts against the server's `max_connections`, and is closed `auth_timeout_s` after it
 connected. A hello is read in one step, as soon as its bytes are there, and checked at once, whatever wrong tokens
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from capsule_rollout.envs.robot_protocol import (
+from capsule_rollout.robot_side.protocol import (
     NONCE_BYTES,
     PREFIX_BYTES,
     VERSION,

@@ -5,12 +5,17 @@ rollout host's own keyboard or script)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from capsule_rollout.envs.operator_input import Kind, OperatorEvent, OperatorSource
+from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent, OperatorSource
 
-if TYPE_CHECKING:  # the robot side uses `OperatorMix` without the client
-    from capsule_rollout.envs.robot_client import RobotClient
+
+class EventsChannel(Protocol):
+    """What `RobotOperator` reads: the host's `envs.robot_client.RobotClient` is one."""
+
+    def operator_events(self) -> list[str]:
+        """The operator events that came with the robot's observations since the last call, as the server sent
+        them (`kind` or `coach:TEXT`)."""
 
 
 def parse_event(text: str) -> OperatorEvent | None:
@@ -23,9 +28,9 @@ def parse_event(text: str) -> OperatorEvent | None:
 
 
 class RobotOperator:
-    """The robot side's operator events, as they came with the robot's observations (`RobotClient`)."""
+    """The robot side's operator events, as they came with the robot's observations (the host's `RobotClient`)."""
 
-    def __init__(self, client: RobotClient) -> None:
+    def __init__(self, client: EventsChannel) -> None:
         self.client = client
         self.unknown: list[str] = []  # events of kinds this side does not know (a newer robot side), kept for logs
 

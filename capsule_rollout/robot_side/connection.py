@@ -1,4 +1,4 @@
-"""The robot server's connections (`envs.robot_server`): frames read from a socket against an idle deadline and a
+"""The robot server's connections (`robot_side.server`): frames read from a socket against an idle deadline and a
 per-frame one (`FrameReader`), calls handed to the robot thread (`Job`), and sending and closing so that a last
 error frame reaches the peer. numpy-free: the robot side ships it (packaging/robot)."""
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from capsule_rollout.envs.robot_protocol import (
+from capsule_rollout.robot_side.protocol import (
     PREFIX_BYTES,
     ConnectionClosed,
     Message,

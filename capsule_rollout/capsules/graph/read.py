@@ -1,4 +1,4 @@
-"""Reading a snapshot of an object graph's Python state (`capsules.graph_state`): its three parts, the checks on every
+"""Reading a snapshot of an object graph's Python state (`capsules.graph.state`): its three parts, the checks on every
 entry a capsule file could forge, and a cache of what was read.
 
 A snapshot's bytes come from a capsule file, so they are read only by `capsules.state_codec` and checked entry
@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from capsule_rollout.capsules import state_codec
-from capsule_rollout.capsules.graph_names import GENERATOR_TYPES, type_key
-from capsule_rollout.capsules.graph_walk import Path
+from capsule_rollout.capsules.graph.names import GENERATOR_TYPES, type_key
+from capsule_rollout.capsules.graph.walk import Path
 from capsule_rollout.capsules.state_codec import StateDecodeError
 
 

@@ -1,4 +1,4 @@
-"""What a graph capture (`capsules.graph_state`) reads from and writes into one object: its own state (`state_of`),
+"""What a graph capture (`capsules.graph.state`) reads from and writes into one object: its own state (`state_of`),
 that state set back in place (`apply_state`, keeping a target's own value where the capsule names an opaque object
 it lacks: `MISSING`), and the stand-ins for a graph with no structs or no handles."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from capsule_rollout.capsules.graph_walk import _slots
+from capsule_rollout.capsules.graph.walk import _slots
 
 
 def state_of(obj: Any) -> tuple[dict | None, dict, Any]:
