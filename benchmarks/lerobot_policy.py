@@ -30,9 +30,9 @@ from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
-from capsule_rollout.rollout.plug_in import describe_source, load_source
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.slots.host import episode_job
+from capsule_rollout.rollout.sources import describe_source, load_source
 from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 
 

@@ -4,7 +4,7 @@ and default. The project's own parts (`policies.rollout_policy.RolloutPolicy`, `
 
 `check_policy(obj)` and `check_critic(obj)` name the first member that is missing or of the wrong kind, in one line
 (`user_code.ContractError`): the preflight (`rollout.preflight`) runs them, and every other way of building a host
-(`rollout.plug_in.as_rollout_policy`, `as_rollout_critic`), before anything is played. What a call answers (a chunk
+(`rollout.sources.as_rollout_policy`, `as_rollout_critic`), before anything is played. What a call answers (a chunk
 of the wrong shape, a value that is no number) is checked on every call (`policies.infer_policy.answer_chunks`,
 `critics.infer_critic.answer_value`).
 

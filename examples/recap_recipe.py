@@ -1,13 +1,13 @@
 """A RECAP recipe skeleton: what your policy family brings to the RECAP loop (`recap --recipe
 examples.recap_recipe:MyRecipe`), each method to fill in. The loop (demonstrations, rollouts with takeovers on
 Ray actors, critic, advantage labels, conditioned fine-tuning, held-out evaluation) is the project's; the example
-family's full recipe is `capsule_rollout/tabletop/recipe.py`. Every checkpoint your trainers write must load
+family's full recipe is `capsule_rollout/tabletop/tabletop_recipe.py`. Every checkpoint your trainers write must load
 through a checkpoint loader (entry-point group `capsule_rollout.checkpoints`) so the actors can play it."""
 from pathlib import Path
 
 from capsule_rollout.rollout import HostSpec
 
-TODO = "fill in for your policy family (see capsule_rollout/tabletop/recipe.py)"
+TODO = "fill in for your policy family (see capsule_rollout/tabletop/tabletop_recipe.py)"
 
 
 class MyRecipe:
@@ -34,4 +34,4 @@ class MyRecipe:
         raise NotImplementedError(TODO)  # a `learning.advantage_labels.StoreCritic` valuing a store's steps
 
     def evaluate(self, config, policy: Path, seeds: list[int], *, conditioned: bool, beta=None, critic=None) -> dict:
-        raise NotImplementedError(TODO)  # `learning.evaluation.summarize`'s summary of the policy on `seeds`
+        raise NotImplementedError(TODO)  # `learning.closed_loop_eval.summarize`'s summary of the policy on `seeds`

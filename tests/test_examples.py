@@ -98,7 +98,7 @@ def test_branching_from_python_example_within_40_lines_forks_into_slots_and_repl
 def test_recap_recipe_skeleton_names_every_method_the_loop_calls():
     import inspect
 
-    from capsule_rollout.learning.recipe import RecapRecipe, load_recipe
+    from capsule_rollout.learning.recap_recipe import RecapRecipe, load_recipe
 
     recipe = load_recipe("examples.recap_recipe:MyRecipe")
     wanted = {n for n, _ in inspect.getmembers(RecapRecipe, inspect.isfunction) if not n.startswith("_")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capsule_rollout.envs.suites.registry import make_env, parse_env_id
+from capsule_rollout.envs.suites.catalog import make_env, parse_env_id
 from capsule_rollout.import_path import ImportPathError, resolve
 
 

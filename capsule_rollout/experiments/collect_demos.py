@@ -1,5 +1,5 @@
-"""collect_demos: scripted-expert episodes to a zarr store or .npz files (`learning.demos`; the tabletop's
-expert in `tabletop.demos`)."""
+"""collect_demos: scripted-expert episodes to a zarr store or .npz files (`learning.demo_sources`; the tabletop's
+expert in `tabletop.expert_demos`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from capsule_rollout.commands.configs import CollectDemosConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.input_bounds import check_output_dir
-from capsule_rollout.learning.demos import collect_demos
-from capsule_rollout.tabletop.demos import demo_source
+from capsule_rollout.learning.demo_sources import collect_demos
+from capsule_rollout.tabletop.expert_demos import demo_source
 
 
 def run(config: CollectDemosConfig) -> ExperimentResult:

@@ -1,4 +1,4 @@
-"""consolidate: a sharded store's episodes as one diffusion_policy-layout zarr store (`stores.consolidate`)."""
+"""consolidate: a sharded store's episodes as one diffusion_policy-layout zarr store (`stores.consolidation`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from capsule_rollout.commands.configs import ConsolidateConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.input_bounds import check_output_dir
-from capsule_rollout.stores.consolidate import consolidate_store
+from capsule_rollout.stores.consolidation import consolidate_store
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import parse_store_root
 

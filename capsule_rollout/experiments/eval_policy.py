@@ -1,7 +1,7 @@
 """eval_policy: a policy's success on held-out seeds. On the tabletop (the example), next to the scripted
 expert's, per family with `--family all`, with paraphrased subtasks (`--phrasing`) and mid-episode coaching
 (`--coach`); on any env of the rollout protocols with `--env` (a checkpoint or a factory's import path for the
-policy and critic, on Ray actors too: `learning.evaluation.evaluate_spec`)."""
+policy and critic, on Ray actors too: `learning.closed_loop_eval.evaluate_spec`)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.input_bounds import check_run
-from capsule_rollout.learning.evaluation import EpisodesLostError, evaluate_spec
+from capsule_rollout.learning.closed_loop_eval import EpisodesLostError, evaluate_spec
 from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
 from capsule_rollout.rollout.preflight_checks import preflight
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
 from capsule_rollout.rollout.record import absolute_source
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.tabletop.coaching import COACHABLE, evaluate_coaching
-from capsule_rollout.tabletop.evaluation import evaluate_expert, evaluate_policy
+from capsule_rollout.tabletop.tabletop_eval import evaluate_expert, evaluate_policy
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 

@@ -13,7 +13,7 @@ from capsule_rollout.critics.advantage import INDICATOR_POSITIVE
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.advantage_labels import label_store
-from capsule_rollout.learning.recipe import load_recipe
+from capsule_rollout.learning.recap_recipe import load_recipe
 
 
 def run(config: LabelAdvantagesConfig) -> ExperimentResult:

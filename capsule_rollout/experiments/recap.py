@@ -8,7 +8,7 @@ from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.recap_report import report_iteration
 from capsule_rollout.learning.recap_loop import recap_loop, resumable_store
-from capsule_rollout.learning.recipe import load_recipe
+from capsule_rollout.learning.recap_recipe import load_recipe
 
 
 def run(config: RecapConfig) -> ExperimentResult:

@@ -29,14 +29,14 @@ from capsule_rollout.commands.configs import ValueCeilingConfig
 from capsule_rollout.commands.result import ExperimentResult, UsageError, checking_inputs
 from capsule_rollout.experiments.console import make_console
 from capsule_rollout.experiments.paths import resolve_input
-from capsule_rollout.learning.evaluation import EpisodesLostError
+from capsule_rollout.learning.ceiling_measure import BoundaryKeeper, judge_state
+from capsule_rollout.learning.closed_loop_eval import EpisodesLostError
 from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
-from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
 from capsule_rollout.rollout.branching import require_capturable_source
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
 from capsule_rollout.rollout.preflight_checks import preflight
 from capsule_rollout.rollout.rollout_host import HostConfig
-from capsule_rollout.tabletop.evaluation import task_phase
+from capsule_rollout.tabletop.tabletop_eval import task_phase
 
 
 def run(config: ValueCeilingConfig) -> ExperimentResult:

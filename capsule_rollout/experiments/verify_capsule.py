@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from capsule_rollout.capsules import Steppable, VerifyReport, digest_backend, verify_steppable
-from capsule_rollout.capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
+from capsule_rollout.capsules.reference_components import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
 from capsule_rollout.commands.configs import VerifyCapsuleConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.envs.env_scenarios import SCENARIOS, ScenarioReport, verify_scenarios

@@ -293,7 +293,7 @@ class LabelAdvantagesConfig:
     critic: str = "experiments/checkpoints/critic"
     """Critic checkpoint whose values the advantages use."""
     recipe: str = "tabletop"
-    """The critic's family, whose recipe values a store's steps (`learning.recipe`: a registered name or an import
+    """The critic's family, whose recipe values a store's steps (`learning.recap_recipe`: a registered name or an import
     path `package.module:Recipe`; `tabletop`: the example's value critic)."""
     n: int = 10
     """N of the N-step advantage, in control steps."""
@@ -319,7 +319,7 @@ class RecapConfig:
     iterations: int = 2
     """RECAP iterations after the behaviour-cloning baseline (iteration 0)."""
     recipe: str = "tabletop"
-    """How the policy and critic are trained and judged (`learning.recipe`): a registered recipe (entry-point
+    """How the policy and critic are trained and judged (`learning.recap_recipe`): a registered recipe (entry-point
     group `capsule_rollout.recipes`; `tabletop`: the example's flow policy and value critic) or an import path
     `package.module:Recipe`."""
     family: FAMILIES = "pick_place"

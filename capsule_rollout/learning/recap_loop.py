@@ -27,8 +27,8 @@ without labels, from the previous control policy; evaluated on the same seeds an
 compared seed by seed (exact McNemar test), so a gain can be told apart from what
 more training on more data gives by itself.
 The loop knows no policy family: how demonstrations are collected, how the policy and critic are trained,
-what env is played and how an evaluation is judged come from a recipe (`learning.recipe`, `--recipe`; the
-example's is `tabletop.recipe.TabletopRecipe`, the default).
+what env is played and how an evaluation is judged come from a recipe (`learning.recap_recipe`, `--recipe`; the
+example's is `tabletop.tabletop_recipe.TabletopRecipe`, the default).
 JSON per iteration: success rate with a 95% interval, mean steps to success,
 successes per hour of simulated time, interventions per rollout episode, the
 critic's failure AUC, the guidance choice, the control arm, and the control steps
@@ -48,7 +48,7 @@ from capsule_rollout.critics.advantage import INDICATOR_POSITIVE
 from capsule_rollout.learning.advantage_labels import label_store
 from capsule_rollout.learning.branch_values import BranchPlan, branches_path, collect_branches, label_store_from_branches
 from capsule_rollout.learning.options import LabelAdvantagesConfig, RecapConfig
-from capsule_rollout.learning.recipe import RecapRecipe, load_recipe
+from capsule_rollout.learning.recap_recipe import RecapRecipe, load_recipe
 from capsule_rollout.learning.stats import failure_auc_summary, mid_episode_value, paired_comparison
 from capsule_rollout.learning.training import Log
 from capsule_rollout.models.checkpoint import update_info

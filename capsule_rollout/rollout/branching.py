@@ -27,11 +27,11 @@ import numpy as np
 from capsule_rollout.capsules import Capsule
 from capsule_rollout.rollout.host_config import EpisodeResult
 from capsule_rollout.rollout.observer import EpisodeObserver
-from capsule_rollout.rollout.plug_in import REMOTE, source_kind
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.slots.host import SlotHost
 from capsule_rollout.rollout.slots.work import branch_job
+from capsule_rollout.rollout.sources import REMOTE, source_kind
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 

@@ -27,7 +27,8 @@ from capsule_rollout.models.runtime import SUMS, batch_invariance
 from capsule_rollout.policies.conditioning import Conditioning, check_noise_scale, resolve_conditioning
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
 from capsule_rollout.rollout.observer import EpisodeObserver
-from capsule_rollout.rollout.plug_in import (
+from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.rollout.sources import (
     FACTORY,
     REMOTE,
     Described,
@@ -39,7 +40,6 @@ from capsule_rollout.rollout.plug_in import (
     load_source,
     source_kind,
 )
-from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 
 ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
@@ -101,7 +101,7 @@ class HostSpec:
     factory's import path `package.module:make_env`; empty only where the host is handed its env (a robot)."""
     policy: str = ""
     """A checkpoint directory (loaded by its kind's loader: the example's flow policy, a `TorchPolicy`...) or a
-    factory's import path `package.module:make_policy` (`rollout.plug_in`)."""
+    factory's import path `package.module:make_policy` (`rollout.sources`)."""
     critic: str = ""
     """A critic checkpoint or factory import path; empty: no critic (values recorded as NaN, no low-value stop)."""
     host: HostConfig = field(default_factory=HostConfig)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.policies.lerobot_model import VISUAL, LeRobotModel, read_config
 from capsule_rollout.policies.lerobot_policy import LeRobotPolicy
-from capsule_rollout.rollout.plug_in import Described, Loaded
+from capsule_rollout.rollout.sources import Described, Loaded
 from capsule_rollout.stores.episode_schema import IMAGE_PREFIX
 from capsule_rollout.stores.lerobot_format import step_key
 

@@ -124,7 +124,7 @@ def _policy_name(policy) -> str:
 
 def _warnings(host, spec: HostSpec, info: dict) -> list[str]:
     from capsule_rollout.envs.suites import parse_env_id
-    from capsule_rollout.envs.suites.registry import info_success
+    from capsule_rollout.envs.suites.catalog import info_success
 
     suite, _ = parse_env_id(spec.env) if spec.env else (None, "")
     capture = getattr(host.env, "capture", None)

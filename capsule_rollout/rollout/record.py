@@ -42,7 +42,6 @@ from capsule_rollout.rollout.host_factory import (
     resolve_acting,
     write_spec,
 )
-from capsule_rollout.rollout.plug_in import Loaded
 from capsule_rollout.rollout.preflight_checks import Preflight, preflight
 from capsule_rollout.rollout.process_state import kept_process_state
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray, summarize_run
@@ -52,6 +51,7 @@ from capsule_rollout.rollout.run_capsules import capsule_path
 from capsule_rollout.rollout.run_trust import check_label, replay_spec, signed_spec
 from capsule_rollout.rollout.slots.check import check_slots as check_slots_of
 from capsule_rollout.rollout.slots.check import require_slots
+from capsule_rollout.rollout.sources import Loaded
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.env_description import EnvDescription, write_env_description
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -171,7 +171,7 @@ def record_rollouts(
 
     Play `env` (a registered id `suite:task`, `gymnasium:<a registered id>`, or a factory `package.module:make_env`,
     with keyword arguments `package.module:make_env={"size": 3}`: `import_path.with_kwargs`) with `policy` (a
-    checkpoint, a factory, or a policy server's `ws://` address; `rollout.plug_in`) and optional `critic`: each
+    checkpoint, a factory, or a policy server's `ws://` address; `rollout.sources`) and optional `critic`: each
     a source string, or the factory or class itself (any callable Ray can ship: one a script defines; the run's
     `rollout.json` names it `__objects__:<name>`, and a replay is given it again: `replay_episode(named=)`), on
     `actors` Ray actors (0: in this process), every episode recorded once under `out`. `seeds`: the seeds, or how

@@ -16,15 +16,15 @@ import itertools
 
 import numpy as np
 
-from capsule_rollout.learning.evaluation import run_items
+from capsule_rollout.learning.closed_loop_eval import run_items
 from capsule_rollout.learning.stats import wilson_interval
 from capsule_rollout.robot_side.operator_input import Kind, OperatorEvent
 from capsule_rollout.rollout.host_factory import build_host, make_observers
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_actor import WorkItem
-from capsule_rollout.tabletop.evaluation import eval_spec
 from capsule_rollout.tabletop.phrasing import coaching_text
 from capsule_rollout.tabletop.scene import PADS
+from capsule_rollout.tabletop.tabletop_eval import eval_spec
 from capsule_rollout.tabletop.tasks import FAMILIES, Goal, Subtask, TaskParams, family_index
 
 COACHABLE = tuple(f.name for f in FAMILIES if any(s.goal is not None and s.goal.kind == "pad"

@@ -14,9 +14,9 @@ from capsule_rollout.models.checkpoint import Checkpoint
 from capsule_rollout.policies.chunk_dataset import ChunkDataset, subgoal_targets
 from capsule_rollout.policies.conditioning import CONDITIONING_INFO, Conditioning
 from capsule_rollout.tabletop.encoders import random_shift
-from capsule_rollout.tabletop.evaluation import evaluate_policy
 from capsule_rollout.tabletop.flow_policy import ADV_NONE, KIND, FlowPolicy, FlowPolicyConfig
 from capsule_rollout.tabletop.phrasing import phrasings as phrase_all
+from capsule_rollout.tabletop.tabletop_eval import evaluate_policy
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 

@@ -1,12 +1,12 @@
 """How the core loads this example's checkpoints: the flow policy (`flow_policy`) and the value critic
 (`value_critic`), registered under the entry-point group `capsule_rollout.checkpoints` (pyproject.toml), as a
-user's package registers its own kinds (`rollout.plug_in`)."""
+user's package registers its own kinds (`rollout.sources`)."""
 
 from __future__ import annotations
 
 from capsule_rollout.models.checkpoint import Checkpoint
 from capsule_rollout.policies.conditioning import Conditioning
-from capsule_rollout.rollout.plug_in import Described, Loaded
+from capsule_rollout.rollout.sources import Described, Loaded
 from capsule_rollout.tabletop import flow_policy, value_critic
 from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime

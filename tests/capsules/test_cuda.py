@@ -6,8 +6,8 @@ import torch
 from capsule_rollout.capsules import Arena, CapsuleStore, Tier, digest_slab, restore, snapshot, verify_steppable
 from capsule_rollout.capsules.buffer_spec import Role
 from capsule_rollout.capsules.digest import choose_backend, digest_backend, triton_available
+from capsule_rollout.capsules.reference_components import NoisyChunkSteppable
 from capsule_rollout.capsules.slab_copy import HOST
-from capsule_rollout.capsules.standins import NoisyChunkSteppable
 from tests.capsules.fakes import SpecComponent, basic_specs, fill_state, same_bytes, state_copy
 
 pytestmark = pytest.mark.gpu

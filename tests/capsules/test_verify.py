@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from capsule_rollout.capsules import verify_steppable
-from capsule_rollout.capsules.standins import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
+from capsule_rollout.capsules.reference_components import CombinedStandIn, NoisyChunkSteppable, NumpyWalkerSteppable
 
 
 def test_standins_are_bit_exact_on_every_check():

@@ -278,7 +278,7 @@ def make_camera_not_captured():
     capture (`CaptureSpec.exclude`): the viewer aims it at the geometry of the unseeded reset the wrapper makes
     when built, so an env built in another process renders its frames from elsewhere."""
     from capsule_rollout.envs.mujoco_capsule import CaptureSpec, MujocoCapsuleEnv
-    from capsule_rollout.envs.suites.registry import default_camera, find_physics
+    from capsule_rollout.envs.suites.catalog import default_camera, find_physics
     from tests.envs.user_factories import pendulum_pixels
 
     env = pendulum_pixels()

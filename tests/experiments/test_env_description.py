@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from capsule_rollout.envs.suites import registry
+from capsule_rollout.envs.suites import catalog as registry
 from capsule_rollout.experiments.run import main
 from capsule_rollout.rollout import record_rollouts
 from capsule_rollout.stores import open_episode_reader, read_env_description

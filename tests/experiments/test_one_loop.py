@@ -16,8 +16,8 @@ from capsule_rollout.models.checkpoint import update_info
 from capsule_rollout.policies.conditioning import CONDITIONING_INFO, Conditioning
 from capsule_rollout.rollout.host_factory import DEFAULT_N_EXEC, resolve_acting
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
-from capsule_rollout.tabletop.evaluation import play
 from capsule_rollout.tabletop.sim_robot import SimRobotServer
+from capsule_rollout.tabletop.tabletop_eval import play
 from tests.policies.tiny import save_tiny_checkpoints
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]

@@ -176,7 +176,7 @@ def test_recap_open_branch_selection_screens_then_deepens_and_resumes(tmp_path, 
 
 @pytest.mark.parametrize("recipe, message", [
     ("nosuch", "no RECAP recipe 'nosuch' (registered: tabletop)"),
-    ("capsule_rollout.tabletop.recipe:NoSuchRecipe", "has no attribute 'NoSuchRecipe'"),
+    ("capsule_rollout.tabletop.tabletop_recipe:NoSuchRecipe", "has no attribute 'NoSuchRecipe'"),
 ])
 def test_recap_refuses_an_unknown_recipe_before_anything_runs(tmp_path, recipe, message):
     out = tmp_path / "recap"
@@ -186,11 +186,11 @@ def test_recap_refuses_an_unknown_recipe_before_anything_runs(tmp_path, recipe, 
 
 
 def test_a_recipe_is_found_by_its_registered_name_or_import_path():
-    from capsule_rollout.learning.recipe import load_recipe
-    from capsule_rollout.tabletop.recipe import TabletopRecipe
+    from capsule_rollout.learning.recap_recipe import load_recipe
+    from capsule_rollout.tabletop.tabletop_recipe import TabletopRecipe
 
     assert isinstance(load_recipe("tabletop"), TabletopRecipe)  # the example's entry point
-    assert isinstance(load_recipe("capsule_rollout.tabletop.recipe:TabletopRecipe"), TabletopRecipe)
+    assert isinstance(load_recipe("capsule_rollout.tabletop.tabletop_recipe:TabletopRecipe"), TabletopRecipe)
 
 
 def test_label_advantages_takes_the_critics_recipe(capsys):

@@ -1,6 +1,6 @@
 import json
 
-from capsule_rollout.capsules.standins import NoisyChunkSteppable
+from capsule_rollout.capsules.reference_components import NoisyChunkSteppable
 from capsule_rollout.experiments import verify_capsule
 from capsule_rollout.experiments.run import main
 

@@ -28,7 +28,7 @@ def same_as_select_action(path: str, steps: int = 14) -> dict:
     from capsule_rollout.capsules import Arena
     from capsule_rollout.policies.conditioning import Conditioning
     from capsule_rollout.policies.lerobot_policy import row_generator
-    from capsule_rollout.rollout.plug_in import load_source
+    from capsule_rollout.rollout.sources import load_source
     from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 
     loaded = load_source(path, "policy", device="cpu", conditioning=Conditioning(), noise_scale=1.0)

@@ -16,9 +16,9 @@ from capsule_rollout.capsules import Arena, restore, snapshot
 from capsule_rollout.policies.lerobot_policy import LeRobotPolicy, LeRobotPolicyRows, call_seed, row_generator
 from capsule_rollout.rollout.branching import BoundaryCapsules
 from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
-from capsule_rollout.rollout.plug_in import LEROBOT_KIND, checkpoint_kind, describe_source, load_source
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.rollout.slots.host import ROWS_REPORT, SlotHost, episode_job, instances_by_actor
+from capsule_rollout.rollout.sources import LEROBOT_KIND, checkpoint_kind, describe_source, load_source
 from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 
 KEYS = {"observation.state": "state", "observation.images.front": "image_front"}

@@ -14,9 +14,9 @@ from capsule_rollout.capsules import load_capsule, save_capsule
 from capsule_rollout.envs.suites import make_env
 from capsule_rollout.rollout.branching import BoundaryCapsules
 from capsule_rollout.rollout.host_factory import HostSpec, build_slots
-from capsule_rollout.rollout.plug_in import as_rollout_policy
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.rollout.slots.host import LoopRows, episode_job
+from capsule_rollout.rollout.sources import as_rollout_policy
 from examples.stateful_policy import HistoryAndQueue
 
 ENV = "examples.own_env_and_policy:make_env"

@@ -14,7 +14,7 @@ import torch
 
 from capsule_rollout.capsules import Arena, CapsuleError, CapsuleStore, capsule_from_bytes, restore, snapshot
 from capsule_rollout.capsules.capsule_file import FILE_SUFFIX
-from capsule_rollout.capsules.standins import NoisyChunkStandIn, NumpyWalkerStandIn
+from capsule_rollout.capsules.reference_components import NoisyChunkStandIn, NumpyWalkerStandIn
 from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 from capsule_rollout.tabletop.tasks import family_index
 from tests.reliability.capsule_damage import variants

@@ -26,7 +26,7 @@ def tasks() -> tuple[str, ...]:
 
 
 def make(task: str) -> tuple[gym.Env, CaptureSpec]:
-    from capsule_rollout.envs.suites.registry import default_camera, info_success
+    from capsule_rollout.envs.suites.catalog import default_camera, info_success
 
     env = gym.wrappers.TimeLimit(SlowPuck(), max_episode_steps=30)
     return env, CaptureSpec(task=f"labsuite:{task}", cameras={"free": default_camera(env.unwrapped.model)},

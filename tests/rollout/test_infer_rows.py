@@ -127,7 +127,7 @@ def test_non_finite_actions_from_a_batch_end_the_episode_naming_the_method():
 @pytest.mark.parametrize("answer", [np.zeros((4, 6, 2)), np.zeros((2, 5, 2)), {"nope": 1}])
 def test_a_batch_of_the_wrong_shape_is_refused_naming_the_object(answer):
     from capsule_rollout.envs.suites import make_env
-    from capsule_rollout.rollout.plug_in import as_rollout_policy
+    from capsule_rollout.rollout.sources import as_rollout_policy
 
     class Wrong(BatchPush):
         def infer_batch(self, obs, *, noise):

@@ -10,8 +10,8 @@ import torch
 from capsule_rollout.envs.suites import make_env
 from capsule_rollout.policies.infer_policy import InferPolicy
 from capsule_rollout.rollout.branching import branch_episode
-from capsule_rollout.rollout.plug_in import as_rollout_critic, as_rollout_policy, source_kind
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
+from capsule_rollout.rollout.sources import as_rollout_critic, as_rollout_policy, source_kind
 from capsule_rollout.user_code import ContractError
 
 ENV = "examples.own_env_and_policy:make_env"
@@ -129,7 +129,7 @@ def test_checkpoints_load_through_the_loader_their_kind_registers(tmp_path):
     import shutil
 
     from capsule_rollout.experiments.paths import resolve_input
-    from capsule_rollout.rollout.plug_in import describe_source, loader_for
+    from capsule_rollout.rollout.sources import describe_source, loader_for
 
     policy = describe_source(resolve_input("experiments/checkpoints/policy"))
     assert policy.takes_conditioning and policy.takes_noise_scale and policy.chunk_length >= 1

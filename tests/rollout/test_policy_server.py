@@ -15,8 +15,8 @@ from capsule_rollout.capsules import Arena
 from capsule_rollout.envs.suites import make_env
 from capsule_rollout.policies import openpi_wire as W
 from capsule_rollout.rollout.host_factory import HostSpec
-from capsule_rollout.rollout.plug_in import as_rollout_policy, make_from_factory
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
+from capsule_rollout.rollout.sources import as_rollout_policy, make_from_factory
 
 ENV = "examples.own_env_and_policy:make_env"
 POLICY = "examples.own_env_and_policy:make_policy"

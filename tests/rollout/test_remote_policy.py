@@ -16,8 +16,8 @@ from capsule_rollout.commands.configs import ReplayConfig, SimRolloutConfig
 from capsule_rollout.experiments import replay, sim_rollout
 from capsule_rollout.experiments.run import main
 from capsule_rollout.learning.branch_values import BranchPlan, collect_branches
+from capsule_rollout.learning.ceiling_measure import BoundaryKeeper, judge_state
 from capsule_rollout.learning.options import Acting, Models, Seeds
-from capsule_rollout.learning.value_ceiling import BoundaryKeeper, judge_state
 from capsule_rollout.policies import openpi_wire as W
 from capsule_rollout.policies.remote_policy import RemotePolicy
 from capsule_rollout.policies.websocket_policy_client import RemotePolicyError, WebsocketPolicyClient

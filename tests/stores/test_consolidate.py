@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import zarr
 
-from capsule_rollout.stores.consolidate import ConsolidateError, consolidate_store
+from capsule_rollout.stores.consolidation import ConsolidateError, consolidate_store
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import ShardedStore, ShardWriter
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader

@@ -7,7 +7,7 @@ capture: MjData, generators and known wrappers; no declared attributes).
 Each suite's declarations live in one small module (`envs/suites/<module>.py`).
 """
 
-from capsule_rollout.envs.suites.registry import (
+from capsule_rollout.envs.suites.catalog import (
     SUITES,
     Suite,
     SuiteUnavailableError,

@@ -27,7 +27,7 @@ CAMERAS = ("top", "angle", "front_close", "left_wrist", "right_wrist")
 
 
 def check() -> None:
-    from capsule_rollout.envs.suites.registry import SuiteUnavailableError
+    from capsule_rollout.envs.suites.catalog import SuiteUnavailableError
 
     try:
         import importlib.util

@@ -48,7 +48,7 @@ def accepts(task: str) -> bool:
 
 def make(task: str) -> tuple[gym.Env, CaptureSpec]:
     from capsule_rollout.envs.mujoco_capsule import find_physics
-    from capsule_rollout.envs.suites.registry import default_camera, info_success, model_cameras
+    from capsule_rollout.envs.suites.catalog import default_camera, info_success, model_cameras
 
     if task not in TASKS:  # a user's own registered id: nothing declared (the whole object graph)
         env = gym.make(task, disable_env_checker=True)

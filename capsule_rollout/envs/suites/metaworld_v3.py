@@ -30,7 +30,7 @@ CAMERAS = ("corner2", "corner", "corner3", "topview", "behindGripper")
 
 
 def check() -> None:
-    from capsule_rollout.envs.suites.registry import SuiteUnavailableError
+    from capsule_rollout.envs.suites.catalog import SuiteUnavailableError
 
     try:
         import metaworld  # noqa: F401

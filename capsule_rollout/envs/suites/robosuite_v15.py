@@ -31,7 +31,7 @@ HORIZON = 500
 
 
 def check() -> None:
-    from capsule_rollout.envs.suites.registry import SuiteUnavailableError
+    from capsule_rollout.envs.suites.catalog import SuiteUnavailableError
 
     try:
         import mujoco

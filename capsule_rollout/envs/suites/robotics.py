@@ -30,7 +30,7 @@ KITCHEN_TASKS = ("microwave", "kettle", "light switch", "top burner", "bottom bu
 
 
 def check() -> None:
-    from capsule_rollout.envs.suites.registry import SuiteUnavailableError
+    from capsule_rollout.envs.suites.catalog import SuiteUnavailableError
 
     try:
         import gymnasium_robotics  # noqa: F401
@@ -52,7 +52,7 @@ def tasks() -> tuple[str, ...]:
 def make(task: str) -> tuple[gym.Env, CaptureSpec]:
     import gymnasium_robotics
 
-    from capsule_rollout.envs.suites.registry import default_camera
+    from capsule_rollout.envs.suites.catalog import default_camera
 
     gym.register_envs(gymnasium_robotics)
     env = gym.make(task, disable_env_checker=True)

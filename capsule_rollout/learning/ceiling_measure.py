@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from capsule_rollout.learning.evaluation import EpisodesLostError
+from capsule_rollout.learning.closed_loop_eval import EpisodesLostError
 from capsule_rollout.rollout.branching import branch_value, require_capturable
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import RolloutHost
@@ -16,7 +16,7 @@ from capsule_rollout.rollout.slots.host import SlotHost
 class BoundaryKeeper(EpisodeObserver):
     """Keeps a capsule of the whole host at every chunk boundary up to `at_step` (the last is judged),
     with the task phase there: `phase(env)`, a label of where in its task the episode is (the example's
-    `tabletop.evaluation.task_phase`); without one, every state's phase is ""."""
+    `tabletop.tabletop_eval.task_phase`); without one, every state's phase is ""."""
 
     name = "boundaries"
 

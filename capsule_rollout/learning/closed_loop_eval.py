@@ -4,7 +4,7 @@
 Every episode is seeded per (task, seed): a seed's result does not depend on which seeds ran before it or
 where. What an env adds to the summary comes from an episode observer that writes `extra["eval"]` (`EVAL`):
 the failure kind of each failed episode and, where critics ran, their values at the mid-episode step and the
-task phase there (the example's `tabletop.evaluation.EvalObserver` is one).
+task phase there (the example's `tabletop.tabletop_eval.EvalObserver` is one).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class MidValueObserver(EpisodeObserver):
     """The evaluation record of any env (`extra["eval"]`): the host critic's value at the mid-episode step (the
     last chunk started at or before `mid_step`, default half the episode limit), for its failure AUC. Envs
     that tell failure kinds and task phases bring an observer of their own (the example's
-    `tabletop.evaluation.EvalObserver`)."""
+    `tabletop.tabletop_eval.EvalObserver`)."""
 
     name = EVAL
 
@@ -117,7 +117,7 @@ def run_items(spec: HostSpec, items: list[WorkItem], *, actors: int = 0, host: R
 def summarize(reports: list, *, control_hz: float | None, n_critics: int = 0, plan_critics: Sequence[int] = ()) -> dict:
     """The evaluation summary from the episodes' reports (in seed order), each with `extra["eval"]` (`EVAL`):
     `failure_kind` (any label; "" when the env classifies no failures) and, where critics ran, `mid_values`,
-    `mid_state_values` and `phase` at the mid-episode step (see the example's `tabletop.evaluation`)."""
+    `mid_state_values` and `phase` at the mid-episode step (see the example's `tabletop.tabletop_eval`)."""
     results = [(bool(r.episode.meta.success), int(r.episode.meta.length),
                  r.extra.get(EVAL, {}).get("failure_kind") or "failed") for r in reports]
     summary = outcome_summary(results, control_hz)

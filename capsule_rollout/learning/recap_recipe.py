@@ -3,7 +3,7 @@
 The loop itself is the same for any family: collect demonstrations, fit a policy and a critic, roll the policy
 out on Ray actors with simulated takeovers, branch, label advantages, fit the conditioned policy, evaluate on
 held-out seeds. A recipe says how the family's models are trained and what env they play; the example's is
-`tabletop.recipe.TabletopRecipe`, registered as `tabletop`. A user's family registers its own under the
+`tabletop.tabletop_recipe.TabletopRecipe`, registered as `tabletop`. A user's family registers its own under the
 entry-point group `capsule_rollout.recipes` or is named by import path (`recap --recipe pkg.mod:MyRecipe`).
 Every checkpoint a recipe writes must load through a checkpoint loader (`capsule_rollout.checkpoints`), so
 the actors can play it.
@@ -55,7 +55,7 @@ class RecapRecipe(Protocol):
     def evaluate(self, config: RecapConfig, policy: Path, seeds: list[int], *, conditioned: bool,
                  beta: float | None = None, critic: Path | None = None) -> dict:
         """The policy on `seeds` (acting with the positive indicator and guidance `beta` when `conditioned`;
-        `critic` judged by its mid-episode values): `learning.evaluation.summarize`'s summary."""
+        `critic` judged by its mid-episode values): `learning.closed_loop_eval.summarize`'s summary."""
 
 
 def load_recipe(name: str) -> RecapRecipe:

@@ -1,7 +1,7 @@
 """The example's evaluation: a policy's (and the scripted expert's) success on held-out tabletop seeds, each
 failure classified (wrong block held, never picked, picked but not placed), critics judged by their values at
 the mid-episode step against the task phase there. Episodes are played through the core's
-`learning.evaluation` (the one episode loop, in this process or on Ray actors); `EvalObserver` attaches to the
+`learning.closed_loop_eval` (the one episode loop, in this process or on Ray actors); `EvalObserver` attaches to the
 host and records, per episode, the failure kind and, at the mid-episode step, each critic's value and the task
 phase.
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from capsule_rollout.capsules import Arena
-from capsule_rollout.learning.evaluation import EVAL, outcome_summary, run_items, summarize
+from capsule_rollout.learning.closed_loop_eval import EVAL, outcome_summary, run_items, summarize
 from capsule_rollout.learning.stats import mid_episode_step
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.host_factory import HostSpec
@@ -27,7 +27,7 @@ from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
 from capsule_rollout.tabletop.tabletop_env import CONTROL_HZ, TabletopEnv
 from capsule_rollout.tabletop.value_critic import ValueCritic, load_critic
 
-OBSERVER = "capsule_rollout.tabletop.evaluation:EvalObserver"
+OBSERVER = "capsule_rollout.tabletop.tabletop_eval:EvalObserver"
 
 
 class _FailureTracker:

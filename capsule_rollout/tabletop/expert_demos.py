@@ -1,9 +1,9 @@
 """The example's demonstrations: the tabletop's scripted expert (noisy with `--noise`, coached with `--coach`),
-or a suite's own scripted policy for `--env`, as a `learning.demos.DemoSource`."""
+or a suite's own scripted policy for `--env`, as a `learning.demo_sources.DemoSource`."""
 
 from __future__ import annotations
 
-from capsule_rollout.learning.demos import DemoSource, suite_demo_source
+from capsule_rollout.learning.demo_sources import DemoSource, suite_demo_source
 from capsule_rollout.learning.options import CollectDemosConfig
 from capsule_rollout.tabletop.coaching import COACHABLE, COACHED_MAX_STEPS, PadCoach, coached_expert
 from capsule_rollout.tabletop.scripted_expert import ScriptedExpert
