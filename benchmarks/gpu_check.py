@@ -37,8 +37,8 @@ import torch
 from benchmarks import harness
 from benchmarks.report import Table, write_section
 from benchmarks.report import markdown as report_markdown
+from capsule_rollout.cli.console import make_console
 from capsule_rollout.commands.result import ExperimentResult, write_json
-from capsule_rollout.experiments.console import make_console
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: where every step runs (its tests, its benchmarks)
 

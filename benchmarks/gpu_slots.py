@@ -39,7 +39,7 @@ from pathlib import Path
 
 # -- what both parts share: the log, the entry-point shim, nvidia-smi ------------------------------
 ROOT = Path(__file__).resolve().parents[1]  # the repository
-CKPT = ROOT / "capsule_rollout" / "experiments" / "checkpoints"
+CKPT = ROOT / "capsule_rollout" / "checkpoints"
 T0 = time.monotonic()
 TEXTS = ("pick up the red block", "put the green block on the blue pad", "move the yellow block to the left",
          "stack the blue block on top of the red block", "place the purple block next to the orange block")

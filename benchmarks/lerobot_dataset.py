@@ -31,8 +31,8 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.report import Block, Table, publish
 from benchmarks.timing import machine
+from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.stores.lerobot_reader import LeRobotDatasetReader
 from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader, store_episodes

@@ -26,8 +26,8 @@ from benchmarks import harness
 from benchmarks.report import Block, Table, publish
 from benchmarks.timing import machine
 from capsule_rollout.capsules import Arena
+from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
-from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig

@@ -21,8 +21,8 @@ from benchmarks import harness
 from benchmarks.report import Block, Table, publish, targets
 from benchmarks.timing import machine, stats_us, timed
 from capsule_rollout.capsules import Arena
+from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.models.checkpoint import WEIGHTS_FILE
 from capsule_rollout.policies.execution_context import TwoLaneContext
 from capsule_rollout.tabletop.critic_runtime import CriticRuntime
@@ -33,9 +33,9 @@ from capsule_rollout.tabletop.value_critic import ValueCritic, load_critic
 
 @dataclass(frozen=True)
 class BenchPolicyConfig:
-    policy: str = "experiments/checkpoints/policy"
+    policy: str = "checkpoints/policy"
     """Policy checkpoint (a fresh model of the default size when the directory is missing)."""
-    critic: str = "experiments/checkpoints/critic"
+    critic: str = "checkpoints/critic"
     """Critic checkpoint (likewise)."""
     rounds: int = 300
     """Interleaved rounds; each times every method once."""

@@ -22,9 +22,9 @@ from benchmarks import harness
 from benchmarks.report import Block, Table, publish
 from benchmarks.timing import machine, stats_us
 from capsule_rollout.capsules import Arena
+from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.envs.suites import make_env
-from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.options import FAMILIES
 from capsule_rollout.policies import openpi_wire as W
 from capsule_rollout.policies.remote_policy import connect_remote_policy
@@ -38,7 +38,7 @@ ROWS = (("in_process", "in process (`load_observation` + `act`)"),
 
 @dataclass(frozen=True)
 class BenchRemotePolicyConfig:
-    policy: str = "experiments/checkpoints/policy"
+    policy: str = "checkpoints/policy"
     """Policy checkpoint or factory import path served and measured."""
     env: str = ""
     """The env it acts in (sizes it; gives the observation); empty: the tabletop --family."""

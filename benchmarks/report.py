@@ -13,7 +13,7 @@ from rich import table as rich_table
 from rich.console import Console
 from rich.text import Text
 
-from capsule_rollout.experiments.console import make_console
+from capsule_rollout.cli.console import make_console
 
 
 @dataclass(frozen=True)

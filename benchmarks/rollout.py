@@ -34,8 +34,8 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.report import Block, Table, publish, targets
 from benchmarks.timing import machine, stats_us
+from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.options import FAMILIES
 from capsule_rollout.rollout.handoff import SubtaskChannel
 from capsule_rollout.rollout.host_factory import HostSpec, build_host
@@ -45,9 +45,9 @@ from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 @dataclass(frozen=True)
 class BenchRolloutConfig:
-    policy: str = "experiments/checkpoints/policy"
+    policy: str = "checkpoints/policy"
     """Policy checkpoint."""
-    critic: str = "experiments/checkpoints/critic"
+    critic: str = "checkpoints/critic"
     """Critic checkpoint."""
     family: FAMILIES = "pick_place"
     """Task family."""

@@ -31,8 +31,8 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.report import Block, Table, publish, targets
 from benchmarks.timing import machine
+from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.options import FAMILIES
 from capsule_rollout.rollout.branching import BranchActor, BranchItem
 from capsule_rollout.rollout.host_config import two_lanes
@@ -43,9 +43,9 @@ from capsule_rollout.rollout.slots.host import episode_job
 
 @dataclass(frozen=True)
 class BenchSlotsConfig:
-    policy: str = "experiments/checkpoints/policy"
+    policy: str = "checkpoints/policy"
     """Policy checkpoint."""
-    critic: str = "experiments/checkpoints/critic"
+    critic: str = "checkpoints/critic"
     """Critic checkpoint."""
     family: FAMILIES = "pick_place"
     """Task family."""

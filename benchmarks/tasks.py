@@ -35,17 +35,17 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.report import Block, Table, publish, targets
 from benchmarks.timing import machine
+from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.experiments.paths import resolve_input
 from capsule_rollout.learning.options import FAMILIES
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 
 @dataclass(frozen=True)
 class BenchTasksConfig:
-    policy: str = "experiments/checkpoints/policy"
+    policy: str = "checkpoints/policy"
     """Policy checkpoint."""
-    critic: str = "experiments/checkpoints/critic"
+    critic: str = "checkpoints/critic"
     """Critic checkpoint."""
     family: FAMILIES = "pick_place"
     """The one family the mix is measured against."""

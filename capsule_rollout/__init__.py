@@ -2,7 +2,7 @@
 execution-state capsules.
 
 The layers are subpackages (`capsule_rollout.capsules`, `.envs`, `.policies`, `.critics`, `.models`,
-`.rollout`, `.learning`, `.commands`, `.experiments`; docs/DESIGN.md section 2). Importing
+`.rollout`, `.learning`, `.commands`, `.cli`; docs/DESIGN.md section 2). Importing
 this package, or any of them, only defines things: no environment variable is written and nothing is
 registered (the tabletop gymnasium ids: `capsule_rollout.tabletop.register_envs()`). The command line:
 `python -m capsule_rollout NAME [--field value ...]` (or the `capsule-rollout` script).

@@ -32,14 +32,14 @@ DEVICES = ["cpu", "cuda"] if HAS_CUDA else ["cpu"]
 # examples, training and learning loops, the shipped models under every kernel path): it starts Ray, trains a
 # model or runs the shipped models in fresh processes. Everything else is the unit tier, which
 # runs in parallel (pytest-xdist) and in which starting Ray is an error naming this list (`_unit_tier_starts_no_ray`).
-INTEGRATION = ("tests/experiments/", "tests/benchmarks/", "tests/learning/", "tests/test_examples.py",
+INTEGRATION = ("tests/cli/", "tests/benchmarks/", "tests/learning/", "tests/test_examples.py",
                "tests/reliability/test_ray_driver_faults.py", "tests/reliability/test_store_damage.py",
                "tests/critics/test_value_critic.py", "tests/rollout/test_slot_check.py", "tests/rollout/test_slots.py",
                "tests/rollout/test_preflight.py", "tests/rollout/test_record.py", "tests/rollout/test_served_sources.py",
                "tests/rollout/test_infer_rows.py", "tests/rollout/test_remote_policy.py", "tests/test_import_path.py",
                "tests/models/test_kernel_paths.py")
 SERIAL = ("tests/rollout/test_ray_driver.py", "tests/reliability/test_ray_driver_faults.py",
-          "tests/experiments/test_sim_rollout.py")
+          "tests/cli/test_sim_rollout.py")
 """Integration tests that time hangs against deadlines of a second or two: run after the others, alone (marked
 `serial`), so that no test beside them stretches a step past its deadline."""
 UNIT_TIER = os.environ.get("CAPSULE_ROLLOUT_TEST_TIER") == "unit"

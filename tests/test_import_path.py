@@ -57,7 +57,7 @@ def test_an_env_module_missing_a_dependency_is_reported_as_that_not_as_an_unknow
 @pytest.mark.parametrize("command", ["sim_rollout", "eval_policy"])
 def test_an_env_module_that_fails_to_import_is_one_line_before_anything_runs(lab, command, tmp_path, capsys):
     """The entry points check a factory's env module with the rest of their inputs: exit 2, the import error."""
-    from capsule_rollout.experiments.run import main
+    from capsule_rollout.cli.run import main
 
     policy = "labpkg.good:make_env"  # importable: the env is what fails
     option = "--policy" if command == "sim_rollout" else "--model.policy"

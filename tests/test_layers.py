@@ -1,5 +1,5 @@
 """DESIGN.md section 2: imports go one way; only rollout/ imports ray; capsules/ imports only
-torch/numpy/triton/safetensors; commands in experiments/ never import each other; the repository's benchmarks/
+torch/numpy/triton/safetensors; commands in cli/ never import each other; the repository's benchmarks/
 (not shipped) import the package, which never imports them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 NS = "capsule_rollout"  # the one import namespace; its layers are subpackages
 ROOT = Path(__file__).resolve().parents[1] / NS
 PACKAGES = ("capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "tabletop", "commands",
-            "experiments", "robot_side")
+            "cli", "robot_side")
 # the repository's, beside the package and never shipped with it: benchmarks/ imports the package; the package
 # imports none of them
 REPOSITORY_ONLY = ("benchmarks", "tests", "examples")
@@ -34,14 +34,14 @@ ALLOWED = {
     "learning": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "robot_side"},
     "tabletop": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "robot_side"},
     "commands": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "learning", "robot_side"},
-    "experiments": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
+    "cli": {"capsules", "models", "envs", "policies", "critics", "stores", "rollout", "tabletop", "learning",
                     "commands", "robot_side"},
     # what runs on the robot's computer (numpy alone, LeRobot inside functions): the whole package, nothing else
     "robot_side": set(),
 }
 CAPSULES_THIRD_PARTY = {"torch", "numpy", "triton", "safetensors"}
 # modules at the namespace's root that every layer may import: standard library only, importing no layer
-ROOT_MODULES = {"contracts", "extras", "import_path", "input_bounds", "lazy_exports", "user_code"}
+ROOT_MODULES = {"contracts", "extras", "import_path", "input_bounds", "lazy_exports", "shipped", "user_code"}
 
 
 def imported_modules(source: str, package_path: str) -> list[str]:
@@ -134,7 +134,7 @@ def test_the_namespace_root_imports_no_layer():
         if path.name == "__init__.py":
             assert [m for m in mods if m] == [], f"{path.name} imports {mods}"
         else:  # the CLI: the entry point's module only
-            assert {m.split(".")[0] for m in mods if m} <= {"experiments"}
+            assert {m.split(".")[0] for m in mods if m} <= {"cli"}
 
 
 @pytest.mark.parametrize(
@@ -149,12 +149,12 @@ def test_the_namespace_root_imports_no_layer():
         ("models", "from capsule_rollout.policies import rollout_policy", "models imports policies"),
         ("policies", "from capsule_rollout.tabletop import flow_policy", "policies imports tabletop"),
         ("envs", "import ray", "only rollout/ may import ray"),
-        ("experiments", "def f():\n    import ray\n", "only rollout/ may import ray"),
+        ("cli", "def f():\n    import ray\n", "only rollout/ may import ray"),
         ("policies", "from . import helpers\nfrom capsule_rollout.envs.tabletop import Task",
          "policies imports envs.tabletop"),
         ("rollout", "import envs.tabletop", "imported as capsule_rollout.envs.tabletop"),
         ("rollout", "from capsule_rollout import learning", "rollout imports learning"),
-        ("experiments", "from benchmarks.capsules import run", "never imports the repository's benchmarks/"),
+        ("cli", "from benchmarks.capsules import run", "never imports the repository's benchmarks/"),
         ("commands", "def f():\n    import benchmarks.harness\n", "never imports the repository's benchmarks/"),
         ("rollout", "from tests.rollout.fakes import fake_episode", "never imports the repository's tests/"),
     ],
@@ -210,11 +210,11 @@ EXPERIMENTS_SHARED = {"console", "paths", "recap_report"}
 
 def test_commands_never_import_each_other():
     problems = []
-    for path in sorted((ROOT / "experiments").glob("*.py")):
-        for mod in imported_modules(path.read_text(), f"{NS}.experiments"):
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        for mod in imported_modules(path.read_text(), f"{NS}.cli"):
             parts = (layer_of(mod) or "").split(".")
-            if parts[0] == "experiments" and len(parts) > 1 and parts[1] not in EXPERIMENTS_SHARED:
-                if (ROOT / "experiments" / f"{parts[1]}.py").exists() and parts[1] != path.stem:
+            if parts[0] == "cli" and len(parts) > 1 and parts[1] not in EXPERIMENTS_SHARED:
+                if (ROOT / "cli" / f"{parts[1]}.py").exists() and parts[1] != path.stem:
                     problems.append(f"{path.relative_to(ROOT)} imports {mod}")
     assert not problems, "\n".join(problems)
 

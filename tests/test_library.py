@@ -73,10 +73,10 @@ def test_the_wheel_holds_one_namespace_with_the_shipped_checkpoints(wheel):
     assert tops == {NS}, tops
     for part in ("policy", "critic"):
         for file in ("checkpoint.json", "weights.safetensors"):
-            assert f"{NS}/experiments/checkpoints/{part}/{file}" in names
+            assert f"{NS}/checkpoints/{part}/{file}" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     registered = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "capsule-rollout = capsule_rollout.experiments.run:cli" in registered
+    assert "capsule-rollout = capsule_rollout.cli.run:cli" in registered
     # the example plugs in as a user's package would: its checkpoint kinds and its suite
     for line in ("flow_policy = capsule_rollout.tabletop.loaders:FLOW_POLICY",
                  "value_critic = capsule_rollout.tabletop.loaders:VALUE_CRITIC",
@@ -97,13 +97,13 @@ def test_a_users_own_envs_and_models_import_beside_it(wheel, tmp_path):
     script = r"""
 import json, envs, models
 from capsule_rollout.tabletop.tabletop_env import TabletopEnv
-from capsule_rollout.experiments.paths import resolve_input
+from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.tabletop.flow_policy import load_policy
 from capsule_rollout.rollout import rollout_host
 import capsule_rollout
 env = TabletopEnv("pick_place", cameras=())
 obs, _ = env.reset(seed=3)
-policy = load_policy(resolve_input("experiments/checkpoints/policy"))
+policy = load_policy(resolve_input("checkpoints/policy"))
 print(json.dumps({"envs": envs.WHO, "models": models.WHO, "envs_file": envs.__file__,
                   "project": capsule_rollout.__file__, "host": rollout_host.__file__,
                   "state": len(obs["state"]), "policy": type(policy).__name__}))

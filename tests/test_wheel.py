@@ -1,5 +1,5 @@
 """The wheel ships the package alone (no `benchmarks`, `tests` or `examples` module: those live in the repository)
-and still carries the shipped checkpoints (`capsule_rollout/experiments/checkpoints`)."""
+and still carries the shipped checkpoints (`capsule_rollout/checkpoints`)."""
 
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ def test_the_wheel_ships_the_package_alone(wheel_files):
     tops = {name.split("/")[0] for name in wheel_files}
     assert {t for t in tops if not t.endswith((".dist-info", ".data"))} == {"capsule_rollout"}, sorted(tops)
     assert not any(name.split("/")[1] == "benchmarks" for name in wheel_files if name.count("/") > 1)
-    assert "capsule_rollout/__main__.py" in wheel_files and "capsule_rollout/experiments/run.py" in wheel_files
+    assert "capsule_rollout/__main__.py" in wheel_files and "capsule_rollout/cli/run.py" in wheel_files
 
 
 @pytest.mark.slow
 def test_the_wheel_carries_the_shipped_checkpoints(wheel_files):
-    shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "capsule_rollout/experiments/checkpoints").glob("*/*")
+    shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "capsule_rollout/checkpoints").glob("*/*")
                if p.is_file()}
     assert shipped and shipped <= set(wheel_files), sorted(shipped - set(wheel_files))
-    assert {name.split("/")[3] for name in shipped} == {"policy", "critic"}
+    assert {name.split("/")[2] for name in shipped} == {"policy", "critic"}

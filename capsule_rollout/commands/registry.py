@@ -1,8 +1,8 @@
-"""Registry of named experiments: name -> default config + runner (imported lazily), and the groups `--help` lists
+"""Registry of the named commands: name -> default config + runner (imported lazily), and the groups `--help` lists
 them in.
 
 A command registers by decorating its config class (`@command("name", "summary")`, next to the config in
-`configs.py` and its siblings); the runner is `experiments.<name>:run` unless named. Only the configs are
+`configs.py` and its siblings); the runner is `cli.<name>:run` unless named. Only the configs are
 imported to list or parse commands (standard library only): a runner is imported when its command runs. The
 project's benchmarks are no commands: they live apart from the package (`benchmarks/` in the repository).
 """
@@ -57,7 +57,7 @@ def command(name: str, summary: str, runner: str = ""):
     """Class decorator: register the config class's defaults as command `name`."""
 
     def decorate(config_cls: type) -> type:
-        register(Experiment(name, config_cls(), runner or f"capsule_rollout.experiments.{name}:run", summary))
+        register(Experiment(name, config_cls(), runner or f"capsule_rollout.cli.{name}:run", summary))
         return config_cls
 
     return decorate

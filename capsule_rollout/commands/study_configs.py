@@ -9,7 +9,7 @@ from typing import Literal
 from capsule_rollout.commands.registry import command
 from capsule_rollout.learning.options import RecapConfig
 
-# `experiments.recap_study.ARMS`: what each changes in `recap`
+# `cli.recap_study.ARMS`: what each changes in `recap`
 STUDY_ARMS = ("critic", "privileged", "rollouts_x4", "finetune_x3", "finetune_third")
 
 
@@ -28,7 +28,7 @@ class RecapStudyConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     """Run seeds (`recap --seed`): each its own demonstrations, behaviour cloning and rollouts."""
     arms: tuple[Literal["critic", "privileged", "rollouts_x4", "finetune_x3", "finetune_third"], ...] = STUDY_ARMS
-    """Arms (`experiments.recap_study.ARMS`): `critic`, labels from the learned critic; `privileged`, from a
+    """Arms (`cli.recap_study.ARMS`): `critic`, labels from the learned critic; `privileged`, from a
     critic that also reads the sim's privileged state (`recap --critic_privileged`), each with its control arm;
     `rollouts_x4`, critic labels on 4x `--recap.rollout_episodes` per iteration; `finetune_x3` / `finetune_third`,
     critic labels with 3x / a third of `--recap.policy_steps` of fine-tuning per iteration (these three have no

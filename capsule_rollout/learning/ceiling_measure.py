@@ -1,6 +1,6 @@
 """The value ceiling's measurement: keep a capsule of the whole host at each chunk boundary up to a step,
 then judge the state there by branching (`rollout.branching.branch_value`, the routine the branch labels
-use too). The command, its summary and printing are `experiments/value_ceiling.py`."""
+use too). The command, its summary and printing are `cli/value_ceiling.py`."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ FAMILIES_OR_ALL = Literal["pick_place", "stack", "arrange", "sort", "all"]  # "a
 PHRASING = Literal["canonical", "train", "heldout"]  # tabletop.phrasing.PHRASINGS
 CAMERAS = ("front", "top")  # tabletop.tabletop_env.CAMERAS
 ADVANTAGE = Literal["checkpoint", "none", "positive"]  # rollout.host_factory.ADVANTAGE_CHOICES
-SHIPPED_POLICY = "experiments/checkpoints/policy"
-SHIPPED_CRITIC = "experiments/checkpoints/critic"
+SHIPPED_POLICY = "checkpoints/policy"
+SHIPPED_CRITIC = "checkpoints/critic"
 
 # Option groups: fields that several commands share, one dataclass each. A config holds a group as a field
 # and the command line spells its options dotted (`--seeds.count`); `ALIASES` keep the old flat names.
@@ -290,7 +290,7 @@ class TrainCriticConfig:
 class LabelAdvantagesConfig:
     data: str = "runs/recap/episodes.zarr"
     """Zarr store of episodes to label (never modified)."""
-    critic: str = "experiments/checkpoints/critic"
+    critic: str = "checkpoints/critic"
     """Critic checkpoint whose values the advantages use."""
     recipe: str = "tabletop"
     """The critic's family, whose recipe values a store's steps (`learning.recap_recipe`: a registered name or an import

@@ -40,6 +40,7 @@ from capsule_rollout.rollout.sources import (
     load_source,
     source_kind,
 )
+from capsule_rollout.shipped import shipped_path
 
 ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
@@ -185,6 +186,8 @@ class HostSpec:
         family = data.pop("family", None)  # earlier versions: a tabletop family ("all": every one) when no env
         if family and not data.get("env"):
             data["env"] = f"tabletop:{ANY_TASK if family == 'all' else family}"
+        for source in ("policy", "critic"):  # the shipped checkpoints as another install, or an earlier one, named them
+            data[source] = shipped_path(data.get(source) or "")
         host = data.pop("host", {})
         host = HostConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in host.items()})
         observers = tuple(tuple(o) for o in data.pop("observers", ()))
@@ -224,8 +227,9 @@ def check_same_run(out: Path, spec: HostSpec) -> None:
     except FileNotFoundError:
         return
     now = spec.to_json()
-    # they do not change what is played (observers watch the episodes; the lanes only run the same calls at once)
-    free = {"threads", "pin_cores", "capsule_budget_mb", "observers", "env_threads"}
+    # they do not change what is played (observers watch the episodes; the lanes only run the same calls at once;
+    # the capsules' directory is the run's own, wherever the run directory was moved or copied)
+    free = {"threads", "pin_cores", "capsule_budget_mb", "observers", "env_threads", "capsule_dir"}
     played = lambda data, k: ({f: v for f, v in data[k].items() if f != "lanes"}  # noqa: E731
                               if k == "host" and isinstance(data.get(k), dict) else data.get(k))
     differ = sorted(k for k in now if k not in free and played(recorded, k) != played(now, k))

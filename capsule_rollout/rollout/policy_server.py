@@ -1,6 +1,6 @@
 """`PolicyServer`: any policy this project loads, served with openpi's websocket protocol (`policies.openpi_wire`).
 
-    served = serve_spec(HostSpec(env="tabletop:pick_place", policy="experiments/checkpoints/policy"))
+    served = serve_spec(HostSpec(env="tabletop:pick_place", policy="checkpoints/policy"))
     with PolicyServer(served, port=8000) as server:   # openpi_client.WebsocketClientPolicy("127.0.0.1", 8000)
         server.wait()
 

@@ -12,8 +12,8 @@ import torch
 
 from benchmarks import capsules, gpu_check, policy
 from benchmarks.gpu_check import GpuCheckConfig, main
+from capsule_rollout.cli.run import parse
 from capsule_rollout.commands.cli import parse_config
-from capsule_rollout.experiments.run import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from capsule_rollout.capsules import Arena, restore, snapshot
+from capsule_rollout.cli.run import main
 from capsule_rollout.envs.env_scenarios import SCENARIOS, verify_scenarios
 from capsule_rollout.envs.suites import make_env
-from capsule_rollout.experiments.run import main
 
 USER = "tests.envs.user_factories"
 

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
+from capsule_rollout.cli.run import main
 from capsule_rollout.envs.env_scenarios import SCENARIOS, verify_scenarios
 from capsule_rollout.envs.suites.gymnasium_v5 import TASKS
-from capsule_rollout.experiments.run import main
 from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 
 BROKEN = "tests.envs.broken_envs"

@@ -58,7 +58,7 @@ def test_metaworld_seed_instruction_expert():
 
 
 def test_collect_demos_records_the_suites_scripted_policy(tmp_path):
-    from capsule_rollout.experiments.run import main
+    from capsule_rollout.cli.run import main
     from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 
     _need("metaworld")
@@ -180,7 +180,7 @@ def test_registered_suite_holds_and_rolls_out_on_ray_and_replays(env_id, tmp_pat
 def _rolls_out_and_replays(env_id: str, tmp_path, *, actors: int, max_steps: int, episode: str = "") -> None:
     """`sim_rollout` of 2 seeds x 2 repeats with a noise policy given by import path, then `replay` of seed 1's
     repeat, bit-identical."""
-    from capsule_rollout.experiments.run import main
+    from capsule_rollout.cli.run import main
 
     out = tmp_path / "run"
     assert main(["sim_rollout", "--env", env_id, "--policy", f"{USER}:make_noise_policy", "--actors", str(actors),
@@ -194,7 +194,7 @@ def _rolls_out_and_replays(env_id: str, tmp_path, *, actors: int, max_steps: int
 
 
 def test_collect_demos_records_so101s_own_scripted_controller(tmp_path):
-    from capsule_rollout.experiments.run import main
+    from capsule_rollout.cli.run import main
     from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 
     _need("so101")

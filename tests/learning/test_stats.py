@@ -64,13 +64,13 @@ def test_paired_comparison_exact_mcnemar():
 
 
 def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy(tmp_path):
-    from capsule_rollout.experiments.paths import resolve_input
-    from capsule_rollout.experiments.run import main
+    from capsule_rollout.cli.paths import resolve_input
+    from capsule_rollout.cli.run import main
 
     plain, judged = tmp_path / "plain.json", tmp_path / "judged.json"
     base = ["eval_policy", "--episodes", "4", "--no-expert"]
     assert main([*base, "--json", str(plain)]) == 0
-    assert main([*base, "--critic", "experiments/checkpoints/critic", "--json", str(judged)]) == 0
+    assert main([*base, "--critic", "checkpoints/critic", "--json", str(judged)]) == 0
     plain, judged = (json.loads(p.read_text())["policy"] for p in (plain, judged))
     assert judged["success_by_seed"] == plain["success_by_seed"] and len(plain["success_by_seed"]) == 4
     auc = judged["critic_failure_auc"]
@@ -87,14 +87,14 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
     from capsule_rollout.models.checkpoint import save_checkpoint
     from capsule_rollout.tabletop.value_critic import KIND, load_critic
 
-    other = load_critic(resolve_input("experiments/checkpoints/critic"))
+    other = load_critic(resolve_input("checkpoints/critic"))
     torch.manual_seed(0)
     with torch.no_grad():
         for p in other.head.parameters():
             p.add_(0.5 * torch.randn_like(p))
     save_checkpoint(tmp_path / "other", kind=KIND, model=other, step=0, config={"model": other.config.to_json()})
     both = tmp_path / "both.json"
-    assert main([*base, "--critic", "experiments/checkpoints/critic", str(tmp_path / "other"),
+    assert main([*base, "--critic", "checkpoints/critic", str(tmp_path / "other"),
                  "--json", str(both)]) == 0
     both = json.loads(both.read_text())["policy"]
     assert both["success_by_seed"] == plain["success_by_seed"]
@@ -106,7 +106,7 @@ def test_eval_policy_reports_the_critics_failure_auc_without_changing_the_policy
 
 
 def test_eval_policy_refuses_guidance_without_the_positive_indicator(capsys):
-    from capsule_rollout.experiments.run import main
+    from capsule_rollout.cli.run import main
 
     assert main(["eval_policy", "--beta", "2.0"]) == 2  # the shipped policy is not advantage-conditioned
     assert "not trained with advantage labels; pass --advantage positive" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from capsule_rollout.tabletop.value_critic import load_critic
 from tests.policies.tiny import random_obs
 
-SHIPPED = "capsule_rollout/experiments/checkpoints"
+SHIPPED = "capsule_rollout/checkpoints"
 
 
 def main() -> None:

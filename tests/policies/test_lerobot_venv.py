@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("av")
 
-from capsule_rollout.experiments.run import main  # noqa: E402
+from capsule_rollout.cli.run import main  # noqa: E402
 from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store  # noqa: E402
 from capsule_rollout.stores.sharded_reader import open_episode_reader  # noqa: E402
 from capsule_rollout.stores.zarr_reader import store_episodes  # noqa: E402

@@ -14,7 +14,7 @@ from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from capsule_rollout.tabletop.value_critic import load_critic
 from tests.policies.tiny import random_obs, tiny_critic, tiny_policy
 
-SHIPPED = "capsule_rollout/experiments/checkpoints"
+SHIPPED = "capsule_rollout/checkpoints"
 
 
 def test_each_row_draws_the_noise_normal_draws_for_its_state_and_only_active_rows_move_on():

@@ -16,7 +16,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from capsule_rollout.experiments.run import main
+from capsule_rollout.cli.run import main
 from capsule_rollout.stores.shard_manifest import MANIFEST_FILE, ManifestError
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.sharded_store import ShardedStore

@@ -16,7 +16,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from capsule_rollout.experiments.run import main
+from capsule_rollout.cli.run import main
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.store_damage import StoreDamageError
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader

@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from capsule_rollout.experiments.run import main
+from capsule_rollout.cli.run import main
 from capsule_rollout.stores.lerobot_checksums import INFO_KEY
 from capsule_rollout.stores.npz_recorder import INDEX_FILE, NpzRecorder, read_npz_episode
 from capsule_rollout.stores.store_damage import StoreDamageError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from capsule_rollout.experiments.run import main
+from capsule_rollout.cli.run import main
 from capsule_rollout.stores.writer_lock import LOCK_FILE, StoreLockedError
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from capsule_rollout.cli.run import main
 from capsule_rollout.envs.robot_bridge import RobotClient, RobotError
-from capsule_rollout.experiments.run import main
 from capsule_rollout.stores.zarr_reader import ZarrEpisodeReader
 from tests.policies.tiny import TINY_CRITIC, TINY_POLICY
 

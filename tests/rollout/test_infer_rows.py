@@ -166,7 +166,7 @@ def test_the_env_renders_only_the_cameras_the_policy_and_critic_read():
 
 
 def test_the_run_summary_says_how_many_objects_each_actor_holds(tmp_path, capsys):
-    from capsule_rollout.experiments.run import main
+    from capsule_rollout.cli.run import main
 
     summary = tmp_path / "s.json"
     assert main(["sim_rollout", "--env", ENV, "--policy", f"{__name__}:batch_push", "--critic",

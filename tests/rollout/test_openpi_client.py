@@ -22,7 +22,7 @@ from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("openpi_client_driver.py")
 PYTHON_ENV = "CAPSULE_ROLLOUT_OPENPI_PYTHON"  # set by `make test-slow`: then a missing venv fails the test
-SHIPPED = str(ROOT / "capsule_rollout" / "experiments" / "checkpoints" / "policy")
+SHIPPED = str(ROOT / "capsule_rollout" / "checkpoints" / "policy")
 
 
 def _openpi_python() -> str:

@@ -119,7 +119,7 @@ def test_unfit_objects_are_refused_with_the_reason():
 
 def test_sources_are_told_apart():
     assert source_kind("examples.own_env_and_policy:make_policy") == "factory"
-    assert source_kind("capsule_rollout/experiments/checkpoints/policy") == "checkpoint"
+    assert source_kind("capsule_rollout/checkpoints/policy") == "checkpoint"
 
 
 def test_checkpoints_load_through_the_loader_their_kind_registers(tmp_path):
@@ -128,13 +128,13 @@ def test_checkpoints_load_through_the_loader_their_kind_registers(tmp_path):
     import json
     import shutil
 
-    from capsule_rollout.experiments.paths import resolve_input
+    from capsule_rollout.cli.paths import resolve_input
     from capsule_rollout.rollout.sources import describe_source, loader_for
 
-    policy = describe_source(resolve_input("experiments/checkpoints/policy"))
+    policy = describe_source(resolve_input("checkpoints/policy"))
     assert policy.takes_conditioning and policy.takes_noise_scale and policy.chunk_length >= 1
-    assert type(loader_for(resolve_input("experiments/checkpoints/critic"))).__module__ == "capsule_rollout.tabletop.loaders"
-    shutil.copytree(resolve_input("experiments/checkpoints/critic"), tmp_path / "odd")
+    assert type(loader_for(resolve_input("checkpoints/critic"))).__module__ == "capsule_rollout.tabletop.loaders"
+    shutil.copytree(resolve_input("checkpoints/critic"), tmp_path / "odd")
     meta = json.loads((tmp_path / "odd" / "checkpoint.json").read_text())
     (tmp_path / "odd" / "checkpoint.json").write_text(json.dumps({**meta, "kind": "diffusion_transformer"}))
     with pytest.raises(ValueError, match="no loader is registered for that kind.*capsule_rollout.checkpoints"):

@@ -47,7 +47,7 @@ def test_record_rollouts_takes_every_option_the_command_line_has():
 
 
 def test_factories_take_keyword_arguments_from_python_and_the_command_line(tmp_path):
-    from capsule_rollout.experiments.run import main
+    from capsule_rollout.cli.run import main
     from capsule_rollout.rollout import with_kwargs
     from capsule_rollout.stores import open_episode_reader
 

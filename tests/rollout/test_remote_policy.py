@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from capsule_rollout.capsules import CapsuleMismatchError, restore
+from capsule_rollout.cli import replay, sim_rollout
+from capsule_rollout.cli.run import main
 from capsule_rollout.commands.configs import ReplayConfig, SimRolloutConfig
-from capsule_rollout.experiments import replay, sim_rollout
-from capsule_rollout.experiments.run import main
 from capsule_rollout.learning.branch_values import BranchPlan, collect_branches
 from capsule_rollout.learning.ceiling_measure import BoundaryKeeper, judge_state
 from capsule_rollout.learning.options import Acting, Models, Seeds

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from capsule_rollout.cli import replay, sim_rollout
 from capsule_rollout.commands.configs import ReplayConfig, SimRolloutConfig
-from capsule_rollout.experiments import replay, sim_rollout
 from capsule_rollout.learning.options import Models, Seeds
 from capsule_rollout.rollout.host_config import file_safe
 from capsule_rollout.rollout.host_factory import HostSpec

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from capsule_rollout.experiments.run import main
+from capsule_rollout.cli.run import main
 from capsule_rollout.rollout.host_factory import HostSpec
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.slots.check import check_slots
@@ -81,7 +81,7 @@ def test_a_policy_that_rounds_by_batch_size_is_named_by_the_check(tmp_path, caps
 def test_batch_invariance_is_part_of_what_a_run_plays_and_older_runs_played_without_it(tmp_path):
     from capsule_rollout.rollout.host_factory import build_host, check_same_run, write_spec
 
-    spec = HostSpec(env="tabletop:pick_place", policy="capsule_rollout/experiments/checkpoints/policy",
+    spec = HostSpec(env="tabletop:pick_place", policy="capsule_rollout/checkpoints/policy",
                     host=HostConfig(n_exec=4, max_steps=8))
     data = spec.to_json()
     assert data["batch_invariant"] is True

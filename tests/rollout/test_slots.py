@@ -231,7 +231,7 @@ def test_slots_stepped_on_threads_play_the_same_episodes(spec, slots):
         threaded.close()
 
 
-SHIPPED = "capsule_rollout/experiments/checkpoints"
+SHIPPED = "capsule_rollout/checkpoints"
 
 
 def test_the_shipped_policy_and_critic_play_the_same_episodes_at_any_slot_count():

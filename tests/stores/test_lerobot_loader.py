@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("av")
 
-from capsule_rollout.experiments.run import main  # noqa: E402
+from capsule_rollout.cli.run import main  # noqa: E402
 from capsule_rollout.stores import episode_schema as S  # noqa: E402
 from capsule_rollout.stores.lerobot_writer import LeRobotWriterOptions, export_lerobot, open_store  # noqa: E402
 from capsule_rollout.stores.zarr_reader import store_episodes  # noqa: E402
