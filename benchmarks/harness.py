@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from capsule_rollout.commands.cli import ConfigError, parse_config
+from capsule_rollout.commands.option_parsing import ConfigError, parse_config
 from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
 from capsule_rollout.extras import MissingExtraError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from capsule_rollout.commands import registry
-from capsule_rollout.commands.cli import ConfigError, parse_config
+from capsule_rollout.commands.option_parsing import ConfigError, parse_config
 from capsule_rollout.commands.result import ExperimentResult, UsageError, write_json
 from capsule_rollout.extras import MissingExtraError
 from capsule_rollout.stores.store_damage import StoreDamageError

@@ -96,7 +96,7 @@ def default_text(value: Any) -> str:
 
 def command_options(config: Any) -> list[Option | Group]:
     """Every option of a command's config, in the order `--help` lists them; a group's header before its options."""
-    from capsule_rollout.commands.cli import old_names
+    from capsule_rollout.commands.option_parsing import old_names
 
     renamed = old_names(config)
     out: list[Option | Group] = []

@@ -13,7 +13,7 @@ import torch
 from benchmarks import capsules, gpu_check, policy
 from benchmarks.gpu_check import GpuCheckConfig, main
 from capsule_rollout.cli.run import parse
-from capsule_rollout.commands.cli import parse_config
+from capsule_rollout.commands.option_parsing import parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

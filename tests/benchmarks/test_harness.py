@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.__main__ import SHARED, listing
 from benchmarks.report import Table, markdown, publish, targets, write_section
-from capsule_rollout.commands.cli import flat_fields
+from capsule_rollout.commands.option_parsing import flat_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem not in SHARED)

@@ -10,7 +10,7 @@ import pytest
 
 from capsule_rollout.cli.run import main, parse
 from capsule_rollout.commands import registry
-from capsule_rollout.commands.cli import flat_fields, parse_config
+from capsule_rollout.commands.option_parsing import flat_fields, parse_config
 
 
 def test_usage_lists_every_experiment(capsys):

@@ -11,7 +11,7 @@ import io
 import pytest
 
 from capsule_rollout.commands import registry
-from capsule_rollout.commands.cli import ConfigError, old_names, parse_config
+from capsule_rollout.commands.option_parsing import ConfigError, old_names, parse_config
 from tests.docs.command_lines import PROJECT, ROBOT, ROOT, command_lines, commands_in, shell_lines, tokens_of
 
 LINES = command_lines()

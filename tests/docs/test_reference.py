@@ -10,7 +10,7 @@ import types
 import pytest
 
 from capsule_rollout.commands import registry
-from capsule_rollout.commands.cli import flat_fields, old_names
+from capsule_rollout.commands.option_parsing import flat_fields, old_names
 from tests.docs.reference_pages import load
 
 ref = load()

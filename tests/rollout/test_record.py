@@ -34,8 +34,8 @@ def test_record_rollouts_takes_every_option_the_command_line_has():
     where the command line's do."""
     import inspect
 
-    from capsule_rollout.commands.cli import flat_fields
     from capsule_rollout.commands.configs import SimRolloutConfig
+    from capsule_rollout.commands.option_parsing import flat_fields
     from capsule_rollout.learning.options import Seeds
     from capsule_rollout.rollout import FIRST_SEED
 
