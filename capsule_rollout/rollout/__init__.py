@@ -32,6 +32,7 @@ _EXPORTS = {
     "Preflight": "capsule_rollout.rollout.preflight_checks",
     "PreflightError": "capsule_rollout.rollout.preflight_checks",
     "HostSpec": "capsule_rollout.rollout.host_factory",
+    "resolve_spec": "capsule_rollout.rollout.host_factory",
     "build_host": "capsule_rollout.rollout.host_factory",
     "build_slots": "capsule_rollout.rollout.host_factory",
     "build_policy": "capsule_rollout.rollout.host_factory",

@@ -154,6 +154,9 @@ class HostSpec:
     """(source, object) of each source handed over in Python (`import_path.object_source`: a factory or class a
     script defined, `record_rollouts(env=make_env)`): they travel with the spec to every process that builds a host
     (Ray ships them), never into `rollout.json`."""
+    resolved: Resolved | None = field(default=None, compare=False, repr=False)
+    """What the sources are, found once where a command starts (`resolve_spec`) and carried down with the spec to
+    every process that builds a host from it; never into `rollout.json`."""
 
     def __post_init__(self) -> None:
         if self.cameras is not None and any(not isinstance(c, str) or not c for c in self.cameras):
@@ -173,8 +176,9 @@ class HostSpec:
             raise ValueError(f"takeover is (threshold, steps >= 1), got {self.takeover}")
 
     def to_json(self) -> dict:
-        data = dataclasses.asdict(dataclasses.replace(self, objects=()))
+        data = dataclasses.asdict(dataclasses.replace(self, objects=(), resolved=None))
         data.pop("objects")  # objects are not data: the sources name them
+        data.pop("resolved")  # found again from the sources wherever the file is read
         return data
 
     @classmethod
@@ -197,7 +201,7 @@ class HostSpec:
     def conditioning(self) -> Conditioning:
         """How the policy acts (a checkpoint that takes RECAP conditioning: what it records, unless overridden;
         any other policy: none, and check_spec refuses any asked for)."""
-        return _conditioning(self, describe_source(self.policy))
+        return resolve_spec(self).resolved.conditioning
 
 
 def _conditioning(spec: HostSpec, described: Described | None) -> Conditioning:
@@ -238,10 +242,56 @@ def check_same_run(out: Path, spec: HostSpec) -> None:
                          f"{out / 'rollout.json'}): use another --out, or the same settings to resume it")
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """A spec's sources as `resolve_spec` found them: each checked, the policy and critic described (None: a
+    factory, known once built; or a policy given otherwise), the policy's RECAP conditioning read. `of`: what
+    they were found for (`_resolution_key`); a spec whose sources changed since is resolved again."""
+
+    of: tuple
+    policy: Described | None
+    critic: Described | None
+    conditioning: Conditioning
+    policy_checked: bool
+
+
+def _resolution_key(spec: HostSpec) -> tuple:
+    """What a resolution depends on: the sources and how the policy is asked to act; of the env, its suite (a
+    run over `suite:*` builds a host per task from one resolution) or its factory."""
+    suite, _, _ = spec.env.partition(":")
+    env = suite if suite and "." not in suite and "/" not in suite else spec.env
+    return (env, spec.policy, spec.critic, spec.advantage, spec.beta, spec.noise_scale, spec.host.value_threshold,
+            spec.takeover, spec.observers)
+
+
+def resolve_spec(spec: HostSpec, *, policy_given: bool = False) -> HostSpec:
+    """`spec` with its sources resolved (`HostSpec.resolved`), once: a command resolves its spec at the top, and
+    every host built from it below (the preflight's, each actor's) takes the resolution as it is. Fails fast
+    (before any process starts) on sources that are missing or do not fit together. `policy_given`: the host gets
+    its policy object otherwise (a replay's recorded chunks): the spec's policy source is not checked."""
+    key = _resolution_key(spec)
+    known = spec.resolved
+    if known is not None and known.of == key and (known.policy_checked or policy_given):
+        _check_n_exec(spec, known.policy)  # the one thing a preflight may set after the resolution
+        return spec
+    register_objects(spec.objects)  # the objects its sources name, resolvable here
+    policy, critic, conditioning = _resolve_sources(spec, policy_given=policy_given)
+    return dataclasses.replace(spec, resolved=Resolved(key, policy, critic, conditioning, not policy_given))
+
+
 def check_spec(spec: HostSpec, *, policy_given: bool = False) -> Conditioning:
-    """Fail fast (before any process starts) on sources that are missing or do not fit together; returns how the
-    policy acts (`HostSpec.conditioning`), read on the way. `policy_given`: the host gets its policy object
-    otherwise (a replay's recorded chunks): the spec's policy source is not checked."""
+    """`resolve_spec`'s checks; returns how the policy acts (`HostSpec.conditioning`)."""
+    return resolve_spec(spec, policy_given=policy_given).resolved.conditioning
+
+
+def _check_n_exec(spec: HostSpec, policy: Described | None) -> None:
+    if policy is not None and policy.chunk_length and spec.host.n_exec > policy.chunk_length:
+        raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({policy.chunk_length})")
+
+
+def _resolve_sources(spec: HostSpec, *, policy_given: bool) -> tuple[Described | None, Described | None,
+                                                                      Conditioning]:
+    """Check and describe each source of `spec` (`resolve_spec`)."""
     if not spec.policy:
         raise ValueError("no policy: give a checkpoint directory or a factory's import path (--policy)")
     for what, path in (("policy", "" if policy_given else spec.policy), ("critic", spec.critic)):
@@ -278,13 +328,12 @@ def check_spec(spec: HostSpec, *, policy_given: bool = False) -> Conditioning:
     if (policy is None or not policy.takes_noise_scale) and spec.noise_scale != 1.0:
         raise ValueError(f"noise_scale {spec.noise_scale}: {spec.policy!r} gets its noise as drawn; leave the noise "
                          "scale unset (--act.noise_scale, export_checkpoint --noise_scale)")
-    if policy is not None and policy.chunk_length and spec.host.n_exec > policy.chunk_length:
-        raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({policy.chunk_length})")
+    _check_n_exec(spec, policy)
     sizes = {d.image_size for d in (policy, critic) if d is not None and d.image_size}
     if len(sizes) > 1:
         raise ValueError(f"the policy and critic read images of {sorted(sizes)} px: use checkpoints trained on the "
                          "same images")
-    return _conditioning(spec, policy)  # refuses a --beta the checkpoint cannot take
+    return policy, critic, _conditioning(spec, policy)  # refuses a --beta the checkpoint cannot take
 
 
 def _resolve(path: str):
@@ -366,7 +415,8 @@ def _prepare(spec: HostSpec, *, env_given: bool = False, policy: Callable[[], Lo
     if spec.threads:
         torch.set_num_threads(spec.threads)
     register_objects(spec.objects)  # the objects its sources name, resolvable here (an actor's process too)
-    return _load_parts(spec, check_spec(spec, policy_given=policy is not None), policy)
+    spec = resolve_spec(spec, policy_given=policy is not None)  # as resolved above it, where it was
+    return _load_parts(spec, spec.resolved.conditioning, policy)
 
 
 def build_slots(spec: HostSpec, *, recorder=None, policy: Callable[[], Loaded] | None = None, task: str = ""):

@@ -42,7 +42,7 @@ import numpy as np
 import ray
 
 from capsule_rollout.rollout.deadlines import DeadlineSettings, call_deadlines
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import HostSpec, resolve_spec
 from capsule_rollout.rollout.ray_driver import RayDriver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
@@ -211,6 +211,7 @@ def run_rollouts(
         raise ValueError(f"episodes_per_call must be >= 1, got {episodes_per_call}")
     if spec.slots > 1:
         episodes_per_call = max(episodes_per_call, SLOT_ITEMS * spec.slots)
+    spec = resolve_spec(spec)  # here, once, if the caller has not: the actors take the resolution as it is
     if episode_timeout_s is not None and not (episode_timeout_s >= 0 and episode_timeout_s < float("inf")):
         raise ValueError(f"episode_timeout_s must be a finite number >= 0 (0: no deadline) or None (derived), got "
                          f"{episode_timeout_s}")

@@ -35,11 +35,11 @@ from capsule_rollout.rollout.host_factory import (
     build_host,
     build_slots,
     check_same_run,
-    check_spec,
     env_for_task,
     parse_observers,
     read_spec,
     resolve_acting,
+    resolve_spec,
     write_spec,
 )
 from capsule_rollout.rollout.preflight_checks import Preflight, preflight
@@ -93,7 +93,7 @@ def open_run(out: Path, spec: HostSpec, shards: bool = False, *, first: WorkItem
     built here and probed once; `PreflightError` says what is wrong), then open the run under `out`. A run
     directory made with other settings is refused; the same settings resume it. `rollout.json` is written only
     once all of that passed, so a refused run leaves nothing that refuses the corrected one."""
-    check_spec(spec)
+    spec = resolve_spec(spec)  # as resolved by the caller (`run_spec`), else here
     checked = preflight(spec, seed=first.seed if first else 0, task=first.task if first else "",
                         n_exec_given=n_exec_given)
     spec = checked.spec
@@ -210,12 +210,14 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
              cameras: Sequence[str] | None = None, image_size: int | None = None, observers: Sequence[str] = (),
              lanes: str = "auto", gpus_per_actor: float = 0.0, cpus_per_actor: float = 1.0, pin_cores: bool = False,
              pin_seeds: Sequence[int] = (), capsule_budget_mb: float | None = None, slots: int = 1,
-             env_threads: int = 1, batch_invariant: bool = True) -> HostSpec:
-    """The `HostSpec` a recorded run under `out` plays (what `sim_rollout` and `record_rollouts` build alike):
-    how the policy acts from the checkpoint's record unless given (`resolve_acting`)."""
+             env_threads: int = 1, batch_invariant: bool = True, objects: Sequence[tuple[str, Any]] = ()) -> HostSpec:
+    """The `HostSpec` a recorded run under `out` plays (what `sim_rollout` and `record_rollouts` build alike),
+    resolved here, once (`resolve_spec`): how the policy acts from the checkpoint's record unless given
+    (`resolve_acting`), each source checked and described. `objects`: those handed over in Python
+    (`HostSpec.objects`)."""
     policy = absolute_source(policy)
     n_exec_resolved, noise = resolve_acting(policy, n_exec, noise_scale)
-    return HostSpec(
+    return resolve_spec(HostSpec(
         env=env, policy=policy, critic=absolute_source(critic) if critic else "", advantage=advantage, beta=beta,
         noise_scale=noise,
         host=HostConfig(n_exec=n_exec_resolved, value_threshold=value_threshold, value_patience=value_patience,
@@ -223,7 +225,8 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
         device="cuda" if gpus_per_actor > 0 else "cpu", threads=max(1, int(cpus_per_actor)),
         capsule_dir=str((Path(out) / CAPSULES).resolve()), capsule_budget_mb=capsule_budget_mb,
         observers=parse_observers(observers), pin_cores=pin_cores, slots=slots, env_threads=env_threads,
-        cameras=None if cameras is None else tuple(cameras), image_size=image_size, batch_invariant=batch_invariant)
+        cameras=None if cameras is None else tuple(cameras), image_size=image_size, batch_invariant=batch_invariant,
+        objects=tuple(objects)))
 
 
 def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call, cpus_per_actor, gpus_per_actor,
@@ -233,8 +236,8 @@ def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call,
     if check_slots:
         require_slots(spec_options["slots"], "slots")
     sources, objects = as_sources({k: spec_options.pop(k) for k in ("env", "policy", "critic")})
-    spec = run_spec(out, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor, **sources, **spec_options)
-    spec = dataclasses.replace(spec, objects=objects)
+    spec = run_spec(out, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor, objects=objects, **sources,
+                    **spec_options)
     if attempts > 1 and spec.noise_scale == 0:
         raise ValueError("attempts: at noise scale 0 every retry plays the failed episode again; give noise_scale > 0")
     seeds = list(range(FIRST_SEED, FIRST_SEED + seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
