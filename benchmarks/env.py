@@ -254,7 +254,7 @@ def usual_restore(env, copy):
 def measure_suite_envs(config: BenchEnvConfig, progress: Callable[[str], object] = print) -> dict:
     """`suite_env` for every env of `config.env` (fewer rounds and steps with `--quick`) on one torch thread,
     and the machine; `progress` is told which env starts."""
-    # one torch thread, as each rollout actor runs (HostSpec.threads): the slab copy of a restore is a torch
+    # one torch thread, as each rollout actor runs (RunSpec.threads): the slab copy of a restore is a torch
     # copy_, which on a busy machine waits for a second thread
     torch.set_num_threads(1)
     results = []

@@ -14,7 +14,7 @@ invariance) and against N=1; median ms per call over `--iters` calls (synchroniz
 `CriticRows.evaluate_rows`; torch's peak memory per N. On the CPU (`--device cpu`) the "fast" runtime is the
 traced one (capture=False, trace=None) and the twin is eager (trace=False).
 
-Part (b): `HostSpec(env="tabletop:pick_place", ...)` episodes in spawned processes: P processes of S slots each
+Part (b): `RunSpec(env="tabletop:pick_place", ...)` episodes in spawned processes: P processes of S slots each
 (S=1: `build_host`, else `build_slots`), the same seeds in every configuration; each process plays its seeds
 once (warm-up: cold resets, capsules made, graphs captured), then, all processes released together by a
 barrier, the same seeds again (restored from the capsules) `--repeats` times; control steps/s over all
@@ -329,7 +329,7 @@ def worker(wid: int, cfg: dict, seeds: list[int], barrier, queue) -> None:
         if cfg.get("meta_site") and cfg["meta_site"] not in sys.path:
             sys.path.append(cfg["meta_site"])
         from capsule_rollout.rollout.host_config import HostConfig
-        from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
+        from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots
         from capsule_rollout.rollout.slots.host import episode_job
 
         out["import_s"] = time.perf_counter() - t
@@ -337,7 +337,7 @@ def worker(wid: int, cfg: dict, seeds: list[int], barrier, queue) -> None:
         cuda = dev.startswith("cuda")
         host_cfg = HostConfig(max_steps=cfg["max_steps"], record_images=False,
                               **({"n_exec": cfg["n_exec"]} if cfg.get("n_exec") else {}))
-        spec = HostSpec(env="tabletop:pick_place", policy=str(CKPT / "policy"), critic=str(CKPT / "critic"),
+        spec = RunSpec(env="tabletop:pick_place", policy=str(CKPT / "policy"), critic=str(CKPT / "critic"),
                         device=dev, threads=1, slots=cfg["slots"], host=host_cfg,
                         env_threads=cfg.get("env_threads", 1))
         t = time.perf_counter()

@@ -29,7 +29,7 @@ from capsule_rollout.capsules import Arena
 from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.policies.conditioning import Conditioning
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.slots.host import episode_job
 from capsule_rollout.rollout.sources import describe_source, load_source
@@ -146,9 +146,9 @@ def latency(path: str, config: BenchLeRobotPolicyConfig) -> dict:
 
 def slots(path: str, config: BenchLeRobotPolicyConfig) -> dict:
     """Steps/s of `config.slots` slots against one slot, paired rounds (order alternating), medians."""
-    spec = HostSpec(env=ENV, policy=path, critic="", threads=1,
+    spec = RunSpec(env=ENV, policy=path, critic="", threads=1,
                     host=HostConfig(n_exec=1, max_steps=config.max_steps, record_images=False))
-    one, many = build_host(spec), build_slots(HostSpec(**{**spec.__dict__, "slots": config.slots}))
+    one, many = build_host(spec), build_slots(RunSpec(**{**spec.__dict__, "slots": config.slots}))
     seeds = [config.seed + i for i in range(config.episodes)]
     one_calls = [0]
     policy = one.policy

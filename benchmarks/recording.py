@@ -29,7 +29,7 @@ from benchmarks.report import Block, Table, publish
 from benchmarks.timing import machine
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.rollout.host_config import EpisodeResult
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
 from capsule_rollout.rollout.rollout_actor import RolloutActor, WorkItem
 from capsule_rollout.stores.episode import Episode, EpisodeBuilder
@@ -112,7 +112,7 @@ def synthetic_actor(steps: int, image_size: int, cameras: int) -> type[RolloutAc
     """A `RolloutActor` class whose host returns a pre-built episode of this size."""
 
     class SyntheticActor(RolloutActor):
-        def __init__(self, spec: HostSpec, index: int = 0, *, host=None, observers=None, shard_root: str = "",
+        def __init__(self, spec: RunSpec, index: int = 0, *, host=None, observers=None, shard_root: str = "",
                      capsule_key: bytes | None = None):
             episode = synthetic_episode(steps, image_size, cameras, seed=index)
             super().__init__(spec, index, host=PrebuiltHost(episode), shard_root=shard_root, capsule_key=capsule_key)
@@ -138,7 +138,7 @@ def measure_store(config: BenchRecordingConfig, mode: str, actors: int, director
         after["episodes"] += 1
 
     try:
-        run_rollouts(HostSpec(), items, actors=actors, recorder=recorder, cpus_per_actor=config.cpus_per_actor,
+        run_rollouts(RunSpec(), items, actors=actors, recorder=recorder, cpus_per_actor=config.cpus_per_actor,
                      on_report=on_report, actor_cls=synthetic_actor(config.steps, config.image_size, config.cameras),
                      episodes_per_call=per_call)
     finally:

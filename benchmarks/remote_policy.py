@@ -28,7 +28,7 @@ from capsule_rollout.envs.suites import make_env
 from capsule_rollout.learning.options import FAMILIES
 from capsule_rollout.policies import openpi_wire as W
 from capsule_rollout.policies.remote_policy import connect_remote_policy
-from capsule_rollout.rollout.host_factory import HostSpec, build_policy
+from capsule_rollout.rollout.host_factory import RunSpec, build_policy
 from capsule_rollout.rollout.record import absolute_source
 
 ROWS = (("in_process", "in process (`load_observation` + `act`)"),
@@ -77,7 +77,7 @@ def start_server(args: list[str], *, env: dict | None = None, timeout_s: float =
     raise RuntimeError(f"serve_policy did not answer /healthz within {timeout_s} s")
 
 
-def _observation(spec: HostSpec, arrays: dict) -> dict:
+def _observation(spec: RunSpec, arrays: dict) -> dict:
     cameras = tuple(k.removeprefix("image_") for k in arrays if k.startswith("image_"))
     sizes = [a.shape[0] for k, a in arrays.items() if k.startswith("image_")]
     env = make_env(spec.env, cameras=cameras or None, image_size=sizes[0] if sizes else 64)
@@ -86,7 +86,7 @@ def _observation(spec: HostSpec, arrays: dict) -> dict:
     return {k: obs[k] for k in arrays}
 
 
-def measure(spec: HostSpec, rounds: int, log: Callable[[str], object] = print) -> dict:
+def measure(spec: RunSpec, rounds: int, log: Callable[[str], object] = print) -> dict:
     built = build_policy(spec)
     local = built.policy
     obs = _observation(spec, built.arrays)
@@ -148,7 +148,7 @@ def report(s: dict) -> list[Block]:
 
 
 def run(config: BenchRemotePolicyConfig) -> ExperimentResult:
-    spec = HostSpec(env=config.env or f"tabletop:{config.family}",
+    spec = RunSpec(env=config.env or f"tabletop:{config.family}",
                     policy=absolute_source(resolve_input(config.policy)), threads=config.threads)
     summary = {**measure(spec, config.rounds), "policy": config.policy}
     publish("bench_remote_policy", report(summary), config.docs)

@@ -38,7 +38,7 @@ from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.learning.options import FAMILIES
 from capsule_rollout.rollout.handoff import SubtaskChannel
-from capsule_rollout.rollout.host_factory import HostSpec, build_host
+from capsule_rollout.rollout.host_factory import RunSpec, build_host
 from capsule_rollout.rollout.rollout_host import HostConfig, episode_noise_seed
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
@@ -90,13 +90,13 @@ SCALE_TARGET = 1.8  # 2 actors at least 1.8x one actor's throughput
 LOOP_TARGET = 0.97  # the host with serial lanes at least 0.97x a hand-written loop's steps/s
 
 
-def host_spec(config: BenchRolloutConfig, policy: str, critic: str) -> HostSpec:
+def host_spec(config: BenchRolloutConfig, policy: str, critic: str) -> RunSpec:
     """The host every measurement builds: these checkpoint directories, one torch thread."""
-    return HostSpec(env=f"tabletop:{config.family}", policy=policy, critic=critic,
+    return RunSpec(env=f"tabletop:{config.family}", policy=policy, critic=critic,
                     host=HostConfig(n_exec=config.n_exec, max_steps=config.max_steps), threads=1)
 
 
-def resets(config: BenchRolloutConfig, spec: HostSpec) -> dict:
+def resets(config: BenchRolloutConfig, spec: RunSpec) -> dict:
     """Reset by restoring the seed's initial capsule against a cold reset (build the host, reset, first inference),
     interleaved: their statistics (us) and the speed-up."""
     host = build_host(spec)
@@ -119,7 +119,7 @@ def resets(config: BenchRolloutConfig, spec: HostSpec) -> dict:
     return {"restore_us": restore, "cold_us": cold, "speedup": cold["median"] / restore["median"]}
 
 
-def recording(config: BenchRolloutConfig, spec: HostSpec, tmp: Path) -> dict:
+def recording(config: BenchRolloutConfig, spec: RunSpec, tmp: Path) -> dict:
     """Steps/s of the same episode with recording on (a zarr store under `tmp`) and off, alternating in shuffled
     order: the medians and the slowdown."""
     host = build_host(spec)
@@ -171,7 +171,7 @@ def hand_written_episode(env, policy, critic, seed: int, *, n_exec: int, limit: 
                 break
 
 
-def loop_overhead(config: BenchRolloutConfig, spec: HostSpec) -> dict:
+def loop_overhead(config: BenchRolloutConfig, spec: RunSpec) -> dict:
     """Steps/s of the host (serial lanes; two lanes) vs the hand-written loop on the same objects and seeds, in
     paired rounds: the medians, the ratios to the hand-written loop, and whether the actions were identical."""
     serial = build_host(dataclasses.replace(spec, host=dataclasses.replace(spec.host, lanes="serial")))
@@ -209,7 +209,7 @@ def loop_overhead(config: BenchRolloutConfig, spec: HostSpec) -> dict:
             "serial_over_hand_rounds": ratio_serial}
 
 
-def scaling(config: BenchRolloutConfig, spec: HostSpec) -> dict:
+def scaling(config: BenchRolloutConfig, spec: RunSpec) -> dict:
     """Throughput of 1 vs 2 Ray actors (warmed up), unpinned and one core per actor: steps/s and the scaling."""
     from capsule_rollout.rollout.ray_rollout import actor_throughput, init_ray, shutdown_ray
 
@@ -274,7 +274,7 @@ def handoff(config: BenchRolloutConfig) -> dict:
     return {"in_process_us": stats_us([x / 1e9 for x in lat]), "cross_process_us": stats_us([x / 1e9 for x in cross])}
 
 
-def measure(config: BenchRolloutConfig, spec: HostSpec, progress: Callable[[str], object] = print) -> dict:
+def measure(config: BenchRolloutConfig, spec: RunSpec, progress: Callable[[str], object] = print) -> dict:
     """Every measurement (1 vs 2 actors only with `--actors_check`), the machine and whether each target is met;
     `progress` is told which measurement starts."""
     tmp = Path(tempfile.mkdtemp(prefix="bench_rollout_"))

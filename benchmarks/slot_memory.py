@@ -21,7 +21,7 @@ from benchmarks import harness
 from benchmarks.report import Block, Table, publish
 from benchmarks.timing import machine
 from capsule_rollout.commands.result import ExperimentResult
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.slots.host import episode_job
 
@@ -96,7 +96,7 @@ def measure_layout(factory: str, slots: int, weights_mb: int, episodes: int) -> 
     global WEIGHTS_MB
     WEIGHTS_MB = weights_mb
     base = _rss_mb()
-    spec = HostSpec(env=ENV, policy=f"{MODULE}:{factory}", slots=slots, host=HostConfig(n_exec=8, max_steps=40))
+    spec = RunSpec(env=ENV, policy=f"{MODULE}:{factory}", slots=slots, host=HostConfig(n_exec=8, max_steps=40))
     host = build_slots(spec) if slots > 1 else build_host(spec)
     built = _rss_mb()
     if slots > 1:

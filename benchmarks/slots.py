@@ -36,7 +36,7 @@ from capsule_rollout.commands.result import ExperimentResult
 from capsule_rollout.learning.options import FAMILIES
 from capsule_rollout.rollout.branching import BranchActor, BranchItem
 from capsule_rollout.rollout.host_config import two_lanes
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig, episode_noise_seed
 from capsule_rollout.rollout.slots.host import episode_job
 
@@ -80,10 +80,10 @@ BRANCH_TARGET = 1.5  # branch collection with forks in the batch at least 1.5x o
 HAND_TARGET = 0.97  # a host of N slots (default lanes) at least 0.97x a hand-written batched loop's steps/s
 
 
-def host_spec(config: BenchSlotsConfig, policy: str, critic: str) -> HostSpec:
+def host_spec(config: BenchSlotsConfig, policy: str, critic: str) -> RunSpec:
     """One slot, one torch thread, the policy acting as its checkpoint records (as sim_rollout runs it)."""
     n_exec, noise_scale = resolve_acting(policy, config.n_exec)
-    return HostSpec(env=f"tabletop:{config.family}", policy=policy, critic=critic, noise_scale=noise_scale,
+    return RunSpec(env=f"tabletop:{config.family}", policy=policy, critic=critic, noise_scale=noise_scale,
                     host=HostConfig(n_exec=n_exec, max_steps=config.max_steps), threads=1)
 
 
@@ -108,7 +108,7 @@ def _ratios(rates: dict[str, list[float]]) -> Callable[[str, str], float]:
     return lambda a, b: float(np.median([x / y for x, y in zip(rates[a], rates[b], strict=True)]))
 
 
-def rollouts(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
+def rollouts(config: BenchSlotsConfig, spec: RunSpec, progress: Callable[[str], object]) -> dict:
     seeds = list(range(config.seed, config.seed + config.episodes))
     out = {}
     for record in (False, True):
@@ -147,7 +147,7 @@ def rollouts(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str],
     return out
 
 
-def branch_collection(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
+def branch_collection(config: BenchSlotsConfig, spec: RunSpec, progress: Callable[[str], object]) -> dict:
     progress("branch collection ...")
     spec = dataclasses.replace(spec, host=dataclasses.replace(spec.host, record_images=False))
     items = [BranchItem(f"b{k}", config.seed + 100 + k, steps=tuple(config.branch_steps), branches=config.branches)
@@ -261,7 +261,7 @@ def hand_batched_loop(slots, seeds: list[int], *, n_exec: int, limit: int, noise
     return actions, steps
 
 
-def host_vs_hand(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
+def host_vs_hand(config: BenchSlotsConfig, spec: RunSpec, progress: Callable[[str], object]) -> dict:
     """Steps/s of a host of N slots (the default lanes, `auto`; two lanes; serial lanes) against the hand-written
     batched loop over the same envs, rows, seeds and schedule, in paired rounds; and whether the actions are the
     same."""
@@ -298,7 +298,7 @@ def host_vs_hand(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[s
             "serial_over_hand": ratio("serial", "hand")}
 
 
-def invariance_cost(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object]) -> dict:
+def invariance_cost(config: BenchSlotsConfig, spec: RunSpec, progress: Callable[[str], object]) -> dict:
     progress("batch invariance ...")
     seeds = list(range(config.seed, config.seed + config.episodes))
     base = dataclasses.replace(spec, host=dataclasses.replace(spec.host, record_images=False))
@@ -332,7 +332,7 @@ def invariance_cost(config: BenchSlotsConfig, spec: HostSpec, progress: Callable
             "per_round": {f"{n}_{'invariant' if b else 'as_is'}": v for (n, b), v in rates.items()}}
 
 
-def measure(config: BenchSlotsConfig, spec: HostSpec, progress: Callable[[str], object] = print) -> dict:
+def measure(config: BenchSlotsConfig, spec: RunSpec, progress: Callable[[str], object] = print) -> dict:
     with one_core() as core:
         roll = rollouts(config, spec, progress)
         branch = branch_collection(config, spec, progress)

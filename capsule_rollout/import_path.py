@@ -50,7 +50,7 @@ def with_kwargs(path: str, **kwargs: Any) -> str:
 def object_source(obj: Any) -> str:
     """A source naming `obj` (a factory, a class: any callable Ray can ship), `__objects__:<its name>`, resolved by
     `resolve` in every process that registered it (`register_objects`): a run's spec carries the objects beside it
-    (`HostSpec.objects`), so its actors have them too."""
+    (`RunSpec.objects`), so its actors have them too."""
     base = re.sub(r"\W+", "_", getattr(obj, "__qualname__", None) or type(obj).__name__).strip("_") or "object"
     name, n = base, 1
     while _OBJECTS.get(name, obj) is not obj:

@@ -4,7 +4,7 @@ first keeps the episode's own noise and replays it bit for bit; the others draw 
 `python -m examples.branch_from_python`"""
 import numpy as np
 
-from capsule_rollout.rollout import BoundaryCapsules, HostConfig, HostSpec, branch_job, build_slots, episode_job, with_kwargs
+from capsule_rollout.rollout import BoundaryCapsules, HostConfig, RunSpec, branch_job, build_slots, episode_job, with_kwargs
 
 K, STEP, SEED = 4, 16, 3  # slots (continuations), the chunk start branched from (a multiple of n_exec), the seed
 ENV = with_kwargs("examples.own_env_and_policy:make_env", steps=100)  # a factory called with keyword arguments
@@ -13,7 +13,7 @@ POLICY = "examples.own_env_and_policy:make_policy"
 
 def branch(k: int) -> dict:
     """Play the episode, then K continuations from its capsule at STEP; what each continuation did."""
-    slots = build_slots(HostSpec(env=ENV, policy=POLICY, slots=k, host=HostConfig(n_exec=8)))
+    slots = build_slots(RunSpec(env=ENV, policy=POLICY, slots=k, host=HostConfig(n_exec=8)))
     keeper = BoundaryCapsules(steps=[STEP])  # an observer: the host's capsule at that chunk start
     slots.hosts[0].observers.append(keeper)
     try:

@@ -6,12 +6,12 @@ import sys
 
 import numpy as np
 
-from capsule_rollout.rollout import BoundaryCapsules, HostConfig, HostSpec, build_slots, episode_job
+from capsule_rollout.rollout import BoundaryCapsules, HostConfig, RunSpec, build_slots, episode_job
 
 
 def main(checkpoint: str, episodes: int = 4) -> None:
     # the directory is recognised as LeRobot's (config.json, model.safetensors); one action a step, as select_action
-    slots = build_slots(HostSpec(env="tabletop:pick_place", policy=checkpoint, slots=4, host=HostConfig(n_exec=1)))
+    slots = build_slots(RunSpec(env="tabletop:pick_place", policy=checkpoint, slots=4, host=HostConfig(n_exec=1)))
     keeper = BoundaryCapsules((3,))  # step 3: actions of the policy's first network call are still queued
     slots.hosts[1].observers.append(keeper)
     results = slots.run_items([episode_job(seed) for seed in range(episodes)])  # seed s starts in slot s

@@ -5,7 +5,7 @@ family's full recipe is `capsule_rollout/tabletop/tabletop_recipe.py`. Every che
 through a checkpoint loader (entry-point group `capsule_rollout.checkpoints`) so the actors can play it."""
 from pathlib import Path
 
-from capsule_rollout.rollout import HostSpec
+from capsule_rollout.rollout import RunSpec
 
 TODO = "fill in for your policy family (see capsule_rollout/tabletop/tabletop_recipe.py)"
 
@@ -17,8 +17,8 @@ class MyRecipe:
     def episode_limit(self, config) -> int:  # control steps an episode lasts at most
         return 150
 
-    def rollout_spec(self, config) -> HostSpec:  # the env part; the loop fills in policy, critic, takeovers
-        return HostSpec(env="examples.own_env_and_policy:make_env")
+    def rollout_spec(self, config) -> RunSpec:  # the env part; the loop fills in policy, critic, takeovers
+        return RunSpec(env="examples.own_env_and_policy:make_env")
 
     def collect_demos(self, config, store: Path, cameras: tuple[str, ...]) -> dict:
         raise NotImplementedError(TODO)  # record config.demo_episodes demonstrations into `store`

@@ -35,9 +35,9 @@ make_policy = HistoryAndQueue
 
 
 if __name__ == "__main__":
-    from capsule_rollout.rollout import BoundaryCapsules, HostConfig, HostSpec, build_slots, episode_job
+    from capsule_rollout.rollout import BoundaryCapsules, HostConfig, RunSpec, build_slots, episode_job
     me = __spec__.name
-    slots = build_slots(HostSpec(env="examples.own_env_and_policy:make_env", policy=f"{me}:make_policy", slots=4,
+    slots = build_slots(RunSpec(env="examples.own_env_and_policy:make_env", policy=f"{me}:make_policy", slots=4,
                                  host=HostConfig(n_exec=4)))
     keeper = BoundaryCapsules((4,))  # step 4: the first chunk of a plan handed out, the second still queued
     slots.hosts[1].observers.append(keeper)

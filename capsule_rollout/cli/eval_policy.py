@@ -14,7 +14,7 @@ from capsule_rollout.commands.configs import EvalPolicyConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.input_bounds import check_run
 from capsule_rollout.learning.closed_loop_eval import EpisodesLostError, evaluate_spec
-from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, check_spec, resolve_acting
 from capsule_rollout.rollout.preflight_checks import preflight
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
 from capsule_rollout.rollout.record import absolute_source
@@ -42,7 +42,7 @@ def _run_tabletop(config: EvalPolicyConfig) -> ExperimentResult:
     with checking_inputs():
         n_exec, noise_scale = resolve_acting(policy_dir, config.act.n_exec, config.act.noise_scale)
         # how the policy acts (a flow policy: its RECAP record unless overridden; any other checkpoint: as it is)
-        conditioning = check_spec(HostSpec(env=f"tabletop:{families[0]}", policy=policy_dir,
+        conditioning = check_spec(RunSpec(env=f"tabletop:{families[0]}", policy=policy_dir,
                                            advantage=config.act.advantage, beta=config.act.beta,
                                            noise_scale=noise_scale, host=HostConfig(n_exec=n_exec)))
     seeds = list(config.seeds.range)
@@ -87,7 +87,7 @@ def _run_env(config: EvalPolicyConfig) -> ExperimentResult:
     seeds = list(config.seeds.range)
     with checking_inputs():
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
-        spec = HostSpec(env=config.env, policy=policy, critic=critic, advantage=config.act.advantage,
+        spec = RunSpec(env=config.env, policy=policy, critic=critic, advantage=config.act.advantage,
                         beta=config.act.beta, noise_scale=noise_scale,
                         host=HostConfig(n_exec=n_exec, record_images=False), slots=config.slots,
                         cameras=config.cameras, image_size=config.image_size)

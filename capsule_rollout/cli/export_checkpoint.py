@@ -9,7 +9,7 @@ from capsule_rollout.cli.console import make_console
 from capsule_rollout.commands.configs import ExportCheckpointConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.models.checkpoint import WEIGHTS_FILE, export_weights
-from capsule_rollout.rollout.host_factory import ACTING_INFO, HostSpec, check_spec, recorded_acting
+from capsule_rollout.rollout.host_factory import ACTING_INFO, RunSpec, check_spec, recorded_acting
 from capsule_rollout.rollout.rollout_host import HostConfig
 
 
@@ -21,7 +21,7 @@ def run(config: ExportCheckpointConfig) -> ExperimentResult:
     acting = {**recorded_acting(config.src), **given}
     if given:
         with checking_inputs():  # a record a host can be built with: what check_spec accepts for this policy
-            check_spec(HostSpec(policy=config.src, critic="", host=HostConfig(n_exec=acting.get("n_exec", 1)),
+            check_spec(RunSpec(policy=config.src, critic="", host=HostConfig(n_exec=acting.get("n_exec", 1)),
                                 noise_scale=acting.get("noise_scale", 1.0)))
         note[ACTING_INFO] = acting
     out = export_weights(config.src, config.out, note=note or None)

@@ -26,7 +26,7 @@ from capsule_rollout.envs.robot_bridge import RobotClient
 from capsule_rollout.envs.robot_env import RobotEnv
 from capsule_rollout.robot_side.operator import OperatorMix, RobotOperator
 from capsule_rollout.robot_side.operator_input import KeyboardOperator, ScriptedOperator, parse_script
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, check_spec, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, check_spec, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.stores.npz_recorder import NpzRecorder
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
@@ -42,7 +42,7 @@ def run(config: RealRecapConfig) -> ExperimentResult:
         if config.operator == "script":
             parse_script(config.script)  # a malformed item is named here, not after connecting
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
-        spec = HostSpec(policy=policy,
+        spec = RunSpec(policy=policy,
                         critic=resolve_input(config.model.critic) if config.model.critic else "",
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale, threads=0,
                         host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,

@@ -15,16 +15,16 @@ from capsule_rollout.cli.paths import resolve_input
 from capsule_rollout.commands.configs import ServePolicyConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.policies.openpi_wire import token_from
-from capsule_rollout.rollout.host_factory import HostSpec, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, resolve_acting
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
 from capsule_rollout.rollout.record import absolute_source
 from capsule_rollout.rollout.rollout_host import HostConfig
 
 
-def spec_from_config(config: ServePolicyConfig) -> HostSpec:
+def spec_from_config(config: ServePolicyConfig) -> RunSpec:
     policy = absolute_source(resolve_input(config.policy))
     n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, config.act.noise_scale)
-    return HostSpec(env=config.env or f"tabletop:{config.family}", policy=policy, advantage=config.act.advantage,
+    return RunSpec(env=config.env or f"tabletop:{config.family}", policy=policy, advantage=config.act.advantage,
                     beta=config.act.beta, noise_scale=noise_scale, host=HostConfig(n_exec=n_exec),
                     device=config.device, threads=config.threads)
 

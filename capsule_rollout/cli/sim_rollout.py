@@ -25,7 +25,7 @@ from capsule_rollout.input_bounds import check_output_dir, check_run
 from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.deadlines import DeadlineSettings
-from capsule_rollout.rollout.host_factory import ANY_TASK, HostSpec
+from capsule_rollout.rollout.host_factory import ANY_TASK, RunSpec
 from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts, summarize_run
 from capsule_rollout.rollout.record import OpenedRun, episode_id_of, open_run, run_spec
 from capsule_rollout.rollout.rollout_actor import WorkItem
@@ -39,7 +39,7 @@ from capsule_rollout.tabletop.tasks import FAMILY_NAMES
 ALL = "all"  # --family all: every tabletop family on each seed
 
 
-def spec_from_config(config: SimRolloutConfig, out: Path) -> HostSpec:
+def spec_from_config(config: SimRolloutConfig, out: Path) -> RunSpec:
     if config.env and config.model.policy == SHIPPED_POLICY:
         raise ValueError(f"--env {config.env}: give its policy (--policy: a checkpoint or `package.module:make_policy`); "
                          "the shipped policy acts in the tabletop only")

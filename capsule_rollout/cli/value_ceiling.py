@@ -33,7 +33,7 @@ from capsule_rollout.learning.ceiling_measure import BoundaryKeeper, judge_state
 from capsule_rollout.learning.closed_loop_eval import EpisodesLostError
 from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
 from capsule_rollout.rollout.branching import require_capturable_source
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots, resolve_acting
 from capsule_rollout.rollout.preflight_checks import preflight
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.tabletop.tabletop_eval import task_phase
@@ -50,7 +50,7 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
     with checking_inputs():
         require_capturable_source(policy)  # branches restore mid-episode capsules: a policy server cannot
         n_exec, noise_scale = resolve_acting(policy, config.act.n_exec, scale)
-        spec = HostSpec(env=config.env or f"tabletop:{config.family}", policy=policy,
+        spec = RunSpec(env=config.env or f"tabletop:{config.family}", policy=policy,
                         critic=resolve_input(config.model.critic) if config.model.critic else "",
                         host=HostConfig(n_exec=n_exec, record_images=False),
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,

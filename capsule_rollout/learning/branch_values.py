@@ -52,7 +52,7 @@ from capsule_rollout.rollout.branching import (
     ReplayDivergedError,
     require_capturable_source,
 )
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -225,7 +225,7 @@ class BranchTable:
                    dict(zip((str(e) for e in f["done_ids"]), (int(n) for n in f["done_steps"]))), meta)
 
 
-def collect_branches(spec: HostSpec, store: str | os.PathLike, episode_ids: list[str], plan: BranchPlan, *,
+def collect_branches(spec: RunSpec, store: str | os.PathLike, episode_ids: list[str], plan: BranchPlan, *,
                      max_steps: int, actors: int = 2, host=None, log: Log = print) -> BranchTable:
     """Branch values for the sampled chunks of `episode_ids` (recorded in `store` by a host built from
     `spec`), played on `actors` Ray actors (0: this process, or `host`); written to the sidecar after each
@@ -266,7 +266,7 @@ def _chunk_starts(episode, episode_id: str) -> np.ndarray:
     return values
 
 
-def _collect_sampled(spec: HostSpec, store, episode_ids: list[str], plan: BranchPlan, path: Path, *, max_steps: int,
+def _collect_sampled(spec: RunSpec, store, episode_ids: list[str], plan: BranchPlan, path: Path, *, max_steps: int,
                      actors: int, host, log: Log) -> BranchTable:
     """`collect_branches` for the `random` and `unsure` selections, into the sidecar at `path`."""
     table = _open_table(path, plan.meta(max_steps))
@@ -296,7 +296,7 @@ def _collect_sampled(spec: HostSpec, store, episode_ids: list[str], plan: Branch
     return table
 
 
-def _collect_open(spec: HostSpec, store, episode_ids: list[str], plan: BranchPlan, *, max_steps: int, actors: int,
+def _collect_open(spec: RunSpec, store, episode_ids: list[str], plan: BranchPlan, *, max_steps: int, actors: int,
                   host, log: Log) -> BranchTable:
     """`collect_branches` for `open` (module docstring): the screening pass, then `plan.branches` more
     continuations at both boundaries of each open chunk, merged with the screening ones."""
@@ -329,7 +329,7 @@ def _collect_open(spec: HostSpec, store, episode_ids: list[str], plan: BranchPla
     return table
 
 
-def _play(spec: HostSpec, table: BranchTable, path: Path, chosen: dict[str, list[tuple[int, int | None]]],
+def _play(spec: RunSpec, table: BranchTable, path: Path, chosen: dict[str, list[tuple[int, int | None]]],
           metas: dict, *, branches: int, first: int, actors: int, host, log: Log, add) -> None:
     """Play `branches` continuations (numbered from `first`) at both boundaries of each chosen chunk of each
     episode in `chosen`, on the actor pool; `add(episode_id, values, steps played)` puts an episode's values in

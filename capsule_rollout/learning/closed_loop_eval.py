@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown, wilson_interval
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.record import episode_id_of
@@ -86,7 +86,7 @@ class MidValueObserver(EpisodeObserver):
         result.extra[self.name] = out
 
 
-def evaluate_spec(spec: HostSpec, seeds: Sequence[int], *, task: str, actors: int = 0,
+def evaluate_spec(spec: RunSpec, seeds: Sequence[int], *, task: str, actors: int = 0,
                   mid_step: int | None = None, control_hz: float | None = None) -> dict:
     """Success of the host `spec` describes (any env, policy and critic the rollout protocols take) on `seeds`,
     one episode each (ids `<task>-s<seed>`), on `actors` Ray actors or in this process; with a critic, its
@@ -97,7 +97,7 @@ def evaluate_spec(spec: HostSpec, seeds: Sequence[int], *, task: str, actors: in
     return summarize(reports, control_hz=control_hz, n_critics=1 if spec.critic else 0)
 
 
-def run_items(spec: HostSpec, items: list[WorkItem], *, actors: int = 0, host: RolloutHost | None = None) -> list:
+def run_items(spec: RunSpec, items: list[WorkItem], *, actors: int = 0, host: RolloutHost | None = None) -> list:
     """Play an evaluation's `items` on `actors` Ray actors (one CPU each), or in this process on `host` (closed
     after); their reports in the items' order, whatever order they finished in. An episode that failed before
     its first step fails the evaluation."""

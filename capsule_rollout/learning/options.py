@@ -4,29 +4,25 @@ build its `--help`, and stays fast). Every field carries a docstring, which `--h
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from capsule_rollout.input_bounds import check_finite, check_seeds
+from capsule_rollout.input_bounds import check_seeds
+from capsule_rollout.rollout.run_options import (  # noqa: F401 - the command line's `--act.*` and its checks
+    ADVANTAGE,
+    Acting,
+    check_noise_scale_option,
+)
 
 FAMILIES = Literal["pick_place", "stack", "arrange", "sort"]  # tabletop.tasks.FAMILY_NAMES
 FAMILIES_OR_ALL = Literal["pick_place", "stack", "arrange", "sort", "all"]  # "all": every family, each on the seeds
 PHRASING = Literal["canonical", "train", "heldout"]  # tabletop.phrasing.PHRASINGS
 CAMERAS = ("front", "top")  # tabletop.tabletop_env.CAMERAS
-ADVANTAGE = Literal["checkpoint", "none", "positive"]  # rollout.host_factory.ADVANTAGE_CHOICES
 SHIPPED_POLICY = "checkpoints/policy"
 SHIPPED_CRITIC = "checkpoints/critic"
 
 # Option groups: fields that several commands share, one dataclass each. A config holds a group as a field
 # and the command line spells its options dotted (`--seeds.count`); `ALIASES` keep the old flat names.
-
-
-def check_noise_scale_option(noise_scale: float | None, option: str = "noise_scale") -> None:
-    """An optional noise scale option: None, or a finite number >= 0 (`policies.conditioning.check_noise_scale`,
-    kept here in the standard library for the command line)."""
-    if noise_scale is not None and not (math.isfinite(noise_scale) and noise_scale >= 0):
-        raise ValueError(f"{option} must be a finite number >= 0 (got {noise_scale})")
 
 
 @dataclass(frozen=True)
@@ -58,34 +54,6 @@ class Models:
     critic: str = SHIPPED_CRITIC
     """Critic checkpoint directory or factory import path; empty: no critic (values NaN, no low-value stop). The
     shipped critic values the tabletop only: with an --env, the default is no critic."""
-
-
-@dataclass(frozen=True)
-class Acting:
-    """How the policy acts: its RECAP conditioning and its receding horizon."""
-
-    advantage: ADVANTAGE = "checkpoint"
-    """RECAP indicator to act with: checkpoint = what the checkpoint records (a RECAP policy: positive, with
-    the guidance weight recap chose; a BC policy: none), or none / positive."""
-    beta: float | None = None
-    """Classifier-free guidance weight over the positive indicator: overrides the checkpoint's; with advantage
-    positive, None = the conditioned policy alone."""
-    n_exec: int | None = None
-    """Actions of each chunk executed before the next inference (receding horizon); None: what the policy
-    checkpoint records (`export_checkpoint --n_exec`), else 8."""
-    noise_scale: float | None = None
-    """Scale of the policy's chunk noise, a sampling temperature (1: the learned distribution; 0: one chunk
-    per observation); None: what the policy checkpoint records (`export_checkpoint --noise_scale`), else 1."""
-
-    def __post_init__(self) -> None:
-        if self.n_exec is not None and self.n_exec < 1:
-            raise ValueError(f"n_exec must be >= 1 (got {self.n_exec})")
-        check_noise_scale_option(self.noise_scale)
-        check_finite(self.beta, "beta", "none: the conditioned policy alone")
-        if self.beta is not None and not self.beta > 0:
-            raise ValueError(f"beta must be > 0 (got {self.beta})")
-        if self.beta is not None and self.advantage == "none":
-            raise ValueError("beta (> 0) guides towards the positive indicator: not with --advantage none")
 
 
 @dataclass(frozen=True)

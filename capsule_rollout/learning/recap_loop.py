@@ -53,7 +53,7 @@ from capsule_rollout.learning.stats import failure_auc_summary, mid_episode_valu
 from capsule_rollout.learning.training import Log
 from capsule_rollout.models.checkpoint import update_info
 from capsule_rollout.policies.conditioning import CONDITIONING_INFO, Conditioning
-from capsule_rollout.rollout.host_factory import ACTING_INFO, HostSpec
+from capsule_rollout.rollout.host_factory import ACTING_INFO, RunSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown_ray
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -63,7 +63,7 @@ from capsule_rollout.stores.zarr_recorder import ZarrRecorder
 
 
 def _rollouts(config: RecapConfig, recipe: RecapRecipe, policy_dir: Path, critic_dir: Path, store: Path, k: int,
-              beta: float | None) -> tuple[dict, HostSpec, list[str]]:
+              beta: float | None) -> tuple[dict, RunSpec, list[str]]:
     """Iteration k's rollouts on the actor pool: policy k-1 acting with the positive indicator, critic k-1
     triggering the simulated operator's takeovers; each episode recorded once (a resumed run skips what
     the store holds). Returns their summary, the spec that played them and their ids."""
@@ -258,7 +258,7 @@ def _loop(config: RecapConfig, recipe: RecapRecipe, log: Log, report: Callable[[
     return summary
 
 
-def _branch(config: RecapConfig, spec: HostSpec, store: Path, ids: list[str], timing: dict, log: Log) -> dict:
+def _branch(config: RecapConfig, spec: RunSpec, store: Path, ids: list[str], timing: dict, log: Log) -> dict:
     """Branch values at sampled chunks of the iteration's rollouts (`ids`), played by hosts built from the
     `spec` that recorded them; what it cost in control steps (a resumed run counts what it played before)."""
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from capsule_rollout.import_path import resolve
 from capsule_rollout.learning.advantage_labels import StoreCritic
 from capsule_rollout.learning.options import RecapConfig
 from capsule_rollout.learning.training import Log
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 
 RECIPES_GROUP = "capsule_rollout.recipes"
 
@@ -31,8 +31,8 @@ class RecapRecipe(Protocol):
     def episode_limit(self, config: RecapConfig) -> int:
         """Control steps an episode of `config`'s task lasts at most (the mid-episode step is half of it)."""
 
-    def rollout_spec(self, config: RecapConfig) -> HostSpec:
-        """The env part of the hosts the rollouts, branches and evaluations play (`HostSpec.env`); the loop
+    def rollout_spec(self, config: RecapConfig) -> RunSpec:
+        """The env part of the hosts the rollouts, branches and evaluations play (`RunSpec.env`); the loop
         fills in the policy, critic, conditioning and takeovers."""
 
     def collect_demos(self, config: RecapConfig, store: Path, cameras: tuple[str, ...]) -> dict:

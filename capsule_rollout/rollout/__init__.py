@@ -3,9 +3,10 @@
 The only package that imports ray; episodes are recorded through `stores/`. What a user needs, by task
 (docs/how-to/own-env.md and own-policy.md, and `examples/`):
 
-- record and replay: `record_rollouts` (`sim_rollout` as a call: `RecordResult`, `RunError`), `replay_episode`
+- record and replay: `record_rollouts` (`sim_rollout` as a call, its options in five groups: `Acting`,
+  `Episodes`, `Recording`, `Placement`, `Faults`; `RecordResult`, `RunError`), `replay_episode`
   (`ReplayReport`); `preflight` (`Preflight`, `PreflightError`) is what both run before any actor starts
-- build a host: `HostSpec` (env, policy, critic as sources; `HostConfig`), `build_host` (a `RolloutHost`: one
+- build a host: `RunSpec` (what a run plays: env, policy, critic as sources; `HostConfig`, how each episode is played), `build_host` (a `RolloutHost`: one
   env), `build_slots` (a `SlotHost`: N env slots, the policy and critic batched); `as_rollout_policy` /
   `as_rollout_critic` adapt objects made in process; `with_kwargs` names a factory with keyword arguments
 - snapshot, branch, fork into slots: `RolloutHost.snapshot`, `RolloutHost.branch`, `BoundaryCapsules` (an
@@ -28,10 +29,15 @@ _EXPORTS = {
     "replay_episode": "capsule_rollout.rollout.record",
     "ReplayReport": "capsule_rollout.rollout.record",
     "FIRST_SEED": "capsule_rollout.rollout.record",
+    "Acting": "capsule_rollout.rollout.run_options",
+    "Episodes": "capsule_rollout.rollout.run_options",
+    "Recording": "capsule_rollout.rollout.run_options",
+    "Placement": "capsule_rollout.rollout.run_options",
+    "Faults": "capsule_rollout.rollout.run_options",
     "preflight": "capsule_rollout.rollout.preflight_checks",
     "Preflight": "capsule_rollout.rollout.preflight_checks",
     "PreflightError": "capsule_rollout.rollout.preflight_checks",
-    "HostSpec": "capsule_rollout.rollout.host_factory",
+    "RunSpec": "capsule_rollout.rollout.host_factory",
     "resolve_spec": "capsule_rollout.rollout.host_factory",
     "build_host": "capsule_rollout.rollout.host_factory",
     "build_slots": "capsule_rollout.rollout.host_factory",

@@ -10,7 +10,7 @@ boundary on. The success fraction estimates the state's success probability unde
 (`learning.branch_values`) use the same routine. `branch_episode` plays an episode and branches from
 the chunk boundaries asked for (a recorded episode is played again from its seed: the same episode,
 bit for bit). `BranchActor` does that on the Ray actor pool: `run_rollouts(spec, [BranchItem...],
-actor_cls=BranchActor)` with the spec the episodes were recorded with. On a `SlotHost` (`HostSpec.slots` > 1) the
+actor_cls=BranchActor)` with the spec the episodes were recorded with. On a `SlotHost` (`RunSpec.slots` > 1) the
 continuations of every boundary, and the replay check, are forks of the boundary's capsule into the slots, played
 side by side with their policy calls batched (`branch_values_in_slots`): the same values as one at a time on a
 host of those slots. A policy that cannot be captured (a policy server: `capturable = False`) is refused

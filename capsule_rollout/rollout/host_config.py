@@ -44,6 +44,9 @@ class SafetyStop(Exception):
 
 @dataclass(frozen=True)
 class HostConfig:
+    """How one host plays each episode (`RunSpec.host`): the receding horizon, when to stop, the planner's
+    cadence, the noise seed, what is recorded."""
+
     n_exec: int = 8
     """Actions of each chunk executed before the next inference (receding horizon)."""
     value_threshold: float | None = None

@@ -1,6 +1,6 @@
-"""Building a `RolloutHost` from a `HostSpec` (plain Python; used by the Ray actors, replay, evaluation).
+"""Building a `RolloutHost` from a `RunSpec` (plain Python; used by the Ray actors, replay, evaluation).
 
-A `HostSpec` is everything a rollout process needs, as plain data (sent to each
+A `RunSpec` is everything a rollout process needs, as plain data (sent to each
 actor, written next to a run as `rollout.json` for `replay`): which env, which
 policy and critic checkpoints, how the policy is conditioned (a RECAP checkpoint
 acts with the indicator and guidance weight it records, unless overridden), the
@@ -46,7 +46,7 @@ ADVANTAGE_CHOICES = ("checkpoint", "none", "positive")
 SPEC_FILE = "rollout.json"
 """Written next to a run's store: the spec its episodes were played with (read back by `replay`)."""
 ANY_TASK = "*"
-"""`suite:*` as `HostSpec.env`: a run over several of the suite's tasks, each work item naming its own
+"""`suite:*` as `RunSpec.env`: a run over several of the suite's tasks, each work item naming its own
 (`WorkItem.task`); an actor keeps one host per task."""
 ACTING_INFO = "acting"
 """Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
@@ -93,8 +93,11 @@ def _described_n_exec(policy: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class HostSpec:
-    """Everything a rollout process needs to build its host (sent to each actor)."""
+class RunSpec:
+    """What a run plays, the one spec of a run: the env, policy and critic sources, how the policy acts, how each
+    episode is played (`host`: a `HostConfig`), and where and how the hosts run (slots, device, threads, capsules).
+    Everything a rollout process needs to build its host, as plain data: sent to each actor, written to the run's
+    `rollout.json` and signed into each seed's initial capsule."""
 
     env: str = ""
     """The env (`envs.suites.make_env`): a registered id `suite:task` (`gymnasium:Pusher-v5`, the example's
@@ -182,7 +185,7 @@ class HostSpec:
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> HostSpec:
+    def from_json(cls, data: dict) -> RunSpec:
         data = dict(data)
         data.pop("crash", None)  # written by earlier versions (a test hook, always empty in a run's file)
         data.setdefault("batch_invariant", False)  # written before batch-invariant runtimes: the batch as it was
@@ -204,27 +207,27 @@ class HostSpec:
         return resolve_spec(self).resolved.conditioning
 
 
-def _conditioning(spec: HostSpec, described: Described | None) -> Conditioning:
+def _conditioning(spec: RunSpec, described: Described | None) -> Conditioning:
     if described is None or not described.takes_conditioning:
         return Conditioning()
     return resolve_conditioning(spec.policy, spec.advantage, spec.beta)
 
 
-def write_spec(directory: str | os.PathLike, spec: HostSpec) -> Path:
+def write_spec(directory: str | os.PathLike, spec: RunSpec) -> Path:
     """Save `spec` as the run's `rollout.json`."""
     path = Path(directory) / SPEC_FILE
     path.write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     return path
 
 
-def read_spec(directory: str | os.PathLike) -> HostSpec:
+def read_spec(directory: str | os.PathLike) -> RunSpec:
     path = Path(directory) / SPEC_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: replay needs the host spec that sim_rollout writes")
-    return HostSpec.from_json(json.loads(path.read_text()))
+    return RunSpec.from_json(json.loads(path.read_text()))
 
 
-def check_same_run(out: Path, spec: HostSpec) -> None:
+def check_same_run(out: Path, spec: RunSpec) -> None:
     """A resumed run must play as the recorded one did: refuse an --out made with other settings."""
     try:
         recorded = read_spec(out).to_json()
@@ -255,7 +258,7 @@ class Resolved:
     policy_checked: bool
 
 
-def _resolution_key(spec: HostSpec) -> tuple:
+def _resolution_key(spec: RunSpec) -> tuple:
     """What a resolution depends on: the sources and how the policy is asked to act; of the env, its suite (a
     run over `suite:*` builds a host per task from one resolution) or its factory."""
     suite, _, _ = spec.env.partition(":")
@@ -264,8 +267,8 @@ def _resolution_key(spec: HostSpec) -> tuple:
             spec.takeover, spec.observers)
 
 
-def resolve_spec(spec: HostSpec, *, policy_given: bool = False) -> HostSpec:
-    """`spec` with its sources resolved (`HostSpec.resolved`), once: a command resolves its spec at the top, and
+def resolve_spec(spec: RunSpec, *, policy_given: bool = False) -> RunSpec:
+    """`spec` with its sources resolved (`RunSpec.resolved`), once: a command resolves its spec at the top, and
     every host built from it below (the preflight's, each actor's) takes the resolution as it is. Fails fast
     (before any process starts) on sources that are missing or do not fit together. `policy_given`: the host gets
     its policy object otherwise (a replay's recorded chunks): the spec's policy source is not checked."""
@@ -279,17 +282,17 @@ def resolve_spec(spec: HostSpec, *, policy_given: bool = False) -> HostSpec:
     return dataclasses.replace(spec, resolved=Resolved(key, policy, critic, conditioning, not policy_given))
 
 
-def check_spec(spec: HostSpec, *, policy_given: bool = False) -> Conditioning:
-    """`resolve_spec`'s checks; returns how the policy acts (`HostSpec.conditioning`)."""
+def check_spec(spec: RunSpec, *, policy_given: bool = False) -> Conditioning:
+    """`resolve_spec`'s checks; returns how the policy acts (`RunSpec.conditioning`)."""
     return resolve_spec(spec, policy_given=policy_given).resolved.conditioning
 
 
-def _check_n_exec(spec: HostSpec, policy: Described | None) -> None:
+def _check_n_exec(spec: RunSpec, policy: Described | None) -> None:
     if policy is not None and policy.chunk_length and spec.host.n_exec > policy.chunk_length:
         raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({policy.chunk_length})")
 
 
-def _resolve_sources(spec: HostSpec, *, policy_given: bool) -> tuple[Described | None, Described | None,
+def _resolve_sources(spec: RunSpec, *, policy_given: bool) -> tuple[Described | None, Described | None,
                                                                       Conditioning]:
     """Check and describe each source of `spec` (`resolve_spec`)."""
     if not spec.policy:
@@ -342,7 +345,7 @@ def _resolve(path: str):
 
 def parse_observers(items) -> tuple[tuple[str, str], ...]:
     """`package.module:factory` or `package.module:factory={JSON kwargs}` (the command line's form) as
-    `HostSpec.observers` entries; malformed JSON is refused naming the item."""
+    `RunSpec.observers` entries; malformed JSON is refused naming the item."""
     parsed = []
     for item in items:
         path, _, kwargs = item.partition("=")
@@ -355,11 +358,11 @@ def parse_observers(items) -> tuple[tuple[str, str], ...]:
     return tuple(parsed)
 
 
-def make_observers(spec: HostSpec) -> list[EpisodeObserver]:
+def make_observers(spec: RunSpec) -> list[EpisodeObserver]:
     return [_resolve(path)(**json.loads(kwargs or "{}")) for path, kwargs in spec.observers]
 
 
-def build_host(spec: HostSpec, *, recorder=None, observers: list[EpisodeObserver] | None = None,
+def build_host(spec: RunSpec, *, recorder=None, observers: list[EpisodeObserver] | None = None,
                env: RolloutEnv | None = None, operator=None, teleop=None,
                policy: Callable[[], Loaded] | None = None) -> RolloutHost:
     """The host a spec describes. `observers`: instead of the spec's (e.g. objects built in-process);
@@ -385,7 +388,7 @@ class BuiltPolicy:
     conditioning: Conditioning  # how it acts (what `check_spec` resolved)
 
 
-def build_policy(spec: HostSpec) -> BuiltPolicy:
+def build_policy(spec: RunSpec) -> BuiltPolicy:
     """The policy a spec describes without a host (what `serve_policy` serves): loaded and adapted as a host
     would (sized from the spec's env, made once to read its spaces and closed), its conditioning set."""
     parts = _prepare(spec)
@@ -401,12 +404,12 @@ def build_policy(spec: HostSpec) -> BuiltPolicy:
     return BuiltPolicy(policy, arena, arrays, parts.checked)
 
 
-def _store(spec: HostSpec) -> CapsuleStore:
+def _store(spec: RunSpec) -> CapsuleStore:
     return CapsuleStore(device_bytes=None if spec.capsule_budget_mb is None else int(spec.capsule_budget_mb * 2**20),
                         host_bytes=0)
 
 
-def _prepare(spec: HostSpec, *, env_given: bool = False, policy: Callable[[], Loaded] | None = None) -> _Parts:
+def _prepare(spec: RunSpec, *, env_given: bool = False, policy: Callable[[], Loaded] | None = None) -> _Parts:
     """What every host of `spec` starts from: the checks, torch's threads, the policy and critic loaded
     (`policy`: made by this instead of loaded from the spec's source)."""
     if not env_given and is_multi_task(spec.env):
@@ -419,7 +422,7 @@ def _prepare(spec: HostSpec, *, env_given: bool = False, policy: Callable[[], Lo
     return _load_parts(spec, spec.resolved.conditioning, policy)
 
 
-def build_slots(spec: HostSpec, *, recorder=None, policy: Callable[[], Loaded] | None = None, task: str = ""):
+def build_slots(spec: RunSpec, *, recorder=None, policy: Callable[[], Loaded] | None = None, task: str = ""):
     """The `SlotHost` of `spec.slots` slots a spec describes: an env per slot, the policy and critic as rows (one
     batched runtime when they batch, else an instance per slot), one capsule store, the spec's observers per
     slot. `policy`: as `build_host`'s (called once per instance). A spec over several tasks (`suite:*`): the slots
@@ -465,7 +468,7 @@ def build_slots(spec: HostSpec, *, recorder=None, policy: Callable[[], Loaded] |
                     make_slot=make_slot if multi else None, task=task if multi else "")
 
 
-def _equip(host: RolloutHost, spec: HostSpec, parts: _Parts) -> RolloutHost:
+def _equip(host: RolloutHost, spec: RunSpec, parts: _Parts) -> RolloutHost:
     """The spec's conditioning and simulated operator on a built host."""
     env = host.env
     if parts.conditioning is not None:
@@ -493,16 +496,16 @@ class _Parts:
     checked: Conditioning  # what `check_spec` resolved: how the policy source is loaded
 
 
-def _load_policy(spec: HostSpec, conditioning: Conditioning) -> Loaded:
+def _load_policy(spec: RunSpec, conditioning: Conditioning) -> Loaded:
     return load_source(spec.policy, "policy", device=spec.device, conditioning=conditioning,
                        noise_scale=spec.noise_scale)
 
 
-def _load_critic(spec: HostSpec) -> Loaded:
+def _load_critic(spec: RunSpec) -> Loaded:
     return load_source(spec.critic, "critic", device=spec.device, conditioning=Conditioning(), noise_scale=1.0)
 
 
-def _load_parts(spec: HostSpec, conditioning: Conditioning, make_policy: Callable[[], Loaded] | None = None) -> _Parts:
+def _load_parts(spec: RunSpec, conditioning: Conditioning, make_policy: Callable[[], Loaded] | None = None) -> _Parts:
     with batch_invariance(spec.batch_invariant, spec.sums):
         policy = make_policy() if make_policy is not None else _load_policy(spec, conditioning)
         critic = _load_critic(spec) if spec.critic else None
@@ -528,13 +531,13 @@ def _load_parts(spec: HostSpec, conditioning: Conditioning, make_policy: Callabl
                   policy.conditioning, conditioning)
 
 
-def _make_env(spec: HostSpec, cameras: tuple[str, ...] | None, image_size: int) -> RolloutEnv:
+def _make_env(spec: RunSpec, cameras: tuple[str, ...] | None, image_size: int) -> RolloutEnv:
     """The spec's env (a registered id or an import path; cameras None: its default one, (): none)."""
     from capsule_rollout.envs.suites import make_env
 
     if not spec.env:
         raise ValueError("no env: give a registered id `suite:task` or a factory's import path "
-                         "`package.module:make_env` (HostSpec.env, --env)")
+                         "`package.module:make_env` (RunSpec.env, --env)")
     return make_env(spec.env, cameras=cameras, image_size=image_size)
 
 

@@ -1,6 +1,6 @@
 """`PolicyServer`: any policy this project loads, served with openpi's websocket protocol (`policies.openpi_wire`).
 
-    served = serve_spec(HostSpec(env="tabletop:pick_place", policy="checkpoints/policy"))
+    served = serve_spec(RunSpec(env="tabletop:pick_place", policy="checkpoints/policy"))
     with PolicyServer(served, port=8000) as server:   # openpi_client.WebsocketClientPolicy("127.0.0.1", 8000)
         server.wait()
 
@@ -37,7 +37,7 @@ from capsule_rollout.capsules import Capsule, restore, snapshot
 from capsule_rollout.models.prompt_buffer import PROMPT_BYTES
 from capsule_rollout.policies import openpi_wire as W
 from capsule_rollout.policies.rollout_policy import LanguageConditioned
-from capsule_rollout.rollout.host_factory import BuiltPolicy, HostSpec, build_policy, recorded_acting
+from capsule_rollout.rollout.host_factory import BuiltPolicy, RunSpec, build_policy, recorded_acting
 
 PROTOCOL = "openpi-websocket/msgpack-numpy"
 SEED_LIMIT = 2**62
@@ -156,7 +156,7 @@ class ServedPolicy:
                 self._live = None
 
 
-def serve_spec(spec: HostSpec, *, keys: str = "project") -> ServedPolicy:
+def serve_spec(spec: RunSpec, *, keys: str = "project") -> ServedPolicy:
     """The spec's policy (checkpoint or factory, conditioning as the spec resolves it), ready to serve."""
     acting = recorded_acting(spec.policy)
     return ServedPolicy(build_policy(spec), keys=keys, description=spec.policy,

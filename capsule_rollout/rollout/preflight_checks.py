@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from capsule_rollout.envs.describe import describe_env
 from capsule_rollout.envs.rollout_env import action_bounds
 from capsule_rollout.rollout.host_config import SafetyStop
-from capsule_rollout.rollout.host_factory import FACTORY, HostSpec, build_host, env_for_task, source_kind
+from capsule_rollout.rollout.host_factory import FACTORY, RunSpec, build_host, env_for_task, source_kind
 from capsule_rollout.rollout.process_state import kept_process_state
 from capsule_rollout.user_code import UserCodeError, describe, join, name_of
 
@@ -41,7 +41,7 @@ class Preflight:
     """What the probe found: the spec to run (its `n_exec` resolved), the policy's chunk, what the env says of
     itself, and warnings for the console (a run that would report nothing useful)."""
 
-    spec: HostSpec
+    spec: RunSpec
     chunk_length: int
     action_dim: int
     policy: str  # the user's object, by name (`Chunk4`, `FlowPolicy`)
@@ -49,7 +49,7 @@ class Preflight:
     env: dict = field(default_factory=dict)  # what the env says of itself (`envs.describe_env`), kept with the store
 
 
-def preflight(spec: HostSpec, *, seed: int = 0, task: str = "", n_exec_given: bool = True) -> Preflight:
+def preflight(spec: RunSpec, *, seed: int = 0, task: str = "", n_exec_given: bool = True) -> Preflight:
     """Build `spec`'s host once here and probe it on `seed` (of `task` in a `suite:*` run); raise
     `PreflightError` (a `ValueError`) saying what is wrong, or return what was found. `n_exec_given`: whether
     `spec.host.n_exec` was asked for (else, for a factory's policy, the chunk length is used)."""
@@ -79,7 +79,7 @@ def preflight(spec: HostSpec, *, seed: int = 0, task: str = "", n_exec_given: bo
     return Preflight(resolved, chunk, action_dim, policy, warnings, described)
 
 
-def _build(spec: HostSpec):
+def _build(spec: RunSpec):
     try:
         return build_host(spec, observers=[])
     except UserCodeError as exc:
@@ -92,7 +92,7 @@ def _build(spec: HostSpec):
                              frames) from exc
 
 
-def _probe(host, spec: HostSpec, seed: int) -> dict:
+def _probe(host, spec: RunSpec, seed: int) -> dict:
     """Reset on `seed`, one control step (the policy's and critic's calls included); the step's info."""
     env = spec.env
     try:
@@ -122,7 +122,7 @@ def _policy_name(policy) -> str:
     return name_of(policy)
 
 
-def _warnings(host, spec: HostSpec, info: dict) -> list[str]:
+def _warnings(host, spec: RunSpec, info: dict) -> list[str]:
     from capsule_rollout.envs.suites import parse_env_id
     from capsule_rollout.envs.suites.catalog import info_success
 

@@ -25,7 +25,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from capsule_rollout.capsules import signing_key
 from capsule_rollout.rollout.deadlines import CallDeadlines, DeadlineSettings, FixedDeadlines
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, StartFailure, WorkItem
 from capsule_rollout.rollout.work_plan import (
     DriverStats,
@@ -48,7 +48,7 @@ class _Call:
     generation: int = 0  # of the actor's process when handed out (a restart makes its other calls stale)
 
 
-def calls_in_flight(spec: HostSpec, actor_cls: type[RolloutActor]) -> int:
+def calls_in_flight(spec: RunSpec, actor_cls: type[RolloutActor]) -> int:
     """Calls an actor holds at once: 2 for an actor of slots whose calls play side by side (the second call's
     items fill the slots the first call's last items leave free: `rollout.slots.calls`), else 1."""
     return 2 if spec.slots > 1 and actor_cls.side_by_side else 1
@@ -60,7 +60,7 @@ def _first_line(exc: BaseException, limit: int = 200) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def place_actors(spec: HostSpec, actors: int, *, actor_cls: type[RolloutActor] = RolloutActor,
+def place_actors(spec: RunSpec, actors: int, *, actor_cls: type[RolloutActor] = RolloutActor,
                  cpus_per_actor: float = 1.0, gpus_per_actor: float = 0.0, shard_root: str = "") -> list:
     """`actors` actor handles of `actor_cls` for `spec` (Ray places and builds them meanwhile)."""
     # SPREAD: on a cluster the actors go to as many nodes as can take them (the default packs the driver's
@@ -76,7 +76,7 @@ def place_actors(spec: HostSpec, actors: int, *, actor_cls: type[RolloutActor] =
 class RayDriver:
     """One run of `run_rollouts` on `actors` Ray actors (what `run_rollouts` documents)."""
 
-    def __init__(self, spec: HostSpec, plan: WorkPlan, *, actors: int, recorder, shard_root: str,
+    def __init__(self, spec: RunSpec, plan: WorkPlan, *, actors: int, recorder, shard_root: str,
                  actor_cls: type[RolloutActor], cpus_per_actor: float, gpus_per_actor: float, max_restarts: int,
                  max_attempts: int, deadlines: CallDeadlines | FixedDeadlines, settings: DeadlineSettings,
                  placement_timeout_s: float, on_report: Callable[[ActorReport, DriverStats], None] | None,

@@ -42,7 +42,7 @@ import numpy as np
 import ray
 
 from capsule_rollout.rollout.deadlines import DeadlineSettings, call_deadlines
-from capsule_rollout.rollout.host_factory import HostSpec, resolve_spec
+from capsule_rollout.rollout.host_factory import RunSpec, resolve_spec
 from capsule_rollout.rollout.ray_driver import RayDriver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
@@ -158,7 +158,7 @@ class RayStart:
 
 
 def run_rollouts(
-    spec: HostSpec,
+    spec: RunSpec,
     items: Iterable[WorkItem],
     *,
     actors: int = 2,
@@ -211,7 +211,8 @@ def run_rollouts(
         raise ValueError(f"episodes_per_call must be >= 1, got {episodes_per_call}")
     if spec.slots > 1:
         episodes_per_call = max(episodes_per_call, SLOT_ITEMS * spec.slots)
-    spec = resolve_spec(spec)  # here, once, if the caller has not: the actors take the resolution as it is
+    if host is None:  # here, once, if the caller has not: the actors take the resolution as it is
+        spec = resolve_spec(spec)
     if episode_timeout_s is not None and not (episode_timeout_s >= 0 and episode_timeout_s < float("inf")):
         raise ValueError(f"episode_timeout_s must be a finite number >= 0 (0: no deadline) or None (derived), got "
                          f"{episode_timeout_s}")
@@ -320,7 +321,7 @@ def first_error(errored: list[ActorReport]) -> dict | None:
             "traceback": first.traceback}
 
 
-def actor_throughput(spec: HostSpec, seeds: list[int], *, counts=(1, 2), cpus_per_actor: float = 1.0) -> dict:
+def actor_throughput(spec: RunSpec, seeds: list[int], *, counts=(1, 2), cpus_per_actor: float = 1.0) -> dict:
     """Control steps/s of `seeds` played on n actors, for each n in `counts` (in that order).
 
     The actors are made and warmed up first (each plays every seed once, so later

@@ -5,7 +5,7 @@
     replay_episode("runs/mine", result.episode_ids[0]).exact   # True: bit for bit
 
 A run directory holds `episodes.zarr` (every episode, recorded once), `capsules/` (each seed's initial
-capsule), and `rollout.json` (the `HostSpec` the episodes were played with, which `replay_episode` rebuilds
+capsule), and `rollout.json` (the `RunSpec` the episodes were played with, which `replay_episode` rebuilds
 the host from). The first rollout of a seed is a cold reset that makes the seed's initial capsule; every
 repeat is a restore of it. An episode played by a policy that cannot be captured (a policy server: the capsule's
 fingerprint says `capturable: no`) replays its recorded actions: the env, critic and host from the initial
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from capsule_rollout.policies.remote_policy import RecordedChunks, RemotePolicy
 from capsule_rollout.rollout.deadlines import DeadlineSettings
 from capsule_rollout.rollout.host_config import episode_id, file_safe
 from capsule_rollout.rollout.host_factory import (
-    HostSpec,
+    RunSpec,
     build_host,
     build_slots,
     check_same_run,
@@ -48,6 +48,7 @@ from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts, shutdown
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 from capsule_rollout.rollout.run_capsules import capsule_path
+from capsule_rollout.rollout.run_options import Acting, Episodes, Faults, Placement, Recording, as_group
 from capsule_rollout.rollout.run_trust import check_label, replay_spec, signed_spec
 from capsule_rollout.rollout.slots.check import check_slots as check_slots_of
 from capsule_rollout.rollout.slots.check import require_slots
@@ -74,7 +75,7 @@ def episode_id_of(task: str, seed: int, *, legacy: bool = False) -> str:
 class OpenedRun:
     """A run directory opened for recording (`open_run`)."""
 
-    spec: HostSpec  # what the episodes are played with (its `n_exec` resolved by the preflight)
+    spec: RunSpec  # what the episodes are played with (its `n_exec` resolved by the preflight)
     store: Path
     done: dict  # episode id -> success, of the episodes already recorded (a resumed run)
     recorder: object
@@ -87,7 +88,7 @@ class OpenedRun:
         return any(not _SAFE_ID.fullmatch(i) for i in self.done)
 
 
-def open_run(out: Path, spec: HostSpec, shards: bool = False, *, first: WorkItem | None = None,
+def open_run(out: Path, spec: RunSpec, shards: bool = False, *, first: WorkItem | None = None,
              n_exec_given: bool = True) -> OpenedRun:
     """Check `spec`, run the preflight on the first item's seed (`rollout.preflight`: the env, policy and critic
     built here and probed once; `PreflightError` says what is wrong), then open the run under `out`. A run
@@ -137,37 +138,18 @@ def record_rollouts(
     critic: str | Callable = "",
     seeds: Iterable[int] | int = 8,
     repeats: int = 1,
-    attempts: int = 1,
     actors: int = 2,
-    slots: int = 1,
-    env_threads: int = 1,
-    batch_invariant: bool = True,
-    n_exec: int | None = None,
-    noise_scale: float | None = None,
-    advantage: str = "checkpoint",
-    beta: float | None = None,
-    max_steps: int | None = None,
-    value_threshold: float | None = None,
-    value_patience: int = 3,
-    cameras: Sequence[str] | None = None,
-    image_size: int | None = None,
-    observers: Sequence[str] = (),
-    shards: bool = False,
-    episodes_per_call: int = 1,
-    lanes: str = "auto",
-    cpus_per_actor: float = 1.0,
-    gpus_per_actor: float = 0.0,
-    pin_cores: bool = False,
-    pin_seeds: Sequence[int] = (),
-    capsule_budget_mb: float | None = None,
-    max_restarts: int = 3,
-    episode_timeout_s: float | None = None,
-    first_call_s: float = 600.0,
-    deadline_floor_s: float = 30.0,
+    acting: Acting | Mapping[str, Any] = Acting(),
+    episodes: Episodes | Mapping[str, Any] = Episodes(),
+    recording: Recording | Mapping[str, Any] = Recording(),
+    placement: Placement | Mapping[str, Any] = Placement(),
+    faults: Faults | Mapping[str, Any] = Faults(),
     check_slots: bool = False,
     on_report: Callable | None = None,
 ) -> RecordResult:
-    """`sim_rollout` as a library call, option for option (each is the command's `--name`; `sim_rollout --help`).
+    """`sim_rollout` as a library call, option for option: each of the command's options is a field of one of
+    the groups (`rollout.run_options`: `acting`, `episodes`, `recording`, `placement`, `faults`), each given as
+    the group or a dict of its fields (`placement={"slots": 4}`).
 
     Play `env` (a registered id `suite:task`, `gymnasium:<a registered id>`, or a factory `package.module:make_env`,
     with keyword arguments `package.module:make_env={"size": 3}`: `import_path.with_kwargs`) with `policy` (a
@@ -175,23 +157,27 @@ def record_rollouts(
     a source string, or the factory or class itself (any callable Ray can ship: one a script defines; the run's
     `rollout.json` names it `__objects__:<name>`, and a replay is given it again: `replay_episode(named=)`), on
     `actors` Ray actors (0: in this process), every episode recorded once under `out`. `seeds`: the seeds, or how
-    many from `FIRST_SEED` (as the command line's `--seeds.count`). `observers`: import paths, each
-    `package.module:factory` or `package.module:factory={JSON kwargs}`. `on_report(report, stats)`: called for each
-    episode's report as it comes back. `check_slots`: before the run, play the first seed at 1 slot and in the last of
-    `slots` and put what was found in the summary's `slot_check` (`rollout.slots.check`).
+    many from `FIRST_SEED` (as the command line's `--seeds.count`); `repeats`: rollouts of each seed, each reset by
+    a restore of its initial capsule. `on_report(report, stats)`: called for each
+    episode's report as it comes back. `check_slots`: before the run, play the first seed at 1 slot and in the last
+    of `placement.slots` and put what was found in the summary's `slot_check` (`rollout.slots.check`).
 
     Before any actor starts, the env, policy and critic are built here once and probed (`rollout.preflight`:
-    `PreflightError`, a ValueError naming the object, for what cannot work); `n_exec` unset is what the checkpoint
+    `PreflightError`, a ValueError naming the object, for what cannot work); `acting.n_exec` unset is what the checkpoint
     records, the chunk length for a factory's policy. Raises `RunError` when any episode ended in an error (the
     ones played are kept). The caller's process is left as it was found (torch's threads, the environment)."""
-    options = dict(locals())
+    groups = {name: as_group(group, given, name) for name, group, given in (
+        ("acting", Acting, acting), ("episodes", Episodes, episodes), ("recording", Recording, recording),
+        ("placement", Placement, placement), ("faults", Faults, faults))}
+    options = {k: v for group in groups.values() for k, v in dataclasses.asdict(group).items()}
     with kept_process_state():  # the caller's torch threads and environment, as they were
-        return _record(**options)
+        return _record(out, env=env, policy=policy, critic=critic, seeds=seeds, repeats=repeats, actors=actors,
+                       check_slots=check_slots, on_report=on_report, **options)
 
 
 def as_sources(given: dict[str, Any]) -> tuple[dict[str, str], tuple[tuple[str, Any], ...]]:
     """The sources of `given` (role -> a source string, or a factory or class handed over in Python), and the
-    (source, object) pairs of those handed over (`import_path.object_source`), for `HostSpec.objects`."""
+    (source, object) pairs of those handed over (`import_path.object_source`), for `RunSpec.objects`."""
     sources, objects = {}, []
     for role, value in given.items():
         if isinstance(value, str):
@@ -210,14 +196,14 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
              cameras: Sequence[str] | None = None, image_size: int | None = None, observers: Sequence[str] = (),
              lanes: str = "auto", gpus_per_actor: float = 0.0, cpus_per_actor: float = 1.0, pin_cores: bool = False,
              pin_seeds: Sequence[int] = (), capsule_budget_mb: float | None = None, slots: int = 1,
-             env_threads: int = 1, batch_invariant: bool = True, objects: Sequence[tuple[str, Any]] = ()) -> HostSpec:
-    """The `HostSpec` a recorded run under `out` plays (what `sim_rollout` and `record_rollouts` build alike),
+             env_threads: int = 1, batch_invariant: bool = True, objects: Sequence[tuple[str, Any]] = ()) -> RunSpec:
+    """The `RunSpec` a recorded run under `out` plays (what `sim_rollout` and `record_rollouts` build alike),
     resolved here, once (`resolve_spec`): how the policy acts from the checkpoint's record unless given
     (`resolve_acting`), each source checked and described. `objects`: those handed over in Python
-    (`HostSpec.objects`)."""
+    (`RunSpec.objects`)."""
     policy = absolute_source(policy)
     n_exec_resolved, noise = resolve_acting(policy, n_exec, noise_scale)
-    return resolve_spec(HostSpec(
+    return resolve_spec(RunSpec(
         env=env, policy=policy, critic=absolute_source(critic) if critic else "", advantage=advantage, beta=beta,
         noise_scale=noise,
         host=HostConfig(n_exec=n_exec_resolved, value_threshold=value_threshold, value_patience=value_patience,
@@ -314,7 +300,7 @@ class ReplayReport:
 class ReplayInputs:
     """What a replay needs, read and checked before anything is built (`prepare_replay`)."""
 
-    spec: HostSpec
+    spec: RunSpec
     recorded: object  # the recorded Episode
     capsule: object  # its initial Capsule
 

@@ -1,10 +1,10 @@
 """`RolloutActor`: one rollout host in a process (a Ray actor's, or the driver's with `actors=0`), and what
 it is handed and returns: `WorkItem` (seed, episode id, attempt, repeat, task) and `ActorReport`.
 
-The actor plays one item per call (or K, `run_batch`; with `HostSpec.slots` > 1 the K items are played on the
+The actor plays one item per call (or K, `run_batch`; with `RunSpec.slots` > 1 the K items are played on the
 host's slots side by side, `rollout.slots.host`, and the actor holds two calls at once, both played from one feed:
 `rollout.slots.calls`), builds the host for the item's task when a run over several of a suite's tasks
-(`HostSpec.env` `suite:*`) first needs it (with slots, one slot host for every task), records its episode to its
+(`RunSpec.env` `suite:*`) first needs it (with slots, one slot host for every task), records its episode to its
 own shard when the store is sharded, and turns a fatal CUDA error into the end of its process (the context is unusable;
 the driver re-runs the episode on a fresh one). The driver that places actors and hands them items is
 `rollout.ray_rollout`.
@@ -34,7 +34,7 @@ import torch
 from capsule_rollout.capsules import CapsuleError, load_capsule, signing_key
 from capsule_rollout.rollout.host_factory import (
     ANY_TASK,
-    HostSpec,
+    RunSpec,
     build_host,
     build_slots,
     env_for_task,
@@ -72,7 +72,7 @@ class WorkItem:
     base: str = ""
     """The episode id of the seed's first rollout (follow-ups are named after it); empty: `episode_id`."""
     task: str = ""
-    """The task this episode plays: needed in a run over several of a suite's tasks (`HostSpec.env` `suite:*`),
+    """The task this episode plays: needed in a run over several of a suite's tasks (`RunSpec.env` `suite:*`),
     where each actor keeps a host per task; empty: the spec's env."""
 
     @property
@@ -148,7 +148,7 @@ class RolloutActor(SlotCalls):
     side_by_side = True
     """With slots: a call's items play side by side (a subclass whose items use the slots otherwise says False)."""
 
-    def __init__(self, spec: HostSpec, index: int = 0, *, host: RolloutHost | None = None,
+    def __init__(self, spec: RunSpec, index: int = 0, *, host: RolloutHost | None = None,
                  observers: list[EpisodeObserver] | None = None, shard_root: str = "",
                  capsule_key: bytes | None = None) -> None:
         """`host`: a host built by the caller (in-process use); else one is built from `spec`. `shard_root`: a
@@ -174,7 +174,7 @@ class RolloutActor(SlotCalls):
             if gpu_ids:
                 os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", str(int(float(gpu_ids[0]))))
         if spec.slots > 1 and observers is not None:
-            raise ValueError(f"{spec.slots} slots keep an observer each: name them in HostSpec.observers (import paths "
+            raise ValueError(f"{spec.slots} slots keep an observer each: name them in RunSpec.observers (import paths "
                              "built in each slot), not as objects")
         self._observers = observers
         self.hosts: dict[str, RolloutHost | SlotHost] = {}  # task -> its host (several in a `suite:*` run)
@@ -197,7 +197,7 @@ class RolloutActor(SlotCalls):
         """`fn(*args)` on the play thread (here, in-process)."""
         return fn(*args) if self._player is None else self._player.submit(fn, *args).result()
 
-    def _build(self, spec: HostSpec) -> RolloutHost | SlotHost:
+    def _build(self, spec: RunSpec) -> RolloutHost | SlotHost:
         return build_slots(spec) if spec.slots > 1 else build_host(spec, observers=self._observers)
 
     def _adopt(self, task: str, host: RolloutHost | SlotHost) -> RolloutHost | SlotHost:

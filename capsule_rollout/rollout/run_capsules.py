@@ -9,7 +9,7 @@ from pathlib import Path
 
 from capsule_rollout.capsules import save_capsule, signing_key
 from capsule_rollout.rollout.host_config import file_safe
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.rollout_host import RolloutHost, capsule_key
 
 
@@ -21,7 +21,7 @@ def capsule_path(capsule_dir: str | os.PathLike, task: str, seed: int) -> Path:
     return legacy if not path.exists() and legacy != path and legacy.exists() else path
 
 
-def save_initial_capsule(host: RolloutHost, spec: HostSpec, seed: int, capsule=None, *,
+def save_initial_capsule(host: RolloutHost, spec: RunSpec, seed: int, capsule=None, *,
                          key: bytes | None = None) -> Path | None:
     """Write the seed's initial capsule under `spec.capsule_dir` once (atomic; kept for replay), signed with
     `key` (`capsules.signing_key()` when None). `capsule`: the episode's (`EpisodeResult.initial_capsule`; None:

@@ -16,20 +16,20 @@ from pathlib import Path
 
 from capsule_rollout.capsules import Trust
 from capsule_rollout.envs.suites import parse_env_id
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 
 CODE_FIELDS = ("env", "policy", "critic", "observers")
 """The host spec's fields that can name code to import and call."""
 
 
-def signed_spec(capsule, path: Path) -> HostSpec | None:
+def signed_spec(capsule, path: Path) -> RunSpec | None:
     """The host spec a run signed inside a seed's initial capsule (`run_capsules.save_initial_capsule`); None for a
     capsule saved before runs signed it. ValueError for one that does not read as a spec."""
     text = getattr(capsule, "annotations", {}).get("host_spec")
     if text is None:
         return None
     try:
-        return HostSpec.from_json(json.loads(text))
+        return RunSpec.from_json(json.loads(text))
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{path}: the host spec signed in the capsule does not read ({exc})") from None
 
@@ -41,7 +41,7 @@ def check_label(capsule, expected: str, path: Path) -> None:
                          "(a capsule file moved or swapped on disk restores another seed's state)")
 
 
-def code_names(spec: HostSpec) -> list[tuple[str, str]]:
+def code_names(spec: RunSpec) -> list[tuple[str, str]]:
     """(field, value) of each source in `spec` that names code (the module docstring)."""
     found = []
     if spec.env and parse_env_id(spec.env.partition("=")[0])[0] is None:
@@ -54,12 +54,12 @@ def code_names(spec: HostSpec) -> list[tuple[str, str]]:
     return found
 
 
-def _differ(a: HostSpec, b: HostSpec, fields: tuple[str, ...]) -> list[str]:
+def _differ(a: RunSpec, b: RunSpec, fields: tuple[str, ...]) -> list[str]:
     return [f for f in fields if getattr(a, f) != getattr(b, f)]
 
 
-def replay_spec(file_spec: HostSpec, signed: HostSpec | None, trust: Trust, *, named: dict[str, str],
-                source: Path) -> HostSpec:
+def replay_spec(file_spec: RunSpec, signed: RunSpec | None, trust: Trust, *, named: dict[str, str],
+                source: Path) -> RunSpec:
     """The spec a replay builds its host from: the signed one (the run's `rollout.json` must name the same code, or
     the replay is refused naming what differs), the user's `named` sources over it; a run from elsewhere (`trust`
     DATA) may name no other code. `source`: the capsule file, for the messages."""

@@ -1,6 +1,6 @@
 """Bringing your own policy and critic: what a host is built from, whoever made it.
 
-A policy source (`HostSpec.policy`, `--policy`) is a checkpoint directory or an import path
+A policy source (`RunSpec.policy`, `--policy`) is a checkpoint directory or an import path
 `package.module:factory`. A checkpoint is loaded by the loader registered for its kind (`checkpoint.json`'s
 `kind`): `torch_policy` is built in, and so is `lerobot`, a directory LeRobot saved a policy in (its `config.json`
 and `model.safetensors`, no `checkpoint.json`: `rollout.lerobot_loader`, LeRobot imported only to load one); a
@@ -16,7 +16,7 @@ otherwise), and returns one of:
 - a torch module `module(inputs, noise) -> chunk`, wrapped by `policies.torch_policy.TorchPolicy`.
 A policy source may also be a policy server's address, `ws://host:port` (`wss://`, `openpi://`): the policy
 acts through it (`policies.remote_policy.RemotePolicy`, openpi's websocket protocol), sized from the server's
-metadata; it cannot be captured (see that module). A critic source (`HostSpec.critic`, `--critic`) likewise: a
+metadata; it cannot be captured (see that module). A critic source (`RunSpec.critic`, `--critic`) likewise: a
 value-critic checkpoint, or a factory returning a rollout-protocol critic or an object with `value(obs) -> float`
 (`critics.infer_critic.InferCritic`).
 

@@ -16,7 +16,7 @@ from capsule_rollout.capsules import Arena
 from capsule_rollout.learning.closed_loop_eval import EVAL, outcome_summary, run_items, summarize
 from capsule_rollout.learning.stats import mid_episode_step
 from capsule_rollout.policies.conditioning import Conditioning
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
@@ -123,13 +123,13 @@ class EvalObserver(EpisodeObserver):
 
 def eval_spec(policy: str, *, family: str, n_exec: int = 8, noise_seed: int = 0, advantage: str = "checkpoint",
               beta: float | None = None, critics: Sequence[str] = (), mid_step: int | None = None,
-              threads: int = 1, phrasing: str = "canonical", noise_scale: float = 1.0, slots: int = 1) -> HostSpec:
+              threads: int = 1, phrasing: str = "canonical", noise_scale: float = 1.0, slots: int = 1) -> RunSpec:
     """The host spec of an evaluation: the first critic runs on the host's critic lane, the others in
     the observer."""
     import json
 
     kwargs = json.dumps({"critics": list(critics[1:]), "mid_step": mid_step})
-    return HostSpec(env=f"tabletop:{family}", policy=policy, critic=critics[0] if critics else "",
+    return RunSpec(env=f"tabletop:{family}", policy=policy, critic=critics[0] if critics else "",
                     host=HostConfig(n_exec=n_exec, noise_seed=noise_seed, record_images=False, phrasing=phrasing),
                     advantage=advantage, beta=beta, noise_scale=noise_scale, threads=threads,
                     observers=((OBSERVER, kwargs),), slots=slots)
@@ -171,7 +171,7 @@ def evaluate_policy(policy: str | FlowPolicy, *, family: str, seeds: list[int], 
     (`plan_steps`) is valued with the policy's chunk; `critic_failure_auc_state_only` gives, per critic
     (None for the others), its AUC without the plan on the same states. They do not change what the
     policy does. `phrasing`: how the planner words the subtasks (`tabletop.phrasing`). `noise_scale`: of the policy's
-    chunk noise (`PolicyRuntime`). `slots`: env slots per actor (a checkpoint policy; `HostSpec.slots`).
+    chunk noise (`PolicyRuntime`). `slots`: env slots per actor (a checkpoint policy; `RunSpec.slots`).
     """
     reports, plan_critics = play(policy, family=family, seeds=seeds, n_exec=n_exec, noise_seed=noise_seed,
                                  advantage=advantage, beta=beta, critics=critics, actors=actors, phrasing=phrasing,
@@ -196,7 +196,7 @@ def play(policy: str | FlowPolicy, *, family: str, seeds: list[int], n_exec: int
         host = local_eval_host(policy, family=family, n_exec=n_exec, noise_seed=noise_seed,
                                conditioning=Conditioning(advantage, beta), critics=models, phrasing=phrasing,
                                noise_scale=noise_scale)
-        reports = run_items(HostSpec(env=f"tabletop:{family}"), items, host=host)
+        reports = run_items(RunSpec(env=f"tabletop:{family}"), items, host=host)
         plan_critics = [i for i, m in enumerate(models) if m.config.plan_steps]
     else:
         if any(not isinstance(c, str) for c in critics):

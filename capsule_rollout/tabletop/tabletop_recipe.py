@@ -17,7 +17,7 @@ from capsule_rollout.learning.options import (
     TrainPolicyConfig,
 )
 from capsule_rollout.learning.training import Log
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.tabletop.critic_labels import StoreValues
 from capsule_rollout.tabletop.expert_demos import demo_source
 from capsule_rollout.tabletop.fit_critic import fit_critic
@@ -36,8 +36,8 @@ class TabletopRecipe:
     def episode_limit(self, config: RecapConfig) -> int:
         return FAMILIES[family_index(config.family)].max_steps
 
-    def rollout_spec(self, config: RecapConfig) -> HostSpec:
-        return HostSpec(env=f"tabletop:{config.family}")
+    def rollout_spec(self, config: RecapConfig) -> RunSpec:
+        return RunSpec(env=f"tabletop:{config.family}")
 
     def collect_demos(self, config: RecapConfig, store: Path, cameras: tuple[str, ...]) -> dict:
         demos = CollectDemosConfig(episodes=config.demo_episodes, out=str(store), family=config.family,

@@ -44,7 +44,7 @@ def test_export_of_a_third_party_suites_store_needs_no_option_and_writes_its_rea
     monkeypatch.setitem(registry.SUITES, "labsuite", registry.Suite("labsuite", "tests.rollout.lab_suite",
                                                                      "installed with the lab", "a lab's suite"))
     run = record_rollouts(tmp_path / "run", env="labsuite:puck-v1", policy=f"{LAB}:GainPolicy", seeds=[1], actors=0,
-                          cameras=())  # no images
+                          recording={"cameras": ()})  # no images
     info = _export(run.store, tmp_path / "ds", tmp_path / "e.json")
     assert info["fps"] == 25 and info["features"]["action"]["names"] == ["x", "y"]  # its dt; the joints its motors drive
     assert not [k for k in info["features"] if k.startswith("observation.images")]  # --cameras with none: no images

@@ -145,7 +145,7 @@ def test_a_planner_in_its_own_ray_actor_hands_off_through_shared_memory(ray_sess
 
 
 def test_attempts_retry_a_failed_episode_by_restoring_its_initial_capsule(checkpoints, tmp_path):
-    from capsule_rollout.rollout.host_factory import HostSpec, build_host
+    from capsule_rollout.rollout.host_factory import RunSpec, build_host
     from capsule_rollout.rollout.rollout_host import HostConfig
 
     policy, critic = checkpoints  # random weights: every episode times out, so every attempt runs
@@ -164,7 +164,7 @@ def test_attempts_retry_a_failed_episode_by_restoring_its_initial_capsule(checkp
     assert not np.array_equal(episodes["pick_place-s1000001"].steps["action"][:4],
                               episodes["pick_place-s1000001-a2"].steps["action"][:4])  # noise of its own
     # the restored attempt is bit-exact against a cold reset of the same seed and attempt on a fresh host
-    host = build_host(HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2)))
+    host = build_host(RunSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2)))
     cold = host.run_episode(1000001, attempt=2)
     host.close()
     assert cold.reset_kind == "cold"
@@ -197,12 +197,12 @@ def test_repeats_reset_by_restore_and_a_hung_actor_is_killed_and_its_episode_rer
 
 
 def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoints, tmp_path):
-    from capsule_rollout.rollout.host_factory import HostSpec
+    from capsule_rollout.rollout.host_factory import RunSpec
     from capsule_rollout.rollout.rollout_actor import RolloutActor, WorkItem
     from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 
     policy, critic = checkpoints
-    spec = HostSpec(env="tabletop:pick_place", policy=policy, critic=critic,
+    spec = RunSpec(env="tabletop:pick_place", policy=policy, critic=critic,
                     host=HostConfig(n_exec=2, max_steps=3, pin_seeds=(5,)), capsule_dir=str(tmp_path / "capsules"),
                     capsule_budget_mb=0.003)  # one 2.4 KB capsule
     actor = RolloutActor(spec)
@@ -219,12 +219,12 @@ def test_a_capsule_budget_drops_capsules_and_they_come_back_from_disk(checkpoint
 def test_an_actor_restores_only_the_seed_capsules_signed_with_the_runs_key(checkpoints, tmp_path):
     """A capsule in `capsule_dir` signed with another key (or none) is not restored: the reset is cold."""
     from capsule_rollout.capsules import load_capsule, save_capsule
-    from capsule_rollout.rollout.host_factory import HostSpec
+    from capsule_rollout.rollout.host_factory import RunSpec
     from capsule_rollout.rollout.rollout_actor import RolloutActor, WorkItem
     from capsule_rollout.rollout.rollout_host import HostConfig
 
     policy, critic = checkpoints
-    spec = HostSpec(env="tabletop:pick_place", policy=policy, critic=critic,
+    spec = RunSpec(env="tabletop:pick_place", policy=policy, critic=critic,
                     host=HostConfig(n_exec=2, max_steps=3), capsule_dir=str(tmp_path / "capsules"))
     run_key = b"the-driver-s-key-0123456789abcdef"
     first = RolloutActor(spec, capsule_key=run_key)
@@ -255,9 +255,9 @@ def test_observers_on_the_command_line_are_checked_before_anything_runs(checkpoi
 
 
 def test_a_run_spec_written_by_an_earlier_version_still_reads(tmp_path):
-    from capsule_rollout.rollout.host_factory import HostSpec, read_spec, write_spec
+    from capsule_rollout.rollout.host_factory import RunSpec, read_spec, write_spec
 
-    write_spec(tmp_path, HostSpec(observers=(("tests.rollout.faults:step_fault", "{}"),)))
+    write_spec(tmp_path, RunSpec(observers=(("tests.rollout.faults:step_fault", "{}"),)))
     data = json.loads((tmp_path / "rollout.json").read_text())
     (tmp_path / "rollout.json").write_text(json.dumps({**data, "crash": []}))  # the old test hook's field
     assert read_spec(tmp_path).observers == (("tests.rollout.faults:step_fault", "{}"),)

@@ -10,7 +10,7 @@ import numpy as np
 
 from capsule_rollout.capsules import Arena, restore, snapshot
 from capsule_rollout.envs.suites import make_env
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.slots.host import episode_job
 from tests.envs.broken_envs import XML
@@ -101,7 +101,7 @@ def test_a_dict_observation_keeps_its_leaves_shapes_and_dtypes_and_restores_them
 
 def test_a_policy_reads_the_nested_observation_and_its_own_names():
     ReadsItsOwnKeys.seen = []
-    host = build_host(HostSpec(env=ENV, policy=f"{__name__}:reads_its_own_keys", host=HostConfig(n_exec=3)))
+    host = build_host(RunSpec(env=ENV, policy=f"{__name__}:reads_its_own_keys", host=HostConfig(n_exec=3)))
     try:
         result = host.run_episode(1)
         assert result.error == ""
@@ -116,7 +116,7 @@ def test_a_policy_reads_the_nested_observation_and_its_own_names():
 
 def test_rows_of_a_batching_policy_stack_the_nested_observation():
     ReadsItsOwnKeys.seen = []
-    slots = build_slots(HostSpec(env=ENV, policy=f"{__name__}:reads_its_own_keys", slots=3,
+    slots = build_slots(RunSpec(env=ENV, policy=f"{__name__}:reads_its_own_keys", slots=3,
                                  host=HostConfig(n_exec=3, max_steps=9)))
     try:
         results = slots.run_items([episode_job(s) for s in range(3)])

@@ -24,7 +24,7 @@ from capsule_rollout.learning.branch_values import (
     unsure_chunks,
 )
 from capsule_rollout.rollout.branching import ReplayDivergedError, branch_seed
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.stores.sharded_reader import open_episode_reader
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
@@ -90,7 +90,7 @@ def test_branch_values_are_the_known_ones_and_a_resumed_call_plays_nothing_again
     store, host = recorded
     plan = BranchPlan(rate=1.0, branches=32)
     ids = [f"coin-{s}" for s in range(4)]
-    table = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
+    table = collect_branches(RunSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
     assert branches_path(store).exists() and sorted(table.done) == ids
     values = table.lookup()
     reader = open_episode_reader(store)
@@ -105,10 +105,10 @@ def test_branch_values_are_the_known_ones_and_a_resumed_call_plays_nothing_again
         # played: the episode, the check's replay from step 0, 32 branches from each of 0, 2, 4
         assert table.done[episode_id] == 6 + 6 + 32 * (6 + 4 + 2)
     played = []
-    again = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=played.append)
+    again = collect_branches(RunSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=played.append)
     assert played == [] and again.lookup() == values  # everything was in the sidecar
     with pytest.raises(ValueError, match="this run asks for"):
-        collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0, host=host)
+        collect_branches(RunSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0, host=host)
 
 
 def test_chunks_after_a_takeover_get_their_known_branch_values(tmp_path):
@@ -126,7 +126,7 @@ def test_chunks_after_a_takeover_get_their_known_branch_values(tmp_path):
             episode = host.run_episode(seed, episode_id=f"coin-{seed}").episode
             assert episode.steps["intervention"].tolist() == [False, True] + [False] * 4
             recorder.write(episode)
-    table = collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=16), max_steps=M, actors=0,
+    table = collect_branches(RunSpec(), store, ids, BranchPlan(rate=1.0, branches=16), max_steps=M, actors=0,
                              host=host, log=lambda m: None)
     values = table.lookup()
     for seed, episode_id in enumerate(ids):
@@ -143,7 +143,7 @@ def test_open_selection_deepens_only_the_chunks_whose_screening_continuations_di
         for seed in range(6):
             recorder.write(host.run_episode(seed, episode_id=f"coin-{seed}").episode)
     plan = BranchPlan(rate=1.0, branches=6, select="open", screen=2)
-    table = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
+    table = collect_branches(RunSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
     screen = BranchTable.load(branches_path(store, "branches_screen"))  # the `random` plan's, 2 continuations
     assert {k: v for k, v in screen.meta.items() if k != "version"} == BranchPlan(rate=1.0, branches=2).meta(M)
     fraction = {(e, s): f for e, s, f in zip(screen.episode_ids, screen.steps, screen.success_fractions)}
@@ -168,7 +168,7 @@ def test_open_selection_deepens_only_the_chunks_whose_screening_continuations_di
         extra = table.done[episode_id] - screen.done[episode_id]
         assert (extra > 0) == bool(open_chunks[episode_id])
     played = []
-    again = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=played.append)
+    again = collect_branches(RunSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=played.append)
     assert played == [] and again.lookup() == pytest.approx(table.lookup())  # both sidecars hold it all
     # labels where both boundaries were deepened: every open chunk, and the end chunk after an open one
     labels = branch_labels(store, again, positive_fraction=0.5)
@@ -200,7 +200,7 @@ def test_unsure_selection_branches_the_chunks_the_recorded_critic_labels_least_s
     store, host = recorded
     ids = [f"coin-{s}" for s in range(4)]
     plan = BranchPlan(rate=0.5, branches=2, select="unsure", positive_fraction=0.3)
-    table = collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
+    table = collect_branches(RunSpec(), store, ids, plan, max_steps=M, actors=0, host=host, log=lambda m: None)
     # the zero critic recorded V = 0 at the chunk starts 0, 2, 4: a chunk's advantage is its rewards over M, and
     # the last one's is its own return (-1/6 after a win, -1 after a loss)
     reader = open_episode_reader(store)
@@ -216,10 +216,10 @@ def test_unsure_selection_branches_the_chunks_the_recorded_critic_labels_least_s
     expected = {(e, t) for e, s, _ in chosen for t in (s, s + 2) if t < 6}
     assert set(zip(table.episode_ids, table.steps)) == expected
     played = []
-    assert collect_branches(HostSpec(), store, ids, plan, max_steps=M, actors=0, host=host,
+    assert collect_branches(RunSpec(), store, ids, plan, max_steps=M, actors=0, host=host,
                             log=played.append).lookup() == table.lookup() and played == []
     with pytest.raises(ValueError, match="this run asks for"):  # the sidecar was made by another choice
-        collect_branches(HostSpec(), store, ids, BranchPlan(rate=0.5, branches=2), max_steps=M, actors=0, host=host)
+        collect_branches(RunSpec(), store, ids, BranchPlan(rate=0.5, branches=2), max_steps=M, actors=0, host=host)
 
 
 def test_a_replay_by_another_spec_than_the_recording_one_is_refused(recorded):
@@ -227,7 +227,7 @@ def test_a_replay_by_another_spec_than_the_recording_one_is_refused(recorded):
     other = _host(noise_seed=99)  # other noise: the same seed plays another episode
     try:
         with pytest.raises(ReplayDivergedError):
-            collect_branches(HostSpec(), store, [f"coin-{s}" for s in range(4)], BranchPlan(rate=1.0, branches=2),
+            collect_branches(RunSpec(), store, [f"coin-{s}" for s in range(4)], BranchPlan(rate=1.0, branches=2),
                              max_steps=M, actors=0, host=other, log=lambda m: None)
     finally:
         other.close()
@@ -236,7 +236,7 @@ def test_a_replay_by_another_spec_than_the_recording_one_is_refused(recorded):
 def test_labels_from_branches_are_value_after_minus_before_and_unbranched_steps_carry_none(recorded):
     store, host = recorded
     ids = [f"coin-{s}" for s in range(4)]
-    table = collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=16), max_steps=M, actors=0,
+    table = collect_branches(RunSpec(), store, ids, BranchPlan(rate=1.0, branches=16), max_steps=M, actors=0,
                              host=host, log=lambda m: None)
     # drop coin-3 from the table: its steps get no label
     keep = [i for i, e in enumerate(table.episode_ids) if e != "coin-3"]
@@ -270,7 +270,7 @@ def test_labels_from_branches_are_value_after_minus_before_and_unbranched_steps_
 def test_combined_labels_are_the_branch_advantages_where_branched_and_the_critics_elsewhere(recorded):
     store, host = recorded
     ids = [f"coin-{s}" for s in range(4)]
-    table = collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0,
+    table = collect_branches(RunSpec(), store, ids, BranchPlan(rate=1.0, branches=8), max_steps=M, actors=0,
                              host=host, log=lambda m: None)
     table.done.pop("coin-3")  # coin-3 counts as unbranched: its steps keep the critic's advantages
     branched = branch_labels(store, table, positive_fraction=0.3).advantage
@@ -306,7 +306,7 @@ def test_indicators_by_task_leave_unlabelled_steps_out_and_make_interventions_po
 def test_distillation_targets_land_on_the_branched_steps_of_the_flat_arrays(recorded):
     store, host = recorded
     ids = [f"coin-{s}" for s in range(4)]
-    table = collect_branches(HostSpec(), store, ids, BranchPlan(rate=1.0, branches=4), max_steps=M, actors=0,
+    table = collect_branches(RunSpec(), store, ids, BranchPlan(rate=1.0, branches=4), max_steps=M, actors=0,
                              host=host, log=lambda m: None)
     ends = np.array([6, 12, 18, 24])
     index, values = branch_targets(table, ids, ends)

@@ -15,10 +15,10 @@ import torch
 
 def core_loads_no_lerobot(path: str) -> bool:
     """Importing the host's factory and describing a LeRobot checkpoint leaves LeRobot unimported."""
-    from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
+    from capsule_rollout.rollout.host_factory import RunSpec, check_spec, resolve_acting
     from capsule_rollout.rollout.rollout_host import HostConfig
 
-    check_spec(HostSpec(env="tabletop:pick_place", policy=path, host=HostConfig(n_exec=resolve_acting(path)[0])))
+    check_spec(RunSpec(env="tabletop:pick_place", policy=path, host=HostConfig(n_exec=resolve_acting(path)[0])))
     return "lerobot" not in sys.modules
 
 
@@ -70,12 +70,12 @@ def mid_queue_in_slots(path: str, at: int = 3) -> dict:
     (the same actions), and with a branch's new noise (the queued actions the same, later ones not)."""
     from capsule_rollout.policies.lerobot_model import LeRobotModel
     from capsule_rollout.rollout.branching import BoundaryCapsules
-    from capsule_rollout.rollout.host_factory import HostSpec, build_slots
+    from capsule_rollout.rollout.host_factory import RunSpec, build_slots
     from capsule_rollout.rollout.rollout_host import HostConfig
     from capsule_rollout.rollout.slots.host import episode_job
 
     before = LeRobotModel.loaded
-    slots = build_slots(HostSpec(env="tabletop:pick_place", policy=path, slots=3, host=HostConfig(n_exec=1,
+    slots = build_slots(RunSpec(env="tabletop:pick_place", policy=path, slots=3, host=HostConfig(n_exec=1,
                                                                                                   max_steps=24)))
     keeper = BoundaryCapsules((at,))
     slots.hosts[1].observers.append(keeper)

@@ -15,7 +15,7 @@ import torch
 from capsule_rollout.capsules import Arena, restore, snapshot
 from capsule_rollout.policies.lerobot_policy import LeRobotPolicy, LeRobotPolicyRows, call_seed, row_generator
 from capsule_rollout.rollout.branching import BoundaryCapsules
-from capsule_rollout.rollout.host_factory import HostSpec, check_spec, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, check_spec, resolve_acting
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.rollout.slots.host import ROWS_REPORT, SlotHost, episode_job, instances_by_actor
 from capsule_rollout.rollout.sources import LEROBOT_KIND, checkpoint_kind, describe_source, load_source
@@ -241,9 +241,9 @@ def test_a_lerobot_directory_is_a_checkpoint_described_without_lerobot(tmp_path)
     assert not described.takes_conditioning and not described.takes_noise_scale
     assert resolve_acting(path) == (1, 1.0)  # one action per chunk, as select_action hands them out
     with pytest.raises(ValueError, match="exceeds the policy's chunk length"):
-        check_spec(HostSpec(env="tabletop:pick_place", policy=path, host=HostConfig(n_exec=8)))
+        check_spec(RunSpec(env="tabletop:pick_place", policy=path, host=HostConfig(n_exec=8)))
     with pytest.raises(ValueError, match="takes none"):
-        check_spec(HostSpec(env="tabletop:pick_place", policy=path, advantage="positive"))
+        check_spec(RunSpec(env="tabletop:pick_place", policy=path, advantage="positive"))
     with pytest.raises(FileNotFoundError, match="nor LeRobot's config.json"):
         checkpoint_kind(str(tmp_path))
 

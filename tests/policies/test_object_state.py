@@ -13,7 +13,7 @@ import torch
 from capsule_rollout.capsules import load_capsule, save_capsule
 from capsule_rollout.envs.suites import make_env
 from capsule_rollout.rollout.branching import BoundaryCapsules
-from capsule_rollout.rollout.host_factory import HostSpec, build_slots
+from capsule_rollout.rollout.host_factory import RunSpec, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.rollout.slots.host import LoopRows, episode_job
 from capsule_rollout.rollout.sources import as_rollout_policy
@@ -112,7 +112,7 @@ def test_state_past_its_buffer_is_refused_naming_the_array_and_the_fix():
 
 
 def test_in_four_slots_a_fork_into_another_slot_plays_on_bit_for_bit():
-    slots = build_slots(HostSpec(env=ENV, policy="examples.stateful_policy:make_policy", slots=4,
+    slots = build_slots(RunSpec(env=ENV, policy="examples.stateful_policy:make_policy", slots=4,
                                  host=HostConfig(n_exec=4)))
     try:
         assert isinstance(slots.policy_rows, LoopRows)  # it keeps state and does not batch: one per slot

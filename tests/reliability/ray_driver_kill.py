@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.ray_rollout import init_ray, run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -22,7 +22,7 @@ from tests.policies.tiny import save_tiny_checkpoints
 
 def main(workdir: str) -> None:
     policy, critic = save_tiny_checkpoints(Path(workdir) / "ckpt")
-    spec = HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
+    spec = RunSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
     where = init_ray(num_cpus=2)
 
     def on_report(report, stats) -> None:

@@ -296,7 +296,7 @@ def test_the_reader_s_error_for_anything_a_class_raises():
 
 def test_an_actor_restores_a_saved_capsule_only_for_the_seed_it_was_signed_for(tmp_path):
     """Two validly signed initial capsules swapped on disk: the actor restored seed 2's state for seed 1."""
-    from capsule_rollout.rollout.host_factory import HostSpec
+    from capsule_rollout.rollout.host_factory import RunSpec
     from capsule_rollout.rollout.rollout_actor import RolloutActor
     from capsule_rollout.rollout.rollout_host import capsule_key
     from capsule_rollout.rollout.run_capsules import capsule_path
@@ -310,7 +310,7 @@ def test_an_actor_restores_a_saved_capsule_only_for_the_seed_it_was_signed_for(t
         paths[seed] = save_capsule(snapshot(arena, label=capsule_key("task", seed)),
                                    capsule_path(tmp_path, "task", seed), key=key)
     actor = RolloutActor.__new__(RolloutActor)  # the saved-capsule lookup alone: no host is built
-    actor.spec, actor.capsule_key = HostSpec(capsule_dir=str(tmp_path)), key
+    actor.spec, actor.capsule_key = RunSpec(capsule_dir=str(tmp_path)), key
     assert actor._saved_capsule("task", 1).meta.label == capsule_key("task", 1)
     one, two = paths[1].read_bytes(), paths[2].read_bytes()
     paths[1].write_bytes(two)

@@ -48,7 +48,7 @@ def step_fault(**kwargs) -> StepFault:
 
 
 def observer_spec(episode: str, step: int, marker: str | Path, mode: str = "exit") -> tuple[str, str]:
-    """The `HostSpec.observers` entry that arms a `StepFault` in every actor."""
+    """The `RunSpec.observers` entry that arms a `StepFault` in every actor."""
     return ("tests.rollout.faults:step_fault",
             json.dumps({"episode": episode, "step": step, "marker": str(marker), "mode": mode}))
 

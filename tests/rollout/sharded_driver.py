@@ -6,7 +6,7 @@ argv: POLICY CRITIC ROOT EPISODES VICTIM MARKER
 
 import sys
 
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -14,7 +14,7 @@ from capsule_rollout.stores.sharded_store import ShardedStore
 from tests.rollout.faults import ExitAfterRecord
 
 policy, critic, root, episodes, victim, marker = sys.argv[1:7]
-spec = HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
+spec = RunSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
 victim_actor = type("VictimActor", (ExitAfterRecord,), {"victim": victim, "marker": marker})
 items = [WorkItem(f"pick_place-s{s:07d}", s) for s in range(1_000_000, 1_000_000 + int(episodes))]
 with ShardedStore(root) as store:

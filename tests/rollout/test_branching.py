@@ -17,7 +17,7 @@ from capsule_rollout.rollout.branching import (
     branch_seed,
     branch_value,
 )
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
@@ -142,7 +142,7 @@ def test_the_branch_actor_plays_branch_items_as_branch_episode_does(host):
     host, keeper = host
     keeper.enabled = False
     items = [BranchItem(f"coin-{seed}", seed, steps=(2, 4), branches=8) for seed in (5, 6)]
-    reports, stats = run_rollouts(HostSpec(), items, actors=0, host=host, actor_cls=BranchActor)
+    reports, stats = run_rollouts(RunSpec(), items, actors=0, host=host, actor_cls=BranchActor)
     assert stats.episodes == 2 and [r.item for r in reports] == items
     for report in reports:
         _, values = branch_episode(host, report.item.seed, steps=(2, 4), branches=8)
@@ -151,4 +151,4 @@ def test_the_branch_actor_plays_branch_items_as_branch_episode_does(host):
         # the episode, the check's replay from step 2, 8 branches from each boundary
         assert report.extra["branch_steps"] == 6 + 4 + 8 * 4 + 8 * 2
     with pytest.raises(TypeError, match="BranchItems"):
-        run_rollouts(HostSpec(), [WorkItem("coin-9", 9)], actors=0, host=host, actor_cls=BranchActor)
+        run_rollouts(RunSpec(), [WorkItem("coin-9", 9)], actors=0, host=host, actor_cls=BranchActor)

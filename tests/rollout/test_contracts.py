@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from capsule_rollout.contracts import BatchPolicy, Critic, Policy, StatefulPolicy, check_critic, check_policy
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.preflight_checks import PreflightError, preflight
 from tests.rollout.lab_parts import BROKEN_CRITICS, BROKEN_POLICIES
 
@@ -20,7 +20,7 @@ POLICY = "examples.own_env_and_policy:make_policy"
 def test_a_policy_member_missing_or_wrong_is_one_line_before_any_actor_starts(cls):
     source = f'{LAB}:make_broken_policy={{"name": "{cls.__name__}"}}'
     with pytest.raises(PreflightError) as caught:
-        preflight(HostSpec(env=ENV, policy=source), seed=1)
+        preflight(RunSpec(env=ENV, policy=source), seed=1)
     message = caught.value.message
     assert message.startswith(BROKEN_POLICIES[cls]), message
     assert "\n" not in message
@@ -30,7 +30,7 @@ def test_a_policy_member_missing_or_wrong_is_one_line_before_any_actor_starts(cl
 def test_a_critic_member_missing_or_wrong_is_one_line_before_any_actor_starts(cls):
     source = f'{LAB}:make_broken_critic={{"name": "{cls.__name__}"}}'
     with pytest.raises(PreflightError) as caught:
-        preflight(HostSpec(env=ENV, policy=POLICY, critic=source), seed=1)
+        preflight(RunSpec(env=ENV, policy=POLICY, critic=source), seed=1)
     assert caught.value.message.startswith(BROKEN_CRITICS[cls]), caught.value.message
 
 

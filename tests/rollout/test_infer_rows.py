@@ -8,7 +8,7 @@ import pytest
 
 from capsule_rollout.critics.infer_critic_rows import InferCriticRows
 from capsule_rollout.policies.infer_policy_rows import InferPolicyRows
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.slots.host import LoopRows, episode_job
 from tests.rollout.test_plug_in import Distance, NoisyPush
@@ -72,8 +72,8 @@ def broken():
     return Broken()
 
 
-def _spec(policy: str, critic: str, slots: int) -> HostSpec:
-    return HostSpec(env=ENV, policy=f"{__name__}:{policy}", critic=f"{__name__}:{critic}", slots=slots,
+def _spec(policy: str, critic: str, slots: int) -> RunSpec:
+    return RunSpec(env=ENV, policy=f"{__name__}:{policy}", critic=f"{__name__}:{critic}", slots=slots,
                     host=HostConfig(n_exec=3, max_steps=24))
 
 

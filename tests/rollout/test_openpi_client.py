@@ -16,7 +16,7 @@ import pytest
 
 from capsule_rollout.capsules import restore
 from capsule_rollout.envs.suites import make_env
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def _drive(python: str, url: str, observations: list[dict], wire: dict[str, str]
 def test_openpi_client_and_its_chunk_broker_get_the_policys_own_chunks(env_id, policy, keys, prompt, token, tmp_path):
     """(The token: openpi-client's api_key is what the server checks.)"""
     python = _openpi_python()
-    served = serve_spec(HostSpec(env=env_id, policy=policy), keys=keys)
+    served = serve_spec(RunSpec(env=env_id, policy=policy), keys=keys)
     observations = _observations(env_id, served.policy.spec.observation_keys)
     expected = _expected(served, observations, prompt)
     with PolicyServer(served, token=token) as server:

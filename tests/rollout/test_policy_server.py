@@ -14,7 +14,7 @@ import websockets.sync.client
 from capsule_rollout.capsules import Arena
 from capsule_rollout.envs.suites import make_env
 from capsule_rollout.policies import openpi_wire as W
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
 from capsule_rollout.rollout.sources import as_rollout_policy, make_from_factory
 
@@ -24,7 +24,7 @@ POLICY = "examples.own_env_and_policy:make_policy"
 
 @pytest.fixture(scope="module")
 def served():
-    return serve_spec(HostSpec(env=ENV, policy=POLICY))
+    return serve_spec(RunSpec(env=ENV, policy=POLICY))
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,7 @@ def test_more_clients_than_allowed_are_refused_and_a_bad_seed_too(served):
 
 
 def test_openpi_key_names_on_the_wire(observations):
-    served = serve_spec(HostSpec(env=ENV, policy=POLICY), keys="openpi")
+    served = serve_spec(RunSpec(env=ENV, policy=POLICY), keys="openpi")
     assert set(served.metadata()["observation"]) == {"observation/state", "observation/image", "observation"}
     with PolicyServer(served) as server:
         ws, _ = _connect(server)

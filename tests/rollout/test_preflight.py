@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.preflight_checks import PreflightError, preflight
 from capsule_rollout.rollout.record import RunError, record_rollouts
 from capsule_rollout.user_code import UserCodeError
@@ -29,7 +29,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def _refused(spec: HostSpec, **kwargs) -> PreflightError:
+def _refused(spec: RunSpec, **kwargs) -> PreflightError:
     with pytest.raises(PreflightError) as caught:
         preflight(spec, seed=1, **kwargs)
     return caught.value
@@ -53,32 +53,32 @@ def test_n_exec_past_the_chunk_is_one_line_before_any_actor_starts_and_the_rerun
 
 
 def test_a_critic_answering_an_array_is_named_with_the_fix():
-    error = _refused(HostSpec(env=ENV, policy=POLICY, critic=f"{LAB}:make_distance_critic"))
+    error = _refused(RunSpec(env=ENV, policy=POLICY, critic=f"{LAB}:make_distance_critic"))
     assert error.message == "DistanceCritic.value returned ndarray (1,): return a float"
 
 
 def test_a_critic_that_raises_is_named_with_the_users_own_frames():
-    error = _refused(HostSpec(env=ENV, policy=POLICY, critic=f"{LAB}:make_wrong_key_critic"))
+    error = _refused(RunSpec(env=ENV, policy=POLICY, critic=f"{LAB}:make_wrong_key_critic"))
     assert error.message == "WrongKeyCritic.value raised KeyError: 'obs'"
     assert "lab_parts.py" in error.frames and 'obs["obs"]' in error.frames
     assert "capsule_rollout" not in error.frames and "ray" not in error.frames  # the user's frames only
 
 
 def test_a_factory_that_raises_and_a_policy_answering_strings_are_named():
-    error = _refused(HostSpec(env=f"{LAB}:raising_env", policy=POLICY))
+    error = _refused(RunSpec(env=f"{LAB}:raising_env", policy=POLICY))
     assert error.message == (f"env factory '{LAB}:raising_env' raised RuntimeError: the lab's env could not find "
                              "its assets")
     assert error.frames.count("File ") == 1 and "in raising_env" in error.frames
-    error = _refused(HostSpec(env=ENV, policy=f"{LAB}:make_string_policy"))
+    error = _refused(RunSpec(env=ENV, policy=f"{LAB}:make_string_policy"))
     assert error.message.startswith("StringPolicy.infer answered list of dtype <U5: answer float actions")
 
 
 def test_a_factory_policy_executes_its_whole_chunk_unless_told_and_an_env_without_success_is_warned():
-    checked = preflight(HostSpec(env=f"{LAB}:no_success_env", policy=f"{LAB}:make_chunk4"), seed=1,
+    checked = preflight(RunSpec(env=f"{LAB}:no_success_env", policy=f"{LAB}:make_chunk4"), seed=1,
                         n_exec_given=False)
     assert (checked.chunk_length, checked.spec.host.n_exec, checked.policy) == (4, 4, "Chunk4")
     assert len(checked.warnings) == 1 and "no `success` (or `is_success`) key" in checked.warnings[0]
-    assert preflight(HostSpec(env=ENV, policy=POLICY), seed=1).warnings == ()
+    assert preflight(RunSpec(env=ENV, policy=POLICY), seed=1).warnings == ()
 
 
 def test_an_env_that_breaks_at_step_3_ends_the_run_with_exit_1_and_the_line(tmp_path):
@@ -118,7 +118,7 @@ def test_an_actor_whose_host_cannot_be_built_says_why_in_one_line(monkeypatch):
     from capsule_rollout.rollout import rollout_actor
 
     monkeypatch.setattr(rollout_actor, "_in_ray_actor", lambda: True)
-    actor = rollout_actor.RolloutActor(HostSpec(env=f"{LAB}:raising_env", policy=POLICY))
+    actor = rollout_actor.RolloutActor(RunSpec(env=f"{LAB}:raising_env", policy=POLICY))
     failure = actor.ready()
     assert failure.error == f"env factory '{LAB}:raising_env' raised RuntimeError: the lab's env could not find its assets"
     assert "in raising_env" in failure.traceback
@@ -126,6 +126,6 @@ def test_an_actor_whose_host_cannot_be_built_says_why_in_one_line(monkeypatch):
 
 
 def test_a_torch_module_answering_nan_is_named_before_the_run():
-    error = _refused(HostSpec(env=ENV, policy=f"{LAB}:make_nan_module"))
+    error = _refused(RunSpec(env=ENV, policy=f"{LAB}:make_nan_module"))
     assert error.message.startswith(f"NanModule ({LAB}:make_nan_module) on the first observation of seed 1: policy "
                                     "proposed a non-finite action")

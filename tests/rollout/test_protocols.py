@@ -8,7 +8,7 @@ from capsule_rollout.capsules import BufferComponent, BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec, RolloutCritic
 from capsule_rollout.envs.rollout_env import ObservationSpec, RolloutEnv
 from capsule_rollout.policies.rollout_policy import RolloutPolicy
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
@@ -108,7 +108,7 @@ def test_a_reset_that_raises_fails_that_episode_not_the_run():
 
     env.reset = reset
     host = RolloutHost(env=env, policy=GreedyPolicy(), config=HostConfig(n_exec=3))
-    reports, stats = run_rollouts(HostSpec(), [WorkItem(f"e{s}", s) for s in (1, 2, 3)], actors=0, host=host)
+    reports, stats = run_rollouts(RunSpec(), [WorkItem(f"e{s}", s) for s in (1, 2, 3)], actors=0, host=host)
     assert [r.item.seed for r in reports] == [1, 2, 3]
     assert reports[1].episode is None and "the gripper did not home" in reports[1].error
     assert stats.failed_before_first_step == 1 and stats.episodes == 2

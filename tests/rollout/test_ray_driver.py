@@ -8,7 +8,7 @@ import pytest
 
 from capsule_rollout.commands.configs import SimRolloutConfig
 from capsule_rollout.rollout.deadlines import FLOOR_S, DeadlineSettings
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     policy, critic = save_tiny_checkpoints(tmp_path_factory.mktemp("ckpt"))
-    return HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
+    return RunSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
 
 
 def _items(n):
@@ -126,9 +126,9 @@ def test_an_actor_of_slots_that_dies_in_slot_3_has_its_call_rerun_and_every_epis
             np.testing.assert_array_equal(report.episode.steps[key], want[report.item.episode_id].steps[key])
 
 
-def _factory_spec(env: str, policy: str = "tests.envs.user_factories:make_noise_policy", **host) -> HostSpec:
+def _factory_spec(env: str, policy: str = "tests.envs.user_factories:make_noise_policy", **host) -> RunSpec:
     """A host of one of `tests.rollout.hang_factories`' envs (a user's factory, captured with nothing declared)."""
-    return HostSpec(env=f"tests.rollout.hang_factories:{env}", policy=policy, host=HostConfig(max_steps=12, **host))
+    return RunSpec(env=f"tests.rollout.hang_factories:{env}", policy=policy, host=HostConfig(max_steps=12, **host))
 
 
 def _seeds(env: str, n: int) -> list[WorkItem]:

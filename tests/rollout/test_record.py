@@ -30,20 +30,39 @@ LAB = "tests.rollout.lab_parts"
 
 
 def test_record_rollouts_takes_every_option_the_command_line_has():
-    """Parity: each of sim_rollout's options is a keyword of `record_rollouts` (by its leaf name), and seeds start
-    where the command line's do."""
+    """Parity: each of sim_rollout's options is a keyword of `record_rollouts` or a field of one of its option
+    groups (by its leaf name), the groups' fields are each the command line's too, and seeds start where the
+    command line's do."""
+    import dataclasses
     import inspect
 
     from capsule_rollout.commands.configs import SimRolloutConfig
     from capsule_rollout.commands.option_parsing import flat_fields
     from capsule_rollout.learning.options import Seeds
     from capsule_rollout.rollout import FIRST_SEED
+    from capsule_rollout.rollout.run_options import GROUPS
 
     console_only = {"video", "progress", "family", "first", "count", "out"}  # family: `env="tabletop:<family>"`
     options = {name.split(".")[-1] for name, _, _ in flat_fields(SimRolloutConfig())} - console_only
     params = set(inspect.signature(record_rollouts).parameters)
-    assert options <= params, sorted(options - params)
+    grouped = {f.name for group in GROUPS for f in dataclasses.fields(group)}
+    assert options <= params | grouped, sorted(options - params - grouped)
+    assert grouped <= options, sorted(grouped - options)  # no option of the call the command line lacks
+    assert len(params) <= 14  # a few groups, not one keyword per option
     assert FIRST_SEED == Seeds().first
+
+
+def test_the_option_groups_take_a_dict_and_name_a_field_they_lack(tmp_path):
+    run = record_rollouts(tmp_path / "run", env=ENV, policy=POLICY, seeds=[1], actors=0,
+                          acting={"n_exec": 2}, episodes={"max_steps": 6})
+    [report] = run.reports
+    assert report.episode.meta.length == 6
+    assert json.loads((run.out / "rollout.json").read_text())["host"]["n_exec"] == 2
+    import pytest
+
+    with pytest.raises(TypeError, match="placement: Placement has no field 'slot'; its fields: .*slots"):
+        record_rollouts(tmp_path / "bad", env=ENV, policy=POLICY, seeds=[1], actors=0, placement={"slot": 2})
+    assert not (tmp_path / "bad").exists()  # refused before anything was made
 
 
 def test_factories_take_keyword_arguments_from_python_and_the_command_line(tmp_path):
@@ -53,7 +72,7 @@ def test_factories_take_keyword_arguments_from_python_and_the_command_line(tmp_p
 
     env = with_kwargs(f"{LAB}:sized_env", goal_range=0.1, steps=12)
     run = record_rollouts(tmp_path / "py", env=env, policy=with_kwargs(f"{LAB}:GainPolicy", gain=2.0), seeds=2,
-                          actors=0, cameras=())
+                          actors=0, recording={"cameras": ()})
     assert run.summary["episodes"] == 2
     assert max(open_episode_reader(run.store).meta(i).length for i in range(2)) <= 12  # steps=12 reached the env
     assert json.loads((run.out / "rollout.json").read_text())["env"] == env == (
@@ -69,7 +88,7 @@ def test_factories_take_keyword_arguments_from_python_and_the_command_line(tmp_p
 
 def test_a_gymnasium_id_the_users_package_registers_is_named_directly(tmp_path):
     run = record_rollouts(tmp_path / "run", env=f"gymnasium:{LAB}:LabSizedPuck-v0", policy=f"{LAB}:GainPolicy",
-                          seeds=[1], actors=0, cameras=("top",), image_size=16)
+                          seeds=[1], actors=0, recording={"cameras": ("top",), "image_size": 16})
     assert run.summary["episodes"] == 1 and run.episode_ids == [f"gymnasium_{LAB}_LabSizedPuck-v0-s0000001"]
 
 

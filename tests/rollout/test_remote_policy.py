@@ -23,7 +23,7 @@ from capsule_rollout.policies.remote_policy import RemotePolicy
 from capsule_rollout.policies.websocket_policy_client import RemotePolicyError, WebsocketPolicyClient
 from capsule_rollout.rollout.branching import NotCapturableError, branch_episode, branch_value
 from capsule_rollout.rollout.host_config import file_safe
-from capsule_rollout.rollout.host_factory import HostSpec, build_host
+from capsule_rollout.rollout.host_factory import RunSpec, build_host
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -38,7 +38,7 @@ CRITIC = "tests.rollout.test_plug_in:Distance"
 
 @pytest.fixture(scope="module")
 def server():
-    with PolicyServer(serve_spec(HostSpec(env=ENV, policy=POLICY))) as server:
+    with PolicyServer(serve_spec(RunSpec(env=ENV, policy=POLICY))) as server:
         yield server
 
 
@@ -82,7 +82,7 @@ class Keep(EpisodeObserver):
 
 def test_a_capsule_says_the_policy_cannot_be_captured_and_only_an_episode_start_restores(server):
     keep = Keep()
-    host = build_host(HostSpec(env=ENV, policy=server.url, critic=CRITIC), observers=[keep])
+    host = build_host(RunSpec(env=ENV, policy=server.url, critic=CRITIC), observers=[keep])
     first = host.run_episode(0)
     start, later = keep.capsules[0], keep.capsules[8]
     assert start.meta.fingerprint["policy/capturable"].startswith("no")
@@ -98,7 +98,7 @@ def test_a_capsule_says_the_policy_cannot_be_captured_and_only_an_episode_start_
     with pytest.raises(NotCapturableError):
         judge_state(host, BoundaryKeeper(4), 0, 4, branches=2, critic=True)
     with pytest.raises(NotCapturableError, match="label the recorded episodes with a critic"):
-        collect_branches(HostSpec(env=ENV, policy=server.url), "unused.zarr", ["x"], BranchPlan(), max_steps=10,
+        collect_branches(RunSpec(env=ENV, policy=server.url), "unused.zarr", ["x"], BranchPlan(), max_steps=10,
                          actors=0)
     assert server.counts["requests"] == asked  # refused before anything was played
     host.close()
@@ -108,7 +108,7 @@ def test_remote_sources_are_checked_before_anything_plays(server, tmp_path):
     with pytest.raises(ValueError, match="not on this machine: give a token"):
         WebsocketPolicyClient("ws://10.9.8.7:8000")  # no connection is attempted
     with pytest.raises(ValueError, match="is a policy server; a critic is a checkpoint"):
-        build_host(HostSpec(env=ENV, policy=POLICY, critic=server.url))
+        build_host(RunSpec(env=ENV, policy=POLICY, critic=server.url))
     config = SimRolloutConfig(actors=0, env=ENV, out=str(tmp_path / "x"), model=Models(policy=server.url),
                               act=Acting(advantage="positive"), progress=False)
     with pytest.raises(ValueError, match="RECAP conditioning"):
@@ -132,7 +132,7 @@ def test_slots_each_hold_a_connection_and_replay_with_the_recorded_actions(serve
 def _fault(answer, *, metadata=None, seed=0, **options):
     """One episode against a server that answers the first chunk and then `answer`: (result, env actions)."""
     with FakePolicyServer(answer, metadata) as fake:
-        host = build_host(HostSpec(env=ENV, policy=fake.url(**options), host=HostConfig(n_exec=8)))
+        host = build_host(RunSpec(env=ENV, policy=fake.url(**options), host=HostConfig(n_exec=8)))
         sent = []
         step = host.env.step
         host.env.step = lambda action: sent.append(np.array(action)) or step(action)
@@ -184,7 +184,7 @@ def test_a_foreign_server_gets_openpi_keys_and_its_chunk_length_is_asked(tmp_pat
     """A server that announces nothing: the address's key names, the chunk length from one probe."""
     with FakePolicyServer(lambda r: chunk(np.full((5, 2), 0.25, np.float32))) as fake:
         url = f"ws://127.0.0.1:{fake.port}/?keys=openpi&timeout_s=5"
-        host = build_host(HostSpec(env=ENV, policy=url, host=HostConfig(n_exec=5)))
+        host = build_host(RunSpec(env=ENV, policy=url, host=HostConfig(n_exec=5)))
         assert isinstance(host.policy, RemotePolicy) and host.policy.spec.chunk_length == 5
         result = host.run_episode(1)
         host.close()
@@ -204,7 +204,7 @@ def test_a_server_killed_mid_episode_ends_it_and_the_next_cannot_start():
                 proc.wait()
 
     try:
-        host = build_host(HostSpec(env=ENV, policy=url + "?timeout_s=5&connect_timeout_s=2",
+        host = build_host(RunSpec(env=ENV, policy=url + "?timeout_s=5&connect_timeout_s=2",
                                    host=HostConfig(n_exec=8)), observers=[Kill()])
         result = host.run_episode(0)
         assert result.meta.stop_reason == "error" and result.meta.length == 24, result.error

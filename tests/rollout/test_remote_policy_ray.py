@@ -10,7 +10,7 @@ from capsule_rollout.cli import replay, sim_rollout
 from capsule_rollout.commands.configs import ReplayConfig, SimRolloutConfig
 from capsule_rollout.learning.options import Models, Seeds
 from capsule_rollout.rollout.host_config import file_safe
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
 from tests.rollout.test_remote_policy import CRITIC, ENV, POLICY, _episodes
 
@@ -23,7 +23,7 @@ def test_ray_actors_play_a_served_policy_as_the_policy_in_process(tmp_path):
                                                 out=str(out), model=Models(policy=policy, critic=CRITIC),
                                                 video=False, progress=False))
 
-    with PolicyServer(serve_spec(HostSpec(env=ENV, policy=POLICY))) as server:
+    with PolicyServer(serve_spec(RunSpec(env=ENV, policy=POLICY))) as server:
         remote = run(tmp_path / "remote", server.url, 2)
         assert server.counts["connections"] >= 2 and server.counts["bad_requests"] == 0
     local = run(tmp_path / "local", POLICY, 0)

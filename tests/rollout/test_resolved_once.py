@@ -12,7 +12,7 @@ import pytest
 
 import capsule_rollout.rollout.host_factory as host_factory
 from capsule_rollout.cli.run import main
-from capsule_rollout.rollout.host_factory import HostSpec, resolve_spec
+from capsule_rollout.rollout.host_factory import RunSpec, resolve_spec
 from capsule_rollout.shipped import SHIPPED
 
 OWN = "examples.own_env_and_policy"
@@ -49,7 +49,7 @@ def test_a_sim_rollout_run_resolves_each_source_once(tmp_path, calls, slots):
 
 def test_a_resolved_spec_is_resolved_again_only_when_its_sources_change(calls):
     resolutions = lambda: sum(kind == "resolve" for kind, _ in calls)  # noqa: E731
-    spec = resolve_spec(HostSpec(env=f"{OWN}:make_env", policy=f"{OWN}:make_policy"))
+    spec = resolve_spec(RunSpec(env=f"{OWN}:make_env", policy=f"{OWN}:make_policy"))
     assert spec.resolved is not None and resolutions() == 1
     assert resolve_spec(spec) is spec  # as it is
     assert resolve_spec(dataclasses.replace(spec, host=dataclasses.replace(spec.host, n_exec=2))).resolved is not None
@@ -61,4 +61,4 @@ def test_a_resolved_spec_is_resolved_again_only_when_its_sources_change(calls):
 
 def test_a_resolution_says_what_is_wrong_before_anything_is_built(calls):
     with pytest.raises(FileNotFoundError, match="policy checkpoint 'nowhere/policy' not found"):
-        resolve_spec(HostSpec(env=f"{OWN}:make_env", policy="nowhere/policy"))
+        resolve_spec(RunSpec(env=f"{OWN}:make_env", policy="nowhere/policy"))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from capsule_rollout.capsules import restore, verify_steppable
-from capsule_rollout.rollout.host_factory import HostSpec, build_host
+from capsule_rollout.rollout.host_factory import RunSpec, build_host
 from capsule_rollout.rollout.rollout_host import HostConfig, capsule_key
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.tabletop.rollout_steppable import RolloutSteppable
@@ -18,7 +18,7 @@ SEED = 1_000_123
 @pytest.fixture
 def host(tmp_path):
     policy, critic = save_tiny_checkpoints(tmp_path)
-    host = build_host(HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, device="cuda",
+    host = build_host(RunSpec(env="tabletop:pick_place", policy=policy, critic=critic, device="cuda",
                                host=HostConfig(n_exec=4, max_steps=12)))
     yield host
     host.close()

@@ -10,7 +10,7 @@ import torch
 from capsule_rollout.policies.rollout_policy import PolicySpec
 from capsule_rollout.policies.state_mlp import StateMLP
 from capsule_rollout.policies.torch_policy import save_torch_policy
-from capsule_rollout.rollout.host_factory import HostSpec, build_host
+from capsule_rollout.rollout.host_factory import RunSpec, build_host
 from capsule_rollout.rollout.policy_server import PolicyServer, serve_spec
 from capsule_rollout.rollout.rollout_host import HostConfig
 from tests.policies.tiny import save_tiny_checkpoints
@@ -18,12 +18,12 @@ from tests.policies.tiny import save_tiny_checkpoints
 KEYS = ("action", "policy_action", "state", "reward")
 
 
-def _same_episodes(served_spec: HostSpec, seeds=(0, 1), **host) -> int:
+def _same_episodes(served_spec: RunSpec, seeds=(0, 1), **host) -> int:
     """Plays `seeds` (and a repeat of the first) in process and through a server of the same spec; the length
     played. The client's spec is the env and the server's address alone."""
     steps = 0
     with PolicyServer(serve_spec(served_spec)) as server:
-        remote = build_host(HostSpec(env=served_spec.env, policy=server.url, host=served_spec.host))
+        remote = build_host(RunSpec(env=served_spec.env, policy=server.url, host=served_spec.host))
         local = build_host(served_spec)
         for seed, repeat in [(s, 0) for s in seeds] + [(seeds[0], 1)]:
             a, b = remote.run_episode(seed, repeat=repeat), local.run_episode(seed, repeat=repeat)
@@ -42,7 +42,7 @@ def test_a_torch_policy_checkpoint_served(tmp_path):
                       factory="capsule_rollout.policies.state_mlp:StateMLP",
                       kwargs={"state_dim": 6, "action_dim": 2, "chunk_length": 8, "hidden": 16},
                       spec=PolicySpec(8, 2, ("state",)), shapes={"state": ((6,), "float32")})
-    spec = HostSpec(env="examples.own_env_and_policy:make_env", policy=str(tmp_path / "policy"),
+    spec = RunSpec(env="examples.own_env_and_policy:make_env", policy=str(tmp_path / "policy"),
                     host=HostConfig(n_exec=4, max_steps=40))
     assert serve_spec(spec).metadata()["observation"] == {"state": {"key": "state", "shape": [6], "dtype": "float32"}}
     assert _same_episodes(spec) > 0
@@ -50,15 +50,15 @@ def test_a_torch_policy_checkpoint_served(tmp_path):
 
 def test_a_recap_conditioned_flow_policy_served_with_its_conditioning(tmp_path):
     policy, _ = save_tiny_checkpoints(tmp_path)
-    spec = HostSpec(env="tabletop:pick_place", policy=policy, advantage="positive", beta=2.0,
+    spec = RunSpec(env="tabletop:pick_place", policy=policy, advantage="positive", beta=2.0,
                     host=HostConfig(n_exec=2, max_steps=12))
     meta = serve_spec(spec).metadata()
     assert meta["conditioning"] == {"advantage": "positive", "beta": 2.0}
     assert meta["observation"]["image_front"]["shape"] == [16, 16, 3] and meta["prompt"]["used"]
     assert _same_episodes(spec, seeds=(3, 4)) > 0
     # the conditioning matters: unconditioned, the same seed plays other actions
-    with PolicyServer(serve_spec(HostSpec(env=spec.env, policy=policy, host=spec.host))) as plain:
-        host = build_host(HostSpec(env=spec.env, policy=plain.url, host=spec.host))
+    with PolicyServer(serve_spec(RunSpec(env=spec.env, policy=policy, host=spec.host))) as plain:
+        host = build_host(RunSpec(env=spec.env, policy=plain.url, host=spec.host))
         other = host.run_episode(3).episode.steps["policy_action"]
         host.close()
     local = build_host(spec)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.ray_rollout import run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -42,7 +42,7 @@ def test_killed_after_the_shard_write_then_resumed_records_each_episode_once(che
     assert open_episode_reader(root).episode_ids == IDS[:2]  # the victim is in the shard, not in the store
     (shard,) = (root / "shards").iterdir()
     assert ZarrEpisodeReader(shard).episode_ids == IDS[:3]
-    spec = HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
+    spec = RunSpec(env="tabletop:pick_place", policy=policy, critic=critic, host=HostConfig(n_exec=2, max_steps=6))
     with ShardedStore(root) as store:  # the driver restarted: the manifest says what is done
         assert [o[2] for o in store.orphans()] == [victim]
         reports, stats = run_rollouts(spec, _items(), actors=0, recorder=store, done=store.outcomes())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from capsule_rollout.cli.run import main
-from capsule_rollout.rollout.host_factory import HostSpec
+from capsule_rollout.rollout.host_factory import RunSpec
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.rollout.slots.check import check_slots
 from capsule_rollout.stores.sharded_reader import open_episode_reader
@@ -61,11 +61,11 @@ def test_the_shipped_policy_and_critic_record_the_same_episodes_with_4_slots_and
 
 
 def test_a_policy_that_rounds_by_batch_size_is_named_by_the_check(tmp_path, capsys):
-    spec = HostSpec(env=ENV, policy=f"{__name__}:rounds_by_batch", host=HostConfig(n_exec=3, max_steps=9))
+    spec = RunSpec(env=ENV, policy=f"{__name__}:rounds_by_batch", host=HostConfig(n_exec=3, max_steps=9))
     found = check_slots(spec, 3, seed=5)
     assert not found.same and found.slot == 2 and found.difference.startswith("step 0 action[")
     assert "depend on --slots" in found.line() and "--slots 3" in found.line()
-    assert check_slots(HostSpec(env=ENV, policy="tests.rollout.test_infer_rows:batch_push",
+    assert check_slots(RunSpec(env=ENV, policy="tests.rollout.test_infer_rows:batch_push",
                                 host=HostConfig(n_exec=3, max_steps=9)), 3, seed=5).same
     summary = tmp_path / "s.json"
     assert main(["sim_rollout", "--env", ENV, "--policy", f"{__name__}:rounds_by_batch", "--actors", "0", "--slots",
@@ -81,15 +81,15 @@ def test_a_policy_that_rounds_by_batch_size_is_named_by_the_check(tmp_path, caps
 def test_batch_invariance_is_part_of_what_a_run_plays_and_older_runs_played_without_it(tmp_path):
     from capsule_rollout.rollout.host_factory import build_host, check_same_run, write_spec
 
-    spec = HostSpec(env="tabletop:pick_place", policy="capsule_rollout/checkpoints/policy",
+    spec = RunSpec(env="tabletop:pick_place", policy="capsule_rollout/checkpoints/policy",
                     host=HostConfig(n_exec=4, max_steps=8))
     data = spec.to_json()
     assert data["batch_invariant"] is True
     assert data["sums"] == "exact"
     del data["sums"]  # written before exact sums: the padded rows it played with
-    assert HostSpec.from_json(data).sums == "padded"
+    assert RunSpec.from_json(data).sums == "padded"
     del data["batch_invariant"]  # a rollout.json written before the setting existed
-    assert HostSpec.from_json(data).batch_invariant is False
+    assert RunSpec.from_json(data).batch_invariant is False
     for invariant in (True, False):
         host = build_host(dataclasses.replace(spec, batch_invariant=invariant))
         try:

@@ -15,7 +15,7 @@ import torch
 
 from capsule_rollout.capsules import Role
 from capsule_rollout.rollout.branching import BoundaryCapsules, branch_episode, branch_value
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.rollout.slots.host import Feed, LoopRows, SlotHost, episode_job
 from tests.policies.tiny import save_tiny_checkpoints
@@ -26,7 +26,7 @@ from tests.rollout.test_protocols import DistanceCritic
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     policy, critic = save_tiny_checkpoints(tmp_path_factory.mktemp("ckpt"))
-    return HostSpec(env="tabletop:pick_place", policy=policy, critic=critic, slots=8,
+    return RunSpec(env="tabletop:pick_place", policy=policy, critic=critic, slots=8,
                     host=HostConfig(n_exec=2, max_steps=14))
 
 
@@ -214,7 +214,7 @@ def test_a_slot_host_needs_each_slot_on_its_own_row():
     with pytest.raises(ValueError, match=r"slot 1's host must act through row 1"):
         SlotHost(hosts, rows)
     with pytest.raises(ValueError, match=r"slots and env_threads must be >= 1, got 0, 1"):
-        HostSpec(slots=0)
+        RunSpec(slots=0)
 
 
 def test_slots_stepped_on_threads_play_the_same_episodes(spec, slots):
@@ -237,7 +237,7 @@ SHIPPED = "capsule_rollout/checkpoints"
 def test_the_shipped_policy_and_critic_play_the_same_episodes_at_any_slot_count():
     """Noise on, the shipped flow policy and critic: the same seeds played by a host of one slot and by hosts of
     2, 4, 8 and 16 slots (two blocks of rows) record identical episodes: actions, states, values, rewards."""
-    base = HostSpec(env="tabletop:pick_place", policy=f"{SHIPPED}/policy", critic=f"{SHIPPED}/critic",
+    base = RunSpec(env="tabletop:pick_place", policy=f"{SHIPPED}/policy", critic=f"{SHIPPED}/critic",
                     host=HostConfig(n_exec=4, max_steps=20))
     seeds = [3, 4, 5, 6, 7]
     one = build_host(base)

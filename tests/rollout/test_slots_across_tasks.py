@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots
 from capsule_rollout.rollout.ray_rollout import run_rollouts, summarize_run
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -21,7 +21,7 @@ from tests.rollout.test_slots import same_episode
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     policy, critic = save_tiny_checkpoints(tmp_path_factory.mktemp("ckpt"))
-    return HostSpec(env="tabletop:*", policy=policy, critic=critic, slots=4, host=HostConfig(n_exec=2, max_steps=12))
+    return RunSpec(env="tabletop:*", policy=policy, critic=critic, slots=4, host=HostConfig(n_exec=2, max_steps=12))
 
 
 def test_any_slot_plays_any_task_and_each_episode_is_its_tasks_own(spec):

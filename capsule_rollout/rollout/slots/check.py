@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capsule_rollout.rollout.host_factory import HostSpec, build_host, build_slots, env_for_task
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots, env_for_task
 from capsule_rollout.rollout.slots.host import episode_job
 from capsule_rollout.stores import episode_schema as S
 
@@ -59,7 +59,7 @@ def require_slots(slots: int, option: str = "--slots") -> None:
         raise ValueError(f"the slot check compares 1 slot with several: give {option} 2 or more (got {slots})")
 
 
-def check_slots(spec: HostSpec, slots: int, *, seed: int, task: str = "", chunks: int = 3) -> SlotCheck:
+def check_slots(spec: RunSpec, slots: int, *, seed: int, task: str = "", chunks: int = 3) -> SlotCheck:
     """Play `seed` (of `task` in a `suite:*` run) for `chunks` chunks on a host of one slot and in the last slot
     of a host of `slots` (seeds after it in the others), built from `spec` here (no capsule files, no observers,
     images not recorded); compare actions, states, values and rewards."""
