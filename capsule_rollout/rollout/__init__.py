@@ -6,9 +6,10 @@ The only package that imports ray; episodes are recorded through `stores/`. What
 - record and replay: `record_rollouts` (`sim_rollout` as a call, its options in five groups: `Acting`,
   `Episodes`, `Recording`, `Placement`, `Faults`; `RecordResult`, `RunError`), `replay_episode`
   (`ReplayReport`); `preflight` (`Preflight`, `PreflightError`) is what both run before any actor starts
-- build a host: `RunSpec` (what a run plays: env, policy, critic as sources; `HostConfig`, how each episode is played), `build_host` (a `RolloutHost`: one
-  env), `build_slots` (a `SlotHost`: N env slots, the policy and critic batched); `as_rollout_policy` /
-  `as_rollout_critic` adapt objects made in process; `with_kwargs` names a factory with keyword arguments
+- build a host: `RunSpec` (what a run plays: env, policy, critic as sources; `HostConfig`, how each episode is
+  played; `resolve_spec`, its sources found once), `build_host` (a `RolloutHost`: one env), `build_slots` (a
+  `SlotHost`: N env slots, the policy and critic batched); `as_rollout_policy` / `as_rollout_critic` adapt objects
+  made in process; `with_kwargs` names a factory with keyword arguments
 - snapshot, branch, fork into slots: `RolloutHost.snapshot`, `RolloutHost.branch`, `BoundaryCapsules` (an
   `EpisodeObserver` keeping capsules at chunk starts), `SlotHost.fork_into`, `episode_job` / `branch_job` (what
   `SlotHost.run_items` plays side by side), `branch_value` / `branch_episode` (Monte-Carlo values of a state)
