@@ -15,7 +15,7 @@ def branch(k: int) -> dict:
     """Play the episode, then K continuations from its capsule at STEP; what each continuation did."""
     slots = build_slots(RunSpec(env=ENV, policy=POLICY, slots=k, host=HostConfig(n_exec=8)))
     keeper = BoundaryCapsules(steps=[STEP])  # an observer: the host's capsule at that chunk start
-    slots.hosts[0].observers.append(keeper)
+    slots.observe(keeper, [0])
     try:
         [played] = slots.run_items([episode_job(SEED)])  # the episode, in slot 0
         keeper.enabled = False  # the branches' own boundaries are not kept

@@ -13,13 +13,13 @@ def main(checkpoint: str, episodes: int = 4) -> None:
     # the directory is recognised as LeRobot's (config.json, model.safetensors); one action a step, as select_action
     slots = build_slots(RunSpec(env="tabletop:pick_place", policy=checkpoint, slots=4, host=HostConfig(n_exec=1)))
     keeper = BoundaryCapsules((3,))  # step 3: actions of the policy's first network call are still queued
-    slots.hosts[1].observers.append(keeper)
+    slots.observe(keeper, [1])
     results = slots.run_items([episode_job(seed) for seed in range(episodes)])  # seed s starts in slot s
     wins = sum(r.value.episode.meta.success for r in results)
     print(f"{wins}/{episodes} successes; {slots.report['policy_instances']} policy instance for {slots.slots} slots, "
-          f"{slots.policy_rows.calls} network calls")
+          f"{slots.calls} batched calls")
     episode = results[1].value.episode
-    again = slots.hosts[3].branch(keeper.capsules[3], seed=1)  # slot 1's episode, forked into slot 3
+    again = slots.branch(3, keeper.capsules[3], seed=1)  # slot 1's episode, forked into slot 3
     same = np.array_equal(again.episode.steps["action"], episode.steps["action"][3:])
     print("restored mid-queue into slot 3, the actions that follow are the episode's bit for bit:", same)
     slots.close()

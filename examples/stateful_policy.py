@@ -40,10 +40,10 @@ if __name__ == "__main__":
     slots = build_slots(RunSpec(env="examples.own_env_and_policy:make_env", policy=f"{me}:make_policy", slots=4,
                                  host=HostConfig(n_exec=4)))
     keeper = BoundaryCapsules((4,))  # step 4: the first chunk of a plan handed out, the second still queued
-    slots.hosts[1].observers.append(keeper)
+    slots.observe(keeper, [1])
     played = {r.slot: r.value for r in slots.run_items([episode_job(s) for s in range(4)])}
     capsule, episode = keeper.capsules[4], played[1].episode
-    again = slots.hosts[3].branch(capsule, seed=episode.meta.seed)  # restored into another slot, mid-queue
+    again = slots.branch(3, capsule, seed=episode.meta.seed)  # restored into another slot, mid-queue
     same = np.array_equal(again.episode.steps["action"], episode.steps["action"][4:])
     print("a fork into slot 3 plays slot 1's episode on bit for bit:", same)
     slots.close()

@@ -127,3 +127,8 @@ def test_the_public_names_resolve_and_the_examples_import_nothing_else():
         for node in ast.walk(ast.parse(example.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("capsule_rollout"):
                 assert node.module.count(".") <= 1, f"{example.name} imports {node.module}: use the public face"
+            # nor reaches into what an object holds: a host's slots, its observers, a private name
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in ("hosts", "observers", "policy_rows", "critic_rows") and not (
+                    node.attr.startswith("_") and not node.attr.startswith("__")), (
+                    f"{example.name}:{node.lineno} reaches into .{node.attr}: use the public methods")

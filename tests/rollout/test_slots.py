@@ -285,3 +285,25 @@ def test_a_feed_given_work_while_it_plays_fills_the_free_slots_and_ends_when_emp
     alone = _reach_slots(1)
     for result in results:  # each item plays what it plays alone
         same_episode(result.value.episode, alone.run_episode(50 + result.index).episode, same_capsule=False)
+
+
+def test_a_slot_host_attaches_an_observer_to_chosen_slots_and_branches_in_a_slot():
+    """`SlotHost.observe` and `SlotHost.branch`: what a user does with slots without reaching into their hosts."""
+    import numpy as np
+
+    from capsule_rollout.rollout import BoundaryCapsules, HostConfig, RunSpec, build_slots, episode_job
+
+    slots = build_slots(RunSpec(env="examples.own_env_and_policy:make_env", policy="examples.stateful_policy:make_policy",
+                                slots=2, host=HostConfig(n_exec=4)))
+    try:
+        keeper = BoundaryCapsules((4,))
+        slots.observe(keeper, [1])
+        played = {r.slot: r.value for r in slots.run_items([episode_job(s) for s in range(2)])}
+        assert list(keeper.capsules) == [4]  # slot 1's alone: slot 0's episode was not watched
+        episode = played[1].episode
+        again = slots.branch(0, keeper.capsules[4], seed=episode.meta.seed)
+        assert np.array_equal(again.episode.steps["action"], episode.steps["action"][4:])
+        with pytest.raises(IndexError, match="slot 2: this host has slots 0..1"):
+            slots.observe(keeper, [2])
+    finally:
+        slots.close()

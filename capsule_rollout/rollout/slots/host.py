@@ -35,6 +35,7 @@ from typing import Any
 from capsule_rollout.capsules import Capsule, fork
 from capsule_rollout.policies.execution_context import TwoLaneContext
 from capsule_rollout.rollout.host_config import EpisodeResult, two_lanes
+from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.phase_clock import CHUNK, PhaseClock
 from capsule_rollout.rollout.rollout_host import RolloutHost
 from capsule_rollout.rollout.slots.work import Ahead, Feed, Job, episode_job
@@ -288,6 +289,24 @@ class SlotHost:
     def fork_into(self, capsule: Capsule, slots: Sequence[int]) -> None:
         """Restore `capsule` into each of `slots` (its own arena each; the other slots' state is not touched)."""
         fork(capsule, [self.hosts[i].arena for i in slots])
+
+    def branch(self, slot: int, capsule: Capsule, *, seed: int, noise_seed: int | None = None) -> EpisodeResult:
+        """Play on in `slot` from `capsule` (one slot's, taken at a chunk start of an episode of `seed`, in any slot:
+        `snapshot`, `BoundaryCapsules`) to the episode's end, alone (`RolloutHost.branch`; None: the episode's own
+        noise, an exact replay). `branch_job` plays several side by side (`run_items`)."""
+        self._check_slot(slot)
+        return self.hosts[slot].branch(capsule, seed=seed, noise_seed=noise_seed)
+
+    def observe(self, observer: EpisodeObserver, slots: Sequence[int] | None = None) -> None:
+        """Attach `observer` (an `EpisodeObserver`, e.g. `BoundaryCapsules`) to the hosts of `slots` (None: every
+        slot): it sees their episodes from the next one on."""
+        for slot in range(self.slots) if slots is None else slots:
+            self._check_slot(slot)
+            self.hosts[slot].observers.append(observer)
+
+    def _check_slot(self, slot: int) -> None:
+        if not (isinstance(slot, int) and 0 <= slot < self.slots):
+            raise IndexError(f"slot {slot!r}: this host has slots 0..{self.slots - 1}")
 
     # -- rounds ---------------------------------------------------------------------------
     def _call(self, active: list[int], work_left: bool = False) -> None:
