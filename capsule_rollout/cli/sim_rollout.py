@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -90,31 +91,75 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
     console = make_console()
     began = time.monotonic()
     since_process = process_age_s()  # what imports and the command line took before this
-    task = config.env or config.family
     # the inputs checked (their sizes too) and the preflight passed before anything is started: a mistake is one
     # line before any actor starts
     out, opened, conditioning = _open_run(config)
     prepared = time.monotonic()
     items = _items(config, opened.legacy_ids)
-    spec, store, done, recorder = opened.spec, opened.store, opened.done, opened.recorder
-    for warning in opened.checked.warnings:
-        console.print(f"[yellow]warning[/yellow]: {warning}", markup=True, highlight=False, soft_wrap=True)
-    slot_check = None
-    if config.check_slots:  # before Ray: one item at 1 slot and in the last of N, in this process
-        first = items[0]
-        slot_check = check_slots(spec, spec.slots, seed=first.seed, task=first.task)
-        console.print(slot_check.line(), highlight=False, soft_wrap=True)
-    if done:
-        console.print(f"{len(done)} episodes are already in {store}; running the rest")
+    slot_check = _before_ray(console, config, opened, items)
     # Ray on a thread of its own: it shuts down there while this thread writes the plot and the table
     starting = [RayStart()] if config.actors else []
     try:
         where = starting[0].wait() if starting else "in-process"
     except BaseException:
-        recorder.close()
+        opened.recorder.close()
         raise
     ray_up = time.monotonic()
-    bar = tqdm(total=len(items) * config.repeats, desc=f"sim_rollout {task}", unit="ep",
+    try:
+        played = _play(config, opened, items, starting)
+        # Ray shuts down on its thread meanwhile
+        startup = {"before_command_s": since_process, "preflight_s": prepared - began,
+                   "ray_s": starting[0].seconds if starting else 0.0, "to_ray_up_s": ray_up - began,
+                   "to_actors_ready_s": None if played.stats.ready_at is None else played.stats.ready_at - began,
+                   "to_first_episode_s": None if played.first_report is None else played.first_report - began}
+        summary = _summary(config, opened, conditioning, played, startup=startup, where=where, slot_check=slot_check)
+        episodes = [r.episode for r in played.reports if r.episode is not None]
+        if episodes:
+            summary["plot"] = str(_plot(episodes, out / "rollout.png"))
+            if config.video:
+                summary["video"] = str(_video(episodes, out / "episode.gif", opened.store))
+        _table(console, summary)
+        failed = _say_what_failed(console, played, summary)
+        return ExperimentResult(summary, exit_code=1 if failed else 0)
+    finally:
+        if starting:
+            starting[0].stop()
+
+
+def _before_ray(console, config: SimRolloutConfig, opened: OpenedRun, items: list[WorkItem]):
+    """What the run says before Ray starts: the preflight's warnings, the slot check (`--check_slots`: one item at 1
+    slot and in the last of N, in this process; its result, or None), what a resumed run already holds."""
+    for warning in opened.checked.warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}", markup=True, highlight=False, soft_wrap=True)
+    slot_check = None
+    if config.check_slots:
+        first = items[0]
+        slot_check = check_slots(opened.spec, opened.spec.slots, seed=first.seed, task=first.task)
+        console.print(slot_check.line(), highlight=False, soft_wrap=True)
+    if opened.done:
+        console.print(f"{len(opened.done)} episodes are already in {opened.store}; running the rest")
+    return slot_check
+
+
+@dataclass
+class _Played:
+    """What `_play` gives back: the reports, the driver's tallies, and its clock."""
+
+    reports: list
+    stats: object
+    steps: int  # control steps played
+    wall: float  # seconds from the first item handed out to the last report
+    ended: float  # monotonic time of the last report
+    driver_cpu: float  # this process's CPU while the actors played (recording, Ray's calls)
+    first_report: float | None  # monotonic time of the first report
+    orphans: int  # a sharded store's episodes no manifest names (ignored by readers)
+
+
+def _play(config: SimRolloutConfig, opened: OpenedRun, items: list[WorkItem], starting: list) -> _Played:
+    """Every item played (`run_rollouts`), a progress bar as they come back; the recorder closed after, and Ray
+    told to stop (on its thread) as soon as the last report is in."""
+    spec, recorder = opened.spec, opened.recorder
+    bar = tqdm(total=len(items) * config.repeats, desc=f"sim_rollout {config.env or config.family}", unit="ep",
                disable=not config.progress)
     steps_total = [0]
     first_report: list[float] = []
@@ -135,58 +180,58 @@ def run(config: SimRolloutConfig) -> ExperimentResult:
                                       cpus_per_actor=config.cpus_per_actor, gpus_per_actor=config.gpus_per_actor,
                                       max_restarts=config.max_restarts, repeats=config.repeats,
                                       attempts=config.attempts, episode_timeout_s=config.episode_timeout_s,
-                                      done=done, on_report=on_report, episodes_per_call=config.episodes_per_call,
+                                      done=opened.done, on_report=on_report,
+                                      episodes_per_call=config.episodes_per_call,
                                       deadlines=DeadlineSettings(floor_s=config.deadline_floor_s,
                                                                  first_call_s=config.first_call_s))
         ended, driver_cpu = time.monotonic(), time.process_time() - cpu0
-        orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0  # ignored by readers
+        orphans = len(recorder.orphans()) if isinstance(recorder, ShardedStore) else 0
     finally:
         bar.close()
         recorder.close()
         if starting:
             starting[0].stop(wait=False)
-    try:  # Ray shuts down on its thread meanwhile
-        startup = {"before_command_s": since_process, "preflight_s": prepared - began,
-                   "ray_s": starting[0].seconds if starting else 0.0, "to_ray_up_s": ray_up - began,
-                   "to_actors_ready_s": None if stats.ready_at is None else stats.ready_at - began,
-                   "to_first_episode_s": first_report[0] - began if first_report else None}
-        wall = time.perf_counter() - t0
-        episodes = [r.episode for r in reports if r.episode is not None]
-        summary = {**summarize_run(reports, stats), "advantage": conditioning.advantage, "beta": conditioning.beta,
-                   "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
-                   "steps_per_s": steps_total[0] / wall if wall > 0 else 0.0, "actors": config.actors,
-                   "slots": spec.slots, "wall_s": wall, "startup": startup,
-               "driver_cpu_s": driver_cpu,  # this process's CPU while the actors played (recording, Ray's calls)
-                   # from the first actor ready to the last episode back: the rate once started
-                   "steps_per_s_started": steps_total[0] / (ended - stats.ready_at)
-                   if stats.ready_at is not None and ended > stats.ready_at else None,
-                   "store": str(store), "sharded": config.shards, "orphans": orphans, "ray": where,
-                   "instances_by_actor": instances_by_actor(reports),
-                   "slot_check": None if slot_check is None else slot_check.summary()}
-        if episodes:
-            summary["plot"] = str(_plot(episodes, out / "rollout.png"))
-            if config.video:
-                summary["video"] = str(_video(episodes, out / "episode.gif", store))
-        _table(console, summary)
-        lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded (each says why)
-        errored = [r for r in reports if r.errored]  # lost, or recorded with stop reason `error`
-        if stats.gave_up:
-            console.print(f"[red]gave up[/red]: {stats.gave_up}; {len(lost)} of {len(reports)} episodes lost (each "
-                          "with its reason in --json; a resumed run plays them)", markup=True, highlight=False,
-                          soft_wrap=True)
-            if stats.gave_up_traceback:
-                console.print(stats.gave_up_traceback, markup=False, highlight=False, soft_wrap=True)
-        elif errored:
-            first = summary["first_error"]
-            console.print(f"[red]{len(errored)} of {len(reports)} episodes ended in errors[/red] ({len(lost)} lost, "
-                          f"{len(errored) - len(lost)} recorded with stop reason error); the first "
-                          f"({first['episode_id']}): {first['error']}", markup=True, highlight=False, soft_wrap=True)
-            if first["traceback"]:
-                console.print(first["traceback"], markup=False, highlight=False, soft_wrap=True)
-        return ExperimentResult(summary, exit_code=1 if errored or stats.gave_up else 0)
-    finally:
-        if starting:
-            starting[0].stop()
+    return _Played(reports, stats, steps_total[0], time.perf_counter() - t0, ended, driver_cpu,
+                   first_report[0] if first_report else None, orphans)
+
+
+def _summary(config: SimRolloutConfig, opened: OpenedRun, conditioning: Conditioning, played: _Played, *,
+             startup: dict, where: str, slot_check) -> dict:
+    """The run's summary (`--json`): the episodes' tallies, how the policy acted, speed, start-up, where."""
+    spec, stats, wall = opened.spec, played.stats, played.wall
+    return {**summarize_run(played.reports, stats), "advantage": conditioning.advantage, "beta": conditioning.beta,
+            "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
+            "steps_per_s": played.steps / wall if wall > 0 else 0.0, "actors": config.actors,
+            "slots": spec.slots, "wall_s": wall, "startup": startup,
+            "driver_cpu_s": played.driver_cpu,  # this process's CPU while the actors played (recording, Ray's calls)
+            # from the first actor ready to the last episode back: the rate once started
+            "steps_per_s_started": played.steps / (played.ended - stats.ready_at)
+            if stats.ready_at is not None and played.ended > stats.ready_at else None,
+            "store": str(opened.store), "sharded": config.shards, "orphans": played.orphans, "ray": where,
+            "instances_by_actor": instances_by_actor(played.reports),
+            "slot_check": None if slot_check is None else slot_check.summary()}
+
+
+def _say_what_failed(console, played: _Played, summary: dict) -> bool:
+    """Say why the run gave up, or how many episodes ended in errors and the first one's traceback; whether
+    either happened."""
+    reports, stats = played.reports, played.stats
+    lost = [r for r in reports if r.episode is None]  # played nothing that could be recorded (each says why)
+    errored = [r for r in reports if r.errored]  # lost, or recorded with stop reason `error`
+    if stats.gave_up:
+        console.print(f"[red]gave up[/red]: {stats.gave_up}; {len(lost)} of {len(reports)} episodes lost (each "
+                      "with its reason in --json; a resumed run plays them)", markup=True, highlight=False,
+                      soft_wrap=True)
+        if stats.gave_up_traceback:
+            console.print(stats.gave_up_traceback, markup=False, highlight=False, soft_wrap=True)
+    elif errored:
+        first = summary["first_error"]
+        console.print(f"[red]{len(errored)} of {len(reports)} episodes ended in errors[/red] ({len(lost)} lost, "
+                      f"{len(errored) - len(lost)} recorded with stop reason error); the first "
+                      f"({first['episode_id']}): {first['error']}", markup=True, highlight=False, soft_wrap=True)
+        if first["traceback"]:
+            console.print(first["traceback"], markup=False, highlight=False, soft_wrap=True)
+    return bool(errored or stats.gave_up)
 
 
 def _table(console, s: dict) -> None:
