@@ -146,102 +146,13 @@ def recap_loop(config: RecapConfig, log: Log = print, report: Callable[[dict], N
 
 def _loop(config: RecapConfig, recipe: RecapRecipe, log: Log, report: Callable[[dict], None], out: Path, store: Path,
           seeds: list[int], select: list[int], timing: dict) -> dict:
-
-    def critic_for(k: int, branch_values: str = "") -> Path:
-        path = out / f"critic_{k}"
-        t0 = time.perf_counter()
-        recipe.fit_critic(config, store, path, branch_values=branch_values, log=log)
-        timing["training_s"] += time.perf_counter() - t0
-        return path
-
-    def fit(out: Path, steps: int, init: Path | None = None, advantage_labels: Path | None = None) -> None:
-        t0 = time.perf_counter()
-        recipe.fit_policy(config, store, out, steps=steps, init=init, advantage_labels=advantage_labels, log=log)
-        timing["training_s"] += time.perf_counter() - t0
-
-    def evaluate(policy_dir: Path, conditioned: bool, critic_dir: Path | None = None,
-                 beta: float | None = None, on: list[int] = seeds) -> dict:
-        t0 = time.perf_counter()
-        result = recipe.evaluate(config, policy_dir, on, conditioned=conditioned,
-                                 beta=beta if conditioned else None, critic=critic_dir)
-        timing["evaluation_s"] += time.perf_counter() - t0
-        return result
-
-    def choose_beta(policy_dir: Path) -> tuple[float | None, dict | None]:
-        """The guidance weight the conditioned policy acts with: `--beta`, or the best of the positive
-        indicator alone and each of `--betas` on the selection seeds (ties: the weaker guidance)."""
-        if not config.betas:
-            return config.beta, None
-        trials = []
-        for beta in (None, *sorted(config.betas)):
-            r = evaluate(policy_dir, True, beta=beta, on=select)
-            trials.append({"beta": beta, "successes": r["successes"], "success_rate": r["success_rate"]})
-            log(f"  guidance {'off (indicator alone)' if beta is None else f'beta {beta:g}'}: "
-                          f"{r['successes']}/{r['episodes']} on the selection seeds")
-        best = max(trials, key=lambda t: t["successes"])  # the first maximum: trials go from weak to strong
-        return best["beta"], {"beta": best["beta"], "select_seeds": [select[0], select[-1]], "trials": trials}
-
-    iterations = []
-    beta = None  # the BC policy never saw the indicator: it acts unguided
-    policy_dir = control_dir = out / "policy_0"
+    loop = _Loop(config, recipe, log, out, store, seeds, select, timing)
     log(f"[bold]iteration 0[/bold]: behaviour cloning on {config.demo_episodes} noisy demos")
-    fit(policy_dir, config.bc_steps)
-    critic_dir = critic_for(0)
-    result = evaluate(policy_dir, False, critic_dir)
-    iterations.append({"iteration": 0, **_metrics(result), "interventions_per_episode": 0.0,
-                       "policy": str(policy_dir), "critic": str(critic_dir)})
+    iterations = [loop.behaviour_cloning()]
     report(iterations[-1])
     for k in range(1, config.iterations + 1):
         log(f"[bold]iteration {k}[/bold]: rollouts, critic, advantage labels, conditioned policy")
-        started, before = time.perf_counter(), dict(timing)
-        t0 = time.perf_counter()
-        rollouts, spec, ids = _rollouts(config, recipe, policy_dir, critic_dir, store, k, beta)
-        timing["rollouts_s"] += time.perf_counter() - t0
-        branched = _branch(config, spec, store, ids, timing, log) if config.advantage_source != "critic" else None
-        distil = config.advantage_source == "distilled"
-        critic_dir = critic_for(k, branch_values=str(branches_path(store)) if distil else "")
-        labels = None
-        if config.advantage_source != "branches":
-            labels = label_store(recipe.store_critic(critic_dir), str(store), n=config.n,
-                                 max_steps=LabelAdvantagesConfig.max_steps,
-                                 positive_fraction=config.positive_fraction, critic_name=str(critic_dir))
-            sidecar, indicator, labelled = labels.sidecar, labels.labels.indicator, 1.0
-        if config.advantage_source in ("branches", "combined"):
-            sidecar, from_branches = label_store_from_branches(str(store), branched["table"], critic=labels,
-                                                              positive_fraction=config.positive_fraction)
-            indicator, labelled = from_branches.indicator, from_branches.labelled_fraction
-            branched["branch_fraction"] = from_branches.branch_fraction  # steps labelled from branch values
-        new_policy = out / f"policy_{k}"
-        fit(new_policy, config.policy_steps, init=policy_dir, advantage_labels=Path(sidecar))
-        policy_dir = new_policy
-        beta, guidance = choose_beta(policy_dir)
-        # the checkpoint records how it acts: sim_rollout, eval_policy and real_recap run it so by default
-        update_info(policy_dir, **{CONDITIONING_INFO: Conditioning("positive", beta).to_json(),
-                                   ACTING_INFO: {"n_exec": config.n_exec}})
-        result = evaluate(policy_dir, True, critic_dir, beta=beta)
-        it = {"iteration": k, **_metrics(result), "beta": beta, **rollouts, "policy": str(policy_dir),
-              "critic": str(critic_dir), "advantage_source": config.advantage_source,
-              "positive_fraction": float(np.mean(indicator == INDICATOR_POSITIVE)), "labelled_fraction": labelled,
-              "simulated_steps": {"rollouts": rollouts["rollout_steps"],
-                                  "branches": branched["steps"] if branched else 0}}
-        if branched:
-            it["branching"] = {key: v for key, v in branched.items() if key != "table"}
-        if guidance is not None:
-            # the indicator alone on the held-out seeds too, whatever was chosen: how much guidance adds
-            alone = result if beta is None else evaluate(policy_dir, True)
-            it["guidance"] = {**guidance, "indicator_alone": _metrics(alone),
-                              "paired": paired_comparison(result["success_by_seed"], alone["success_by_seed"])}
-        if config.control:
-            # same data, same steps, no labels: what more training on more data gives by itself
-            new_control = out / f"control_{k}"
-            fit(new_control, config.policy_steps, init=control_dir)
-            control_dir = new_control
-            control = evaluate(control_dir, False)
-            it["control"] = {**_metrics(control), "policy": str(control_dir),
-                             "paired": paired_comparison(result["success_by_seed"], control["success_by_seed"])}
-        it["wall_s"] = {"iteration": time.perf_counter() - started, "actors": config.actors,
-                        **{key: timing[key] - before[key] for key in timing}}
-        iterations.append(it)
+        iterations.append(loop.iteration(k))
         report(iterations[-1])
     summary = {"family": config.family, "seed": config.seed, "eval_seeds": [seeds[0], seeds[-1]],
                "advantage_source": config.advantage_source,
@@ -256,6 +167,129 @@ def _loop(config: RecapConfig, recipe: RecapRecipe, log: Log, report: Callable[[
         last = iterations[-1]
         summary["gain_over_control_points"] = 100 * (last["success_rate"] - last["control"]["success_rate"])
     return summary
+
+
+class _Loop:
+    """The loop's state from one iteration to the next (the policy, its critic, the guidance weight, the control
+    policy) and its steps, each timed into `timing`."""
+
+    def __init__(self, config: RecapConfig, recipe: RecapRecipe, log: Log, out: Path, store: Path, seeds: list[int],
+                 select: list[int], timing: dict) -> None:
+        self.config, self.recipe, self.log, self.out, self.store = config, recipe, log, out, store
+        self.seeds, self.select, self.timing = seeds, select, timing
+        self.beta: float | None = None  # the BC policy never saw the indicator: it acts unguided
+        self.policy_dir = self.control_dir = out / "policy_0"
+        self.critic_dir: Path | None = None
+
+    def critic_for(self, k: int, branch_values: str = "") -> Path:
+        path = self.out / f"critic_{k}"
+        t0 = time.perf_counter()
+        self.recipe.fit_critic(self.config, self.store, path, branch_values=branch_values, log=self.log)
+        self.timing["training_s"] += time.perf_counter() - t0
+        return path
+
+    def fit(self, out: Path, steps: int, init: Path | None = None, advantage_labels: Path | None = None) -> None:
+        t0 = time.perf_counter()
+        self.recipe.fit_policy(self.config, self.store, out, steps=steps, init=init, advantage_labels=advantage_labels,
+                               log=self.log)
+        self.timing["training_s"] += time.perf_counter() - t0
+
+    def evaluate(self, policy_dir: Path, conditioned: bool, critic_dir: Path | None = None,
+                 beta: float | None = None, on: list[int] | None = None) -> dict:
+        t0 = time.perf_counter()
+        result = self.recipe.evaluate(self.config, policy_dir, self.seeds if on is None else on,
+                                      conditioned=conditioned, beta=beta if conditioned else None, critic=critic_dir)
+        self.timing["evaluation_s"] += time.perf_counter() - t0
+        return result
+
+    def choose_beta(self, policy_dir: Path) -> tuple[float | None, dict | None]:
+        """The guidance weight the conditioned policy acts with: `--beta`, or the best of the positive
+        indicator alone and each of `--betas` on the selection seeds (ties: the weaker guidance)."""
+        config, select = self.config, self.select
+        if not config.betas:
+            return config.beta, None
+        trials = []
+        for beta in (None, *sorted(config.betas)):
+            r = self.evaluate(policy_dir, True, beta=beta, on=select)
+            trials.append({"beta": beta, "successes": r["successes"], "success_rate": r["success_rate"]})
+            self.log(f"  guidance {'off (indicator alone)' if beta is None else f'beta {beta:g}'}: "
+                     f"{r['successes']}/{r['episodes']} on the selection seeds")
+        best = max(trials, key=lambda t: t["successes"])  # the first maximum: trials go from weak to strong
+        return best["beta"], {"beta": best["beta"], "select_seeds": [select[0], select[-1]], "trials": trials}
+
+    def behaviour_cloning(self) -> dict:
+        """Iteration 0: the policy cloned from the demonstrations, its critic, both evaluated."""
+        self.fit(self.policy_dir, self.config.bc_steps)
+        self.critic_dir = self.critic_for(0)
+        result = self.evaluate(self.policy_dir, False, self.critic_dir)
+        return {"iteration": 0, **_metrics(result), "interventions_per_episode": 0.0,
+                "policy": str(self.policy_dir), "critic": str(self.critic_dir)}
+
+    def labels(self, branched: dict | None) -> tuple[str, np.ndarray, float]:
+        """The advantage labels of the store's steps, from the critic, the branch values or both: (the sidecar
+        file, the indicator of each step, the fraction of steps labelled)."""
+        config, store = self.config, self.store
+        labels = None
+        if config.advantage_source != "branches":
+            labels = label_store(self.recipe.store_critic(self.critic_dir), str(store), n=config.n,
+                                 max_steps=LabelAdvantagesConfig.max_steps,
+                                 positive_fraction=config.positive_fraction, critic_name=str(self.critic_dir))
+            sidecar, indicator, labelled = labels.sidecar, labels.labels.indicator, 1.0
+        if config.advantage_source in ("branches", "combined"):
+            sidecar, from_branches = label_store_from_branches(str(store), branched["table"], critic=labels,
+                                                              positive_fraction=config.positive_fraction)
+            indicator, labelled = from_branches.indicator, from_branches.labelled_fraction
+            branched["branch_fraction"] = from_branches.branch_fraction  # steps labelled from branch values
+        return sidecar, indicator, labelled
+
+    def iteration(self, k: int) -> dict:
+        """Iteration k: rollouts of the current policy, branch values, the critic, advantage labels, the
+        conditioned policy and its guidance weight, evaluated (and the control policy, when asked for)."""
+        config, timing = self.config, self.timing
+        started, before = time.perf_counter(), dict(timing)
+        t0 = time.perf_counter()
+        rollouts, spec, ids = _rollouts(config, self.recipe, self.policy_dir, self.critic_dir, self.store, k, self.beta)
+        timing["rollouts_s"] += time.perf_counter() - t0
+        branched = (_branch(config, spec, self.store, ids, timing, self.log)
+                    if config.advantage_source != "critic" else None)
+        distil = config.advantage_source == "distilled"
+        self.critic_dir = self.critic_for(k, branch_values=str(branches_path(self.store)) if distil else "")
+        sidecar, indicator, labelled = self.labels(branched)
+        new_policy = self.out / f"policy_{k}"
+        self.fit(new_policy, config.policy_steps, init=self.policy_dir, advantage_labels=Path(sidecar))
+        self.policy_dir = policy_dir = new_policy
+        beta, guidance = self.choose_beta(policy_dir)
+        self.beta = beta
+        # the checkpoint records how it acts: sim_rollout, eval_policy and real_recap run it so by default
+        update_info(policy_dir, **{CONDITIONING_INFO: Conditioning("positive", beta).to_json(),
+                                   ACTING_INFO: {"n_exec": config.n_exec}})
+        result = self.evaluate(policy_dir, True, self.critic_dir, beta=beta)
+        it = {"iteration": k, **_metrics(result), "beta": beta, **rollouts, "policy": str(policy_dir),
+              "critic": str(self.critic_dir), "advantage_source": config.advantage_source,
+              "positive_fraction": float(np.mean(indicator == INDICATOR_POSITIVE)), "labelled_fraction": labelled,
+              "simulated_steps": {"rollouts": rollouts["rollout_steps"],
+                                  "branches": branched["steps"] if branched else 0}}
+        if branched:
+            it["branching"] = {key: v for key, v in branched.items() if key != "table"}
+        if guidance is not None:
+            # the indicator alone on the held-out seeds too, whatever was chosen: how much guidance adds
+            alone = result if beta is None else self.evaluate(policy_dir, True)
+            it["guidance"] = {**guidance, "indicator_alone": _metrics(alone),
+                              "paired": paired_comparison(result["success_by_seed"], alone["success_by_seed"])}
+        if config.control:
+            it["control"] = self.control(k, result)
+        it["wall_s"] = {"iteration": time.perf_counter() - started, "actors": config.actors,
+                        **{key: timing[key] - before[key] for key in timing}}
+        return it
+
+    def control(self, k: int, result: dict) -> dict:
+        """Same data, same steps, no labels: what more training on more data gives by itself."""
+        new_control = self.out / f"control_{k}"
+        self.fit(new_control, self.config.policy_steps, init=self.control_dir)
+        self.control_dir = new_control
+        control = self.evaluate(self.control_dir, False)
+        return {**_metrics(control), "policy": str(self.control_dir),
+                "paired": paired_comparison(result["success_by_seed"], control["success_by_seed"])}
 
 
 def _branch(config: RecapConfig, spec: RunSpec, store: Path, ids: list[str], timing: dict, log: Log) -> dict:
