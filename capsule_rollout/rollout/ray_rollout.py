@@ -211,8 +211,8 @@ def run_rollouts(
         raise ValueError(f"episodes_per_call must be >= 1, got {episodes_per_call}")
     if spec.slots > 1:
         episodes_per_call = max(episodes_per_call, SLOT_ITEMS * spec.slots)
-    if host is None:  # here, once, if the caller has not: the actors take the resolution as it is
-        spec = resolve_spec(spec)
+    if host is None and spec.policy:  # here, once, if the caller has not: the actors take the resolution as it is
+        spec = resolve_spec(spec)  # (a host handed over is built; a spec without a policy builds none: a test actor)
     if episode_timeout_s is not None and not (episode_timeout_s >= 0 and episode_timeout_s < float("inf")):
         raise ValueError(f"episode_timeout_s must be a finite number >= 0 (0: no deadline) or None (derived), got "
                          f"{episode_timeout_s}")
