@@ -343,102 +343,20 @@ class SlotHost:
         with a `task` (`episode_job(..., task=)`) plays on the slot's host for that task. A `Feed` may be given
         more work while it plays: a slot left free takes it at the next round, and the play ends once every slot
         is free and the feed is empty (`Feed.finish`)."""
-        queue = jobs if isinstance(jobs, Feed) else Ahead(enumerate(jobs))
-        running: dict[int, tuple[int, Generator]] = {}
-        waiting: list[int] = []
-        finished: list[SlotResult] = []
-
-        lock = self._lock
-
-        def advance(slot: int, exc: BaseException | None = None, first: bool = False) -> None:
-            """Run the slot's generator to its next request; when its work ends, start the slot's next. `first`:
-            start the slot's first work (on the slot's own thread: a task's env is made there)."""
-            if first and not start(slot):
-                return
-            while True:
-                index, steps = running[slot]
-                try:
-                    steps.throw(exc) if exc is not None else next(steps)
-                except StopIteration as done:
-                    result = SlotResult(index, slot, value=done.value, host=self.hosts[slot])
-                    if isinstance(getattr(done.value, "extra", None), dict):
-                        done.value.extra[ROWS_REPORT] = {**self.report, **self.rows_filled()}
-                except Exception as error:  # the work failed (a reset that raised): this item, not the others
-                    result = SlotResult(index, slot, error=error, host=self.hosts[slot])
-                else:
-                    with lock:
-                        waiting.append(slot)
-                    return
-                exc = None
-                with lock:
-                    finished.append(result)
-                    del running[slot]
-                    self.playing.pop(slot, None)
-                    if not start(slot):
-                        return
-
-        def start(slot: int) -> bool:
-            with lock:
-                item = next(queue, None)
-                if item is None:
-                    return False
-                index, job = item
-                task = getattr(job, "task", "")
-                if task and task != self.playing_task[slot]:
-                    try:
-                        self._switch(slot, task)
-                    except Exception as error:  # the task's env cannot be made: this item fails, the slot goes on
-                        finished.append(SlotResult(index, slot, error=error, host=self.hosts[slot]))
-                        return start(slot)
-                running[slot] = (index, job(self.hosts[slot]))
-                self.playing[slot] = index
-                return True
-
-        def advance_all(todo: list[tuple[int, BaseException | None]], first: bool = False) -> None:
-            if self._workers is None:
-                for slot, exc in todo:
-                    advance(slot, exc, first)
-                return
-            pending = [self._workers[slot % len(self._workers)].submit(advance, slot, exc, first)
-                       for slot, exc in todo]
-            for future in pending:
-                future.result()
-
-        busy: dict[int, float] = {}  # each work's share of the rounds' wall time so far
-        touched: set[int] = set()  # the works a slot held during this round
-        clock = [time.perf_counter()]
-
-        def results() -> list[SlotResult]:
-            """The round's finished work, each with its share of the rounds' wall time (split among the works the
-            slots held in each round)."""
-            now = time.perf_counter()
-            touched.update(index for index, _ in running.values())
-            touched.update(r.index for r in finished)
-            for index in touched:
-                busy[index] = busy.get(index, 0.0) + (now - clock[0]) / len(touched)
-            clock[0] = now
-            touched.clear()
-            done = sorted(finished, key=lambda r: r.index)
-            finished.clear()
-            for result in done:
-                result.busy_s = busy.pop(result.index, 0.0)
-            return done
-
-        def idle() -> list[tuple[int, None]]:
-            return [(slot, None) for slot in range(self.slots) if slot not in running]
-
-        advance_all(idle(), first=True)
-        yield from results()
+        play = _Play(self, jobs if isinstance(jobs, Feed) else Ahead(enumerate(jobs)))
+        play.advance_all(play.idle(), first=True)
+        yield from play.results()
+        queue = play.queue
         while True:
-            if queue.has_more() and len(running) < self.slots:  # work came (a feed): free slots join this round
-                advance_all(idle(), first=True)
-            if not waiting:
-                if running or not queue.finish():  # more work came meanwhile: start it
+            if queue.has_more() and len(play.running) < self.slots:  # work came (a feed): free slots join this round
+                play.advance_all(play.idle(), first=True)
+            if not play.waiting:
+                if play.running or not queue.finish():  # more work came meanwhile: start it
                     continue
                 break
-            active = sorted(waiting)
-            waiting.clear()
-            touched.update(running[slot][0] for slot in active)
+            active = sorted(play.waiting)
+            play.waiting.clear()
+            play.touched.update(play.running[slot][0] for slot in active)
             try:
                 self._call(active, work_left=queue.has_more())
                 error = None
@@ -451,8 +369,8 @@ class SlotHost:
                     values = self._values  # a tensor of all rows (batched), or one per slot (LoopRows)
                     host._value_out = None if values is None else (
                         values[slot] if isinstance(values, list) else values[slot: slot + 1])
-            advance_all([(slot, error) for slot in active])
-            yield from results()
+            play.advance_all([(slot, error) for slot in active])
+            yield from play.results()
 
     def run_items(self, jobs: Iterable[Job]) -> list[SlotResult]:
         """`play` to the end; the results in the order of `jobs`."""
@@ -473,3 +391,95 @@ class SlotHost:
             if result.error is not None:
                 raise result.error
         return [result.value for result in results]
+
+
+class _Play:
+    """One `SlotHost.play`: the work each slot runs (a generator that yields where it needs a batched call), the
+    slots waiting for the next call, the work finished this round, and each work's share of the rounds' time.
+    The slots advance on the host's env threads (`advance_all`), so what they share is changed under the lock."""
+
+    def __init__(self, host: SlotHost, queue) -> None:
+        self.host, self.queue = host, queue
+        self.running: dict[int, tuple[int, Generator]] = {}
+        self.waiting: list[int] = []
+        self.finished: list[SlotResult] = []
+        self.lock = host._lock
+        self.busy: dict[int, float] = {}  # each work's share of the rounds' wall time so far
+        self.touched: set[int] = set()  # the works a slot held during this round
+        self.clock = time.perf_counter()
+
+    def advance(self, slot: int, exc: BaseException | None = None, first: bool = False) -> None:
+        """Run the slot's generator to its next request; when its work ends, start the slot's next. `first`:
+        start the slot's first work (on the slot's own thread: a task's env is made there)."""
+        host, lock = self.host, self.lock
+        if first and not self.start(slot):
+            return
+        while True:
+            index, steps = self.running[slot]
+            try:
+                steps.throw(exc) if exc is not None else next(steps)
+            except StopIteration as done:
+                result = SlotResult(index, slot, value=done.value, host=host.hosts[slot])
+                if isinstance(getattr(done.value, "extra", None), dict):
+                    done.value.extra[ROWS_REPORT] = {**host.report, **host.rows_filled()}
+            except Exception as error:  # the work failed (a reset that raised): this item, not the others
+                result = SlotResult(index, slot, error=error, host=host.hosts[slot])
+            else:
+                with lock:
+                    self.waiting.append(slot)
+                return
+            exc = None
+            with lock:
+                self.finished.append(result)
+                del self.running[slot]
+                host.playing.pop(slot, None)
+                if not self.start(slot):
+                    return
+
+    def start(self, slot: int) -> bool:
+        """Give `slot` the queue's next work (on the host for its task); False when there is none."""
+        host = self.host
+        with self.lock:
+            item = next(self.queue, None)
+            if item is None:
+                return False
+            index, job = item
+            task = getattr(job, "task", "")
+            if task and task != host.playing_task[slot]:
+                try:
+                    host._switch(slot, task)
+                except Exception as error:  # the task's env cannot be made: this item fails, the slot goes on
+                    self.finished.append(SlotResult(index, slot, error=error, host=host.hosts[slot]))
+                    return self.start(slot)
+            self.running[slot] = (index, job(host.hosts[slot]))
+            host.playing[slot] = index
+            return True
+
+    def advance_all(self, todo: list[tuple[int, BaseException | None]], first: bool = False) -> None:
+        workers = self.host._workers
+        if workers is None:
+            for slot, exc in todo:
+                self.advance(slot, exc, first)
+            return
+        pending = [workers[slot % len(workers)].submit(self.advance, slot, exc, first) for slot, exc in todo]
+        for future in pending:
+            future.result()
+
+    def results(self) -> list[SlotResult]:
+        """The round's finished work, each with its share of the rounds' wall time (split among the works the
+        slots held in each round)."""
+        now = time.perf_counter()
+        self.touched.update(index for index, _ in self.running.values())
+        self.touched.update(r.index for r in self.finished)
+        for index in self.touched:
+            self.busy[index] = self.busy.get(index, 0.0) + (now - self.clock) / len(self.touched)
+        self.clock = now
+        self.touched.clear()
+        done = sorted(self.finished, key=lambda r: r.index)
+        self.finished.clear()
+        for result in done:
+            result.busy_s = self.busy.pop(result.index, 0.0)
+        return done
+
+    def idle(self) -> list[tuple[int, None]]:
+        return [(slot, None) for slot in range(self.host.slots) if slot not in self.running]
