@@ -284,51 +284,10 @@ class GraphState:
         plan = read.plan
         edges = Edges(self.root)
         resolved: dict[tuple, Any] = {}
-        refs = []
-        for i, (path, type_name, kind) in enumerate(plan.refs):
-            try:
-                target = edges.resolve(path)
-            except (KeyError, IndexError, AttributeError, TypeError):
-                target = None
-            if kind == "opaque" and (target is None or type(target).__qualname__ != type_name):
-                resolved[("r", i)] = MISSING
-                refs.append(None)
-                continue
-            if target is None or type(target).__qualname__ != type_name or (
-                    kind == "handle") != isinstance(target, self.handles):
-                raise GraphStateError(f"the env has no {type_name} at {fmt(path)} (found "
-                                      f"{type(target).__name__}): the capsule was taken from an env built "
-                                      "differently")
-            resolved[("r", i)] = target
-            refs.append(target)
-        for i, (h, field, offset, shape, strides, dtype) in enumerate(plan.aliases):
-            if h >= len(refs) or not isinstance(refs[h], self.handles):
-                raise GraphStateError(f"the capsule's Python state is refused: alias {i} names no MuJoCo handle")
-            try:
-                resolved[("a", i)] = self._aliases.view(refs[h], field, offset, shape, strides, dtype)
-            except ValueError as exc:
-                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
-        namespace = self._namespace()
+        refs = self._resolve_refs(plan, edges, resolved)
+        self._resolve_aliases(plan, refs, resolved)
         taken: set[int] = set()
-        objects, made = [], False
-        for i, (path, key) in enumerate(plan.objects):
-            target = self._paired(path, key, taken, edges)
-            if target is None:
-                made = True
-                module, _, qualname = key.partition(":")
-                try:
-                    kind = namespace.lookup(module, qualname, "class")
-                    if data_only and not safe_type(kind):
-                        raise GraphStateError(
-                            f"the capsule makes a {key} at {fmt(path)}, where the env built here holds none of that "
-                            f"class: a capsule restored as data (--trust) never makes an instance the env does not "
-                            f"hold. {HOW_TO_TRUST}")
-                    target = new_instance(kind)
-                except StateDecodeError as exc:
-                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
-                                          f"cannot be made here ({exc})") from None
-            resolved[("o", i)] = target
-            objects.append(target)
+        objects, made = self._resolve_objects(plan, edges, taken, resolved, data_only)
         generators = []
         for i, (path, kind) in enumerate(plan.generators):
             target = self._paired(path, kind, taken, edges)
@@ -357,6 +316,78 @@ class GraphState:
                 resolved[("g", i)] = g
             states, glob = self._states(read, resolved)
         ng = len(plan.generators)
+        self._check_states(structs, objects, generators, states, n, ng)
+        absent = any(v is MISSING for v in resolved.values())
+        if data_only:
+            self._check_data_only(read, resolved, objects, states, glob)
+        if not (made or fresh or absent or missing):  # every target found in the graph: bind them for next time
+            if len(self._bound) >= self._reads.size:
+                self._bound.pop(next(iter(self._bound)))
+            self._bound[id(read)] = Binding(read, edges, fixed, objects, generators, structs, _targets(plan, edges))
+        return Prepared(objects, states[:n], generators, states[n:n + ng], glob, absent, structs, states[n + ng:],
+                        tuple(missing))
+
+    def _resolve_refs(self, plan, edges: Edges, resolved: dict) -> list:
+        """The objects the snapshot refers to by path (kept by reference: handles, opaque objects), each checked
+        to be of the class it names; an opaque one the env does not hold is left MISSING."""
+        refs = []
+        for i, (path, type_name, kind) in enumerate(plan.refs):
+            try:
+                target = edges.resolve(path)
+            except (KeyError, IndexError, AttributeError, TypeError):
+                target = None
+            if kind == "opaque" and (target is None or type(target).__qualname__ != type_name):
+                resolved[("r", i)] = MISSING
+                refs.append(None)
+                continue
+            if target is None or type(target).__qualname__ != type_name or (
+                    kind == "handle") != isinstance(target, self.handles):
+                raise GraphStateError(f"the env has no {type_name} at {fmt(path)} (found "
+                                      f"{type(target).__name__}): the capsule was taken from an env built "
+                                      "differently")
+            resolved[("r", i)] = target
+            refs.append(target)
+        return refs
+
+    def _resolve_aliases(self, plan, refs: list, resolved: dict) -> None:
+        """Each alias's view of the same field of this graph's handle."""
+        for i, (h, field, offset, shape, strides, dtype) in enumerate(plan.aliases):
+            if h >= len(refs) or not isinstance(refs[h], self.handles):
+                raise GraphStateError(f"the capsule's Python state is refused: alias {i} names no MuJoCo handle")
+            try:
+                resolved[("a", i)] = self._aliases.view(refs[h], field, offset, shape, strides, dtype)
+            except ValueError as exc:
+                raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+
+    def _resolve_objects(self, plan, edges: Edges, taken: set[int], resolved: dict,
+                         data_only: bool) -> tuple[list, bool]:
+        """Each object whose state the snapshot holds: the graph's own at its path, or one made of its class where
+        the graph holds none (never as data: `Trust.DATA`); (the objects, whether any was made)."""
+        namespace = self._namespace()
+        objects, made = [], False
+        for i, (path, key) in enumerate(plan.objects):
+            target = self._paired(path, key, taken, edges)
+            if target is None:
+                made = True
+                module, _, qualname = key.partition(":")
+                try:
+                    kind = namespace.lookup(module, qualname, "class")
+                    if data_only and not safe_type(kind):
+                        raise GraphStateError(
+                            f"the capsule makes a {key} at {fmt(path)}, where the env built here holds none of that "
+                            f"class: a capsule restored as data (--trust) never makes an instance the env does not "
+                            f"hold. {HOW_TO_TRUST}")
+                    target = new_instance(kind)
+                except StateDecodeError as exc:
+                    raise GraphStateError(f"the env built here has no object at {fmt(path)}, and its class {key} "
+                                          f"cannot be made here ({exc})") from None
+            resolved[("o", i)] = target
+            objects.append(target)
+        return objects, made
+
+    def _check_states(self, structs: list, objects: list, generators: list, states: list, n: int, ng: int) -> None:
+        """Each state read fits what it goes into: a struct's fields, an object's attributes or items, a
+        generator's kind."""
         for target, state in zip(structs, states[n + ng:]):
             if target is not None:
                 try:
@@ -373,15 +404,6 @@ class GraphState:
             if isinstance(bits, np.random.BitGenerator) and state.get("bit_generator") != type(bits).__name__:
                 raise GraphStateError(f"the capsule's Python state is refused: a {state.get('bit_generator')!r} "
                                       f"state for a {type(bits).__name__} generator")
-        absent = any(v is MISSING for v in resolved.values())
-        if data_only:
-            self._check_data_only(read, resolved, objects, states, glob)
-        if not (made or fresh or absent or missing):  # every target found in the graph: bind them for next time
-            if len(self._bound) >= self._reads.size:
-                self._bound.pop(next(iter(self._bound)))
-            self._bound[id(read)] = Binding(read, edges, fixed, objects, generators, structs, _targets(plan, edges))
-        return Prepared(objects, states[:n], generators, states[n:n + ng], glob, absent, structs, states[n + ng:],
-                        tuple(missing))
 
     def _rebind(self, bound: Binding) -> bool:
         """Follow a binding's steps in the graph as it is now: True when its targets are still there, or where the env
