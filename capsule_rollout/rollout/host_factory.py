@@ -29,6 +29,7 @@ from capsule_rollout.policies.rollout_policy import RolloutPolicy
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.rollout_host import HostConfig, RolloutHost
 from capsule_rollout.rollout.sources import (
+    ACTING_INFO,
     FACTORY,
     REMOTE,
     Described,
@@ -48,7 +49,6 @@ SPEC_FILE = "rollout.json"
 ANY_TASK = "*"
 """`suite:*` as `RunSpec.env`: a run over several of the suite's tasks, each work item naming its own
 (`WorkItem.task`); an actor keeps one host per task."""
-ACTING_INFO = "acting"
 """Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
 `export_checkpoint --n_exec --noise_scale`); what the commands' `--act.*` options default to for it."""
 DEFAULT_N_EXEC = HostConfig().n_exec
@@ -68,15 +68,33 @@ def recorded_acting(policy: str) -> dict:
     return dict(Checkpoint(policy).meta.get("info", {}).get(ACTING_INFO) or {})
 
 
-def resolve_acting(policy: str, n_exec: int | None = None, noise_scale: float | None = None) -> tuple[int, float]:
+def resolve_acting(policy: str, n_exec: int | None = None, noise_scale: float | None = None, *,
+                   described: Described | None = None) -> tuple[int, float]:
     """How to act: (actions of each chunk executed, scale of the policy noise); each as given, else what the
     policy checkpoint records (or, for a checkpoint of another format, what its loader describes: a LeRobot
-    policy acts one action per chunk), else `DEFAULT_N_EXEC` and 1."""
-    recorded = recorded_acting(policy)
-    if n_exec is None and "n_exec" not in recorded:
-        n_exec = _described_n_exec(policy)
+    policy acts one action per chunk; a policy server, what it announces), else `DEFAULT_N_EXEC` and 1.
+    `described`: the policy as already described (`describe_early`), so that it is not described again."""
+    if described is None:
+        recorded = recorded_acting(policy)
+        if n_exec is None and "n_exec" not in recorded:
+            n_exec = _described_n_exec(policy)
+    else:
+        recorded = {} if source_kind(policy) == REMOTE else recorded_acting(policy)
+        if n_exec is None and "n_exec" not in recorded:
+            n_exec = described.n_exec
     return (n_exec if n_exec is not None else int(recorded.get("n_exec", DEFAULT_N_EXEC)),
             noise_scale if noise_scale is not None else float(recorded.get("noise_scale", 1.0)))
+
+
+def describe_early(policy: str) -> Described | None:
+    """The policy described once where a command starts, for how it acts and for its resolution (`run_spec`);
+    None for a factory, or a source that cannot be described here (its resolution then says why)."""
+    if source_kind(policy) == FACTORY:
+        return None
+    try:
+        return describe_source(policy)
+    except (FileNotFoundError, ValueError, OSError):
+        return None
 
 
 def _described_n_exec(policy: str) -> int | None:
@@ -267,18 +285,19 @@ def _resolution_key(spec: RunSpec) -> tuple:
             spec.takeover, spec.observers)
 
 
-def resolve_spec(spec: RunSpec, *, policy_given: bool = False) -> RunSpec:
+def resolve_spec(spec: RunSpec, *, policy_given: bool = False, described: Described | None = None) -> RunSpec:
     """`spec` with its sources resolved (`RunSpec.resolved`), once: a command resolves its spec at the top, and
     every host built from it below (the preflight's, each actor's) takes the resolution as it is. Fails fast
     (before any process starts) on sources that are missing or do not fit together. `policy_given`: the host gets
-    its policy object otherwise (a replay's recorded chunks): the spec's policy source is not checked."""
+    its policy object otherwise (a replay's recorded chunks): the spec's policy source is not checked. `described`:
+    the policy as the command already described it (`describe_early`)."""
     key = _resolution_key(spec)
     known = spec.resolved
     if known is not None and known.of == key and (known.policy_checked or policy_given):
         _check_n_exec(spec, known.policy)  # the one thing a preflight may set after the resolution
         return spec
     register_objects(spec.objects)  # the objects its sources name, resolvable here
-    policy, critic, conditioning = _resolve_sources(spec, policy_given=policy_given)
+    policy, critic, conditioning = _resolve_sources(spec, policy_given=policy_given, described=described)
     return dataclasses.replace(spec, resolved=Resolved(key, policy, critic, conditioning, not policy_given))
 
 
@@ -292,8 +311,8 @@ def _check_n_exec(spec: RunSpec, policy: Described | None) -> None:
         raise ValueError(f"--n_exec {spec.host.n_exec} exceeds the policy's chunk length ({policy.chunk_length})")
 
 
-def _resolve_sources(spec: RunSpec, *, policy_given: bool) -> tuple[Described | None, Described | None,
-                                                                      Conditioning]:
+def _resolve_sources(spec: RunSpec, *, policy_given: bool, described: Described | None = None,
+                     ) -> tuple[Described | None, Described | None, Conditioning]:
     """Check and describe each source of `spec` (`resolve_spec`)."""
     if not spec.policy:
         raise ValueError("no policy: give a checkpoint directory or a factory's import path (--policy)")
@@ -323,7 +342,7 @@ def _resolve_sources(spec: RunSpec, *, policy_given: bool) -> tuple[Described | 
     for path, kwargs in spec.observers:
         _resolve(path)
         json.loads(kwargs or "{}")
-    policy = None if policy_given else describe_source(spec.policy)
+    policy = None if policy_given else described if described is not None else describe_source(spec.policy)
     critic = describe_source(spec.critic) if spec.critic else None
     if policy is None or not policy.takes_conditioning:
         if spec.advantage == "positive" or spec.beta is not None:

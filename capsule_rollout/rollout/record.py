@@ -35,6 +35,7 @@ from capsule_rollout.rollout.host_factory import (
     build_host,
     build_slots,
     check_same_run,
+    describe_early,
     env_for_task,
     parse_observers,
     read_spec,
@@ -202,7 +203,8 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
     (`resolve_acting`), each source checked and described. `objects`: those handed over in Python
     (`RunSpec.objects`)."""
     policy = absolute_source(policy)
-    n_exec_resolved, noise = resolve_acting(policy, n_exec, noise_scale)
+    described = describe_early(policy)  # once: how it acts, and its resolution
+    n_exec_resolved, noise = resolve_acting(policy, n_exec, noise_scale, described=described)
     return resolve_spec(RunSpec(
         env=env, policy=policy, critic=absolute_source(critic) if critic else "", advantage=advantage, beta=beta,
         noise_scale=noise,
@@ -212,7 +214,7 @@ def run_spec(out: Path, *, env: str, policy: str, critic: str = "", n_exec: int 
         capsule_dir=str((Path(out) / CAPSULES).resolve()), capsule_budget_mb=capsule_budget_mb,
         observers=parse_observers(observers), pin_cores=pin_cores, slots=slots, env_threads=env_threads,
         cameras=None if cameras is None else tuple(cameras), image_size=image_size, batch_invariant=batch_invariant,
-        objects=tuple(objects)))
+        objects=tuple(objects)), described=described)
 
 
 def _record(out, *, seeds, repeats, attempts, actors, shards, episodes_per_call, cpus_per_actor, gpus_per_actor,

@@ -56,6 +56,9 @@ from capsule_rollout.user_code import UserCodeError, one_line, user_frames
 
 FACTORY, CHECKPOINT, REMOTE = "factory", "checkpoint", "remote"
 LOADERS_GROUP = "capsule_rollout.checkpoints"
+ACTING_INFO = "acting"
+"""Where a checkpoint records (and a policy server announces) how its policy acts: `{"n_exec": ..., "noise_scale":
+...}` (`export_checkpoint`)."""
 
 
 def source_kind(source: str) -> str:
@@ -177,8 +180,10 @@ def _remote_images(client: WebsocketPolicyClient) -> dict[str, int]:
 def _described(client: WebsocketPolicyClient) -> Described:
     length = client.metadata.get("action_horizon")
     images = _remote_images(client)
+    announced = (client.metadata.get(ACTING_INFO) or {}).get("n_exec")  # the receding horizon it announces, if any
     return Described(chunk_length=length if isinstance(length, int) else client.address.chunk_length,
-                     image_size=max(images.values()) if images else None)
+                     image_size=max(images.values()) if images else None,
+                     n_exec=announced if isinstance(announced, int) and not isinstance(announced, bool) else None)
 
 
 def load_source(source: str, role: str, *, device: str, conditioning: Conditioning, noise_scale: float) -> Loaded:

@@ -62,3 +62,25 @@ def test_a_resolved_spec_is_resolved_again_only_when_its_sources_change(calls):
 def test_a_resolution_says_what_is_wrong_before_anything_is_built(calls):
     with pytest.raises(FileNotFoundError, match="policy checkpoint 'nowhere/policy' not found"):
         resolve_spec(RunSpec(env=f"{OWN}:make_env", policy="nowhere/policy"))
+
+
+def test_a_policy_server_is_asked_once_how_it_acts_and_what_it_is(tmp_path, calls, monkeypatch):
+    """A policy server's metadata is read once where the run starts: the receding horizon it announces and its
+    description come from the one connection (they were two)."""
+    import capsule_rollout.rollout.sources as sources
+    from capsule_rollout.rollout.record import run_spec
+    from tests.rollout.fake_policy_servers import FakePolicyServer
+
+    connections = []
+
+    class Counted(sources.WebsocketPolicyClient):
+        def __init__(self, *args, **kwargs):
+            connections.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(sources, "WebsocketPolicyClient", Counted)
+    monkeypatch.setattr(host_factory, "describe_remote", lambda source: pytest.fail("described apart"))
+    server = FakePolicyServer(lambda request: None, metadata={"action_horizon": 8, "acting": {"n_exec": 3}})
+    spec = run_spec(tmp_path, env=f"{OWN}:make_env", policy=server.url())
+    assert spec.host.n_exec == 3 and spec.resolved.policy.chunk_length == 8
+    assert [kind for kind, _ in calls] == ["describe", "resolve"] and len(connections) == 1
