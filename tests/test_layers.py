@@ -311,3 +311,19 @@ def test_a_missing_extra_says_the_command_a_wheel_user_runs(monkeypatch):
     message = str(caught.value)
     assert 'pip install "capsule-rollout[lerobot]"' in message and "\n" not in message
     assert isinstance(caught.value, ImportError) and caught.value.__cause__ is None
+
+
+def test_designs_map_names_every_package_and_root_module_and_no_module_name_is_twice():
+    """docs/DESIGN.md section 2's map of packages is the tree: each of its rows names a package (or the shipped
+    checkpoints' folder, or a module at the namespace's root), every one is named; and no two modules of the
+    package share a name (one package per concept)."""
+    text = (ROOT.parent / "docs" / "DESIGN.md").read_text()
+    block = text[text.index("## 2. Layers"):text.index("## 3.")].split("```")[1]
+    named = {line.split()[0].rstrip("/") for line in block.splitlines() if line.strip() and line[0] not in " -"}
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    roots = {p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    assert named == packages | roots | {"checkpoints", "benchmarks"}, (sorted(named - packages - roots),
+                                                                       sorted(packages | roots - named))
+    assert (ROOT / "checkpoints").is_dir() and not list((ROOT / "checkpoints").rglob("*.py"))  # data, no code
+    stems = [p.stem for p in ROOT.rglob("*.py") if p.stem != "__init__"]
+    assert not {s for s in stems if stems.count(s) > 1}, sorted({s for s in stems if stems.count(s) > 1})
