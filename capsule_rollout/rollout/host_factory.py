@@ -49,8 +49,6 @@ SPEC_FILE = "rollout.json"
 ANY_TASK = "*"
 """`suite:*` as `RunSpec.env`: a run over several of the suite's tasks, each work item naming its own
 (`WorkItem.task`); an actor keeps one host per task."""
-"""Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
-`export_checkpoint --n_exec --noise_scale`); what the commands' `--act.*` options default to for it."""
 DEFAULT_N_EXEC = HostConfig().n_exec
 DEFAULT_IMAGE_SIZE = 64
 MAX_IMAGE_SIZE = 1024

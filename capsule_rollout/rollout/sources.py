@@ -57,8 +57,9 @@ from capsule_rollout.user_code import UserCodeError, one_line, user_frames
 FACTORY, CHECKPOINT, REMOTE = "factory", "checkpoint", "remote"
 LOADERS_GROUP = "capsule_rollout.checkpoints"
 ACTING_INFO = "acting"
-"""Where a checkpoint records (and a policy server announces) how its policy acts: `{"n_exec": ..., "noise_scale":
-...}` (`export_checkpoint`)."""
+"""Checkpoint info key: how a policy is deployed, `{"n_exec": int, "noise_scale": float}` (either may be absent;
+`export_checkpoint --n_exec --noise_scale`); what the commands' `--act.*` options default to for it. A policy
+server announces its `n_exec` under the same key of its metadata."""
 
 
 def source_kind(source: str) -> str:
