@@ -14,7 +14,7 @@ from capsule_rollout.commands.configs import EvalPolicyConfig
 from capsule_rollout.commands.result import ExperimentResult, checking_inputs
 from capsule_rollout.input_bounds import check_run
 from capsule_rollout.learning.closed_loop_eval import EpisodesLostError, evaluate_spec
-from capsule_rollout.rollout.host_factory import RunSpec, check_spec, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, check_spec, resolve_acting, resolve_spec
 from capsule_rollout.rollout.preflight_checks import preflight
 from capsule_rollout.rollout.ray_rollout import init_ray, shutdown_ray
 from capsule_rollout.rollout.record import absolute_source
@@ -91,7 +91,8 @@ def _run_env(config: EvalPolicyConfig) -> ExperimentResult:
                         beta=config.act.beta, noise_scale=noise_scale,
                         host=HostConfig(n_exec=n_exec, record_images=False), slots=config.slots,
                         cameras=config.cameras, image_size=config.image_size)
-        conditioning = check_spec(spec)
+        spec = resolve_spec(spec)  # once: the preflight and the hosts below take it as it is
+        conditioning = spec.resolved.conditioning
         # built once here and probed, before any actor starts: a factory's policy executes its whole chunk
         spec = preflight(spec, seed=seeds[0], n_exec_given=config.act.n_exec is not None).spec
         n_exec = spec.host.n_exec

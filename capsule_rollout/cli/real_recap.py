@@ -26,7 +26,7 @@ from capsule_rollout.envs.robot_bridge import RobotClient
 from capsule_rollout.envs.robot_env import RobotEnv
 from capsule_rollout.robot_side.operator import OperatorMix, RobotOperator
 from capsule_rollout.robot_side.operator_input import KeyboardOperator, ScriptedOperator, parse_script
-from capsule_rollout.rollout.host_factory import RunSpec, build_host, check_spec, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, resolve_acting, resolve_spec
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.stores.npz_recorder import NpzRecorder
 from capsule_rollout.stores.zarr_recorder import ZarrRecorder
@@ -47,7 +47,8 @@ def run(config: RealRecapConfig) -> ExperimentResult:
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale, threads=0,
                         host=HostConfig(n_exec=n_exec, value_threshold=config.value_threshold,
                                         value_patience=config.value_patience, max_steps=config.max_steps))
-        conditioning = check_spec(spec)
+        spec = resolve_spec(spec)  # once: the host below takes it as it is
+        conditioning = spec.resolved.conditioning
     client = RobotClient(config.robot.host, config.robot.port, token=config.robot.token)
     operator = _operator(config, client)
     try:

@@ -33,7 +33,7 @@ from capsule_rollout.learning.ceiling_measure import BoundaryKeeper, judge_state
 from capsule_rollout.learning.closed_loop_eval import EpisodesLostError
 from capsule_rollout.learning.stats import failure_auc_summary, phase_breakdown
 from capsule_rollout.rollout.branching import require_capturable_source
-from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots, resolve_acting
+from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots, resolve_acting, resolve_spec
 from capsule_rollout.rollout.preflight_checks import preflight
 from capsule_rollout.rollout.rollout_host import HostConfig
 from capsule_rollout.tabletop.tabletop_eval import task_phase
@@ -55,18 +55,19 @@ def run(config: ValueCeilingConfig) -> ExperimentResult:
                         host=HostConfig(n_exec=n_exec, record_images=False),
                         advantage=config.act.advantage, beta=config.act.beta, noise_scale=noise_scale,
                         slots=config.slots, cameras=config.cameras, image_size=config.image_size)
+        spec = resolve_spec(spec)  # once: the preflight and the hosts below take it as it is
         if config.env:  # a user's env: built once and probed first (a factory's policy executes its whole chunk)
             spec = preflight(spec, seed=config.seeds.first, n_exec_given=config.act.n_exec is not None).spec
         if config.slots > 1:  # the keeper watches the first slot, where each episode plays
             host = build_slots(spec)
-            host.hosts[0].observers.append(keeper)
+            host.observe(keeper, [0])
         else:
             host = build_host(spec, observers=[keeper])
     at_step = host.env.max_steps // 2 if config.at_step is None else config.at_step
     if at_step >= host.env.max_steps:
         raise ValueError(f"--at_step {at_step} is not before the episode limit {host.env.max_steps}")
     keeper.at_step = at_step
-    conditioning = spec.conditioning()
+    conditioning = spec.resolved.conditioning
     rows, t0 = [], time.perf_counter()
     try:
         for seed in config.seeds.range:
