@@ -181,7 +181,11 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = print)
                      "rows_filled_with_work_left": _median([m["rows"] for m in runs], "rows_filled_with_work_left"),
                      "over_env_alone": _median(runs, "steps_per_s_started") / alone["steps_per_s"],
                      "models_share": share, "limit_over_env_alone": 1.0 - share,
-                     "driver_share": float(np.median([m["driver_cpu_s"] / (cores * m["wall_s"]) for m in runs]))})
+                     "driver_share": float(np.median([m["driver_cpu_s"] / (cores * m["wall_s"]) for m in runs])),
+                     "ms_per_step": _parts(runs),
+                     # each actor's ms per step once started, and the env alone's (the same cores, replayed)
+                     "core_ms_per_step": config.actors * 1e3 / _median(runs, "steps_per_s_started"),
+                     "env_alone_ms_per_step": processes_ms(alone)})
     startup: dict = {"rounds": config.startup_rounds, "now": []}
     if config.before:
         startup["before"] = []
@@ -214,6 +218,24 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = print)
             if mix_before else None,
             "targets": {"mix_ge_0_9x": rows[0]["over_one_family"] >= MIX_TARGET,
                         "rows_ge_90pct": rows[0]["rows_filled_with_work_left"] >= ROWS_TARGET}}
+
+
+PARTS_SHOWN = ("env_step", "models", "host_loop", "record_step", "cold_reset", "capsule", "restore", "build",
+               "capsule_save", "shard_write", "actors_other", "driver_record")
+"""The parts of a run's `time_by_part` the table shows, in its order."""
+
+
+def _parts(runs: list[dict]) -> dict[str, float] | None:
+    """The median over runs of each part's ms per control step (`time_by_part`); None: runs that do not say."""
+    said = [r["time_by_part"]["ms_per_step"] for r in runs if r.get("time_by_part", {}).get("steps")]
+    if not said:
+        return None
+    return {k: float(np.median([p.get(k) or 0.0 for p in said])) for k in PARTS_SHOWN}
+
+
+def processes_ms(alone: dict) -> float:
+    """The env alone's ms of a process per step (its processes each on a core)."""
+    return alone["processes"] * 1e3 / alone["steps_per_s"]
 
 
 def _models_share(summary: dict, actors: int) -> float:
@@ -256,6 +278,13 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
                   f"{m['over_env_alone']:.2f} / {m['limit_over_env_alone']:.2f}", ""),
                  (f"--family all ({calls}): the driver's CPU (recording, Ray's calls) over the cores' time",
                   f"{m['driver_share']:.0%}", "")]
+        if m.get("ms_per_step"):
+            p = m["ms_per_step"]
+            rows.append((f"--family all ({calls}): an actor's ms per step once started ({m['core_ms_per_step']:.2f}; "
+                         f"the env alone {m['env_alone_ms_per_step']:.2f}): env step / models / loop (of it, "
+                         "recording) / cold resets (of them, capsules made) / restores / hosts built / capsules saved / "
+                         "shard writes / not stamped; the driver's recording",
+                         " / ".join(f"{p[k]:.3f}" for k in PARTS_SHOWN[:-1]) + f"; {p['driver_record']:.3f}", ""))
     if s.get("mix_before"):
         b, now = s["mix_before"], s["mix"][0]
         rows.append((f"--family all, {n} episodes, with start-up: now / the earlier checkout",

@@ -199,7 +199,9 @@ def _summary(config: SimRolloutConfig, opened: OpenedRun, conditioning: Conditio
              startup: dict, where: str, slot_check) -> dict:
     """The run's summary (`--json`): the episodes' tallies, how the policy acted, speed, start-up, where."""
     spec, stats, wall = opened.spec, played.stats, played.wall
-    return {**summarize_run(played.reports, stats), "advantage": conditioning.advantage, "beta": conditioning.beta,
+    run = summarize_run(played.reports, stats)
+    _time_left_over(run["time_by_part"], config.actors, stats.ready_at, played.ended)
+    return {**run, "advantage": conditioning.advantage, "beta": conditioning.beta,
             "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
             "steps_per_s": played.steps / wall if wall > 0 else 0.0, "actors": config.actors,
             "slots": spec.slots, "wall_s": wall, "startup": startup,
@@ -210,6 +212,18 @@ def _summary(config: SimRolloutConfig, opened: OpenedRun, conditioning: Conditio
             "store": str(opened.store), "sharded": config.shards, "orphans": played.orphans, "ray": where,
             "instances_by_actor": instances_by_actor(played.reports),
             "slot_check": None if slot_check is None else slot_check.summary()}
+
+
+def _time_left_over(parts: dict, actors: int, ready_at: float | None, ended: float) -> None:
+    """Add to `time_by_part` what the actors' clocks did not stamp once started (`actors_other`: each actor's wall
+    time from the first actor ready to the last episode back, less its phases): waiting for a call, Ray's hand-off
+    of calls and episodes, the actor's own work outside its hosts."""
+    if ready_at is None or ended <= ready_at or not parts["steps"]:
+        return
+    stamped = sum(v for k, v in parts["seconds"].items() if k not in ("record_step", "capsule", "driver_record"))
+    other = max(actors, 1) * (ended - ready_at) - stamped
+    parts["seconds"]["actors_other"] = other
+    parts["ms_per_step"]["actors_other"] = other * 1e3 / parts["steps"]
 
 
 def _say_what_failed(console, played: _Played, summary: dict) -> bool:
@@ -257,6 +271,14 @@ def _table(console, s: dict) -> None:
             f"{r['rows_filled']:.0%} / {r['rows_filled_with_work_left']:.0%} ({r['calls']} calls)"),)
           if (r := s["rows"]) else ()),
         *startup_rows(s["startup"]),
+        *((("an actor's ms per step: env / models / loop (recording) / cold resets (capsules) / restores / hosts "
+            "built / capsules saved / not stamped",
+            " / ".join(f"{ms.get(k) or 0:.2f}" for k in ("env_step", "models")) +
+            f" / {ms.get('host_loop') or 0:.2f} ({ms.get('record_step') or 0:.2f}) / "
+            f"{ms.get('cold_reset') or 0:.2f} ({ms.get('capsule') or 0:.2f}) / " +
+            " / ".join(f"{ms.get(k) or 0:.2f}" for k in ("restore", "build", "capsule_save")) + " / " +
+            (f"{ms['actors_other']:.2f}" if "actors_other" in ms else "-")),)
+          if (ms := s["time_by_part"]["ms_per_step"]) and s["time_by_part"]["steps"] else ()),
         ("control Hz per " + ("slot" if s["slots"] > 1 else "actor") + " (median episode)",
          f"{s['control_hz_per_actor_median']:.0f}"
          if s["control_hz_per_actor_median"] is not None else "-"),

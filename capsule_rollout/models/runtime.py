@@ -59,7 +59,7 @@ def batch_invariance(on: bool, sums: str = "exact") -> Iterator[None]:
 
 
 def _linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return exact_linear(x, layer.exact_t, layer.exact_bias, layer.exact_bits_in)
+    return exact_linear(x, layer.exact_t, layer.exact_bias, layer.exact_bits_in, layer.exact_t32)
 
 
 def _onednn(layer: torch.nn.Conv2d, x: torch.Tensor) -> bool:

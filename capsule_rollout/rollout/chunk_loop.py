@@ -8,12 +8,13 @@ lanes at each yield), `SlotHost` runs many and serves their requests with one ba
 from __future__ import annotations
 
 from collections.abc import Generator
+from time import perf_counter
 
 import numpy as np
 
 from capsule_rollout.envs.rollout_env import STATE_KEY
 from capsule_rollout.rollout.host_config import SafetyStop, Tick, two_lanes
-from capsule_rollout.rollout.phase_clock import CHUNK, HOST, STEP
+from capsule_rollout.rollout.phase_clock import CHUNK, HOST, RECORD_STEP, STEP
 from capsule_rollout.stores.episode import EpisodeBuilder
 from capsule_rollout.stores.episode_schema import PRIVILEGED, STOP_REASONS, StopReason
 from capsule_rollout.user_code import describe
@@ -172,11 +173,13 @@ class ChunkLoop:
                         return StopReason.LOW_VALUE, False, ""
                     self.state.low[...] = 0  # stop due before the first step: run the chunk anyway
                     continue
+                t0 = perf_counter()
                 builder.add(images={c: obs[k] for c, k in images}, state=obs[STATE_KEY], action=tick.action,
                             reward=tick.reward, policy_action=tick.proposed,
                             value=tick.value if tick.new_chunk else float("nan"),
                             subtask_id=tick.subtask_id, intervention=tick.intervention,
                             privileged=obs.get(PRIVILEGED))
+                self.clock.add(RECORD_STEP, perf_counter() - t0)
                 for observer in observers:
                     observer.step(self, tick)
                 obs = tick.obs

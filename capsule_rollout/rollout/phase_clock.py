@@ -33,6 +33,15 @@ BUILD = "build"
 WRITE = "write"
 """An actor writing a call's episodes to its shard."""
 PHASES = (COLD_RESET, RESTORE, CHUNK, STEP, HOST, BUILD, WRITE)
+CAPSULE = "capsule"
+"""A part of a cold reset: the seed's initial capsule made and kept (snapshot, signing, the store)."""
+RECORD_STEP = "record_step"
+"""A part of the host's loop: each step added to the episode being recorded."""
+CAPSULE_SAVE = "capsule_save"
+"""The actor's work after an episode: the seed's initial capsule signed and saved in the run's directory (once)."""
+PARTS = (CAPSULE, RECORD_STEP, CAPSULE_SAVE)
+"""Parts timed apart (`PhaseClock.add`), in the totals beside the phases, never watched: `capsule` and
+`record_step` within a phase (a cold reset's, the host loop's), `capsule_save` outside any."""
 _WHERE = {COLD_RESET: "a cold reset", RESTORE: "a restore", CHUNK: "the policy's chunk at step {step}",
           STEP: "env step {step}", HOST: "the host's loop at step {step}", BUILD: "building the host",
           WRITE: "writing the shard"}
@@ -53,6 +62,7 @@ class PhaseClock:
         self.step = step if step is not None else (lambda: 0)
         self._seen: set[str] = set()
         self._times: dict[str, list[float]] = {}
+        self._totals: dict[str, float] = {}  # seconds in each phase (and part) since `take_totals`
 
     def enter(self, phase: str | None) -> None:
         """End the current phase (its time recorded) and start `phase` (None: idle, not watched)."""
@@ -76,7 +86,17 @@ class PhaseClock:
         self._seen.add(phase)
         self.now = (phase, since, first)
 
+    def add(self, part: str, seconds: float) -> None:
+        """Count `seconds` of a part of the current phase (`PARTS`) in the totals."""
+        self._totals[part] = self._totals.get(part, 0.0) + seconds
+
+    def take_totals(self) -> dict[str, float]:
+        """The seconds spent in each phase and part since the last call (then zeroed: each counted once)."""
+        out, self._totals = self._totals, {}
+        return out
+
     def _record(self, phase: str, first: bool, seconds: float) -> None:
+        self._totals[phase] = self._totals.get(phase, 0.0) + seconds
         longest = self._times.setdefault(phase, [math.nan, math.nan])
         k = 0 if first else 1
         if not longest[k] >= seconds:  # NaN: none yet
@@ -103,6 +123,21 @@ def merge_times(into: dict[str, list[float]], times: Mapping[str, tuple[float, f
                 longest[k] = float(pair[k])
                 grew = True
     return grew
+
+
+def add_totals(into: dict[str, float], totals: Mapping[str, float]) -> dict[str, float]:
+    """`into` plus `totals`, phase by phase (in place; returned)."""
+    for phase, seconds in totals.items():
+        into[phase] = into.get(phase, 0.0) + float(seconds)
+    return into
+
+
+def combined_totals(clocks: Iterable[PhaseClock]) -> dict[str, float]:
+    """The seconds of several clocks in each phase and part (taken from each)."""
+    into: dict[str, float] = {}
+    for clock in clocks:
+        add_totals(into, clock.take_totals())
+    return into
 
 
 def combined_times(clocks: Iterable[PhaseClock]) -> Times:

@@ -43,6 +43,18 @@ import ray
 
 from capsule_rollout.rollout.deadlines import DeadlineSettings, call_deadlines
 from capsule_rollout.rollout.host_factory import RunSpec, resolve_spec
+from capsule_rollout.rollout.phase_clock import (
+    BUILD,
+    CAPSULE,
+    CAPSULE_SAVE,
+    CHUNK,
+    COLD_RESET,
+    HOST,
+    RECORD_STEP,
+    RESTORE,
+    STEP,
+    WRITE,
+)
 from capsule_rollout.rollout.ray_driver import RayDriver
 from capsule_rollout.rollout.rollout_actor import ActorReport, RolloutActor, WorkItem
 from capsule_rollout.rollout.rollout_host import RolloutHost
@@ -308,7 +320,27 @@ def summarize_run(reports: list[ActorReport], stats: DriverStats) -> dict:
                           for r in lost[:LOST_LISTED]],
         "gave_up": stats.gave_up or None,
         "rows": rows_filled(played),
+        "time_by_part": time_by_part(stats, sum(e.meta.length for e in episodes)),
     }
+
+
+PART_NAMES = {STEP: "env_step", CHUNK: "models", HOST: "host_loop", RECORD_STEP: "record_step",
+              COLD_RESET: "cold_reset", CAPSULE: "capsule", RESTORE: "restore", BUILD: "build", WRITE: "shard_write",
+              CAPSULE_SAVE: "capsule_save"}
+"""The summary's name of each phase and part of `rollout.phase_clock` (`record_step` is part of `host_loop`,
+`capsule` of `cold_reset`; `capsule_save` is outside the phases)."""
+
+
+def time_by_part(stats: DriverStats, steps: int) -> dict:
+    """Where the actors' time went: seconds in each phase and part their clocks stamped (`PART_NAMES`; the env's
+    steps with their images, the batched policy and critic calls, the loop's own work with each step's recording,
+    resets, building hosts, writing shards, saving each seed's initial capsule), and the driver's recording
+    (`driver_record`); each also in ms per
+    recorded control step. Episodes that hung or were not played are not counted."""
+    seconds = {PART_NAMES.get(k, k): v for k, v in stats.part_s.items()}
+    seconds["driver_record"] = stats.record_s
+    return {"steps": steps, "seconds": seconds,
+            "ms_per_step": {k: (v * 1e3 / steps if steps else None) for k, v in seconds.items()}}
 
 
 def first_error(errored: list[ActorReport]) -> dict | None:

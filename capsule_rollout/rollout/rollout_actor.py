@@ -41,7 +41,16 @@ from capsule_rollout.rollout.host_factory import (
     is_multi_task,
 )
 from capsule_rollout.rollout.observer import EpisodeObserver
-from capsule_rollout.rollout.phase_clock import BUILD, WRITE, Hang, PhaseClock, Times, combined_times
+from capsule_rollout.rollout.phase_clock import (
+    BUILD,
+    CAPSULE_SAVE,
+    WRITE,
+    Hang,
+    PhaseClock,
+    Times,
+    combined_times,
+    combined_totals,
+)
 from capsule_rollout.rollout.rollout_host import RolloutHost, capsule_key
 from capsule_rollout.rollout.run_capsules import capsule_path, save_initial_capsule
 from capsule_rollout.rollout.run_trust import check_label
@@ -111,6 +120,8 @@ class ActorReport:
     step_limit: int = 0  # the host's step limit of one episode (0: no host); with `steps`, `busy_s`: the deadlines
     phases: Times = field(default_factory=dict)  # the longest phase times measured in the call (each report of a
     # call carries the same): what the driver learns the deadlines from
+    part_s: dict = field(default_factory=dict)  # seconds in each phase and part (`phase_clock.PARTS`) since the
+    # actor's last call ended, on the first report of a call only (the run's summary adds them up: `time_by_part`)
     hang: Hang | None = None  # this item hung there (no episode); the actor's play thread is stuck: kill it
     unplayed: bool = False  # the call ended (another item hung) before this one was played: hand it out again
     traceback: str = ""  # the user's own frames of the exception behind `error` (`user_code.user_frames`)
@@ -315,9 +326,12 @@ class RolloutActor(SlotCalls):
 
     def _learned(self, reports: list[ActorReport]) -> None:
         """Attach the call's phase times to its reports (the driver learns from them), and learn them here too."""
-        phases = combined_times(self._clocks())
+        clocks = self._clocks()
+        phases = combined_times(clocks)
         for report in reports:
             report.phases = phases
+        if reports:
+            reports[0].part_s = combined_totals(clocks)
         if self._deadlines is not None:
             self._deadlines.merge(phases)
 
@@ -430,7 +444,9 @@ class RolloutActor(SlotCalls):
     def _report(self, item: WorkItem, result, host: RolloutHost) -> ActorReport:
         if _is_cuda_fatal(result.exception):
             os._exit(3)
+        t0 = time.perf_counter()
         save_initial_capsule(host, self.spec, item.seed, result.initial_capsule, key=self.capsule_key)
+        self.clock.add(CAPSULE_SAVE, time.perf_counter() - t0)
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
                            extra=result.extra, actor_index=self.index, node=self.node,

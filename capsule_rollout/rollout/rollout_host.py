@@ -64,7 +64,7 @@ from capsule_rollout.rollout.host_config import episode_id as default_episode_id
 from capsule_rollout.rollout.host_state import HostState
 from capsule_rollout.rollout.observer import EpisodeObserver
 from capsule_rollout.rollout.operator_control import OperatorControl
-from capsule_rollout.rollout.phase_clock import COLD_RESET, HOST, RESTORE, PhaseClock
+from capsule_rollout.rollout.phase_clock import CAPSULE, COLD_RESET, HOST, RESTORE, PhaseClock
 from capsule_rollout.rollout.planner import Planner, ScriptedPlanner
 from capsule_rollout.stores.episode import EpisodeBuilder
 
@@ -280,10 +280,12 @@ class RolloutHost(ChunkLoop):
         self._seen_version = -1
         self._poll_subtask()
         self._first_bad = len(self.state.queue)
+        t0 = time.perf_counter()
         capsule = snapshot(self.arena, label=key, step=0, episode=key, extra={"seed": str(seed), "task": self.task})
         if keep:
             with self.shared:
                 self.store.put(key, capsule, pin=seed in self.config.pin_seeds)
+        self.clock.add(CAPSULE, time.perf_counter() - t0)
         return capsule, obs
 
     def _poll_subtask(self) -> bool:

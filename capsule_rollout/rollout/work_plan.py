@@ -9,10 +9,12 @@ item.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from capsule_rollout.rollout.phase_clock import add_totals
 from capsule_rollout.rollout.rollout_actor import ActorReport, WorkItem, follow_up_id
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
@@ -41,6 +43,8 @@ class DriverStats:
     gave_up: str = ""  # why the run stopped before its work was done (its items then lost); empty: it did not
     gave_up_traceback: str = ""  # the user's own frames behind `gave_up` (an actor whose host could not be built)
     ready_at: float | None = None  # time.monotonic() when the first actor was placed and built (in-process: made)
+    part_s: dict = field(default_factory=dict)  # the actors' seconds in each phase and part (`ActorReport.part_s`)
+    record_s: float = 0.0  # the driver's seconds writing (or committing) the returned episodes
 
 
 class WorkPlan:
@@ -127,10 +131,12 @@ def lost_report(item: WorkItem, why: str) -> ActorReport:
 
 def record_reports(reports: list[ActorReport], recorder, stats: DriverStats) -> None:
     """Write (single store) or commit (sharded store: the actors wrote them; one group commit) returned
-    episodes, each once."""
+    episodes, each once; the reports' phase seconds and the writing's added to `stats`."""
+    t0 = time.perf_counter()
     entries: list[ManifestEntry] = []
     ids: set[str] = set()
     for report in reports:
+        add_totals(stats.part_s, report.part_s)
         if report.episode is None:
             stats.failed_before_first_step += 1
             continue
@@ -149,6 +155,7 @@ def record_reports(reports: list[ActorReport], recorder, stats: DriverStats) -> 
         stats.successes += int(report.episode.meta.success)
     if entries:
         recorder.commit_many(entries)
+    stats.record_s += time.perf_counter() - t0
 
 
 def without_images(report: ActorReport) -> None:

@@ -41,6 +41,10 @@ def test_rollout_records_every_episode_once_even_when_an_actor_dies(checkpoints,
                             "to_first_episode_s"}
     assert 0 < startup["preflight_s"] < startup["to_actors_ready_s"] < startup["to_first_episode_s"]
     assert startup["ray_s"] > 0 and data["steps_per_s_started"] > data["steps_per_s"] > 0
+    parts = data["time_by_part"]  # where the actors' time went, each part apart, and what their clocks left over
+    assert {"env_step", "models", "host_loop", "record_step", "cold_reset", "capsule", "capsule_save",
+            "driver_record", "actors_other"} <= set(parts["seconds"]) and parts["steps"] > 0
+    assert all(v > 0 for k, v in parts["seconds"].items() if k != "actors_other")
     reader = ZarrEpisodeReader(data["store"])
     ids = reader.episode_ids
     assert sorted(ids) == [f"pick_place-s{1000000 + i:07d}" for i in range(5)]  # each exactly once

@@ -55,6 +55,25 @@ def test_a_row_is_the_same_alone_and_in_any_position_of_any_batch():
     leading = torch.randn(3, 4, 272, generator=g)  # leading dimensions are rows too
     assert torch.equal(exact_linear(leading, w.t, w.bias, w.bits_in)[1, 2],
                        exact_linear(leading[1, 2:3], w.t, w.bias, w.bits_in)[0])
+    # from NARROW_ROWS rows the product widens the float32 copy of the weights: the same values, the same rows
+    assert w.t32 is not None and torch.equal(w.t32.double(), w.t)
+    for n in (1, 2, 3, 4, 8, 17):
+        batch = torch.randn(n, 272, generator=g)
+        batch[n - 1] = row[0]
+        assert torch.equal(exact_linear(batch, w.t, w.bias, w.bits_in, w.t32)[n - 1], alone[0]), n
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_a_grid_finer_than_float32_keeps_no_float32_copy(k):
+    """Sums of at most 8 products put the weights on a grid of 25-26 bits: float64 weights keep values there
+    that no float32 holds (float32 weights keep their own 24 bits or fewer, so they always have the copy)."""
+    weight = torch.randn(2 ** 15, k, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+    assert ExactWeights(weight.float(), None).t32 is not None
+    w = ExactWeights(weight, None)
+    assert w.t32 is None
+    x = torch.randn(8, k)
+    assert torch.equal(exact_linear(x, w.t, None, w.bits_in, w.t32)[3], exact_linear(x[3:4], w.t, None, w.bits_in)[0])
+    assert ExactWeights(weight[:64].float(), None).t32 is None  # small: in the cache either way, no copy
 
 
 def test_a_non_finite_entry_spoils_its_row_only():

@@ -12,19 +12,13 @@ import sys
 
 import pytest
 
+from benchmarks.kernel_paths import PATH_VARIABLES, PATHS  # the paths `bench_kernel_paths` measures
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PATHS = {
-    "default": {},
-    "aten-avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
-    "aten-scalar": {"ATEN_CPU_CAPABILITY": "default"},
-    "onednn-avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "mkl-avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-}
 
 
 def _start(extra: dict[str, str]) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-                                                             "MKL_ENABLE_INSTRUCTIONS")}
+    env = {k: v for k, v in os.environ.items() if k not in PATH_VARIABLES}
     return subprocess.Popen([sys.executable, "-m", "tests.models.kernel_path_probe"], cwd=ROOT, env={**env, **extra},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
