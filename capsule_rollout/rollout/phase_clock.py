@@ -38,7 +38,8 @@ CAPSULE = "capsule"
 RECORD_STEP = "record_step"
 """A part of the host's loop: each step added to the episode being recorded."""
 CAPSULE_SAVE = "capsule_save"
-"""The actor's work after an episode: the seed's initial capsule signed and saved in the run's directory (once)."""
+"""An actor waiting for its saver thread to sign and save the seeds' initial capsules in the run's directory (before
+a call's reports go back: `RolloutActor._saved`)."""
 PARTS = (CAPSULE, RECORD_STEP, CAPSULE_SAVE)
 """Parts timed apart (`PhaseClock.add`), in the totals beside the phases, never watched: `capsule` and
 `record_step` within a phase (a cold reset's, the host loop's), `capsule_save` outside any."""

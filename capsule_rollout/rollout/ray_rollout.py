@@ -334,9 +334,9 @@ PART_NAMES = {STEP: "env_step", CHUNK: "models", HOST: "host_loop", RECORD_STEP:
 def time_by_part(stats: DriverStats, steps: int) -> dict:
     """Where the actors' time went: seconds in each phase and part their clocks stamped (`PART_NAMES`; the env's
     steps with their images, the batched policy and critic calls, the loop's own work with each step's recording,
-    resets, building hosts, writing shards, saving each seed's initial capsule), and the driver's recording
-    (`driver_record`); each also in ms per
-    recorded control step. Episodes that hung or were not played are not counted."""
+    resets, building hosts, writing shards, waiting for the seeds' initial capsules to be saved), and the driver's
+    recording (`driver_record`); each also in ms per recorded control step. Episodes that hung or were not played
+    are not counted."""
     seconds = {PART_NAMES.get(k, k): v for k, v in stats.part_s.items()}
     seconds["driver_record"] = stats.record_s
     return {"steps": steps, "seconds": seconds,

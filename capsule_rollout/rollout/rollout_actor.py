@@ -23,7 +23,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -177,6 +177,8 @@ class RolloutActor(SlotCalls):
         self._init_slot_calls()  # with slots: every call's items played from one feed (`rollout.slots.calls`)
         self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         self._shard: ShardWriter | None = None
+        self._saver: ThreadPoolExecutor | None = None  # signs and saves the seeds' initial capsules (`_save_later`)
+        self._saving: list[Future] = []
         if spec.pin_cores and hasattr(os, "sched_setaffinity"):
             cores = sorted(os.sched_getaffinity(0))
             os.sched_setaffinity(0, {cores[index % len(cores)]})
@@ -311,6 +313,7 @@ class RolloutActor(SlotCalls):
         reports = self._play_each(items)
         self._current = None
         self._write_shard(reports)
+        self._saved()
         self._learned(reports)
         return reports
 
@@ -363,6 +366,7 @@ class RolloutActor(SlotCalls):
             hung = [k for k in range(len(items)) if k not in done]
         reports = self._hang_reports(items, done, hung, hang)
         self._write_shard([r for r in reports if r.episode is not None])
+        self._saved()  # the items done go back recorded: their capsules saved first
         self._learned(reports)
         return reports
 
@@ -444,14 +448,37 @@ class RolloutActor(SlotCalls):
     def _report(self, item: WorkItem, result, host: RolloutHost) -> ActorReport:
         if _is_cuda_fatal(result.exception):
             os._exit(3)
-        t0 = time.perf_counter()
-        save_initial_capsule(host, self.spec, item.seed, result.initial_capsule, key=self.capsule_key)
-        self.clock.add(CAPSULE_SAVE, time.perf_counter() - t0)
+        self._save_later(host, item.seed, result.initial_capsule)
         return ActorReport(episode=result.episode, reset_kind=result.reset_kind, reset_ms=result.reset_ms,
                            steps_per_s=result.steps_per_s, error=result.error, actor_pid=os.getpid(), item=item,
                            extra=result.extra, actor_index=self.index, node=self.node,
                            steps=result.episode.meta.length if result.episode is not None else 0,
                            traceback=user_frames(result.exception) if result.exception is not None else "")
+
+    def _save_later(self, host: RolloutHost, seed: int, capsule) -> None:
+        """The seed's initial capsule signed and saved in the run's directory (once) on the saver's thread: the
+        serializing, signing and the file's fsync off the play's path. A capsule never changes once made (the store
+        replaces, never edits, what it holds), so the thread may take it as it is. `_saved` waits for every save
+        before a call's reports go back: an episode is never recorded without its capsule on disk."""
+        if not self.spec.capsule_dir or not getattr(host.env, "restorable", True):
+            return
+        if capsule is None:
+            capsule = host.initial_capsule  # the store may have dropped it already (a budget)
+        if self._saver is None:
+            self._saver = ThreadPoolExecutor(1, thread_name_prefix="capsule-save")
+        self._saving.append(self._saver.submit(save_initial_capsule, host, self.spec, seed, capsule,
+                                               key=self.capsule_key))
+
+    def _saved(self) -> None:
+        """Wait for every capsule handed to the saver (its time waited counted as `capsule_save`); a save that
+        failed raises here, failing the call as it would have where it was made."""
+        t0 = time.perf_counter()
+        saving, self._saving = self._saving, []
+        try:
+            for future in saving:
+                future.result()
+        finally:
+            self.clock.add(CAPSULE_SAVE, time.perf_counter() - t0)
 
     def close_shard(self) -> None:
         """Close this process's shard writer (every episode it returned is committed to the shard already)."""
@@ -461,6 +488,10 @@ class RolloutActor(SlotCalls):
 
     def close(self) -> None:
         self.close_shard()
+        if self._saver is not None:
+            self._saved()
+            self._saver.shutdown(wait=True)
+            self._saver = None
         self._on_player(self._close_hosts)
         if self._player is not None:
             self._player.shutdown(wait=False)

@@ -9,7 +9,7 @@ returns at once with its items done, the hung ones and the rest unplayed, as one
 flight finds it, so each returns before the driver kills the actor.
 
 `SlotCalls` is a mixin of `RolloutActor` (its `_host_for`, `_report`, `_failed`, `_lost`, `_hang_reports`,
-`_write_shard`, `_learned`, `_overrun`, `_player`).
+`_write_shard`, `_saved`, `_learned`, `_overrun`, `_player`).
 """
 
 from __future__ import annotations
@@ -138,6 +138,7 @@ class SlotCalls:
         reports = self._returned(call)
         with self._shard_lock:
             self._write_shard(reports)
+            self._saved()
         self._learned(reports)
         call.done.set()
 
@@ -160,6 +161,7 @@ class SlotCalls:
         if not writing:
             with self._shard_lock:
                 self._write_shard([r for r in reports if r.episode is not None])
+                self._saved()  # the items done go back recorded: their capsules saved first
         self._learned(reports)
         return reports
 
