@@ -71,8 +71,7 @@ def round_row(x: torch.Tensor, bits: int, dims: int | Sequence[int]) -> torch.Te
 class ExactWeights:
     """A weight matrix `(out, k)` put on its grid once: `t`, float64 `(k, out)` ready for `x @ t`; `t32`, the same
     in float32 for a matrix of `NARROW_SIZE` elements or more where every value on the grid is one (at most 24 bits,
-    no float32 subnormal), else None; `bias`
-    float64 or None; `bits_in`, the grid of the inputs it takes."""
+    no float32 subnormal), else None; `bias` float64 or None; `bits_in`, the grid of the inputs it takes."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         w = weight.detach().reshape(weight.shape[0], -1).to(torch.float64)

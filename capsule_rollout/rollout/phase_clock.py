@@ -34,7 +34,7 @@ WRITE = "write"
 """An actor writing a call's episodes to its shard."""
 PHASES = (COLD_RESET, RESTORE, CHUNK, STEP, HOST, BUILD, WRITE)
 CAPSULE = "capsule"
-"""A part of a cold reset: the seed's initial capsule made and kept (snapshot, signing, the store)."""
+"""A part of a cold reset: the seed's initial capsule made and kept (the snapshot, the store holding it)."""
 RECORD_STEP = "record_step"
 """A part of the host's loop: each step added to the episode being recorded."""
 CAPSULE_SAVE = "capsule_save"

@@ -464,6 +464,8 @@ class RolloutActor(SlotCalls):
             return
         if capsule is None:
             capsule = host.initial_capsule  # the store may have dropped it already (a budget)
+        if capsule is None:  # nothing to save (the thread must not read the host's capsule later: another seed's)
+            return
         if self._saver is None:
             self._saver = ThreadPoolExecutor(1, thread_name_prefix="capsule-save")
         self._saving.append(self._saver.submit(save_initial_capsule, host, self.spec, seed, capsule,
