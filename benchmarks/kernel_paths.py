@@ -47,8 +47,8 @@ class KernelPathsConfig:
     """Kernel paths measured (names of `PATHS`)."""
     slots: int = 8
     """Slots of the batched host."""
-    episodes: int = 16
-    """Episodes (seeds) per mode and round."""
+    episodes: int = 32
+    """Episodes (seeds) per mode and round (4 per slot: the 8 slots full but for each round's tail)."""
     max_steps: int = 80
     """Episode length cap."""
     rounds: int = 3
@@ -72,9 +72,9 @@ def child(config: dict) -> dict:
     import numpy as np
     import torch
 
+    from benchmarks.slots import _played, _same, _with
     from capsule_rollout.rollout.host_factory import RunSpec, build_host, build_slots, resolve_acting
     from capsule_rollout.rollout.rollout_host import HostConfig
-    from capsule_rollout.rollout.slots.host import episode_job
 
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
@@ -88,14 +88,11 @@ def child(config: dict) -> dict:
     as_is = build_host(dataclasses.replace(spec, batch_invariant=False))
     many = build_slots(dataclasses.replace(spec, slots=config["slots"]))
 
-    def play(host, lazy: bool):
-        for h in getattr(host, "hosts", [host]):
-            h.config = dataclasses.replace(h.config, images_on_demand=lazy)
-        if host is many:
-            return [x.value.episode for x in many.run_items([episode_job(s) for s in seeds])]
-        return [host.run_episode(s).episode for s in seeds]
+    def play(host, lazy: bool) -> tuple[int, list]:
+        _with(host, images_on_demand=lazy)
+        return _played(host, seeds)
 
-    played = {"one": play(one, False), "slots": play(many, False)}  # capsules made, traces warm
+    played = {"one": play(one, False)[1], "slots": play(many, False)[1]}  # capsules made, traces warm
     play(as_is, False)
     modes = {"one_drawn": (one, False), "one_on_demand": (one, True), "slots_drawn": (many, False),
              "slots_on_demand": (many, True), "one_as_is": (as_is, False)}
@@ -105,10 +102,9 @@ def child(config: dict) -> dict:
         random.Random(r).shuffle(order)
         for mode in order:
             t0 = time.perf_counter()
-            steps = sum(e.meta.length for e in play(*modes[mode]))
+            steps, _ = play(*modes[mode])
             rates[mode].append(steps / (time.perf_counter() - t0))
-    same = all(np.array_equal(np.asarray(a.steps[k]), np.asarray(b.steps[k]), equal_nan=True)
-               for a, b in zip(played["one"], played["slots"], strict=True) for k in ("action", "state", "value"))
+    same = _same(played["one"], played["slots"])
     rows = [getattr(many.policy_rows, "runtime", None), getattr(many.critic_rows, "runtime", None)]
     for host in (one, as_is, many):
         host.close()

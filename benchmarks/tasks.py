@@ -185,7 +185,7 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = print)
                      "ms_per_step": _parts(runs),
                      # each actor's ms per step once started, and the env alone's (the same cores, replayed)
                      "core_ms_per_step": config.actors * 1e3 / _median(runs, "steps_per_s_started"),
-                     "env_alone_ms_per_step": processes_ms(alone)})
+                     "env_alone_ms_per_step": _process_ms(alone)})
     startup: dict = {"rounds": config.startup_rounds, "now": []}
     if config.before:
         startup["before"] = []
@@ -233,7 +233,7 @@ def _parts(runs: list[dict]) -> dict[str, float] | None:
     return {k: float(np.median([p.get(k) or 0.0 for p in said])) for k in PARTS_SHOWN}
 
 
-def processes_ms(alone: dict) -> float:
+def _process_ms(alone: dict) -> float:
     """The env alone's ms of a process per step (its processes each on a core)."""
     return alone["processes"] * 1e3 / alone["steps_per_s"]
 

@@ -27,7 +27,7 @@ from capsule_rollout.learning.options import SHIPPED_CRITIC, SHIPPED_POLICY
 from capsule_rollout.policies.conditioning import Conditioning
 from capsule_rollout.rollout.deadlines import DeadlineSettings
 from capsule_rollout.rollout.host_factory import ANY_TASK, RunSpec
-from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts, summarize_run
+from capsule_rollout.rollout.ray_rollout import RayStart, add_time_not_stamped, run_rollouts, summarize_run
 from capsule_rollout.rollout.record import OpenedRun, episode_id_of, open_run, run_spec
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.slots.check import check_slots, require_slots
@@ -200,7 +200,8 @@ def _summary(config: SimRolloutConfig, opened: OpenedRun, conditioning: Conditio
     """The run's summary (`--json`): the episodes' tallies, how the policy acted, speed, start-up, where."""
     spec, stats, wall = opened.spec, played.stats, played.wall
     run = summarize_run(played.reports, stats)
-    _time_left_over(run["time_by_part"], config.actors, stats.ready_at, played.ended)
+    if stats.ready_at is not None:
+        add_time_not_stamped(run["time_by_part"], max(config.actors, 1) * (played.ended - stats.ready_at))
     return {**run, "advantage": conditioning.advantage, "beta": conditioning.beta,
             "n_exec": spec.host.n_exec, "noise_scale": spec.noise_scale,
             "steps_per_s": played.steps / wall if wall > 0 else 0.0, "actors": config.actors,
@@ -212,18 +213,6 @@ def _summary(config: SimRolloutConfig, opened: OpenedRun, conditioning: Conditio
             "store": str(opened.store), "sharded": config.shards, "orphans": played.orphans, "ray": where,
             "instances_by_actor": instances_by_actor(played.reports),
             "slot_check": None if slot_check is None else slot_check.summary()}
-
-
-def _time_left_over(parts: dict, actors: int, ready_at: float | None, ended: float) -> None:
-    """Add to `time_by_part` what the actors' clocks did not stamp once started (`actors_other`: each actor's wall
-    time from the first actor ready to the last episode back, less its phases): waiting for a call, Ray's hand-off
-    of calls and episodes, the actor's own work outside its hosts."""
-    if ready_at is None or ended <= ready_at or not parts["steps"]:
-        return
-    stamped = sum(v for k, v in parts["seconds"].items() if k not in ("record_step", "capsule", "driver_record"))
-    other = max(actors, 1) * (ended - ready_at) - stamped
-    parts["seconds"]["actors_other"] = other
-    parts["ms_per_step"]["actors_other"] = other * 1e3 / parts["steps"]
 
 
 def _say_what_failed(console, played: _Played, summary: dict) -> bool:

@@ -343,6 +343,22 @@ def time_by_part(stats: DriverStats, steps: int) -> dict:
             "ms_per_step": {k: (v * 1e3 / steps if steps else None) for k, v in seconds.items()}}
 
 
+NOT_THE_ACTORS_OWN = (PART_NAMES[CAPSULE], PART_NAMES[RECORD_STEP], "driver_record")
+"""Parts of `time_by_part` that are not more of an actor's time: counted within a phase already, or the driver's."""
+
+
+def add_time_not_stamped(parts: dict, actors_s: float) -> None:
+    """Add to `time_by_part` what the actors' clocks did not stamp (`actors_other`): `actors_s`, the actors' wall
+    time together (each actor's from the first actor ready to the last episode back), less their phases: waiting for
+    a call, Ray's hand-off of calls and episodes, the actor's own work outside its hosts. Nothing when no step was
+    recorded or no time passed."""
+    if actors_s <= 0 or not parts["steps"]:
+        return
+    other = actors_s - sum(v for k, v in parts["seconds"].items() if k not in NOT_THE_ACTORS_OWN)
+    parts["seconds"]["actors_other"] = other
+    parts["ms_per_step"]["actors_other"] = other * 1e3 / parts["steps"]
+
+
 def first_error(errored: list[ActorReport]) -> dict | None:
     """The first report that ended in an error, for a summary: its episode id, the error's line and the user's
     frames under it."""
