@@ -1,13 +1,17 @@
 """The rollout side of the robot bridge: `RobotClient` (observe, act, reset, e-stop) and its errors.
 
 The client says hello as protocol 2 asks (`robot_side.protocol`): it waits for the server's challenge and
-answers with a proof of the token over its nonce, so the token never leaves this process. What the welcome
+answers with a proof of the token over its nonce, so the token never leaves this process. A connection the server
+closed before reading its hello (`unheard`: a full pool of connections yet to say hello made room) is opened
+again, within the client's timeout: a burst of new connections during the challenge's round trip cannot keep a
+client with the token out. What the welcome
 announces (cameras, image shape, state size) is checked against what a frame can carry before anything is sized
 by it, and operator events are kept up to `MAX_OPERATOR_EVENTS`: no count the robot side sends is unbounded here.
 """
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
@@ -28,6 +32,7 @@ from capsule_rollout.robot_side.protocol import (
 )
 
 MAX_OPERATOR_EVENTS = 1024  # operator events kept until `operator_events()` takes them (the oldest dropped)
+_UNHEARD_RETRY_S, _UNHEARD_RETRY_MAX_S = 0.005, 0.2  # the pause before connecting again after an unheard close
 
 
 class RobotDisconnected(ConnectionError):
@@ -39,9 +44,16 @@ class RobotError(RuntimeError):
 
     STOP_REASONS = {"heartbeat_timeout": "aborted", "unsafe_action": "safety"}
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, unheard: bool = False) -> None:
         super().__init__(f"robot error {code}: {message}")
         self.code, self.message = code, message
+        self.unheard = unheard
+        """The server closed the connection before reading anything it sent: nothing was done."""
+
+    @classmethod
+    def from_frame(cls, msg: Message) -> RobotError:
+        return cls(str(msg.fields.get("code")), str(msg.fields.get("message")),
+                   unheard=msg.fields.get("unheard") is True)
 
     @property
     def stop_reason(self) -> str:
@@ -59,18 +71,10 @@ class RobotClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, token: str = "", timeout_s: float = 5.0,
                  heartbeat_s: float | None = 0.2) -> None:
         self.address = (host, port)
-        try:
-            self._sock = socket.create_connection((host, port), timeout=timeout_s)
-        except OSError as exc:
-            raise RobotDisconnected(f"cannot reach the robot at {host}:{port} ({exc})") from None
         self._lock = threading.Lock()
         self._seq = 0
         self._silence = "stopped answering"  # what a timeout says
-        try:
-            welcome = self._hello(token)
-        except BaseException:
-            self._sock.close()
-            raise
+        welcome = self._connect(token, timeout_s)
         self.robot = welcome.fields.get("robot", "")
         self.control_hz = welcome.fields.get("control_hz")
         self.cameras = tuple(welcome.fields.get("cameras", ()))
@@ -88,6 +92,29 @@ class RobotClient:
             self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat_s,), daemon=True)
             self._beat.start()
 
+    def _connect(self, token: str, timeout_s: float) -> Message:
+        """Connect and say hello; returns the welcome. A connection the server closed unheard (its pool of
+        connections yet to say hello was full: see `robot_side.admission`) is opened again, a little later each
+        time, until `timeout_s` has passed since the first."""
+        deadline, pause = time.monotonic() + timeout_s, _UNHEARD_RETRY_S
+        while True:
+            try:
+                self._sock = socket.create_connection(self.address, timeout=timeout_s)
+            except OSError as exc:
+                raise RobotDisconnected(f"cannot reach the robot at {self.address[0]}:{self.address[1]} ({exc})") \
+                    from None
+            try:
+                return self._hello(token)
+            except RobotError as exc:
+                self._sock.close()
+                if not exc.unheard or time.monotonic() + pause > deadline:
+                    raise
+            except BaseException:
+                self._sock.close()
+                raise
+            time.sleep(pause * random.uniform(0.5, 1.0))  # apart from other clients closed in the same burst
+            pause = min(2 * pause, _UNHEARD_RETRY_MAX_S)
+
     def _hello(self, token: str) -> Message:
         """The server's challenge, then a hello that proves `token` over its nonce; returns the welcome."""
         self._silence = "sent no challenge (a robot side older than protocol 2 sends none: upgrade it)"
@@ -95,7 +122,7 @@ class RobotClient:
             challenge = self._receive()
         self._silence = "stopped answering"
         if challenge.type == "error":
-            raise RobotError(str(challenge.fields.get("code")), str(challenge.fields.get("message")))
+            raise RobotError.from_frame(challenge)
         welcome = self._request(hello_message(challenge, token, client="rollout"))
         _check_welcome(welcome)
         return welcome
@@ -124,7 +151,7 @@ class RobotClient:
                 raise RobotDisconnected(f"connection to the robot lost ({exc})") from None
             reply = self._receive()
         if reply.type == "error":
-            raise RobotError(str(reply.fields.get("code")), str(reply.fields.get("message")))
+            raise RobotError.from_frame(reply)
         return reply
 
     def _receive(self) -> Message:

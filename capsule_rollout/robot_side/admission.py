@@ -292,7 +292,7 @@ class Admission:
                    "reading": "the oldest that has not said hello"}[victim.state]
             _send_now(victim.conn, error_message(
                 "busy", f"{self.max_pending} connections are waiting to say hello: this one ({why}) is closed to make "
-                "room", fatal=True, seq=victim.hello.seq if victim.hello else 0))
+                "room", fatal=True, seq=victim.hello.seq if victim.hello else 0, unheard=victim.state == "reading"))
         self._close(victim)
 
     def _readable(self, p: _Pending) -> None:

@@ -30,7 +30,7 @@ Message types (client = rollout side, server = robot side):
                                                          (leader arm; the scripted expert in sim)
     estop      {}                            estop_ack   {}
     heartbeat  {t}                           heartbeat_ack {t}
-    bye        {}                            error       {code, message, fatal}
+    bye        {}                            error       {code, message, fatal[, unheard]}
 
 The hello is a challenge-response, so that the shared token never crosses the wire and a recorded hello is
 worth nothing: the server opens every connection with `challenge`, a fresh random `nonce` (NONCE_BYTES, hex),
@@ -55,7 +55,9 @@ MAX_ARRAYS arrays of at most MAX_DIMS dimensions each under 2**31, and `seq` and
 The header is strict JSON: NaN and Infinity are refused like any other malformed
 header. A frame that cannot be decoded is answered with an `error` frame (its
 `code` one of `ERROR_CODES`); the server then drops the connection if the stream
-can no longer be trusted (`fatal`), and always before hello.
+can no longer be trusted (`fatal`), and always before hello. `unheard` (true when present): the server
+closed the connection before reading anything it sent (its pool of connections yet to say hello was full), so
+nothing was done and the client should connect again.
 """
 
 from __future__ import annotations
@@ -246,10 +248,15 @@ def read_frame(recv_exactly: Callable[[int], bytes], *, max_payload: int = MAX_P
     return decode_body(body[:h_len], body[h_len:])
 
 
-def error_message(code: str, message: str, *, fatal: bool = False, seq: int = 0) -> Message:
+def error_message(code: str, message: str, *, fatal: bool = False, seq: int = 0, unheard: bool = False) -> Message:
+    """An error frame. `unheard`: the connection is closed before anything it sent was read (a full admission pool
+    made room): nothing was done, and connecting again at once is what a client should do."""
     if code not in ERROR_CODES:
         raise ValueError(f"unknown error code {code!r}")
-    return Message("error", {"code": code, "message": message[:500], "fatal": fatal}, {}, seq)
+    fields = {"code": code, "message": message[:500], "fatal": fatal}
+    if unheard:
+        fields["unheard"] = True
+    return Message("error", fields, {}, seq)
 
 
 def require_fields(msg: Message, spec: Mapping[str, type]) -> None:

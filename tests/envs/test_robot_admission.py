@@ -19,6 +19,7 @@ from capsule_rollout.robot_side.protocol import (
     ConnectionClosed,
     Message,
     ProtocolError,
+    challenge_message,
     challenge_nonce,
     decode,
     encode,
@@ -288,10 +289,85 @@ def test_a_full_pool_closes_connections_from_addresses_never_admitted_before_the
             assert _until(lambda: srv.status()["evicted"] == 3)  # each newcomer closed the oldest from 127.0.0.2
             rightful.sendall(encode(hello_message(challenge, TOKEN)))
             assert read_frame(socket_reader(rightful)).type == "welcome"
-            assert [m.fields["code"] for m in _frames(flood[0])] == ["busy"]
+            closed = _frames(flood[0])
+            assert [(m.fields["code"], m.fields.get("unheard")) for m in closed] == [("busy", True)]  # try again
         finally:
             for sock in (rightful, *flood):
                 sock.close()
+
+
+class _ClosesUnheard:
+    """A front for `server` on another port: its first `unheard` connections get a challenge and, once they answer,
+    `closing` (by default the frame a full pool sends to a connection it closes before reading its hello); later
+    connections are relayed to the server."""
+
+    def __init__(self, server, unheard: int, closing: Message | None = None) -> None:
+        self.server, self.unheard, self.connections = server, unheard, 0
+        self.closing = closing or error_message("busy", "closed to make room", fatal=True, unheard=True)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = self.sock.getsockname()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            if self.connections > self.unheard:
+                backend = socket.create_connection(self.server.address, timeout=10)
+                for a, b in ((conn, backend), (backend, conn)):
+                    threading.Thread(target=_relay, args=(a, b), daemon=True).start()
+                continue
+            with conn:
+                conn.sendall(encode(challenge_message(bytes(32))))
+                read_frame(socket_reader(conn))  # its hello, never checked
+                conn.sendall(encode(self.closing))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _relay(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        dst.close()
+
+
+def test_a_client_closed_unheard_connects_again_and_is_served_while_any_other_refusal_stands():
+    """A full pool closes a connection that has not said hello yet, the rightful client's too while its hello is on
+    its way (a burst of new connections during the challenge's round trip); nothing was done, so the client
+    connects again, a little later each time, within its timeout."""
+    with SimRobotServer(image_size=16, token=TOKEN) as srv:
+        front = _ClosesUnheard(srv, unheard=3)
+        try:
+            with RobotClient(*front.address, token=TOKEN, heartbeat_s=None) as robot:
+                robot.reset_to_initial(seed=1)
+                assert robot.observe()[0]["image_front"].shape == (16, 16, 3)
+            assert front.connections == 4
+        finally:
+            front.close()
+        front = _ClosesUnheard(srv, unheard=1, closing=error_message("busy", "the robot is taken", fatal=True))
+        try:
+            with pytest.raises(RobotError, match="the robot is taken") as refused:
+                RobotClient(*front.address, token=TOKEN, heartbeat_s=None)
+            assert not refused.value.unheard and front.connections == 1  # not closed unheard: told at once
+        finally:
+            front.close()
+        front = _ClosesUnheard(srv, unheard=10**6)
+        try:
+            start = time.monotonic()
+            with pytest.raises(RobotError, match="closed to make room") as closed:
+                RobotClient(*front.address, token=TOKEN, timeout_s=0.5, heartbeat_s=None)
+            assert closed.value.unheard and 0.3 < time.monotonic() - start < 2.0  # until its timeout, then told
+            assert 3 <= front.connections < 40
+        finally:
+            front.close()
 
 
 def test_before_hello_a_broken_frame_closes_the_connection():
@@ -417,7 +493,7 @@ def test_a_full_pool_never_closes_a_hello_with_the_right_token_and_it_gets_the_r
         try:
             assert _until(lambda: srv.status()["waiting_for_robot"] == 1)
             silent = [socket.create_connection(srv.address, timeout=5) for _ in range(3)]
-            assert [m.fields["code"] for m in _frames(silent[0])] == ["busy"]  # the pool made room with them
+            assert [(m.fields["code"], m.fields.get("unheard")) for m in _frames(silent[0])] == [("busy", True)]
             assert [m.fields["code"] for m in _frames(silent[1])] == ["busy"]
             reply = read_frame(socket_reader(waiting))  # the stalled frame's deadline passes: the robot is its
             assert reply.type == "welcome", reply.fields
