@@ -59,11 +59,11 @@ from capsule_rollout.rollout.slots.host import SlotHost
 from capsule_rollout.stores import episode_schema as S
 from capsule_rollout.stores.episode import Episode
 from capsule_rollout.stores.shard_manifest import ManifestEntry
-from capsule_rollout.stores.sharded_store import ShardWriter
 from capsule_rollout.user_code import describe, user_frames
 
 if TYPE_CHECKING:  # it imports this module
     from capsule_rollout.rollout.deadlines import DeadlineSettings, PhaseDeadlines
+    from capsule_rollout.stores.sharded_store import ShardWriter
 
 CUDA_FATAL: tuple[type[BaseException], ...] = (torch.AcceleratorError,)
 """What torch (>= 2.8, the project's floor) raises when the CUDA context is dead (an illegal access, a
@@ -422,6 +422,8 @@ class RolloutActor(SlotCalls):
         recorded = [r for r in reports if r.episode is not None]
         if self.shard_root and recorded:
             if self._shard is None:
+                from capsule_rollout.stores.sharded_store import ShardWriter  # zarr: only a sharded run's actors
+
                 self._shard = ShardWriter(self.shard_root, prefix=f"a{self.index:03d}")
             t0 = time.perf_counter()
             self.clock.enter(WRITE)
