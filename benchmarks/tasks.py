@@ -142,6 +142,15 @@ def env_alone(store: Path, processes: int, image_size: int) -> dict:
     return {"episodes": len(played), "steps": steps, "steps_per_s": steps / wall, "processes": processes}
 
 
+def _phases(runs: list[dict]) -> dict:
+    """Medians of a one-seed run's start-up phases (its summary's `startup`, seconds from the command's start), and
+    `after_episodes_s`: from its episodes back to the process's end (the plot, the table, Ray's shutdown, exit)."""
+    out = {k: float(np.median([r["startup"][k] for r in runs])) for k in runs[0]["startup"]}
+    out["after_episodes_s"] = float(np.median([r["process_s"] - r["startup"]["before_command_s"]
+                                               - r["startup"]["to_first_episode_s"] for r in runs]))
+    return out
+
+
 def _median(runs: list[dict], key: str) -> float:
     return float(np.median([r[key] for r in runs]))
 
@@ -195,11 +204,10 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = print)
         if config.before:
             startup["before"].append(_sim_rollout(config, out / "start-before", config.family, 1,
                                                   checkout=config.before))
-    start = {"now_process_s": _median(startup["now"], "process_s"),
-             "now_phases": {k: float(np.median([s["startup"][k] for s in startup["now"]]))
-                            for k in startup["now"][0]["startup"]}}
+    start = {"now_process_s": _median(startup["now"], "process_s"), "now_phases": _phases(startup["now"])}
     if config.before:
         start["before_process_s"] = _median(startup["before"], "process_s")
+        start["before_phases"] = _phases(startup["before"])
         start["before_over_now"] = float(np.median([b["process_s"] / n["process_s"] for b, n in
                                                     zip(startup["before"], startup["now"], strict=True)]))
     return {"machine": machine(), "cores": len(os.sched_getaffinity(0)), "actors": config.actors,
@@ -295,14 +303,17 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
                  f"{a['processes']} processes, images every step",
                  f"{a['steps_per_s']:.0f} / {o['steps_per_s']:.0f} steps/s", ""))
     st = s["startup"]
-    ph = st["now_phases"]
     rows.append(("one-seed run, process wall time: now" + (" / before" if "before_process_s" in st else ""),
                  f"{st['now_process_s']:.1f} s" + (f" / {st['before_process_s']:.1f} s ({st['before_over_now']:.2f}x)"
                                                    if "before_process_s" in st else ""), ""))
-    rows.append(("one-seed run now: before the command / inputs checked and preflight / Ray's start / to the "
-                 "first actor ready / its episodes back",
-                 f"{ph['before_command_s']:.1f} / {ph['preflight_s']:.1f} / {ph['ray_s']:.1f} / "
-                 f"{ph['to_actors_ready_s']:.1f} / {ph['to_first_episode_s']:.1f} s", ""))
+    for tree in ("now", "before") if "before_phases" in st else ("now",):
+        ph = st[f"{tree}_phases"]
+        rows.append((f"one-seed run {tree}, medians: before the command / inputs checked and preflight / Ray's "
+                     "start / to the first actor ready / its episodes back (from the command's start) / after them "
+                     "(plot, table, Ray's shutdown, exit)",
+                     f"{ph['before_command_s']:.1f} / {ph['preflight_s']:.1f} / {ph['ray_s']:.1f} / "
+                     f"{ph['to_actors_ready_s']:.1f} / {ph['to_first_episode_s']:.1f} / "
+                     f"{ph['after_episodes_s']:.1f} s", ""))
     return rows
 
 

@@ -24,6 +24,7 @@ def test_bench_tasks_smoke(tmp_path):
     assert parts["env_step"] > 0 and parts["models"] > 0 and parts["cold_reset"] > 0 and parts["capsule_save"] > 0
     assert mix["core_ms_per_step"] > 0 and mix["env_alone_ms_per_step"] > 0
     assert data["startup"]["now_process_s"] > data["startup"]["now_phases"]["to_actors_ready_s"] > 0
+    assert data["startup"]["now_phases"]["after_episodes_s"] > 0
     assert "before_process_s" not in data["startup"] and data["mix_before"] is None
     assert "<!-- bench_tasks:begin -->" in docs.read_text() and "--family all" in docs.read_text()
     assert "ms per step once started" in docs.read_text()
