@@ -221,6 +221,8 @@ def measure(config: BenchTasksConfig, progress: Callable[[str], object] = print)
             "mix": rows, "env_alone": alone, "env_alone_one_family": one_alone, "startup": start,
             "mix_before": {"steps_per_s": _median(mix_before, "steps_per_s"),
                            "process_s": _median(mix_before, "process_s"),
+                           "ms_per_step": _parts(mix_before),
+                           "steps_per_s_started": _median(mix_before, "steps_per_s_started"),
                            "now_over_before": float(np.median([m["steps_per_s"] / b["steps_per_s"] for m, b in
                                                                zip(mixes[default], mix_before, strict=True)]))}
             if mix_before else None,
@@ -297,6 +299,10 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
         b, now = s["mix_before"], s["mix"][0]
         rows.append((f"--family all, {n} episodes, with start-up: now / the earlier checkout",
                      f"{now['steps_per_s']:.0f} / {b['steps_per_s']:.0f} steps/s ({b['now_over_before']:.2f}x)", ""))
+        if b.get("ms_per_step"):
+            p = b["ms_per_step"]
+            rows.append(("--family all, the earlier checkout: an actor's ms per step once started, the parts as above",
+                         " / ".join(f"{p[k]:.3f}" for k in PARTS_SHOWN[:-1]) + f"; {p['driver_record']:.3f}", ""))
     a = s["env_alone"]
     o = s["env_alone_one_family"]
     rows.append((f"the env alone: the mix's {a['episodes']} episodes / {s['family']}'s {o['episodes']} replayed on "

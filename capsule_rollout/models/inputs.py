@@ -8,6 +8,26 @@ from typing import Any
 import numpy as np
 import torch
 
+_NUMPY_FLOATS = frozenset({torch.float16, torch.float32, torch.float64})
+_NUMPY_TYPES = _NUMPY_FLOATS | {torch.uint8}
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every value of `t` is finite. A CPU tensor of a float type numpy has is checked through its numpy view
+    (nothing copied): on the few values of a state, `torch.isfinite(t).all()` costs about 20 us of dispatch where
+    numpy's costs about 4, and every slot's observation is checked at every step."""
+    if t.device.type == "cpu" and t.dtype in _NUMPY_FLOATS and not t.requires_grad:
+        return bool(np.isfinite(t.numpy()).all())
+    return bool(torch.isfinite(t).all())
+
+
+def all_counts(t: torch.Tensor) -> bool:
+    """Whether every value of a float tensor is a finite count (finite and >= 0), as `all_finite` checks it."""
+    if t.device.type == "cpu" and t.dtype in _NUMPY_FLOATS and not t.requires_grad:
+        a = t.numpy()
+        return bool(np.isfinite(a).all() and (a >= 0).all())
+    return bool(torch.isfinite(t).all() and (t >= 0).all())
+
 
 def as_image_tensor(name: str, image, expect: tuple[int, ...]) -> torch.Tensor:
     """Validate one camera image: uint8 of `expect` shape."""
@@ -25,7 +45,7 @@ def as_state_tensor(state, expect: tuple[int, ...]) -> torch.Tensor:
         raise ValueError(f"state must be float32 {expect}, got {t.dtype}")
     if tuple(t.shape) != expect:
         raise ValueError(f"state: expected shape {expect}, got {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
+    if not all_finite(t):
         raise ValueError(f"state has non-finite values ({t.tolist()}); refusing to act on it")
     return t
 
@@ -85,17 +105,38 @@ def load_observation(
     checked = {}
     for cam in cameras:
         key = f"image_{cam}"
-        slot = buffers[key]
-        img = torch.as_tensor(obs[key])
+        slot, img = buffers[key], obs[key]
+        if _plain(img, slot) and img.dtype == np.uint8 and (img.shape == slot.shape or (
+                slot.shape[0] == 1 and img.shape == slot.shape[1:])):
+            checked[key] = img  # what as_image_tensor accepts, checked without torch's dispatch
+            continue
+        img = torch.as_tensor(img)
         if slot.shape[0] == 1 and img.dim() == 3:
             img = img[None]
         checked[key] = as_image_tensor(key, img, tuple(slot.shape))
-    st = torch.as_tensor(obs["state"])
-    if buffers["state"].shape[0] == 1 and st.dim() == 1:
-        st = st[None]
-    checked["state"] = as_state_tensor(st, tuple(buffers["state"].shape))
+    st, slot = obs["state"], buffers["state"]
+    if _plain(st, slot) and st.dtype.kind == "f" and (st.shape == slot.shape or (
+            slot.shape[0] == 1 and st.shape == slot.shape[1:])) and np.isfinite(st).all():
+        checked["state"] = st
+    else:
+        st = torch.as_tensor(st)
+        if slot.shape[0] == 1 and st.dim() == 1:
+            st = st[None]
+        checked["state"] = as_state_tensor(st, tuple(slot.shape))
     for key, value in checked.items():
-        buffers[key].copy_(value)
+        if isinstance(value, np.ndarray):
+            np.copyto(buffers[key].numpy().reshape(value.shape), value, casting="unsafe")
+        else:
+            buffers[key].copy_(value)
+
+
+def _plain(value: Any, buffer: torch.Tensor) -> bool:
+    """A numpy array of a type numpy and torch convert alike, to be copied into a contiguous CPU buffer through
+    numpy: checked and copied without torch's dispatch (about 25 us a slot's step less); anything else goes through
+    torch as before."""
+    return (type(value) is np.ndarray and value.dtype.kind in "uf" and value.dtype.itemsize <= 8
+            and buffer.device.type == "cpu" and buffer.is_contiguous() and buffer.dtype in _NUMPY_TYPES
+            and not buffer.requires_grad)
 
 
 def write_language(buffer: torch.Tensor, model, text: str) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
-from capsule_rollout.models.inputs import as_state_tensor, load_observation, require_keys
+from capsule_rollout.models.inputs import all_counts, all_finite, as_state_tensor, load_observation, require_keys
 from capsule_rollout.models.runtime import ModelRuntime, in_rows, rows_agree
 from capsule_rollout.stores.episode_schema import PRIVILEGED
 from capsule_rollout.tabletop.value_critic import ACTOR_POLICY, ValueCritic
@@ -84,9 +84,16 @@ class CriticRuntime(ModelRuntime):
         if step is None:
             raise ValueError(f"critic {self.name} reads the episode step (limit {self.config.episode_limit}); "
                              "pass step= with the observation")
-        t = torch.as_tensor(step, dtype=torch.float32).reshape(-1)
-        if t.shape[0] not in (1, self.batch) or not torch.isfinite(t).all() or bool((t < 0).any()):
-            raise ValueError(f"step must be a count >= 0 (an int or one per batch row), got {step!r}")
+        bad = f"step must be a count >= 0 (an int or one per batch row), got {step!r}"
+        if isinstance(step, torch.Tensor):
+            t = step.to(torch.float32).reshape(-1)
+        else:  # an int at every step: through numpy, without torch's dispatch
+            try:
+                t = torch.from_numpy(np.asarray(step, dtype=np.float32).reshape(-1))
+            except (TypeError, ValueError):
+                raise ValueError(bad) from None
+        if t.shape[0] not in (1, self.batch) or not all_counts(t):
+            raise ValueError(bad)
         return t
 
     def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor], step=None) -> None:
@@ -129,7 +136,7 @@ class CriticRuntime(ModelRuntime):
         if p.dim() != 3 or p.shape[0] not in (1, self.batch) or p.shape[1] < c.plan_steps or p.shape[2] != c.action_dim:
             raise ValueError(f"critic {self.name}: plan must be (T, {c.action_dim}) or ({self.batch}, T, "
                              f"{c.action_dim}) with T >= {c.plan_steps}; got {tuple(p.shape)}")
-        if not torch.isfinite(p[:, : c.plan_steps]).all():
+        if not all_finite(p[:, : c.plan_steps]):
             raise ValueError(f"critic {self.name}: the plan holds NaN/inf actions")
         self.buffers["plan"].copy_(p[:, : c.plan_steps].expand(self.batch, -1, -1))
 
