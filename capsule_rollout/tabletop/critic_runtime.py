@@ -84,16 +84,15 @@ class CriticRuntime(ModelRuntime):
         if step is None:
             raise ValueError(f"critic {self.name} reads the episode step (limit {self.config.episode_limit}); "
                              "pass step= with the observation")
-        bad = f"step must be a count >= 0 (an int or one per batch row), got {step!r}"
         if isinstance(step, torch.Tensor):
             t = step.to(torch.float32).reshape(-1)
         else:  # an int at every step: through numpy, without torch's dispatch
             try:
                 t = torch.from_numpy(np.asarray(step, dtype=np.float32).reshape(-1))
             except (TypeError, ValueError):
-                raise ValueError(bad) from None
-        if t.shape[0] not in (1, self.batch) or not all_counts(t):
-            raise ValueError(bad)
+                t = None
+        if t is None or t.shape[0] not in (1, self.batch) or not all_counts(t):
+            raise ValueError(f"step must be a count >= 0 (an int or one per batch row), got {step!r}")
         return t
 
     def load_observation(self, obs: Mapping[str, np.ndarray | torch.Tensor], step=None) -> None:
