@@ -15,7 +15,7 @@ from capsule_rollout.capsules.capsule_file import (
     save_capsule,
 )
 from capsule_rollout.capsules.capsule_store import CapsuleStore, StoreStats, Tier
-from capsule_rollout.capsules.component import BufferComponent, CapsuleComponent
+from capsule_rollout.capsules.component import BufferComponent, BufferViews, CapsuleComponent, host_arrays
 from capsule_rollout.capsules.digest import BackendChoice, digest_backend, digest_slab, digest_tensors
 from capsule_rollout.capsules.errors import (
     CapsuleAlignmentError,
@@ -40,6 +40,7 @@ __all__ = [
     "BackendChoice",
     "BufferComponent",
     "BufferSpec",
+    "BufferViews",
     "Capsule",
     "CapsuleAlignmentError",
     "CapsuleComponent",
@@ -69,6 +70,7 @@ __all__ = [
     "digest_slab",
     "digest_tensors",
     "fork",
+    "host_arrays",
     "key_source",
     "load_capsule",
     "mismatches",

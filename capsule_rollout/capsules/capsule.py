@@ -18,6 +18,7 @@ import torch
 
 from capsule_rollout.capsules.arena import Arena
 from capsule_rollout.capsules.buffer_spec import BufferSpec, Role
+from capsule_rollout.capsules.component import BufferViews
 from capsule_rollout.capsules.digest import digest_slab
 from capsule_rollout.capsules.errors import CapsuleAlignmentError, CapsuleIntegrityError, CapsuleMismatchError, Mismatch
 from capsule_rollout.capsules.layout import SlabLayout
@@ -61,7 +62,7 @@ class Capsule:
         self._slabs = tuple(slabs)
         self._digests = dict(digests) if digests is not None else None
         self.signature = tuple(lay.signature for lay, _ in self._slabs)
-        self._component_views: dict[str, dict[str, torch.Tensor]] = {}
+        self._component_views: dict[str, BufferViews] = {}
 
     # -- description --------------------------------------------------------------
     @property
@@ -105,19 +106,20 @@ class Capsule:
             out.update(lay.views(slab))
         return out
 
-    def component_tensors(self, name: str) -> dict[str, torch.Tensor]:
-        """Views of one component's buffers, keyed by buffer name (read-only by contract).
+    def component_tensors(self, name: str) -> BufferViews:
+        """Views of one component's buffers, keyed by buffer name (read-only by contract; numpy views of the host
+        ones: `BufferViews.arrays`).
 
         Made once per capsule and component (a view costs microseconds; a stored capsule is restored often).
         """
         if name not in self._component_views:
             prefix = f"{name}/"
-            self._component_views[name] = {
-                slot.key[len(prefix) :]: slot.view(slab)
+            self._component_views[name] = BufferViews(
+                (slot.key[len(prefix) :], slot.view(slab))
                 for lay, slab in self._slabs
                 for slot in lay.slots
                 if slot.key.startswith(prefix)
-            }
+            )
         return self._component_views[name]
 
     def buffer(self, key: str) -> torch.Tensor:
@@ -256,11 +258,12 @@ def mismatches(arena: Arena, capsule: Capsule) -> list[Mismatch]:
 def refusals(arena: Arena, capsule: Capsule) -> list[Mismatch]:
     """`mismatches`, then (when there are none) each component's own `check_restore` objections, at the capsule's
     trust level (`capsules.trust`)."""
-    found = mismatches(arena, capsule)
-    if found:
-        return found
     with restoring_as(capsule.trust):
-        return arena.refusals(lambda name: capsule.component_tensors(name))
+        return _refusals(arena, capsule)
+
+
+def _refusals(arena: Arena, capsule: Capsule) -> list[Mismatch]:
+    return mismatches(arena, capsule) or arena.refusals(capsule.component_tensors)
 
 
 def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) -> None:
@@ -271,13 +274,13 @@ def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) ->
     refused capsule leaves the arena untouched. Components check and restore at the
     capsule's trust level (`capsule.trust`, `capsules.trust`).
     """
-    found = refusals(arena, capsule)
-    if found:
-        raise CapsuleMismatchError(capsule.label or capsule.meta.capsule_id, found)
-    if check_integrity:
-        capsule.check_integrity()
-    _copy_into(arena, capsule)
-    with restoring_as(capsule.trust):
+    with restoring_as(capsule.trust):  # entered once: its checks and its loads at the capsule's trust
+        found = _refusals(arena, capsule)
+        if found:
+            raise CapsuleMismatchError(capsule.label or capsule.meta.capsule_id, found)
+        if check_integrity:
+            capsule.check_integrity()
+        _copy_into(arena, capsule)
         arena.after_restore()
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from capsule_rollout.capsules.buffer_spec import BufferSpec
@@ -57,6 +58,32 @@ class CapsuleComponent(Protocol):
     def after_restore(self) -> None:
         """Load live state kept outside the arena from the (restored) state buffers."""
         ...
+
+
+class BufferViews(dict):
+    """One component's buffers in a capsule, by name (torch views, read-only by contract), as `check_restore` is given
+    them; `arrays()`: numpy views of those on the host, made at its first call and kept with the capsule. A check
+    that reads them as arrays spares a restore torch's dispatch, whose first calls after an env's step cost tens of
+    microseconds each (its code is out of the CPU's caches then): a stored capsule is restored every episode."""
+
+    __slots__ = ("_arrays",)
+
+    def arrays(self) -> Mapping[str, np.ndarray]:
+        try:
+            return self._arrays
+        except AttributeError:
+            self._arrays = _numpy_views(self)
+            return self._arrays
+
+
+def host_arrays(view: Mapping[str, torch.Tensor]) -> Mapping[str, np.ndarray]:
+    """Numpy views of `view`'s host buffers (sharing their memory; bfloat16 and device buffers left out), kept
+    with the capsule when `view` is one's `BufferViews`."""
+    return view.arrays() if isinstance(view, BufferViews) else _numpy_views(view)
+
+
+def _numpy_views(view: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in view.items() if v.device.type == "cpu" and v.dtype is not torch.bfloat16}
 
 
 class BufferComponent:

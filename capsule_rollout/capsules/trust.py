@@ -19,10 +19,8 @@ within its budget and fails with its one error.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import enum
-from collections.abc import Iterator
 
 
 class Trust(str, enum.Enum):
@@ -44,14 +42,23 @@ _RESTORING: contextvars.ContextVar[Trust] = contextvars.ContextVar("capsule_rest
 _SAFE_TYPES: dict[str, type] = {}
 
 
-@contextlib.contextmanager
-def restoring_as(trust: Trust) -> Iterator[None]:
-    """Within the block, components restore at `trust` (`capsules.restore` and `fork` set it from the capsule)."""
-    token = _RESTORING.set(trust)
-    try:
-        yield
-    finally:
-        _RESTORING.reset(token)
+class _Restoring:
+    __slots__ = ("trust", "token")
+
+    def __init__(self, trust: Trust) -> None:
+        self.trust = trust
+
+    def __enter__(self) -> None:
+        self.token = _RESTORING.set(self.trust)
+
+    def __exit__(self, *exc: object) -> None:
+        _RESTORING.reset(self.token)
+
+
+def restoring_as(trust: Trust) -> _Restoring:
+    """Within the block (`with restoring_as(trust):`), components restore at `trust` (`capsules.restore` and `fork`
+    set it from the capsule). A plain class, not a generator: it is entered at every restore."""
+    return _Restoring(trust)
 
 
 def current_trust() -> Trust:

@@ -50,7 +50,7 @@ import mujoco
 import numpy as np
 import torch
 
-from capsule_rollout.capsules import BufferComponent, BufferSpec
+from capsule_rollout.capsules import BufferComponent, BufferSpec, host_arrays
 from capsule_rollout.envs.gl_current import EnvContext, collect_with_no_context
 from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declarations are part of this module's API
     _LOADERS,
@@ -318,20 +318,21 @@ class MujocoCapsuleEnv(MujocoPythonState, BufferComponent):
     def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
         """Refuse non-finite physics (NaN or infinity in positions, velocities, controls...), whatever a capsule
         file's digests say: MuJoCo would go unstable from it."""
-        raw = view["mjdata"].numpy()
+        b = host_arrays(view)  # numpy views, kept with the capsule: no torch call on a restore's path
+        raw = b["mjdata"]
         words = raw[: raw.size // 8 * 8].view(np.float64)
-        if not (np.isfinite(words[self._physics_index]).all() and math.isfinite(view["time"].item())):
+        if not (np.isfinite(words[self._physics_index]).all() and math.isfinite(b["time"][0])):
             bad = [name for name, offset, nbytes in self._physics
                    if not np.isfinite(raw[offset : offset + nbytes].view(np.float64)).all()]
             raise ValueError(f"the capsule holds non-finite physics state ({', '.join(bad) or 'time'}): refusing it")
         if self._graph is not None:
             # the Python state read, checked and resolved before anything is copied (applied in after_restore)
-            n = int(view["python_len"][0])
+            n = int(b["python_len"][0])
             if not 0 <= n <= self._python_bytes:
                 raise ValueError(f"the capsule's Python state claims {n:,} bytes of a {self._python_bytes:,} buffer")
-            blob = view["python"][:n].numpy().tobytes()
+            blob = b["python"][:n].tobytes()
             try:
-                self._prepared = (blob, self._graph.prepare(blob, self._natives_in(view)))
+                self._prepared = (blob, self._graph.prepare(blob, self._natives_in(b)))
             except GraphStateError as exc:
                 raise ValueError(str(exc)) from None
 

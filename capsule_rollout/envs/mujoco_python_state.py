@@ -12,7 +12,6 @@ from typing import Any
 import gymnasium as gym
 import mujoco
 import numpy as np
-import torch
 
 from capsule_rollout.envs.mujoco_capture import MujocoCapsuleError, flatten, slab_overflow
 from capsule_rollout.envs.object_graph import GraphStateError
@@ -73,14 +72,12 @@ class MujocoPythonState:
         return raw if keys is None or not isinstance(raw, Mapping) else {k: raw[k] for k in keys}
 
     def _natives_in(self, buffers: Mapping[str, Any]) -> Any:
-        """The boundary observation's leaves in `buffers` (a capsule's view, or the arena's), by key: what a
+        """The boundary observation's leaves in `buffers` (numpy arrays: a capsule's, or the arena's), by key: what a
         snapshot wrote by key instead of a second copy (a wrapper keeping the last observation)."""
         index = {key: i for i, (key, _, _, _) in enumerate(self._natives)}
 
         def leaf(key: str) -> np.ndarray:
-            held = buffers[f"obs_native_{index[key]}"]
-            # a copy: the env's own array from now on
-            return (held.numpy() if isinstance(held, torch.Tensor) else np.asarray(held)).copy()
+            return np.array(buffers[f"obs_native_{index[key]}"])  # a copy: the env's own array from now on
         return leaf
 
     def _kept_space(self) -> Any:

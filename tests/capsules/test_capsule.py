@@ -9,6 +9,7 @@ from capsule_rollout.capsules import (
     CapsuleMismatchError,
     Role,
     fork,
+    host_arrays,
     restore,
     snapshot,
 )
@@ -207,3 +208,19 @@ def test_a_component_refusal_comes_before_any_byte_is_copied():
     accepted = snapshot(arena)
     restore(other, accepted)
     assert int(other.buffer("comp/count")) == 7
+
+
+def test_a_check_reads_the_capsules_host_buffers_as_arrays_kept_with_the_capsule():
+    """`check_restore` is given the capsule's `BufferViews`: its `arrays()` are numpy views of the same memory (no
+    copy: what the capsule holds), made once per capsule and component, as `host_arrays` gives them."""
+    arena = Arena([_Picky("comp", basic_specs())]).allocate()
+    arena.buffer("comp/count").fill_(4)
+    capsule = snapshot(arena)
+    view = capsule.component_tensors("comp")
+    arrays = view.arrays()
+    assert capsule.component_tensors("comp") is view and view.arrays() is arrays and host_arrays(view) is arrays
+    assert set(arrays) == {k for k, v in view.items() if v.dtype is not torch.bfloat16}
+    for k, a in arrays.items():
+        assert a.ctypes.data == view[k].data_ptr() and a.tobytes() == view[k].numpy().tobytes()
+    plain = {k: v.clone() for k, v in view.items()}
+    assert {k: a.tobytes() for k, a in host_arrays(plain).items()} == {k: a.tobytes() for k, a in arrays.items()}

@@ -284,3 +284,38 @@ def test_an_object_the_env_replaces_at_every_step_is_rebound_alone():
     graph.restore(blob)
     assert env.accessor is replaced and first.value == 0  # the env's new object set in place, the old untouched
     assert graph._bound[id(bound.read)] is bound  # still the same binding: nothing resolved again from the start
+
+
+class Holds:
+    """An env whose objects hold every kind of value as attributes: one array held by two objects, a record, a list
+    the record holds."""
+
+    def __init__(self, drop: tuple[str, ...]):
+        self.values = {k: v for k, v in everything().items() if k not in drop}
+        self.part = Record([1])
+        self.part.array = np.arange(3.0)
+        self.array = self.part.array
+        self.rng = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("drop, direct", [(("slotted", "table", "self"), True), ((), False)])
+def test_a_bound_restore_sets_each_objects_attributes_as_a_first_restore_does(drop, direct):
+    """From the second restore on, a snapshot whose objects hold only attributes is set straight into them from its
+    template (`compile_direct`: no state dict or tuple made between); one with an object of slots or items (`Slotted`,
+    `Table`) through the states. Either way the graph is the one built, sharing kept, its arrays fresh each time."""
+    env = Holds(drop)
+    graph = GraphState(env, global_rngs=False)
+    blob = graph.snapshot()
+    arrays = []
+    for _ in range(4):
+        env.values["shared"].append("changed")
+        env.part.array[:] = 9.0
+        env.array, env.part.value, env.part.extra = np.zeros(1), None, "added"
+        env.rng.random()
+        graph.restore(blob)
+        assert same(vars(env), vars(Holds(drop)))
+        assert env.array is env.part.array and not hasattr(env.part, "extra")
+        arrays.append(env.array)
+    assert len({id(a) for a in arrays}) == len(arrays)
+    (bound,) = graph._bound.values()
+    assert (bound.direct is not None) is direct

@@ -173,6 +173,8 @@ class Prepared(NamedTuple):
     structs: Sequence[Any] = ()  # the target's structs (None: it has none there yet)
     struct_states: Sequence[Any] = ()
     missing_structs: tuple[str, ...] = ()  # paths of structs the target lacks (a renderer it has not made yet)
+    direct: tuple[DirectTemplate, list] | None = None  # the objects' states as a template and its fresh values
+    # (`compile_direct`), set straight into `objects` by `apply` (then `states` is empty)
 
 
 def split(blob: bytes | memoryview) -> list[bytes]:
@@ -360,7 +362,12 @@ class Template:
         self.ops, self.size, self.root = ops, size, root
         self.fixed = fixed  # the references it holds as shared objects (`compile_template`'s `fixed`)
 
-    def __call__(self, resolved: dict[tuple, Any]) -> Any:  # noqa: C901 - one branch per step
+    def __call__(self, resolved: dict[tuple, Any]) -> Any:
+        live, root = self.root
+        return self.run(resolved)[root] if live else root
+
+    def run(self, resolved: dict[tuple, Any]) -> list[Any]:  # noqa: C901 - one branch per step
+        """Every slot's fresh value."""
         vals: list[Any] = [None] * self.size
         for code, s, a in self.ops:
             if code == _COPY:
@@ -434,8 +441,7 @@ class Template:
                 e.text, e.tail = text, tail
             else:  # _CHILDREN
                 vals[s].extend([vals[v] for v in a])
-        live, root = self.root
-        return vals[root] if live else root
+        return vals
 
 
 _BASE_VALUE = {int: int.__int__, float: float.__float__, str: str.__str__, bytes: bytes.__bytes__,
@@ -466,6 +472,54 @@ def compile_template(value: Any, built: dict[int, str], fixed: dict[tuple, Any] 
     return Template(_fused(compiler.ops, root), compiler.size, root, frozenset(compiler.used))
 
 
+class DirectTemplate(NamedTuple):
+    """A snapshot's states compiled to be set straight into the objects they belong to (`compile_direct`): `values`
+    makes the fresh values (arrays, containers, instances: in `prepare`, before anything is changed), then each
+    object's `__dict__` is cleared and given its `shared` attributes (every one, in order, a fresh one as a
+    placeholder) and its fresh ones from their slots (`attributes`), with no dict or tuple of the state made between
+    (`GraphState.apply`). `rest`: the generators' and structs' states, shared."""
+
+    values: Template
+    attributes: tuple[tuple[dict, tuple[tuple[str, int], ...]], ...]  # per object: (shared, ((name, slot), ...))
+    rest: list
+    fixed: frozenset
+
+
+def compile_direct(value: list, built: dict[int, str], fixed: dict[tuple, Any], n: int) -> DirectTemplate | None:
+    """`value` (a `Read.value`: per object (Consumed(dict), Consumed(slots), Consumed(items)), then the generators'
+    and structs' states, `Shared`) as a `DirectTemplate` against `fixed` (as `compile_template`); None where one
+    object's state is more than attributes in a `__dict__` (slots, items), or a value it does not copy."""
+    compiler = _Compiler(built, fixed)
+    attributes = []
+    try:
+        for d, slots, items in value[:n]:
+            if type(d.value) is not dict or slots.value or items.value is not None:
+                return None
+            shared, fresh = {}, []
+            for k, v in d.value.items():
+                if type(k) is not str:
+                    return None
+                live, x = compiler.value(v)
+                shared[k] = None if live else x
+                if live:
+                    fresh.append((k, x))
+            attributes.append((shared, tuple(fresh)))
+        rest = []
+        for x in value[n:]:  # `Shared`: given as they are
+            live, v = compiler.value(x)
+            if live:
+                return None
+            rest.append(v)
+    except StateDecodeError:
+        raise
+    except Exception:  # noqa: BLE001 - as compile_template
+        return None
+    read_by_apply = [x for _, fresh in attributes for _, x in fresh]
+    ops = _fused(compiler.ops, (False, None), read_by_apply)
+    return DirectTemplate(Template(ops, compiler.size, (False, None), frozenset(compiler.used)), tuple(attributes),
+                          rest, frozenset(compiler.used))
+
+
 def _reads(code: int, a: Any) -> list[int]:
     """The slots a step reads values from (besides its own)."""
     if code in (_PATCH, _FLAT):
@@ -489,10 +543,11 @@ def _reads(code: int, a: Any) -> list[int]:
     return []
 
 
-def _fused(ops: list[tuple], root: tuple[bool, Any]) -> list[tuple]:
+def _fused(ops: list[tuple], root: tuple[bool, Any], read_after: Sequence[int] = ()) -> list[tuple]:
     """`ops` in fewer steps: a container or array copied from its template alone and used once, by a container or
     tuple, copied there (never given a slot); a container's copy and what it is then given one step, where nothing
-    reads it in between (it holds nothing that holds it)."""
+    reads it in between (it holds nothing that holds it). `read_after`: slots read once every step has run, as the
+    root is."""
     ops = [(code, s, ((a, ()) if code == _PATCH else (*a, ()) if code == _TUPLE else a)) for code, s, a in ops]
     readers: dict[int, list[int]] = collections.defaultdict(list)
     changed: dict[int, list[int]] = collections.defaultdict(list)
@@ -503,6 +558,8 @@ def _fused(ops: list[tuple], root: tuple[bool, Any]) -> list[tuple]:
             changed[s].append(n)
     if root[0]:
         readers[root[1]].append(len(ops))
+    for slot in read_after:
+        readers[slot].append(len(ops))
     copied: dict[int, Any] = {}  # slot -> its template, copied where it is used
     for code, s, a in ops:
         if code == _COPY and not changed[s] and len(readers[s]) == 1 and readers[s][0] < len(ops) and \

@@ -56,6 +56,7 @@ from capsule_rollout.capsules.graph.read import (  # noqa: F401 - GraphStateErro
     BIT_GENERATORS,
     BoundRef,
     Consumed,
+    DirectTemplate,
     GraphStateError,
     Plan,
     Prepared,
@@ -68,6 +69,7 @@ from capsule_rollout.capsules.graph.read import (  # noqa: F401 - GraphStateErro
     bounded_view,
     checked_plan,
     checked_states,
+    compile_direct,
     compile_template,
     fresh_copy,
     generator_state,
@@ -106,6 +108,7 @@ class Binding:
     structs: list[Any]
     targets: dict[int, list[tuple]]  # a place of `edges` -> the references whose target it is
     template: Template | None = None  # `read`'s template compiled against `fixed` (`GraphState._specialized`)
+    direct: DirectTemplate | None = None  # the same, set straight into the objects (`GraphState._specialized`)
     moving: set[tuple] = dataclasses.field(default_factory=set)  # references the env replaced: resolved every time
 
 
@@ -277,8 +280,18 @@ class GraphState:
         if bound is not None and bound.read is read and self._rebind(bound):  # resolved in this graph before
             resolved = dict(bound.fixed)
             self._per_restore(read, resolved, externals)
-            states, glob = self._states(read, resolved, self._specialized(bound))
+            template = self._specialized(bound)
             objects, generators, n, ng = bound.objects, bound.generators, len(bound.objects), len(bound.generators)
+            direct = bound.direct
+            if direct is not None:  # the fresh values made now; set into the objects by `apply`
+                try:
+                    values = direct.values.run(resolved)
+                except StateDecodeError as exc:
+                    raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
+                rest = direct.rest
+                return Prepared(objects, [], generators, rest[:ng], read.glob, False, bound.structs, rest[ng:], (),
+                                (direct, values))
+            states, glob = self._states(read, resolved, template)
             return Prepared(objects, states[:n], generators, states[n:n + ng], glob, False, bound.structs,
                             states[n + ng:], ())
         plan = read.plan
@@ -437,7 +450,7 @@ class GraphState:
             bound.edges.objects[i] = x
         bound.moving |= pids
         if bound.template is not None and bound.template.fixed & pids:
-            bound.template = None  # it holds an object the env replaced: compiled again without it
+            bound.template = bound.direct = None  # it holds an object the env replaced: compiled again without it
         return True
 
     def _specialized(self, bound: Binding) -> Template | None:
@@ -453,6 +466,12 @@ class GraphState:
                 raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
             if bound.template is None:
                 bound.template = read.template  # nothing to compile: the read snapshot's own
+            bound.direct = None
+            if bound.template is not None and not self.exclude and not any(_slots(type(o)) for o in bound.objects):
+                try:
+                    bound.direct = compile_direct(read.value, read.built, fixed, len(bound.objects))
+                except StateDecodeError as exc:
+                    raise GraphStateError(f"the capsule's Python state is refused: {exc}") from None
         return bound.template
 
     @staticmethod
@@ -571,6 +590,14 @@ class GraphState:
 
     def apply(self, prepared: Prepared) -> None:
         """Set this graph to a prepared snapshot (`prepare`)."""
+        if prepared.direct is not None:  # each object's attributes set from the template and the fresh values
+            direct, values = prepared.direct
+            for target, (shared, fresh) in zip(prepared.objects, direct.attributes):
+                own = target.__dict__
+                own.clear()
+                own.update(shared)
+                for k, slot in fresh:
+                    own[k] = values[slot]
         for target, state in zip(prepared.objects, prepared.states):
             if self.exclude and state[0] is not None:
                 own = getattr(target, "__dict__", {})
