@@ -155,6 +155,30 @@ def test_a_malformed_plan_or_generator_state_is_refused_before_anything_changes(
     assert graph.dump() == moved
 
 
+def test_a_generator_state_numpy_takes_but_whose_position_lies_past_its_buffer_is_refused(counter):
+    """numpy sets an MT19937 `pos` or a Philox `buffer_pos` as given, and its next draw then reads the state's array
+    at that position (past the 624-word key: a crash, or memory read as randomness). A capsule holding one is refused
+    before anything changes, whether the state is the global `numpy.random`'s or a generator's of the env."""
+    counter.philox = np.random.Generator(np.random.Philox(0))
+    graph = GraphState(counter)
+    blob = graph.snapshot()
+    states, glob = sc.decode(_split(blob)[2], graph._namespace(), persistent=lambda pid: pid)
+    plan = _plan(graph, blob)
+    n = len(plan[1])  # the plan: refs, objects, generators...
+    philox = [n + i for i, (_, kind) in enumerate(plan[2]) if kind is np.random.Generator and
+              states[n + i]["bit_generator"] == "Philox"]
+    assert len(philox) == 1 and glob[0]["bit_generator"] == "MT19937"
+    far_mt = ({**glob[0], "state": {**glob[0]["state"], "pos": 10**7}}, glob[1])
+    far_philox = list(states)
+    far_philox[philox[0]] = {**states[philox[0]], "buffer_pos": -3}
+    for forged, position in ((sc.encode((states, far_mt)), "10000000"), (sc.encode((far_philox, glob)), "-3")):
+        before = graph.dump()
+        with pytest.raises(GraphStateError, match=f"position {position} lies outside"):
+            graph.restore(_with_part(blob, 2, forged))
+        assert graph.dump() == before
+    graph.restore(blob)
+
+
 def _forge_python(capsule: Capsule, blob: bytes) -> Capsule:
     slabs = [(layout, slab.clone()) for layout, slab in capsule.slabs()]
     forged = Capsule(capsule.meta, slabs)

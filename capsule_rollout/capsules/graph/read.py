@@ -110,6 +110,21 @@ def quick_state(state: Any) -> Any:
     return state
 
 
+_POSITIONS = {"MT19937": (lambda st: st["state"]["pos"], 624), "Philox": (lambda st: st["buffer_pos"], 4)}
+"""Where each bit generator reads next, and its largest value: numpy sets these as given and its C code then reads
+the state's array at that position (an MT19937 `pos` of 10**7 is taken, and the next draw reads past the key)."""
+
+
+def in_bounds(state: Any) -> None:
+    """ValueError for a state (as numpy gives it back once set) whose position lies outside its buffer."""
+    if not isinstance(state, dict) or state.get("bit_generator") not in _POSITIONS:
+        return
+    position, top = _POSITIONS[state["bit_generator"]]
+    at = int(position(state))
+    if not 0 <= at <= top:
+        raise ValueError(f"a {state['bit_generator']} state whose position {at} lies outside 0..{top}")
+
+
 class SpareGenerators:
     """A generator of each kind, and spares of the global `numpy.random` and `random` states, to try a capsule's
     generator states on: a restore applies only states numpy and random took, so it cannot fail half way."""
@@ -136,8 +151,10 @@ class SpareGenerators:
                 if spare is None:
                     spare = self._spares[kind] = kind()
                 set_generator_state(spare, state)
+                in_bounds(generator_state(spare))
             if glob is not None:
                 self._globals[0].set_state(glob[0])
+                in_bounds(self._globals[0].get_state(legacy=False))
                 self._globals[1].setstate(glob[1])
         except Exception as exc:  # noqa: BLE001 - tried on a spare: whatever numpy or random raises, it is refused
             raise GraphStateError(f"the capsule's Python state is refused: a generator state that numpy or random "
