@@ -14,6 +14,7 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
+from capsule_rollout.capsules import rng_state
 from capsule_rollout.capsules.graph.walk import fmt, resolve
 from capsule_rollout.envs.object_graph import env_walk as walk
 from capsule_rollout.envs.object_graph import handle_fields
@@ -242,35 +243,12 @@ def find_physics(env: gym.Env, path: tuple | None = None) -> tuple[mujoco.MjMode
 
 # -- what the adapter copies, and how -------------------------------------------------------------
 
-_LAYOUT_CHECKED = False
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
 def pcg64_addresses(bg) -> tuple[int, int]:
-    """Addresses of a PCG64 bit generator's 128-bit state + increment and of its (has_uint32, uinteger).
-    bitgen_t (numpy's C interface, behind the generator's "BitGenerator" capsule) starts with a pointer to the
-    PCG64 state; far cheaper to reach than `bg.ctypes`, which builds ctypes callbacks per generator."""
-    address = ctypes.c_void_p.from_address(_capsule_pointer(bg.capsule, b"BitGenerator")).value
-    pcg = ctypes.c_void_p.from_address(address).value
-    if not _LAYOUT_CHECKED:  # a property of this numpy build: checked on the first generator only
-        _check_layout(bg, pcg, address + 8)
-    return pcg, address + 8
-
-
-def _check_layout(bg, pcg: int, aux: int) -> None:
-    global _LAYOUT_CHECKED
-    words = np.frombuffer((ctypes.c_char * 32).from_address(pcg), np.uint64)
-    flags = np.frombuffer((ctypes.c_char * 8).from_address(aux), np.uint32)
-    st = bg.state
-    ok = (int(words[0]) | int(words[1]) << 64) == st["state"]["state"] and \
-         (int(words[2]) | int(words[3]) << 64) == st["state"]["inc"] and \
-         int(flags[0]) == st["has_uint32"] and int(flags[1]) == st["uinteger"]
-    _LAYOUT_CHECKED = ok
-    if not ok:
-        raise MujocoCapsuleError("this numpy's PCG64 C state layout is not the one the adapter copies "
-                                 f"(numpy {np.__version__}); generators cannot be captured here")
+    """`capsules.rng_state.pcg64_addresses`, its error as the adapter's."""
+    try:
+        return rng_state.pcg64_addresses(bg)
+    except rng_state.PCG64LayoutError as exc:
+        raise MujocoCapsuleError(f"{exc}; generators cannot be captured here") from None
 
 
 ASSET_PREFIXES = ("mesh_", "tex_", "hfield_", "skin_", "flex", "names", "paths", "text_", "plugin", "oct_",

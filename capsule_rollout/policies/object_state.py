@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from capsule_rollout.capsules import BufferSpec, state_codec
+from capsule_rollout.capsules import BufferSpec, host_arrays, state_codec
 from capsule_rollout.capsules.graph.read import GraphStateError
 from capsule_rollout.capsules.graph.state import GraphState
 from capsule_rollout.capsules.graph.walk import fmt
@@ -95,10 +95,11 @@ class ObjectState:
 
     def check(self, view: Mapping[str, torch.Tensor]) -> None:
         """Read and check a capsule's state, resolving what it refers to; nothing changes yet (ValueError)."""
-        n = int(view["state_len"][0])
+        b = host_arrays(view)  # numpy views kept with the capsule: no torch call on a restore's path
+        n = int(b["state_len"][0])
         if not 0 <= n <= self.capacity:
             raise ValueError(f"the capsule's {self.who} state claims {n:,} bytes of a {self.capacity:,} buffer")
-        blob = view["state"][:n].numpy().tobytes()
+        blob = b["state"][:n].tobytes()
         self._prepared = (blob, self._prepare(blob))
 
     def _prepare(self, blob: bytes) -> Any:

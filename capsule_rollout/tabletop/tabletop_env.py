@@ -34,7 +34,7 @@ import mujoco
 import numpy as np
 import torch
 
-from capsule_rollout.capsules import BufferComponent, BufferSpec
+from capsule_rollout.capsules import BufferComponent, BufferSpec, host_arrays
 from capsule_rollout.capsules.rng_state import PCG64_WORDS, pack_pcg64, unpack_pcg64
 from capsule_rollout.envs.offscreen_renderer import OffscreenRenderer
 from capsule_rollout.envs.rollout_env import ArraySpec, ObservationSpec, image_key
@@ -370,9 +370,10 @@ class TabletopEnv(gym.Env, BufferComponent):
         self.subtasks = self.family.subtasks(self.params)
 
     def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
-        if not np.isfinite(view["physics"].numpy()).all():
+        b = host_arrays(view)  # numpy views kept with the capsule: no torch call on a restore's path
+        if not np.isfinite(b["physics"]).all():
             raise ValueError("the capsule holds non-finite physics state (NaN or infinity): refusing it")
-        family = int(view["task"][0])
+        family = int(b["task"][0])
         if family != self.family_id:
             held = FAMILIES[family].name if 0 <= family < len(FAMILIES) else f"family #{family}"
             raise ValueError(f"capsule holds a {held} task, this env runs {self.family.name}")
