@@ -90,7 +90,7 @@ from capsule_rollout.capsules.graph.walk import (  # noqa: F401 - the walk is pa
     resolve,
     walk,
 )
-from capsule_rollout.capsules.rng_state import PCG64Setter
+from capsule_rollout.capsules.rng_state import GeneratorSetter
 from capsule_rollout.capsules.state_codec import StateDecodeError, StateEncodeError, StateNameError, new_instance
 from capsule_rollout.capsules.state_reader import Decoder
 from capsule_rollout.capsules.trust import Trust, current_trust, safe_type
@@ -153,7 +153,7 @@ class GraphState:
         self._reads = ReadCache()  # snapshots read (a restore of the same capsule again makes copies of its states)
         self._bound: dict[int, Binding] = {}  # a read snapshot's targets in this graph, by the `Read`'s id
         self._spares = SpareGenerators()  # to try a capsule's generator states on
-        self._set_generator = PCG64Setter(set_generator_state).set  # a PCG64's state by its 40 bytes
+        self._generators = GeneratorSetter(set_generator_state)  # a state by copying its words where it can
 
     def remember_static(self) -> str:
         """Record the large arrays the env holds now (call it right after building the env); returns a digest
@@ -605,15 +605,14 @@ class GraphState:
                 own = getattr(target, "__dict__", {})
                 state = ({**state[0], **{k: own[k] for k in self.exclude if k in own}}, *state[1:])
             apply_state(target, state, prepared.missing)
-        set_generator = self._set_generator
+        set_generator = self._generators.set
         for g, state in zip(prepared.generators, prepared.generator_states):
             set_generator(g, state)
         for t, state in zip(prepared.structs, prepared.struct_states):
             if t is not None:
                 self._structs.apply(t, state)
         if prepared.glob is not None:
-            np.random.set_state(prepared.glob[0])
-            random.setstate(prepared.glob[1])
+            self._generators.set_globals(*prepared.glob)
 
     def _namespace(self, fresh: bool = False) -> GraphNamespace:
         """The names this graph's capsules may use: those it holds now, and those it held at any snapshot this
