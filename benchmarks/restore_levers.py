@@ -6,7 +6,11 @@ of it, one that only resets (`reset(seed=0)`) and one that only restores the cap
 and p99 of each in microseconds, and the capsule file's bytes. With `--levers` (the default), for a graph-captured
 env, the restore again with each lever turned off, each in fresh envs: `no_bound` (every restore resolves its
 targets again), `no_quick_generators` (generator states thawed with the rest, an MT19937 key as an array),
-`no_array_templates` (no templates compiled: the states read from their bytes at every restore). The summary names
+`no_array_templates` (no templates compiled: the states read from their bytes at every restore), `no_direct` (a bound
+restore's states made as dicts and tuples, then applied, not set straight into the objects), `no_word_copies` (every
+generator state, the global ones too, set through numpy's and random's own setters, not by copying its words),
+`no_kept_arrays` (the env's checks read the capsule through numpy views made from its tensors at every restore,
+torch called each time, not views kept with the capsule). The summary names
 the package it measured (`code`): to measure another tree the same way, run this from outside the repository with
 both on `PYTHONPATH`, that tree first.
 """
@@ -14,6 +18,7 @@ both on `PYTHONPATH`, that tree first.
 from __future__ import annotations
 
 import os
+import random
 import sys
 import tempfile
 import time
@@ -48,7 +53,7 @@ class RestoreLeversConfig:
             raise ValueError("--rounds must be >= 3 and --env must name one or more envs")
 
 
-LEVERS = ("no_bound", "no_quick_generators", "no_array_templates")
+LEVERS = ("no_bound", "no_quick_generators", "no_array_templates", "no_direct", "no_word_copies", "no_kept_arrays")
 
 
 @contextmanager
@@ -56,8 +61,10 @@ def _turned_off(lever: str, env) -> Iterator[None]:
     """`lever` off for `env` while inside (each put back after). The levers are the compiled restore's own
     (`capsules.graph.state`'s names, patched where it looks them up)."""
     from capsule_rollout.capsules.graph import state as graph_state
+    from capsule_rollout.envs import mujoco_capsule
 
     quick, compile_template = graph_state.quick_state, graph_state.compile_template
+    compile_direct, kept_arrays = graph_state.compile_direct, mujoco_capsule.host_arrays
     if lever == "no_bound":
         class Never(dict):
             def __setitem__(self, key, value) -> None:
@@ -68,10 +75,21 @@ def _turned_off(lever: str, env) -> Iterator[None]:
         graph_state.quick_state = lambda state: state
     elif lever == "no_array_templates":  # no template compiled: every restore reads the states from their bytes
         graph_state.compile_template = lambda *args, **kwargs: None
+    elif lever == "no_direct":  # the states made as dicts and tuples, then applied
+        graph_state.compile_direct = lambda *args, **kwargs: None
+    elif lever == "no_word_copies":  # every generator state set through numpy's and random's own setters
+        def own_globals(numpy_state, python_state) -> None:
+            np.random.set_state(numpy_state)
+            random.setstate(python_state)
+
+        env._graph._generators.set, env._graph._generators.set_globals = graph_state.set_generator_state, own_globals
+    elif lever == "no_kept_arrays":  # the check's numpy views made from the capsule's tensors at every restore
+        mujoco_capsule.host_arrays = lambda view: {k: v.numpy() for k, v in view.items() if v.device.type == "cpu"}
     try:
         yield
     finally:
         graph_state.quick_state, graph_state.compile_template = quick, compile_template
+        graph_state.compile_direct, mujoco_capsule.host_arrays = compile_direct, kept_arrays
 
 
 def measure(env_id: str, rounds: int, lever: str = "") -> dict:
@@ -120,7 +138,8 @@ def _measure(env, other, rounds: int) -> dict:
 
 
 LEVER_NAMES = {"no_bound": "without bound targets", "no_quick_generators": "without shared generator states",
-               "no_array_templates": "without templates"}
+               "no_array_templates": "without templates", "no_direct": "without states set straight in",
+               "no_word_copies": "without generator words copied", "no_kept_arrays": "without arrays kept per capsule"}
 
 
 def measure_all(config: RestoreLeversConfig) -> dict:
