@@ -28,7 +28,9 @@ class CapsuleComponent(Protocol):
 
     Optional hook, called by `restore` and `fork` before the first byte is copied:
     `check_restore(view)`, where `view` maps each of the component's buffer names to
-    the capsule's (read-only by contract) tensor. It raises `ValueError` saying why
+    the capsule's (read-only by contract) tensor (a `BufferViews`: `host_arrays(view)`
+    gives numpy views of the host buffers, kept with the capsule, so that a check
+    calls no torch at every restore). It raises `ValueError` saying why
     the component cannot take that state (e.g. a task of another family); the
     restore is then refused with the arena untouched. Without it a component accepts
     every capsule whose specs and fingerprint match (`BufferComponent` has the default).
