@@ -50,7 +50,8 @@ import mujoco
 import numpy as np
 import torch
 
-from capsule_rollout.capsules import BufferComponent, BufferSpec, host_arrays
+from capsule_rollout.capsules import BufferComponent, BufferSpec, Trust, host_arrays
+from capsule_rollout.capsules.trust import current_trust
 from capsule_rollout.envs.gl_current import EnvContext, collect_with_no_context
 from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declarations are part of this module's API
     _LOADERS,
@@ -69,6 +70,7 @@ from capsule_rollout.envs.mujoco_capture import (  # noqa: F401 - the declaratio
     find_generators,
     find_physics,
     flatten,
+    integer_bytes,
     layers_of,
     memory_view,
     mjdata_buffer,
@@ -175,6 +177,9 @@ class MujocoCapsuleEnv(MujocoPythonState, BufferComponent):
         # graph capture: every model array that is not an asset, as a few contiguous runs of the model's memory
         self._model_runs = runs
         self._model_bytes = sum(n for _, n in runs)
+        # the integer arrays among them (indices, types, flags: read by MuJoCo unchecked), which a capsule restored
+        # as data never changes (`_refuse_structure`)
+        self._model_ints = integer_bytes(model, runs)
         if self._graph is not None:
             self._scratch = mujoco.MjData(model)
             self._scratch_ptr = mjdata_buffer(self._scratch)[0]
@@ -325,6 +330,8 @@ class MujocoCapsuleEnv(MujocoPythonState, BufferComponent):
             bad = [name for name, offset, nbytes in self._physics
                    if not np.isfinite(raw[offset : offset + nbytes].view(np.float64)).all()]
             raise ValueError(f"the capsule holds non-finite physics state ({', '.join(bad) or 'time'}): refusing it")
+        if current_trust() is Trust.DATA:
+            self._refuse_structure(b)
         if self._graph is not None:
             # the Python state read, checked and resolved before anything is copied (applied in after_restore)
             n = int(b["python_len"][0])
@@ -335,6 +342,21 @@ class MujocoCapsuleEnv(MujocoPythonState, BufferComponent):
                 self._prepared = (blob, self._graph.prepare(blob, self._natives_in(b)))
             except GraphStateError as exc:
                 raise ValueError(str(exc)) from None
+
+    def _refuse_structure(self, b: Mapping[str, np.ndarray]) -> None:
+        """A capsule restored as data (`Trust.DATA`) sets MuJoCo's values, never its structure: MjModel's integer
+        arrays (addresses, ids, types, flags), which MuJoCo reads as positions in its own arrays unchecked (one
+        crafted address crashes the process at the restore's `mj_step1`), must hold what the env built here holds."""
+        changed = [name for offset, address, n, name in self._model_ints
+                   if b["model"][offset: offset + n].tobytes() != ctypes.string_at(address, n)]
+        changed += [name for name, arr in self._model_fields
+                    if arr.dtype.kind != "f" and b[f"model_{name}"].tobytes() != arr.tobytes()]
+        if changed:
+            names = sorted(set(changed))
+            raise ValueError(f"the capsule's MjModel.{', MjModel.'.join(names[:6])}{' ...' if len(names) > 6 else ''} "
+                             "(integer arrays: indices, types, flags) differ from the env built here: a capsule "
+                             "restored as data sets MuJoCo's values, never its structure, which MuJoCo reads "
+                             "unchecked. Restore it with --trust-code only if you would run this file as code")
 
     def before_snapshot(self) -> None:
         b = self._np

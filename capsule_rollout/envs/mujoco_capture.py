@@ -281,6 +281,27 @@ def model_value_runs(model: mujoco.MjModel, gap: int = 256) -> list[tuple[int, i
     return [(start, end - start) for start, end in runs]
 
 
+def integer_bytes(h: Any, within: list[tuple[int, int]]) -> list[tuple[int, int, int, str]]:
+    """Where `h`'s (an MjModel's or MjData's) arrays that are not floating point (indices, addresses, ids, types,
+    flags: what MuJoCo reads as positions in its own arrays, or to pick a routine) lie inside `within`, a list of
+    (address, bytes) runs read one after another: (offset into those runs' bytes, address, bytes, field)."""
+    out = []
+    for start, end, name in handle_fields(h):
+        try:
+            kind = getattr(h, name).dtype.kind
+        except AttributeError:
+            continue
+        if kind == "f":
+            continue
+        at = 0
+        for run_start, n in within:
+            lo, hi = max(start, run_start), min(end, run_start + n)
+            if lo < hi:
+                out.append((at + lo - run_start, lo, hi - lo, name))
+            at += n
+    return out
+
+
 def model_identity(model: mujoco.MjModel, runs: list[tuple[int, int]]) -> np.ndarray:
     """What a model is, as graph capture sees it: its sizes, its options and every array byte outside the
     captured runs (the assets), not the values captured (nor the statistics MuJoCo derives from them: robosuite

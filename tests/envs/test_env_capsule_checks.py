@@ -1,4 +1,5 @@
-"""The env's own restore check: a capsule of another task family is refused before any byte is copied."""
+"""The env's own restore check: a capsule of another task family is refused before any byte is copied; a capsule
+restored as data never sets MuJoCo's structure."""
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from capsule_rollout.capsules import (
     save_capsule,
     snapshot,
 )
+from capsule_rollout.capsules.trust import Trust
+from capsule_rollout.envs.suites import make_env
 from capsule_rollout.tabletop.tabletop_env import TabletopEnv
 from capsule_rollout.tabletop.tasks import family_index
 
@@ -45,3 +48,48 @@ def test_a_capsule_of_another_family_is_refused_with_the_arena_untouched(tmp_pat
     assert np.array_equal(env.data.qpos, qpos) and env.steps == steps and env.params.family == family_index("pick_place")
     restore(arena, load_capsule(save_capsule(capsule, tmp_path / "good.capsule")))  # the unedited one restores
     assert env.steps == 0
+
+
+def _forged(capsule: Capsule, trust: str, edit) -> Capsule:
+    """The capsule with `edit(buffer(key) as numpy)` applied to a copy, its digests recomputed, read at `trust`."""
+    slabs = [(lay, slab.clone()) for lay, slab in capsule.slabs()]
+    edited = Capsule(capsule.meta, slabs)
+    edit(edited)
+    return Capsule(edited.meta, list(edited.slabs()), trust=Trust(trust))
+
+
+def _field_bytes(env, field: str) -> tuple[int, int]:
+    """Where MjModel.`field` lies in the capsule's `model` runs: (offset, bytes)."""
+    arr = getattr(env.model, field)
+    for offset, address, _n, name in env._model_ints:
+        if name == field and address == arr.ctypes.data:
+            return offset, arr.nbytes
+    raise AssertionError(f"{field} is not in the runs")
+
+
+def test_a_capsule_restored_as_data_never_sets_mujocos_structure():
+    """MuJoCo reads MjModel's integer arrays (addresses, ids, types) as positions in its own arrays, unchecked: a
+    capsule whose `jnt_qposadr` points far away crashes the process (measured: at the restore's `mj_step1`, or at the
+    next step). Restored as data it is refused, naming the array, with the env as it was; the same capsule without the
+    edit restores as data bit-exact."""
+    env = make_env("tests.envs.broken_envs:make_counter", cameras=())
+    other = make_env("tests.envs.broken_envs:make_counter", cameras=())
+    arena, other_arena = Arena([env]).allocate(), Arena([other]).allocate()
+    env.reset(seed=0)
+    other.reset(seed=0)
+    for _ in range(3):
+        env.step(env.action_space.sample())
+    capsule = snapshot(arena)
+    offset, n = _field_bytes(env, "jnt_qposadr")
+
+    def far_address(c: Capsule) -> None:
+        c.buffer("env/model").numpy()[offset: offset + n] = np.full(n // 4, 10**8, np.int32).view(np.uint8)
+
+    before = other.data.qpos.copy()
+    with pytest.raises(CapsuleMismatchError, match=r"MjModel\.jnt_qposadr .*never its structure"):
+        restore(other_arena, _forged(capsule, "data", far_address))
+    assert np.array_equal(other.data.qpos, before)
+    restore(other_arena, _forged(capsule, "data", lambda c: None))  # the same values: bit-exact
+    action = env.action_space.sample()
+    assert np.array_equal(other.step(action)[0]["state"], env.step(action)[0]["state"])
+    assert np.array_equal(other.data.qpos, env.data.qpos) and np.array_equal(other.data.qvel, env.data.qvel)
