@@ -5,8 +5,9 @@ level. The levels (docs/how-to/sharing-capsules.md and docs/DESIGN.md carry the 
 - `OWN`: a capsule made in this process, or read from a file signed with this user's key. A restore sets what the
   env made: any state of the env's own graph (`capsules.graph.state`), instances of its classes made fresh.
 - `DATA` (`replay --trust`): a file not signed with this user's key, the user vouching for its source. A restore
-  sets data only: MuJoCo state, arrays, numbers, strings, bytes and containers of them, generators of numpy's and
-  random's own classes (made by their constructors, set through their state API), enum members; an instance only
+  sets data only: MuJoCo's values (never MjModel's integer arrays: the env's adapter refuses a change), arrays,
+  numbers, strings, bytes and containers of them, generators of numpy's and random's own classes (made by their
+  constructors, set through their state API, their positions checked), enum members; an instance only
   where the env built here holds one of the same class at that place; a class, function, module or bound method
   only where the env built here holds that very object at that place; never an instance made fresh, but of a
   class `add_safe_types` named (`capsules.data_only`). Anything more is refused naming its place and type.
