@@ -195,9 +195,10 @@ class GeneratorSetter:
 
     def set_globals(self, numpy_state: Any, python_state: Any) -> None:
         """The global `numpy.random` and `random` states."""
-        if not self._legacy_state(np.random.mtrand._rand, numpy_state):
+        # the instances the modules' own functions are bound to (what `np.random.set_state` and `random.setstate` set)
+        if not self._legacy_state(getattr(np.random.set_state, "__self__", None), numpy_state):
             np.random.set_state(numpy_state)
-        if not self._python_state(random._inst, python_state):
+        if not self._python_state(getattr(random.setstate, "__self__", None), python_state):
             random.setstate(python_state)
 
     def _source(self, state: Any, make: Any) -> Any:
