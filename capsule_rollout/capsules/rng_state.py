@@ -201,23 +201,21 @@ class GeneratorSetter:
         if not self._python_state(getattr(random.setstate, "__self__", None), python_state):
             random.setstate(python_state)
 
-    def _source(self, state: Any, make: Any) -> Any:
-        cached = self._states.get(id(state))
-        if cached is None or cached[0] is not state:
-            cached = (state, make(state))
-            if len(self._states) >= self.LIMIT:
-                self._states.clear()
-            self._states[id(state)] = cached
+    def _cached(self, table: dict[int, tuple[Any, Any]], obj: Any, make: Any) -> Any:
+        """`make(obj)`, kept in `table` by `obj`'s id with `obj` itself (so the id stays its own while cached)."""
+        cached = table.get(id(obj))
+        if cached is None or cached[0] is not obj:
+            cached = (obj, make(obj))
+            if len(table) >= self.LIMIT:
+                table.clear()
+            table[id(obj)] = cached
         return cached[1]
 
+    def _source(self, state: Any, make: Any) -> Any:
+        return self._cached(self._states, state, make)
+
     def _target(self, g: Any, find: Any) -> Any:
-        cached = self._targets.get(id(g))
-        if cached is None or cached[0] is not g:
-            cached = (g, find(g))
-            if len(self._targets) >= self.LIMIT:
-                self._targets.clear()
-            self._targets[id(g)] = cached
-        return cached[1]
+        return self._cached(self._targets, g, find)
 
     def _pcg64(self, bg: Any, state: Any) -> bool:
         source = self._source(state, lambda st: _buffer(pcg64_bytes(st) if isinstance(st, dict) else None))

@@ -1,4 +1,4 @@
-"""`capsules.graph.read.Template`: the fresh copies a restore makes of a snapshot's states without reading its bytes
+"""`capsules.graph.template.Template`: the fresh copies a restore makes of a snapshot's states without reading its bytes
 again (and without pickle) are what the reader makes from those bytes, sharing and cycles kept, nothing mutable
 shared between two restores; the references to the env resolved at every restore unless the template holds them."""
 
@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capsule_rollout.capsules import state_codec as sc
-from capsule_rollout.capsules.graph.read import BoundRef, Consumed, Ref, Shared, compile_template
 from capsule_rollout.capsules.graph.state import GraphState
+from capsule_rollout.capsules.graph.template import BoundRef, Consumed, Ref, Shared, compile_template
 from capsule_rollout.capsules.graph.walk import Edges
 from capsule_rollout.capsules.state_reader import Decoder
 from tests.capsules.any_name import AnyLoadedName
@@ -278,6 +278,7 @@ def test_an_object_the_env_replaces_at_every_step_is_rebound_alone():
         assert env.steps == 0 and env.accessor.value == 0 and env.rng.random() == first_draw
     (bound,) = graph._bound.values()
     assert bound.moving == {("o", 1)} and ("o", 1) not in bound.template.fixed
+    assert bound.direct is not None and ("o", 1) not in bound.direct.fixed  # set straight in, the accessor resolved
     first = env.accessor
     env.step()
     replaced = env.accessor

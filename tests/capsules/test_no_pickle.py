@@ -1,5 +1,5 @@
 """No module of the package pickles: every module parsed (ast), none imports a pickle of any kind or uses the pickle
-protocol's hooks to copy or rebuild a value (a restore makes its copies with `capsules.graph.read.Template`). Ray
+protocol's hooks to copy or rebuild a value (a restore makes its copies with `capsules.graph.template.Template`). Ray
 pickles what it ships between processes, which is Ray's business: a class may define `__reduce__` for that."""
 
 from __future__ import annotations

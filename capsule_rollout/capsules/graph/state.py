@@ -451,8 +451,8 @@ class GraphState:
         for i, x in changed:
             bound.edges.objects[i] = x
         bound.moving |= pids
-        if bound.template is not None and bound.template.fixed & pids:
-            bound.template = bound.direct = None  # it holds an object the env replaced: compiled again without it
+        if any(t is not None and t.fixed & pids for t in (bound.template, bound.direct)):
+            bound.template = bound.direct = None  # one holds an object the env replaced: compiled again without it
         return True
 
     def _specialized(self, bound: Binding) -> Template | None:
