@@ -46,12 +46,18 @@ class PCG64LayoutError(RuntimeError):
     """This numpy lays out a PCG64 generator's C state otherwise than `pcg64_addresses` reads it."""
 
 
+def _bitgen_state(bg: Any) -> int:
+    """The address of a bit generator's C state: bitgen_t (numpy's C interface, behind the generator's "BitGenerator"
+    capsule) starts with a pointer to it."""
+    return ctypes.c_void_p.from_address(_capsule_pointer(bg.capsule, b"BitGenerator")).value
+
+
 def pcg64_addresses(bg: np.random.PCG64) -> tuple[int, int]:
     """Addresses of a PCG64 bit generator's 128-bit state + increment (32 bytes) and of its (has_uint32, uinteger)
     (8 bytes). bitgen_t (numpy's C interface, behind the generator's "BitGenerator" capsule) starts with a pointer to
     the PCG64 state; far cheaper to reach than `bg.ctypes`, which builds ctypes callbacks per generator. The layout
     is checked against `bg.state` on the first generator of the process (`PCG64LayoutError`)."""
-    address = ctypes.c_void_p.from_address(_capsule_pointer(bg.capsule, b"BitGenerator")).value
+    address = _bitgen_state(bg)  # numpy's pcg64_state: a pointer to the PCG64 state, then has_uint32 and uinteger
     pcg = ctypes.c_void_p.from_address(address).value
     if not _LAYOUT_CHECKED:  # a property of this numpy build: checked on the first generator only
         _check_layout(bg, pcg, address + 8)
@@ -130,7 +136,7 @@ def _legacy_offset() -> int | None:
 def _legacy_key_layout(rs: Any) -> bool:
     """Whether a `RandomState`'s MT19937 key and position lie where its bit generator's bitgen_t state points,
     checked both ways against `get_state`."""
-    key = ctypes.c_void_p.from_address(_capsule_pointer(rs._bit_generator.capsule, b"BitGenerator")).value
+    key = _bitgen_state(rs._bit_generator)
     st = rs.get_state(legacy=False)["state"]
     if ctypes.string_at(key, 2500) != _mt_key(st["key"], st["pos"]):
         return False
@@ -147,12 +153,10 @@ def _python_layout() -> bool:
     if type(r).__basicsize__ < 20 + 2496:
         return False
     r.random()
-    version, internal, _ = r.getstate()
-    held = ctypes.string_at(id(r) + 16, 2500)
-    if held != struct.pack("<i", internal[-1]) + struct.pack("<624I", *internal[:624]):
+    if ctypes.string_at(id(r) + 16, 2500) != _python_words(r.getstate()[1]):
         return False
     target = other.getstate()
-    ctypes.memmove(id(r) + 16, struct.pack("<i", target[1][-1]) + struct.pack("<624I", *target[1][:624]), 2500)
+    ctypes.memmove(id(r) + 16, _python_words(target[1]), 2500)
     r.gauss_next = target[2]
     return r.getstate() == target and r.random() == other.random()
 
@@ -240,9 +244,8 @@ class GeneratorSetter:
         source = self._source(state, _legacy_bytes)
         if source is None:
             return False
-        key, has, gauss = self._target(rs, lambda r: (
-            ctypes.c_void_p.from_address(_capsule_pointer(r._bit_generator.capsule, b"BitGenerator")).value,
-            id(r) + offset + 8, id(r) + offset + 16))
+        key, has, gauss = self._target(rs, lambda r: (_bitgen_state(r._bit_generator), id(r) + offset + 8,
+                                                      id(r) + offset + 16))
         at = ctypes.addressof(source)
         ctypes.memmove(key, at, 2500)
         ctypes.memmove(has, at + 2500, 4)
@@ -281,16 +284,22 @@ def _legacy_bytes(state: Any) -> Any:
     return _buffer(key + struct.pack("<i", int(has)) + struct.pack("<d", gauss))
 
 
+def _python_words(internal: Any) -> bytes | None:
+    """CPython's Mersenne Twister state (`getstate()[1]`: 624 words, then the position) as its 2,500 bytes in the
+    instance (the position first), or None where it is not that."""
+    if type(internal) is not tuple or len(internal) != 625:
+        return None
+    key = _mt_key(list(internal[:624]), internal[624])
+    return None if key is None else key[2496:] + key[:2496]
+
+
 def _python_bytes(state: Any) -> Any:
     """A `random.getstate()` (version 3) as (position and key as a buffer, gauss_next), or None."""
     try:
         version, internal, gauss_next = state
-        if version != 3 or type(internal) is not tuple or len(internal) != 625 or not (
-                gauss_next is None or type(gauss_next) is float):
-            return None
-        key = _mt_key(list(internal[:624]), internal[624])
+        words = _python_words(internal)
     except (TypeError, ValueError):
         return None
-    if key is None:
+    if version != 3 or words is None or not (gauss_next is None or type(gauss_next) is float):
         return None
-    return _buffer(key[2496:] + key[:2496]), gauss_next
+    return _buffer(words), gauss_next
