@@ -19,7 +19,8 @@ what never mixes rows: element-wise operations, and norms and softmax over one r
 `exact_linear` computes with weights prepared once (`ExactWeights`, held as a module's buffers; a constant matrix
 `m` that multiplies from the right is `ExactWeights(m.T, None)`). A weight grid of at most 24 bits is also held in
 float32 (every value on it is a float32): a product of `NARROW_ROWS` rows or more streams half the bytes and widens
-them at the call, the same values and so the same sums; below, the widening costs more than the bytes it saves.
+them at the call, the same values and so the same sums; below, the widening costs more than the bytes it saves, and
+so it does on a CPU whose ATen kernels run scalar (`widens`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ NARROW_ROWS, NARROW_SIZE = 4, 2 ** 15
 in float64) that have one: measured on the shipped policy, whose 256x256 layers stream from memory at every call,
 12% faster at 8 rows, 8% at 4, 7% slower at 2 and 11% at 1; a smaller matrix stays in the cache either way."""
 _SMALLEST = 2.0 ** -126  # float32's smallest normal: a row of smaller values shares its grid
+
+
+def widens(device: torch.device) -> bool:
+    """Whether a product on `device` widens the float32 copy of its weights (from `NARROW_ROWS` rows): on a GPU and
+    on a CPU whose ATen kernels are vectorized. With ATen's scalar kernels (`ATEN_CPU_CAPABILITY=default`, a CPU
+    without AVX2) the widening of a 256x256 matrix costs more than the float64 bytes it saves: the shipped policy's
+    act at 8 rows took 25.3 ms widening and 19.3 ms not (measured), the same values either way."""
+    return device.type != "cpu" or _VECTOR_CPU
+
+
+_VECTOR_CPU = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
 
 
 def split_bits(k: int) -> tuple[int, int]:
@@ -92,10 +104,10 @@ class ExactWeights:
 def exact_linear(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor | None, bits_in: int,
                  t32: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ t + bias` over the last dimension of `x` (`t`, `bias`, `t32` from `ExactWeights`), every sum exact, then
-    rounded to `x`'s dtype. With `t32`, from `NARROW_ROWS` rows the product widens it instead of reading `t`: the
-    same values, so the same result at any number of rows."""
+    rounded to `x`'s dtype. With `t32`, from `NARROW_ROWS` rows the product widens it instead of reading `t` where
+    that is cheaper (`widens`): the same values, so the same result at any number of rows."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    weights = t32.to(torch.float64) if t32 is not None and rows >= NARROW_ROWS else t
+    weights = t32.to(torch.float64) if t32 is not None and rows >= NARROW_ROWS and widens(x.device) else t
     y = round_row(x.to(torch.float64), bits_in, -1) @ weights
     if bias is not None:
         y = y + bias

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from capsule_rollout.capsules import Arena
-from capsule_rollout.models.exact_sums import ExactWeights, exact_linear
+from capsule_rollout.models.exact_sums import ExactWeights, exact_linear, widens
 from capsule_rollout.models.runtime import invariant_copy
 from capsule_rollout.tabletop.critic_runtime import CriticRuntime
 from capsule_rollout.tabletop.flow_policy import load_policy
@@ -28,6 +28,8 @@ def main() -> None:
     w = ExactWeights(weight, bias)
     sums = exact_linear(x, w.t, w.bias, w.bits_in)
     digest = hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
+    # with the float32 copy of the weights: widened where this path's kernels make that cheaper, the same bits
+    same_with_copy = w.t32 is not None and torch.equal(exact_linear(x, w.t, w.bias, w.bits_in, w.t32), sums)
 
     policy, critic = PolicyRuntime(load_policy(f"{SHIPPED}/policy")), CriticRuntime(load_critic(f"{SHIPPED}/critic"))
     Arena([policy, critic]).allocate()
@@ -57,7 +59,8 @@ def main() -> None:
         narrow_agree = torch.equal(narrow(xs), torch.cat([narrow(xs[i: i + 1]) for i in range(xs.shape[0])]))
     print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "sums": digest,
                       "rows_agree": all(agree), "one_call": rows.runtime.together and judges.runtime.together,
-                      "narrow_rows_agree": narrow_agree}))
+                      "narrow_rows_agree": narrow_agree, "widens": widens(torch.device("cpu")),
+                      "same_with_copy": same_with_copy}))
 
 
 if __name__ == "__main__":
