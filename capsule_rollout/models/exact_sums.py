@@ -26,6 +26,7 @@ so it does on a CPU whose ATen kernels run scalar (`widens`).
 from __future__ import annotations
 
 import math
+import platform
 from collections.abc import Sequence
 
 import torch
@@ -39,13 +40,15 @@ _SMALLEST = 2.0 ** -126  # float32's smallest normal: a row of smaller values sh
 
 def widens(device: torch.device) -> bool:
     """Whether a product on `device` widens the float32 copy of its weights (from `NARROW_ROWS` rows): on a GPU and
-    on a CPU whose ATen kernels are vectorized. With ATen's scalar kernels (`ATEN_CPU_CAPABILITY=default`, a CPU
-    without AVX2) the widening of a 256x256 matrix costs more than the float64 bytes it saves: the shipped policy's
-    act at 8 rows took 25.3 ms widening and 19.3 ms not (measured), the same values either way."""
+    on a CPU whose ATen kernels are vectorized. With ATen's scalar kernels on x86 (`ATEN_CPU_CAPABILITY=default`, a
+    CPU without AVX2) the widening of a 256x256 matrix costs more than the float64 bytes it saves: the shipped
+    policy's act at 8 rows took 25.3 ms widening and 18.7 ms not (measured), the same values either way. (An ARM
+    build's `DEFAULT` kernels use NEON: not measured, left widening.)"""
     return device.type != "cpu" or _VECTOR_CPU
 
 
-_VECTOR_CPU = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+_VECTOR_CPU = (torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+               or platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"))
 
 
 def split_bits(k: int) -> tuple[int, int]:
