@@ -52,11 +52,12 @@ OPENPI_STAMP := $(OPENPI_VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt capsule_rollout/models/exact_kernel.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -e ".[dev]" -c constraints.txt
+	$(PY) -m capsule_rollout.models.exact_kernel  # the exact linear operator, once per machine (about 30 s)
 	touch $(STAMP)
 
 # `make test`: the unit tier (neither Ray nor training; in parallel, one worker per core), then the integration

@@ -48,3 +48,4 @@ def test_the_wheel_carries_the_shipped_checkpoints(wheel_files):
                if p.is_file()}
     assert shipped and shipped <= set(wheel_files), sorted(shipped - set(wheel_files))
     assert {name.split("/")[2] for name in shipped} == {"policy", "critic"}
+    assert "capsule_rollout/models/exact_kernel.cpp" in wheel_files  # the exact linear operator's source (built here)

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 
 import torch
 
+from capsule_rollout.models import exact_kernel
+
 NARROW_ROWS, NARROW_SIZE = 4, 2 ** 15
 """Rows from which `exact_linear` takes a float32 copy of the weights and widens it, and the weights (elements, 256 KiB
 in float64) that have one: measured on the shipped policy, whose 256x256 layers stream from memory at every call,
@@ -108,8 +110,13 @@ def exact_linear(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor | None, bi
                  t32: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ t + bias` over the last dimension of `x` (`t`, `bias`, `t32` from `ExactWeights`), every sum exact, then
     rounded to `x`'s dtype. With `t32`, from `NARROW_ROWS` rows the product widens it instead of reading `t` where
-    that is cheaper (`widens`): the same values, so the same result at any number of rows."""
+    that is cheaper (`widens`): the same values, so the same result at any number of rows. Below `NARROW_ROWS`, a
+    float32 CPU input goes through the compiled operator where it was built (`models.exact_kernel`): the same bits in
+    one call."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (rows < NARROW_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
+            and not (x.requires_grad and torch.is_grad_enabled()) and exact_kernel.available()):
+        return torch.ops.capsule_rollout.exact_linear(x, t, bias, 1.0 + 2.0 ** (54 - bits_in))
     weights = t32.to(torch.float64) if t32 is not None and rows >= NARROW_ROWS and widens(x.device) else t
     y = round_row(x.to(torch.float64), bits_in, -1) @ weights
     if bias is not None:

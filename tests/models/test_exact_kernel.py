@@ -1,0 +1,84 @@
+"""The compiled exact linear operator (`models.exact_kernel`) gives `exact_linear`'s Python path's bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from capsule_rollout.capsules import Arena
+from capsule_rollout.models import exact_kernel
+from capsule_rollout.models.exact_sums import NARROW_ROWS, ExactWeights, exact_linear
+from capsule_rollout.tabletop.flow_policy import load_policy
+from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
+from tests.policies.tiny import random_obs
+
+SHIPPED = "capsule_rollout/checkpoints"
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The operator, built here if it was not (`make install` builds it); skipped where it cannot be built."""
+    if not exact_kernel.available():
+        exact_kernel.main()
+        exact_kernel._loaded = None
+        if not exact_kernel.available():
+            pytest.skip("the exact kernel could not be built here (no compiler or ninja): the Python path serves")
+    yield
+    exact_kernel._loaded = True
+
+
+def _python(x, w):
+    loaded, exact_kernel._loaded = exact_kernel._loaded, False
+    try:
+        return exact_linear(x, w.t, w.bias, w.bits_in, w.t32)
+    finally:
+        exact_kernel._loaded = loaded
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.view(torch.int32).equal(b.view(torch.int32))
+
+
+@pytest.mark.parametrize("k, out, bias", [(272, 256, True), (256, 512, True), (48, 3, False), (1, 7, True)])
+def test_the_operator_gives_the_python_paths_bits(kernel, k, out, bias):
+    g = torch.Generator().manual_seed(k + out)
+    layer = torch.nn.Linear(k, out, bias=bias)
+    w = ExactWeights(layer.weight * torch.logspace(-3, 3, k)[None, :], layer.bias)
+    for rows in range(1, NARROW_ROWS):
+        x = torch.randn(rows, k, generator=g) * torch.logspace(-40, 30, rows)[:, None]
+        assert _same_bits(exact_linear(x, w.t, w.bias, w.bits_in, w.t32), _python(x, w)), rows
+    edge = torch.randn(3, k, generator=g)
+    edge[0, : min(k, 3)] = torch.tensor([1e-45, -1e-40, -0.0])[: min(k, 3)]  # subnormals and a negative zero
+    edge[1] = -0.0  # a zero row: every product zero
+    edge[2, 0] = float("nan") if k > 1 else 1.0
+    y, p = exact_linear(edge, w.t, w.bias, w.bits_in), _python(edge, w)
+    assert _same_bits(y[:2], p[:2]) and torch.equal(y[2].isnan(), p[2].isnan())
+    ones = torch.full((1, k), float("inf"))  # an infinite entry: the row's outputs NaN, as torch's
+    assert exact_linear(ones, w.t, w.bias, w.bits_in).isnan().all() and _python(ones, w).isnan().all()
+    leading = torch.randn(1, 2, k, generator=g)  # leading dimensions are rows
+    assert _same_bits(exact_linear(leading, w.t, w.bias, w.bits_in), _python(leading, w))
+
+
+def test_the_shipped_policy_acts_the_same_bits_with_and_without_the_operator(kernel):
+    def chunk(with_kernel: bool) -> torch.Tensor:
+        loaded, exact_kernel._loaded = exact_kernel._loaded, with_kernel
+        try:
+            policy = PolicyRuntime(load_policy(f"{SHIPPED}/policy"))  # traced: the operator is in the trace
+            Arena([policy]).allocate()
+            policy.set_language("pick")
+            policy.reset(7)
+            return policy.act(random_obs(policy.config, 1)).clone()
+        finally:
+            exact_kernel._loaded = loaded
+
+    assert _same_bits(chunk(True), chunk(False))
+
+
+def test_a_run_never_builds_it_and_can_be_told_not_to_load_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there
+    monkeypatch.setattr(exact_kernel, "_loaded", None)
+    assert not exact_kernel.available() and not any(tmp_path.iterdir())
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("CAPSULE_ROLLOUT_EXACT_KERNEL", "0")
+    monkeypatch.setattr(exact_kernel, "_loaded", None)
+    assert not exact_kernel.available()
