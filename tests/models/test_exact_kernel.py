@@ -82,3 +82,14 @@ def test_a_run_never_builds_it_and_can_be_told_not_to_load_it(monkeypatch, tmp_p
     monkeypatch.setenv("CAPSULE_ROLLOUT_EXACT_KERNEL", "0")
     monkeypatch.setattr(exact_kernel, "_loaded", None)
     assert not exact_kernel.available()
+
+
+def test_where_it_cannot_be_built_the_build_says_why_and_install_goes_on(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+    def no_compiler():
+        raise RuntimeError("Ninja is required to load C++ extensions\nno c++ here")
+
+    monkeypatch.setattr(exact_kernel, "build", no_compiler)
+    assert exact_kernel.main() == 0
+    assert "not built (RuntimeError: no c++ here); exact sums run their Python path" in capsys.readouterr().out
