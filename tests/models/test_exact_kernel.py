@@ -93,3 +93,19 @@ def test_where_it_cannot_be_built_the_build_says_why_and_install_goes_on(monkeyp
     monkeypatch.setattr(exact_kernel, "build", no_compiler)
     assert exact_kernel.main() == 0
     assert "not built (RuntimeError: no c++ here); exact sums run their Python path" in capsys.readouterr().out
+
+
+def test_a_traced_invariant_layer_of_one_row_calls_the_operator_and_of_four_rows_the_library(kernel):
+    from capsule_rollout.models.graph_runner import trace_on_cpu
+    from capsule_rollout.models.runtime import invariant_copy
+
+    model = invariant_copy(torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.SiLU()).eval())
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        one = trace_on_cpu(model, (torch.randn(1, 32),), cpu, True)
+        four = trace_on_cpu(model, (torch.randn(NARROW_ROWS, 32),), cpu, True)
+    assert "capsule_rollout::exact_linear" in str(one.inlined_graph)
+    assert "capsule_rollout::exact_linear" not in str(four.inlined_graph)
+    x = torch.randn(NARROW_ROWS, 32)
+    with torch.no_grad():
+        assert _same_bits(torch.cat([one(x[i: i + 1]) for i in range(NARROW_ROWS)]), four(x))
