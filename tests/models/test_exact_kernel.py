@@ -7,7 +7,7 @@ import torch
 
 from capsule_rollout.capsules import Arena
 from capsule_rollout.models import exact_kernel
-from capsule_rollout.models.exact_sums import NARROW_ROWS, ExactWeights, exact_linear
+from capsule_rollout.models.exact_sums import OPERATOR_ROWS, ExactWeights, exact_linear
 from capsule_rollout.tabletop.flow_policy import load_policy
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from tests.policies.tiny import random_obs
@@ -44,7 +44,7 @@ def test_the_operator_gives_the_python_paths_bits(kernel, k, out, bias):
     g = torch.Generator().manual_seed(k + out)
     layer = torch.nn.Linear(k, out, bias=bias)
     w = ExactWeights(layer.weight * torch.logspace(-3, 3, k)[None, :], layer.bias)
-    for rows in range(1, NARROW_ROWS):
+    for rows in range(1, OPERATOR_ROWS + 1):
         x = torch.randn(rows, k, generator=g) * torch.logspace(-40, 30, rows)[:, None]
         assert _same_bits(exact_linear(x, w.t, w.bias, w.bits_in, w.t32), _python(x, w)), rows
     edge = torch.randn(3, k, generator=g)
@@ -95,7 +95,7 @@ def test_where_it_cannot_be_built_the_build_says_why_and_install_goes_on(monkeyp
     assert "not built (RuntimeError: no c++ here); exact sums run their Python path" in capsys.readouterr().out
 
 
-def test_a_traced_invariant_layer_of_one_row_calls_the_operator_and_of_four_rows_the_library(kernel):
+def test_a_traced_invariant_layer_of_one_row_calls_the_operator_and_of_more_rows_the_library(kernel):
     from capsule_rollout.models.graph_runner import trace_on_cpu
     from capsule_rollout.models.runtime import invariant_copy
 
@@ -103,9 +103,9 @@ def test_a_traced_invariant_layer_of_one_row_calls_the_operator_and_of_four_rows
     cpu = torch.device("cpu")
     with torch.no_grad():
         one = trace_on_cpu(model, (torch.randn(1, 32),), cpu, True)
-        four = trace_on_cpu(model, (torch.randn(NARROW_ROWS, 32),), cpu, True)
+        more = trace_on_cpu(model, (torch.randn(OPERATOR_ROWS + 1, 32),), cpu, True)
     assert "capsule_rollout::exact_linear" in str(one.inlined_graph)
-    assert "capsule_rollout::exact_linear" not in str(four.inlined_graph)
-    x = torch.randn(NARROW_ROWS, 32)
+    assert "capsule_rollout::exact_linear" not in str(more.inlined_graph)
+    x = torch.randn(OPERATOR_ROWS + 1, 32)
     with torch.no_grad():
-        assert _same_bits(torch.cat([one(x[i: i + 1]) for i in range(NARROW_ROWS)]), four(x))
+        assert _same_bits(torch.cat([one(x[i: i + 1]) for i in range(OPERATOR_ROWS + 1)]), more(x))
