@@ -14,6 +14,7 @@ path, which gives the same bits. `CAPSULE_ROLLOUT_EXACT_KERNEL=0` leaves it unlo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -28,7 +29,9 @@ FLAGS = ("-O3", "-ffp-contract=off")
 _loaded: bool | None = None
 
 
+@functools.cache
 def _key() -> str:
+    """The source, the flags, torch's and Python's versions, hashed once per process."""
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode()
                             + sys.version.encode()).hexdigest()
     return digest[:16]

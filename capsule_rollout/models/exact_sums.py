@@ -34,13 +34,13 @@ import torch
 from capsule_rollout.models import exact_kernel
 
 NARROW_ROWS, NARROW_SIZE = 4, 2 ** 15
+"""Rows from which `exact_linear` takes a float32 copy of the weights and widens it, and the weights (elements, 256 KiB
+in float64) that have one: measured on the shipped policy, whose 256x256 layers stream from memory at every call,
+12% faster at 8 rows, 8% at 4, 7% slower at 2 and 11% at 1; a smaller matrix stays in the cache either way."""
 OPERATOR_ROWS = 8
 """Rows up to which a float32 CPU product goes through the compiled operator (`models.exact_kernel`) where it was
 built: the shipped policy's traced act 3.3-3.8 against 4.8-6.0 ms at 1 row, 6.28 against 8.17 at 4, 11.41 against
 12.30 at 8 (measured; its loops are not blocked for more rows)."""
-"""Rows from which `exact_linear` takes a float32 copy of the weights and widens it, and the weights (elements, 256 KiB
-in float64) that have one: measured on the shipped policy, whose 256x256 layers stream from memory at every call,
-12% faster at 8 rows, 8% at 4, 7% slower at 2 and 11% at 1; a smaller matrix stays in the cache either way."""
 _SMALLEST = 2.0 ** -126  # float32's smallest normal: a row of smaller values shares its grid
 
 
@@ -85,8 +85,14 @@ def round_row(x: torch.Tensor, bits: int, dims: int | Sequence[int]) -> torch.Te
     is a multiple of `q`, and so is `c`'s; `(x + c) - c` is exact (Sterbenz), a multiple of `q` within
     `t + 2q`. A zero row stays zero, a non-finite entry makes its row non-finite."""
     top = x.abs().amax(dim=dims, keepdim=True)  # max |x|, exact (a third of `vector_norm`'s time at 8 rows)
-    shift = top * (1.0 + 2.0 ** (54 - bits))
+    shift = top * shift_scale(bits)
     return (x + shift) - shift
+
+
+def shift_scale(bits: int) -> float:
+    """`1 + 2^(54 - bits)`: a row's largest magnitude times it is the shift that rounds the row to its grid
+    (`round_row`; the compiled operator takes it as it is)."""
+    return 1.0 + 2.0 ** (54 - bits)
 
 
 class ExactWeights:
@@ -120,7 +126,7 @@ def exact_linear(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor | None, bi
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (rows <= OPERATOR_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
             and not (x.requires_grad and torch.is_grad_enabled()) and exact_kernel.available()):
-        return torch.ops.capsule_rollout.exact_linear(x, t, bias, 1.0 + 2.0 ** (54 - bits_in))
+        return torch.ops.capsule_rollout.exact_linear(x, t, bias, shift_scale(bits_in))
     weights = t32.to(torch.float64) if t32 is not None and rows >= NARROW_ROWS and widens(x.device) else t
     y = round_row(x.to(torch.float64), bits_in, -1) @ weights
     if bias is not None:
