@@ -1,42 +1,182 @@
 // One exact linear layer in one call (`models.exact_kernel`): what `models.exact_sums.exact_linear` computes for a
 // float32 input, each row put on its grid, its products summed in float64, the bias added, rounded to float32, but
-// in one loop instead of nine tensor operations (at one row those operations cost three times the products).
+// in one compiled call instead of nine tensor operations (at one row those operations cost three times the products).
 //
-// The same bits as `exact_linear` by construction: every partial sum of the products is an integer times the grid
-// steps that float64 holds exactly, so the order of the sums cannot matter; the rounding to the grid is the same two
-// float64 operations, `(x + shift) - shift` with `shift = max|x| * scale`, kept apart by `-ffp-contract=off` (a fused
-// multiply-add would round once where torch rounds twice). A NaN in a row makes its shift NaN, an infinity makes it
-// infinite: the row's outputs are NaN, as torch's are.
+// The same bits as `exact_linear` by construction: every product of a rounded input and a weight on its grid is
+// exact in float64 and so is every partial sum of them (an integer times the grid steps), so neither the order of
+// the sums nor a fused multiply-add can change a bit. The rounding to the grid is the same two float64 operations,
+// `(x + shift) - shift` with `shift = max|x| * scale`, kept apart by `-ffp-contract=off` (a fused multiply-add there
+// would round once where torch rounds twice). A NaN in a row makes its shift NaN, an infinity makes it infinite: the
+// row's outputs are NaN, as torch's are.
+//
+// The products: the rows in blocks (up to 8 with AVX-512, 4 with AVX2), each block's sums for a tile of output
+// columns held in vector registers over the whole reduction, so each weight is read once per block of rows instead
+// of once per row; float32 weights (every value of a grid of at most 24 bits is one) are widened in the registers,
+// half the bytes streamed. The kernel is chosen once per process by what the CPU has (`isa` = -1), or named (tests).
 
 #include <torch/extension.h>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CAPSULE_X86 1
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 namespace {
 
-// The products of one rounded row into `acc`, built for AVX-512, AVX2 and baseline x86-64, the CPU picking at load
-// time (GCC's function multiversioning; elsewhere, the one baseline build). The sums are exact whatever the width.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void accumulate(const double* rounded, const double* tp, int64_t k, int64_t out, double* acc) {
+enum Isa : int64_t { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Any rows, the columns from `j0`, in plain C++ (the compiler's baseline vectors): a CPU without AVX2, and the
+// columns left over from the vector tiles.
+template <typename T>
+void baseline_columns(const double* xr, int64_t rows, int64_t k, const T* tp, int64_t out, int64_t j0, double* acc) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(acc + r * out + j0, acc + (r + 1) * out, 0.0);
   for (int64_t i = 0; i < k; ++i) {
-    const double xi = rounded[i];
-    const double* column = tp + i * out;
-    for (int64_t j = 0; j < out; ++j) acc[j] += xi * column[j];
+    const T* weights = tp + i * out;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double xi = xr[r * k + i];
+      double* a = acc + r * out;
+      for (int64_t j = j0; j < out; ++j) a[j] += xi * static_cast<double>(weights[j]);
+    }
   }
 }
 
+#ifdef CAPSULE_X86
+
+// One vector width's loads: float64 weights as they are, float32 ones widened.
+struct Avx512 {
+  using V = __m512d;
+  static constexpr int64_t kLanes = 8;
+  __attribute__((target("avx512f"))) static V load(const double* p) { return _mm512_loadu_pd(p); }
+  __attribute__((target("avx512f"))) static V load(const float* p) {
+    return _mm512_cvtps_pd(_mm256_loadu_ps(p));
+  }
+  __attribute__((target("avx512f"))) static V zero() { return _mm512_setzero_pd(); }
+  __attribute__((target("avx512f"))) static V broadcast(const double* p) { return _mm512_set1_pd(*p); }
+  __attribute__((target("avx512f"))) static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
+  __attribute__((target("avx512f"))) static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
+};
+
+struct Avx2 {
+  using V = __m256d;
+  static constexpr int64_t kLanes = 4;
+  __attribute__((target("avx2,fma"))) static V load(const double* p) { return _mm256_loadu_pd(p); }
+  __attribute__((target("avx2,fma"))) static V load(const float* p) {
+    return _mm256_cvtps_pd(_mm_loadu_ps(p));
+  }
+  __attribute__((target("avx2,fma"))) static V zero() { return _mm256_setzero_pd(); }
+  __attribute__((target("avx2,fma"))) static V broadcast(const double* p) {
+    return _mm256_broadcast_sd(p);
+  }
+  __attribute__((target("avx2,fma"))) static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+  __attribute__((target("avx2,fma"))) static void store(double* p, V v) { _mm256_storeu_pd(p, v); }
+};
+
+// R rows by NV vectors of columns from `j0`: R * NV sums in registers over the whole reduction.
+template <typename S, int R, int NV, typename T>
+inline void tile(const double* xr, int64_t k, const T* tp, int64_t out, int64_t j0,
+                                                double* acc) {
+  typename S::V a[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) a[r][v] = S::zero();
+  const T* column = tp + j0;
+  for (int64_t i = 0; i < k; ++i, column += out) {
+    typename S::V w[NV];
+    for (int v = 0; v < NV; ++v) w[v] = S::load(column + v * S::kLanes);
+    for (int r = 0; r < R; ++r) {
+      const typename S::V xb = S::broadcast(xr + r * k + i);
+      for (int v = 0; v < NV; ++v) a[r][v] = S::fma(xb, w[v], a[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) S::store(acc + r * out + j0 + v * S::kLanes, a[r][v]);
+}
+
+// A block of R rows: tiles of NV vectors, then of one, then the columns left in plain C++.
+template <typename S, int R, int NV, typename T>
+inline void block(const double* xr, int64_t k, const T* tp, int64_t out, double* acc) {
+  int64_t j0 = 0;
+  for (; j0 + NV * S::kLanes <= out; j0 += NV * S::kLanes) tile<S, R, NV>(xr, k, tp, out, j0, acc);
+  for (; j0 + S::kLanes <= out; j0 += S::kLanes) tile<S, R, 1>(xr, k, tp, out, j0, acc);
+  if (j0 < out) baseline_columns(xr, R, k, tp, out, j0, acc);
+}
+
+// The vectors per tile: enough independent sums to cover the multiply-add's latency, few enough to stay in registers
+// (32 with AVX-512: 8 rows x 2 vectors and their 2 weight vectors; 16 with AVX2: 4 rows x 2).
+template <int R, typename T>
+__attribute__((target("avx512f"), flatten)) void block_avx512(const double* xr, int64_t k, const T* tp, int64_t out,
+                                                      double* acc) {
+  block<Avx512, R, (R == 1 ? 8 : R <= 4 ? 4 : 2)>(xr, k, tp, out, acc);
+}
+
+template <int R, typename T>
+__attribute__((target("avx2,fma"), flatten)) void block_avx2(const double* xr, int64_t k, const T* tp, int64_t out,
+                                                     double* acc) {
+  block<Avx2, R, (R <= 2 ? 4 : 2)>(xr, k, tp, out, acc);
+}
+
+template <typename T>
+using Block = void (*)(const double*, int64_t, const T*, int64_t, double*);
+
+template <typename T>
+void products_in_blocks(const Block<T>* blocks, int64_t most, const double* xr, int64_t rows, int64_t k, const T* tp,
+                        int64_t out, double* acc) {
+  for (int64_t r = 0; r < rows; r += most) {
+    const int64_t n = std::min(most, rows - r);
+    blocks[n - 1](xr + r * k, k, tp, out, acc + r * out);
+  }
+}
+
+#endif  // CAPSULE_X86
+
+bool supported(int64_t isa) {
+#ifdef CAPSULE_X86
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  static const bool avx512 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+  }();
+  return isa == kBaseline || (isa == kAvx2 && avx2) || (isa == kAvx512 && avx512);
+#else
+  return isa == kBaseline;
+#endif
+}
+
+int64_t best_isa() {
+  static const int64_t best = supported(kAvx512) ? kAvx512 : supported(kAvx2) ? kAvx2 : kBaseline;
+  return best;
+}
+
+template <typename T>
+void products(int64_t isa, const double* xr, int64_t rows, int64_t k, const T* tp, int64_t out, double* acc) {
+#ifdef CAPSULE_X86
+  static const Block<T> avx512[8] = {block_avx512<1, T>, block_avx512<2, T>, block_avx512<3, T>, block_avx512<4, T>,
+                                     block_avx512<5, T>, block_avx512<6, T>, block_avx512<7, T>, block_avx512<8, T>};
+  static const Block<T> avx2[4] = {block_avx2<1, T>, block_avx2<2, T>, block_avx2<3, T>, block_avx2<4, T>};
+  if (isa == kAvx512) return products_in_blocks(avx512, 8, xr, rows, k, tp, out, acc);
+  if (isa == kAvx2) return products_in_blocks(avx2, 4, xr, rows, k, tp, out, acc);
+#endif
+  baseline_columns(xr, rows, k, tp, out, 0, acc);
+}
+
 torch::Tensor exact_linear(const torch::Tensor& x_in, const torch::Tensor& t, const c10::optional<torch::Tensor>& bias,
-                           double scale) {
+                           double scale, int64_t isa) {
   TORCH_CHECK(x_in.device().is_cpu() && x_in.scalar_type() == torch::kFloat32, "exact_linear: a float32 CPU input");
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat64 && t.dim() == 2 && t.is_contiguous(),
-              "exact_linear: contiguous float64 weights (k, out)");
+  TORCH_CHECK(t.device().is_cpu() && (t.scalar_type() == torch::kFloat64 || t.scalar_type() == torch::kFloat32) &&
+                  t.dim() == 2 && t.is_contiguous(),
+              "exact_linear: contiguous weights (k, out), float64 or their float32 copy");
   const bool has_bias = bias.has_value() && bias->defined();
   TORCH_CHECK(!has_bias || (bias->scalar_type() == torch::kFloat64 && bias->is_contiguous() &&
                             bias->numel() == t.size(1)), "exact_linear: a float64 bias of `out` values");
   TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) == t.size(0), "exact_linear: the input's last dimension is t's first");
+  if (isa < 0) isa = best_isa();
+  TORCH_CHECK(isa <= kAvx512 && supported(isa), "exact_linear: kernel ", isa, " is not one this CPU runs");
   const torch::Tensor x = x_in.contiguous();
   const int64_t k = t.size(0), out = t.size(1);
   const int64_t rows = k ? x.numel() / k : 0;
@@ -44,10 +184,9 @@ torch::Tensor exact_linear(const torch::Tensor& x_in, const torch::Tensor& t, co
   shape.back() = out;
   torch::Tensor y = torch::empty(shape, x.options());
   const float* xp = x.data_ptr<float>();
-  const double* tp = t.data_ptr<double>();
   const double* bp = has_bias ? bias->data_ptr<double>() : nullptr;
   float* yp = y.data_ptr<float>();
-  std::vector<double> rounded(k), acc(out);
+  std::vector<double> rounded(rows * k), acc(rows * out);
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = xp + r * k;
     double top = 0.0;
@@ -58,22 +197,38 @@ torch::Tensor exact_linear(const torch::Tensor& x_in, const torch::Tensor& t, co
       top = a > top ? a : top;
     }
     const double shift = (nan ? NAN : top) * scale;
+    double* rounded_row = rounded.data() + r * k;
     for (int64_t i = 0; i < k; ++i) {
       const double up = static_cast<double>(row[i]) + shift;
-      rounded[i] = up - shift;
+      rounded_row[i] = up - shift;
     }
-    std::fill(acc.begin(), acc.end(), 0.0);
-    accumulate(rounded.data(), tp, k, out, acc.data());
+  }
+  if (t.scalar_type() == torch::kFloat32) {
+    products(isa, rounded.data(), rows, k, t.data_ptr<float>(), out, acc.data());
+  } else {
+    products(isa, rounded.data(), rows, k, t.data_ptr<double>(), out, acc.data());
+  }
+  for (int64_t r = 0; r < rows; ++r) {
     float* y_row = yp + r * out;
-    for (int64_t j = 0; j < out; ++j) y_row[j] = static_cast<float>(has_bias ? acc[j] + bp[j] : acc[j]);
+    const double* a = acc.data() + r * out;
+    for (int64_t j = 0; j < out; ++j) y_row[j] = static_cast<float>(has_bias ? a[j] + bp[j] : a[j]);
   }
   return y;
 }
 
 }  // namespace
 
+// The kernels this CPU runs, one bit per `isa` value (`models.exact_kernel.kernels` reads it through ctypes: an
+// operator returning a list could not be called while torch traces a model).
+extern "C" int64_t capsule_rollout_exact_kernels() {
+  int64_t mask = 0;
+  for (int64_t isa : {kBaseline, kAvx2, kAvx512})
+    if (supported(isa)) mask |= int64_t{1} << isa;
+  return mask;
+}
+
 TORCH_LIBRARY(capsule_rollout, m) {
-  m.def("exact_linear(Tensor x, Tensor t, Tensor? bias, float scale) -> Tensor");
+  m.def("exact_linear(Tensor x, Tensor t, Tensor? bias, float scale, int isa=-1) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(capsule_rollout, CPU, m) {

@@ -37,10 +37,6 @@ NARROW_ROWS, NARROW_SIZE = 4, 2 ** 15
 """Rows from which `exact_linear` takes a float32 copy of the weights and widens it, and the weights (elements, 256 KiB
 in float64) that have one: measured on the shipped policy, whose 256x256 layers stream from memory at every call,
 12% faster at 8 rows, 8% at 4, 7% slower at 2 and 11% at 1; a smaller matrix stays in the cache either way."""
-OPERATOR_ROWS = 8
-"""Rows up to which a float32 CPU product goes through the compiled operator (`models.exact_kernel`) where it was
-built: the shipped policy's traced act 3.3-3.8 against 4.8-6.0 ms at 1 row, 6.28 against 8.17 at 4, 11.41 against
-12.30 at 8 (measured; its loops are not blocked for more rows)."""
 _SMALLEST = 2.0 ** -126  # float32's smallest normal: a row of smaller values shares its grid
 
 
@@ -120,13 +116,13 @@ def exact_linear(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor | None, bi
                  t32: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ t + bias` over the last dimension of `x` (`t`, `bias`, `t32` from `ExactWeights`), every sum exact, then
     rounded to `x`'s dtype. With `t32`, from `NARROW_ROWS` rows the product widens it instead of reading `t` where
-    that is cheaper (`widens`): the same values, so the same result at any number of rows. Up to `OPERATOR_ROWS`
-    rows, a float32 CPU input goes through the compiled operator where it was built (`models.exact_kernel`): the same
-    bits in one call."""
+    that is cheaper (`widens`): the same values, so the same result at any number of rows. Up to
+    `exact_kernel.most_rows()` rows, a float32 CPU input without a gradient goes through the compiled operator where it
+    was built (`models.exact_kernel`, given `t32` where there is one): the same bits in one call."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (rows <= OPERATOR_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
-            and not (x.requires_grad and torch.is_grad_enabled()) and exact_kernel.available()):
-        return torch.ops.capsule_rollout.exact_linear(x, t, bias, shift_scale(bits_in))
+    if (rows <= exact_kernel.most_rows() and x.dtype == torch.float32 and x.device.type == "cpu"
+            and not (x.requires_grad and torch.is_grad_enabled())):
+        return torch.ops.capsule_rollout.exact_linear(x, t if t32 is None else t32, bias, shift_scale(bits_in))
     weights = t32.to(torch.float64) if t32 is not None and rows >= NARROW_ROWS and widens(x.device) else t
     y = round_row(x.to(torch.float64), bits_in, -1) @ weights
     if bias is not None:

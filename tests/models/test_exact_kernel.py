@@ -7,7 +7,7 @@ import torch
 
 from capsule_rollout.capsules import Arena
 from capsule_rollout.models import exact_kernel
-from capsule_rollout.models.exact_sums import OPERATOR_ROWS, ExactWeights, exact_linear
+from capsule_rollout.models.exact_sums import ExactWeights, exact_linear, shift_scale
 from capsule_rollout.tabletop.flow_policy import load_policy
 from capsule_rollout.tabletop.policy_runtime import PolicyRuntime
 from tests.policies.tiny import random_obs
@@ -39,12 +39,13 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.view(torch.int32).equal(b.view(torch.int32))
 
 
-@pytest.mark.parametrize("k, out, bias", [(272, 256, True), (256, 512, True), (48, 3, False), (1, 7, True)])
+@pytest.mark.parametrize("k, out, bias", [(272, 256, True), (256, 512, True), (48, 3, False), (1, 7, True),
+                                          (100, 37, True), (33, 130, False), (256, 96, True)])
 def test_the_operator_gives_the_python_paths_bits(kernel, k, out, bias):
     g = torch.Generator().manual_seed(k + out)
     layer = torch.nn.Linear(k, out, bias=bias)
     w = ExactWeights(layer.weight * torch.logspace(-3, 3, k)[None, :], layer.bias)
-    for rows in range(1, OPERATOR_ROWS + 1):
+    for rows in list(range(1, 18)) + [exact_kernel.most_rows()]:  # blocks of 8 and 4 rows, what is left of them
         x = torch.randn(rows, k, generator=g) * torch.logspace(-40, 30, rows)[:, None]
         assert _same_bits(exact_linear(x, w.t, w.bias, w.bits_in, w.t32), _python(x, w)), rows
     edge = torch.randn(3, k, generator=g)
@@ -57,6 +58,30 @@ def test_the_operator_gives_the_python_paths_bits(kernel, k, out, bias):
     assert exact_linear(ones, w.t, w.bias, w.bits_in).isnan().all() and _python(ones, w).isnan().all()
     leading = torch.randn(1, 2, k, generator=g)  # leading dimensions are rows
     assert _same_bits(exact_linear(leading, w.t, w.bias, w.bits_in), _python(leading, w))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 13, 16, 19])
+def test_every_kernel_this_cpu_runs_gives_the_same_bits_from_either_copy_of_the_weights(kernel, rows):
+    g = torch.Generator().manual_seed(rows)
+    for k, out in [(256, 256), (64, 136), (40, 12), (16, 3)]:  # tiles of 8, 4, 2 and 1 vectors, columns left over
+        layer = torch.nn.Linear(k, out)
+        w = ExactWeights(layer.weight, layer.bias)
+        t32 = w.t.to(torch.float32)
+        assert torch.equal(t32.to(torch.float64), w.t)  # this layer's grid is float32's: both copies are its values
+        x = torch.randn(rows, k, generator=g) * torch.logspace(-20, 20, rows)[:, None]
+        expected = _python(x, w)
+        for isa in exact_kernel.kernels():
+            for weights in (w.t, t32):
+                y = torch.ops.capsule_rollout.exact_linear(x, weights, w.bias, shift_scale(w.bits_in), isa)
+                assert _same_bits(y, expected), (k, out, isa, weights.dtype)
+
+
+def test_a_kernel_the_cpu_lacks_is_refused(kernel):
+    w = ExactWeights(torch.randn(4, 4), None)
+    with pytest.raises(RuntimeError, match="kernel 7 is not one this CPU runs"):
+        torch.ops.capsule_rollout.exact_linear(torch.randn(1, 4), w.t, None, shift_scale(w.bits_in), 7)
+    assert 0 in exact_kernel.kernels() and exact_kernel.most_rows() in (exact_kernel.VECTOR_ROWS,
+                                                                        exact_kernel.BASELINE_ROWS)
 
 
 def test_the_shipped_policy_acts_the_same_bits_with_and_without_the_operator(kernel):
@@ -95,17 +120,17 @@ def test_where_it_cannot_be_built_the_build_says_why_and_install_goes_on(monkeyp
     assert "not built (RuntimeError: no c++ here); exact sums run their Python path" in capsys.readouterr().out
 
 
-def test_a_traced_invariant_layer_of_one_row_calls_the_operator_and_of_more_rows_the_library(kernel):
+def test_a_traced_invariant_layer_of_few_rows_calls_the_operator_and_of_more_rows_the_library(kernel):
     from capsule_rollout.models.graph_runner import trace_on_cpu
     from capsule_rollout.models.runtime import invariant_copy
 
     model = invariant_copy(torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.SiLU()).eval())
-    cpu = torch.device("cpu")
+    cpu, most = torch.device("cpu"), exact_kernel.most_rows()
     with torch.no_grad():
         one = trace_on_cpu(model, (torch.randn(1, 32),), cpu, True)
-        more = trace_on_cpu(model, (torch.randn(OPERATOR_ROWS + 1, 32),), cpu, True)
+        more = trace_on_cpu(model, (torch.randn(most + 1, 32),), cpu, True)
     assert "capsule_rollout::exact_linear" in str(one.inlined_graph)
     assert "capsule_rollout::exact_linear" not in str(more.inlined_graph)
-    x = torch.randn(OPERATOR_ROWS + 1, 32)
+    x = torch.randn(most + 1, 32)
     with torch.no_grad():
-        assert _same_bits(torch.cat([one(x[i: i + 1]) for i in range(OPERATOR_ROWS + 1)]), more(x))
+        assert _same_bits(torch.cat([one(x[i: i + 1]) for i in range(most + 1)]), more(x))
