@@ -23,6 +23,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -77,8 +79,7 @@ struct Avx2 {
 
 // R rows by NV vectors of columns from `j0`: R * NV sums in registers over the whole reduction.
 template <typename S, int R, int NV, typename T>
-inline void tile(const double* xr, int64_t k, const T* tp, int64_t out, int64_t j0,
-                                                double* acc) {
+inline void tile(const double* xr, int64_t k, const T* tp, int64_t out, int64_t j0, double* acc) {
   typename S::V a[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) a[r][v] = S::zero();
@@ -95,38 +96,68 @@ inline void tile(const double* xr, int64_t k, const T* tp, int64_t out, int64_t 
     for (int v = 0; v < NV; ++v) S::store(acc + r * out + j0 + v * S::kLanes, a[r][v]);
 }
 
-// A block of R rows: tiles of NV vectors, then of one, then the columns left in plain C++.
+// The columns from `j0` (fewer than a vector's lanes) as dot products over the reduction, from their weights laid
+// out one column after another (`narrow`): R rows each, the rows' sums in vectors, added up across lanes at the end.
+template <typename S, int R>
+inline void dots(const double* xr, int64_t k, const double* narrow, int64_t out, int64_t j0, double* acc) {
+  for (int64_t c = 0; c < out - j0; ++c) {
+    const double* w = narrow + c * k;
+    typename S::V a[R];
+    for (int r = 0; r < R; ++r) a[r] = S::zero();
+    int64_t i = 0;
+    for (; i + S::kLanes <= k; i += S::kLanes) {
+      const typename S::V wv = S::load(w + i);
+      for (int r = 0; r < R; ++r) a[r] = S::fma(S::load(xr + r * k + i), wv, a[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+      double lanes[S::kLanes];
+      S::store(lanes, a[r]);
+      double sum = 0.0;
+      for (int64_t l = 0; l < S::kLanes; ++l) sum += lanes[l];
+      for (int64_t ii = i; ii < k; ++ii) sum += xr[r * k + ii] * w[ii];
+      acc[r * out + j0 + c] = sum;
+    }
+  }
+}
+
+// A block of R rows: tiles of NV vectors, then of one, then the columns left as dot products.
 template <typename S, int R, int NV, typename T>
-inline void block(const double* xr, int64_t k, const T* tp, int64_t out, double* acc) {
+inline void block(const double* xr, int64_t k, const T* tp, int64_t out, const double* narrow, double* acc) {
   int64_t j0 = 0;
   for (; j0 + NV * S::kLanes <= out; j0 += NV * S::kLanes) tile<S, R, NV>(xr, k, tp, out, j0, acc);
   for (; j0 + S::kLanes <= out; j0 += S::kLanes) tile<S, R, 1>(xr, k, tp, out, j0, acc);
-  if (j0 < out) baseline_columns(xr, R, k, tp, out, j0, acc);
+  if (j0 < out) dots<S, R>(xr, k, narrow, out, j0, acc);
 }
 
 // The vectors per tile: enough independent sums to cover the multiply-add's latency, few enough to stay in registers
 // (32 with AVX-512: 8 rows x 2 vectors and their 2 weight vectors; 16 with AVX2: 4 rows x 2).
 template <int R, typename T>
 __attribute__((target("avx512f"), flatten)) void block_avx512(const double* xr, int64_t k, const T* tp, int64_t out,
-                                                      double* acc) {
-  block<Avx512, R, (R == 1 ? 8 : R <= 4 ? 4 : 2)>(xr, k, tp, out, acc);
+                                                             const double* narrow, double* acc) {
+  block<Avx512, R, (R == 1 ? 8 : R <= 4 ? 4 : 2)>(xr, k, tp, out, narrow, acc);
 }
 
 template <int R, typename T>
 __attribute__((target("avx2,fma"), flatten)) void block_avx2(const double* xr, int64_t k, const T* tp, int64_t out,
-                                                     double* acc) {
-  block<Avx2, R, (R <= 2 ? 4 : 2)>(xr, k, tp, out, acc);
+                                                           const double* narrow, double* acc) {
+  block<Avx2, R, (R <= 2 ? 4 : 2)>(xr, k, tp, out, narrow, acc);
 }
 
 template <typename T>
-using Block = void (*)(const double*, int64_t, const T*, int64_t, double*);
+using Block = void (*)(const double*, int64_t, const T*, int64_t, const double*, double*);
 
+// The rows in blocks of up to `most`; the columns past the last full vector of `lanes` laid out once for the dot
+// products.
 template <typename T>
-void products_in_blocks(const Block<T>* blocks, int64_t most, const double* xr, int64_t rows, int64_t k, const T* tp,
-                        int64_t out, double* acc) {
+void products_in_blocks(const Block<T>* blocks, int64_t most, int64_t lanes, const double* xr, int64_t rows, int64_t k,
+                        const T* tp, int64_t out, double* acc) {
+  const int64_t j_narrow = out - out % lanes;
+  std::vector<double> narrow((out - j_narrow) * k);
+  for (int64_t c = 0; c < out - j_narrow; ++c)
+    for (int64_t i = 0; i < k; ++i) narrow[c * k + i] = static_cast<double>(tp[i * out + j_narrow + c]);
   for (int64_t r = 0; r < rows; r += most) {
     const int64_t n = std::min(most, rows - r);
-    blocks[n - 1](xr + r * k, k, tp, out, acc + r * out);
+    blocks[n - 1](xr + r * k, k, tp, out, narrow.data(), acc + r * out);
   }
 }
 
@@ -159,10 +190,59 @@ void products(int64_t isa, const double* xr, int64_t rows, int64_t k, const T* t
   static const Block<T> avx512[8] = {block_avx512<1, T>, block_avx512<2, T>, block_avx512<3, T>, block_avx512<4, T>,
                                      block_avx512<5, T>, block_avx512<6, T>, block_avx512<7, T>, block_avx512<8, T>};
   static const Block<T> avx2[4] = {block_avx2<1, T>, block_avx2<2, T>, block_avx2<3, T>, block_avx2<4, T>};
-  if (isa == kAvx512) return products_in_blocks(avx512, 8, xr, rows, k, tp, out, acc);
-  if (isa == kAvx2) return products_in_blocks(avx2, 4, xr, rows, k, tp, out, acc);
+  if (isa == kAvx512) return products_in_blocks(avx512, 8, Avx512::kLanes, xr, rows, k, tp, out, acc);
+  if (isa == kAvx2) return products_in_blocks(avx2, 4, Avx2::kLanes, xr, rows, k, tp, out, acc);
 #endif
   baseline_columns(xr, rows, k, tp, out, 0, acc);
+}
+
+#if defined(CAPSULE_X86) && defined(__GNUC__) && !defined(__clang__)
+#define CAPSULE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CAPSULE_CLONES
+#endif
+
+// Each row put on its grid. The row's largest magnitude from its float32 bits with the sign cleared (an integer
+// maximum, which vectorizes where a floating-point one with NaN's rules does not): finite values and infinity order
+// as their magnitudes do, and a NaN's bits lie above infinity's.
+inline uint32_t magnitude_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7fffffffu;
+}
+
+inline float from_bits(uint32_t bits) {
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+CAPSULE_CLONES void round_rows(const float* xp, int64_t rows, int64_t k, double scale, double* rounded) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = xp + r * k;
+    uint32_t top_bits = 0;
+    for (int64_t i = 0; i < k; ++i) top_bits = std::max(top_bits, magnitude_bits(row[i]));
+    const double top = top_bits > 0x7f800000u ? NAN : static_cast<double>(from_bits(top_bits));
+    const double shift = top * scale;
+    double* rounded_row = rounded + r * k;
+    for (int64_t i = 0; i < k; ++i) {
+      const double up = static_cast<double>(row[i]) + shift;
+      rounded_row[i] = up - shift;
+    }
+  }
+}
+
+// The exact sums with the bias added, rounded to float32.
+CAPSULE_CLONES void finish_rows(const double* acc, int64_t rows, int64_t out, const double* bias, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* a = acc + r * out;
+    float* y_row = y + r * out;
+    if (bias) {
+      for (int64_t j = 0; j < out; ++j) y_row[j] = static_cast<float>(a[j] + bias[j]);
+    } else {
+      for (int64_t j = 0; j < out; ++j) y_row[j] = static_cast<float>(a[j]);
+    }
+  }
 }
 
 torch::Tensor exact_linear(const torch::Tensor& x_in, const torch::Tensor& t, const c10::optional<torch::Tensor>& bias,
@@ -187,32 +267,13 @@ torch::Tensor exact_linear(const torch::Tensor& x_in, const torch::Tensor& t, co
   const double* bp = has_bias ? bias->data_ptr<double>() : nullptr;
   float* yp = y.data_ptr<float>();
   std::vector<double> rounded(rows * k), acc(rows * out);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = xp + r * k;
-    double top = 0.0;
-    bool nan = false;
-    for (int64_t i = 0; i < k; ++i) {
-      const double a = std::fabs(static_cast<double>(row[i]));
-      nan = nan || std::isnan(a);
-      top = a > top ? a : top;
-    }
-    const double shift = (nan ? NAN : top) * scale;
-    double* rounded_row = rounded.data() + r * k;
-    for (int64_t i = 0; i < k; ++i) {
-      const double up = static_cast<double>(row[i]) + shift;
-      rounded_row[i] = up - shift;
-    }
-  }
+  round_rows(xp, rows, k, scale, rounded.data());
   if (t.scalar_type() == torch::kFloat32) {
     products(isa, rounded.data(), rows, k, t.data_ptr<float>(), out, acc.data());
   } else {
     products(isa, rounded.data(), rows, k, t.data_ptr<double>(), out, acc.data());
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    float* y_row = yp + r * out;
-    const double* a = acc.data() + r * out;
-    for (int64_t j = 0; j < out; ++j) y_row[j] = static_cast<float>(has_bias ? a[j] + bp[j] : a[j]);
-  }
+  finish_rows(acc.data(), rows, out, bp, yp);
   return y;
 }
 

@@ -1,14 +1,14 @@
-"""The exact linear layer as one compiled CPU operator (`exact_kernel.cpp`), for products of up to 64 rows.
+"""The exact linear layer as one compiled CPU operator (`exact_kernel.cpp`), for products of few rows.
 
 At one row, `exact_sums.exact_linear`'s nine tensor operations cost three times its products: the shipped policy's
 traced act at one row took 6.3 ms with them and 4.1 ms with this operator, the network as is 4.2 (measured), the same
 bits by construction (every partial sum exact: see the source). With AVX2 or AVX-512 its products run in blocks of
 rows held in registers: a 256x256 layer of 8 rows in 24 us against 103 us for the Python path and 28 us for the
-float32 layer as is (measured, one thread). `exact_linear` calls it for a float32 CPU input of up to `most_rows()`
-rows when it is built.
+float32 layer as is (measured, one thread). `exact_linear` calls it for a float32 CPU input of the rows it `serves`
+when it is built.
 
 It is built once per machine and torch, ahead of any run (`python -m capsule_rollout.models.exact_kernel`, which
-`make install` runs: about 30 s against torch's headers), into `~/.cache/capsule_rollout/kernels/<key>` (the key: the
+`make install` runs: about 40 s against torch's headers), into `~/.cache/capsule_rollout/kernels/<key>` (the key: the
 source, the flags and torch's version, so another venv's torch never loads a library built against other headers).
 A run only loads it: where it was not built (no compiler, no `ninja`), every layer takes `exact_linear`'s Python
 path, which gives the same bits. `CAPSULE_ROLLOUT_EXACT_KERNEL=0` leaves it unloaded (for comparisons).
@@ -29,11 +29,12 @@ SOURCE = Path(__file__).with_name("exact_kernel.cpp")
 FLAGS = ("-O3", "-ffp-contract=off")
 """`-ffp-contract=off`: the rounding's addition and subtraction stay two roundings (no fused multiply-add); no
 `-march`: the library serves every x86-64 CPU it is built on or copied to."""
-VECTOR_ROWS, BASELINE_ROWS = 64, 4
-"""Rows up to which the operator serves a product: with its AVX2 or AVX-512 kernel, 64 (a 256x256 layer, one thread:
+VECTOR_ROWS, NARROW_COLUMNS, BASELINE_ROWS = 64, 8, 4
+"""Which products the operator serves. With its AVX2 or AVX-512 kernel: up to 64 rows (a 256x256 layer, one thread:
 104 us at 32 rows against 283 for the Python path, whose float64 product the library runs on more threads for larger
-batches); with only its baseline loop (a CPU without AVX2, or not x86), 4 (at 4 rows 85 against 86 us, at 8 166
-against 103, measured with the baseline forced)."""
+batches), and any number of rows for a product of at most 8 columns, whose weights stay in the cache (the tabletop
+policy's keypoints, 512 rows of 256 by 2: 69 us against 320). With only its baseline loop (a CPU without AVX2, or
+not x86): up to 4 rows (at 4 rows 85 against 86 us, at 8 166 against 103, measured with the baseline forced)."""
 _loaded: bool | None = None
 
 
@@ -56,7 +57,7 @@ def _library() -> Path:
 
 def available() -> bool:
     """Whether the operator is loaded (`torch.ops.capsule_rollout.exact_linear`): loaded at the first call when it was
-    built; never built here (a run does not wait 30 s for a compiler)."""
+    built; never built here (a run does not wait 40 s for a compiler)."""
     global _loaded
     if _loaded is None:
         _loaded = False
@@ -86,9 +87,15 @@ def _kernels(loaded: bool) -> tuple[int, ...]:
 
 
 def most_rows() -> int:
-    """Rows up to which `exact_sums.exact_linear` calls the operator: 0 where it is not loaded."""
-    found = kernels()
+    """Rows up to which the operator serves a product of any width: 0 where it is not loaded."""
+    found = _kernels(available())
     return 0 if not found else VECTOR_ROWS if max(found) > 0 else BASELINE_ROWS
+
+
+def serves(rows: int, columns: int) -> bool:
+    """Whether `exact_sums.exact_linear` calls the operator for a product of `rows` rows and `columns` columns."""
+    most = most_rows()
+    return rows <= most or (most == VECTOR_ROWS and columns <= NARROW_COLUMNS)
 
 
 def build() -> Path:

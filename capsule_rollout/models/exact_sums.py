@@ -117,10 +117,10 @@ def exact_linear(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor | None, bi
     """`x @ t + bias` over the last dimension of `x` (`t`, `bias`, `t32` from `ExactWeights`), every sum exact, then
     rounded to `x`'s dtype. With `t32`, from `NARROW_ROWS` rows the product widens it instead of reading `t` where
     that is cheaper (`widens`): the same values, so the same result at any number of rows. Up to
-    `exact_kernel.most_rows()` rows, a float32 CPU input without a gradient goes through the compiled operator where it
-    was built (`models.exact_kernel`, given `t32` where there is one): the same bits in one call."""
+    `exact_kernel.serves` (few rows, or few columns), a float32 CPU input without a gradient goes through the compiled
+    operator where it was built (`models.exact_kernel`, given `t32` where there is one): the same bits in one call."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (rows <= exact_kernel.most_rows() and x.dtype == torch.float32 and x.device.type == "cpu"
+    if (exact_kernel.serves(rows, t.shape[1]) and x.dtype == torch.float32 and x.device.type == "cpu"
             and not (x.requires_grad and torch.is_grad_enabled())):
         return torch.ops.capsule_rollout.exact_linear(x, t if t32 is None else t32, bias, shift_scale(bits_in))
     weights = t32.to(torch.float64) if t32 is not None and rows >= NARROW_ROWS and widens(x.device) else t
