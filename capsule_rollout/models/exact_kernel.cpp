@@ -11,8 +11,9 @@
 //
 // The products: the rows in blocks (up to 8 with AVX-512, 4 with AVX2), each block's sums for a tile of output
 // columns held in vector registers over the whole reduction, so each weight is read once per block of rows instead
-// of once per row; float32 weights (every value of a grid of at most 24 bits is one) are widened in the registers,
-// half the bytes streamed. The kernel is chosen once per process by what the CPU has (`isa` = -1), or named (tests).
+// of once per row; the columns past the last full vector as dot products over the reduction; float32 weights (every
+// value of a grid of at most 24 bits is one) widened in the registers, half the bytes streamed. The kernel is chosen
+// once per process by what the CPU has (`isa` = -1), or named (tests); without AVX2, one loop in plain C++.
 
 #include <torch/extension.h>
 
@@ -31,24 +32,23 @@ namespace {
 
 enum Isa : int64_t { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 
-// Any rows, the columns from `j0`, in plain C++ (the compiler's baseline vectors): a CPU without AVX2, and the
-// columns left over from the vector tiles.
+// The products in plain C++ (the compiler's baseline vectors), for a CPU without AVX2.
 template <typename T>
-void baseline_columns(const double* xr, int64_t rows, int64_t k, const T* tp, int64_t out, int64_t j0, double* acc) {
-  for (int64_t r = 0; r < rows; ++r) std::fill(acc + r * out + j0, acc + (r + 1) * out, 0.0);
+void baseline_products(const double* xr, int64_t rows, int64_t k, const T* tp, int64_t out, double* acc) {
+  std::fill(acc, acc + rows * out, 0.0);
   for (int64_t i = 0; i < k; ++i) {
     const T* weights = tp + i * out;
     for (int64_t r = 0; r < rows; ++r) {
       const double xi = xr[r * k + i];
       double* a = acc + r * out;
-      for (int64_t j = j0; j < out; ++j) a[j] += xi * static_cast<double>(weights[j]);
+      for (int64_t j = 0; j < out; ++j) a[j] += xi * static_cast<double>(weights[j]);
     }
   }
 }
 
 #ifdef CAPSULE_X86
 
-// One vector width's loads: float64 weights as they are, float32 ones widened.
+// One instruction set's vector operations; a load gives float64 weights as they are and widens float32 ones.
 struct Avx512 {
   using V = __m512d;
   static constexpr int64_t kLanes = 8;
@@ -193,7 +193,7 @@ void products(int64_t isa, const double* xr, int64_t rows, int64_t k, const T* t
   if (isa == kAvx512) return products_in_blocks(avx512, 8, Avx512::kLanes, xr, rows, k, tp, out, acc);
   if (isa == kAvx2) return products_in_blocks(avx2, 4, Avx2::kLanes, xr, rows, k, tp, out, acc);
 #endif
-  baseline_columns(xr, rows, k, tp, out, 0, acc);
+  baseline_products(xr, rows, k, tp, out, acc);
 }
 
 #if defined(CAPSULE_X86) && defined(__GNUC__) && !defined(__clang__)
@@ -259,7 +259,8 @@ torch::Tensor exact_linear(const torch::Tensor& x_in, const torch::Tensor& t, co
   TORCH_CHECK(isa <= kAvx512 && supported(isa), "exact_linear: kernel ", isa, " is not one this CPU runs");
   const torch::Tensor x = x_in.contiguous();
   const int64_t k = t.size(0), out = t.size(1);
-  const int64_t rows = k ? x.numel() / k : 0;
+  int64_t rows = 1;  // the leading dimensions' product (also where k is 0: each output is its bias)
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = out;
   torch::Tensor y = torch::empty(shape, x.options());
