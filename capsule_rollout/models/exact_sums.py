@@ -116,8 +116,8 @@ def exact_linear(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor | None, bi
                  t32: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ t + bias` over the last dimension of `x` (`t`, `bias`, `t32` from `ExactWeights`), every sum exact, then
     rounded to `x`'s dtype. With `t32`, from `NARROW_ROWS` rows the product widens it instead of reading `t` where
-    that is cheaper (`widens`): the same values, so the same result at any number of rows. Up to
-    `exact_kernel.serves` (few rows, or few columns), a float32 CPU input without a gradient goes through the compiled
+    that is cheaper (`widens`): the same values, so the same result at any number of rows. A float32 CPU input
+    without a gradient whose product `exact_kernel.serves` (few rows, or few columns) goes through the compiled
     operator where it was built (`models.exact_kernel`, given `t32` where there is one): the same bits in one call."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (exact_kernel.serves(rows, t.shape[1]) and x.dtype == torch.float32 and x.device.type == "cpu"
