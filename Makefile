@@ -57,7 +57,7 @@ $(STAMP): pyproject.toml constraints.txt capsule_rollout/models/exact_kernel.cpp
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -e ".[dev]" -c constraints.txt
-	$(PY) -m capsule_rollout.models.exact_kernel  # the exact linear operator, once per machine (about 30 s)
+	$(PY) -m capsule_rollout.models.exact_kernel  # the exact linear operator, once per machine (about 40 s)
 	touch $(STAMP)
 
 # `make test`: the unit tier (neither Ray nor training; in parallel, one worker per core), then the integration
