@@ -192,7 +192,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         success = self.family.success(self.params, world)
         terminated = success
         truncated = (not success) and self.steps >= self.max_steps
-        return self.observe(), (0.0 if success else -1.0), terminated, truncated, self.info(world, success)
+        return self.observe(world), (0.0 if success else -1.0), terminated, truncated, self.info(world, success)
 
     def render(self) -> np.ndarray | None:
         if self.render_mode != "rgb_array":
@@ -205,13 +205,14 @@ class TabletopEnv(gym.Env, BufferComponent):
         self._renderers.clear()
 
     # -- observations -------------------------------------------------------------
-    def observe(self) -> dict[str, Any]:
+    def observe(self, world: World | None = None) -> dict[str, Any]:
         """The observation of the current state; without its images while `images_wanted` is False (a host
-        that reads no image at the next step says so: rendering is a third of a step on a CPU)."""
+        that reads no image at the next step says so: rendering is a third of a step on a CPU). `world`: the
+        current state's `world()` where the caller has it (a step has, for its predicates)."""
         obs: dict[str, Any] = {
             image_key(c): self._renderer(self.image_size).render(self.data, c).copy() for c in self.cameras
         } if self.images_wanted else {}
-        world = self.world()
+        world = world or self.world()
         obs["state"] = self.proprio(world)
         obs[PRIVILEGED_KEY] = self.privileged(world)
         obs["instruction"] = self.instruction
