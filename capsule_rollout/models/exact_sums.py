@@ -120,8 +120,8 @@ def exact_linear(x: torch.Tensor, t: torch.Tensor, bias: torch.Tensor | None, bi
     without a gradient whose product `exact_kernel.serves` (few rows, or few columns) goes through the compiled
     operator where it was built (`models.exact_kernel`, given `t32` where there is one): the same bits in one call."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (exact_kernel.serves(rows, t.shape[1]) and x.dtype == torch.float32 and x.device.type == "cpu"
-            and not (x.requires_grad and torch.is_grad_enabled())):
+    if (x.dtype == torch.float32 and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled())
+            and exact_kernel.serves(rows, t.shape[1])):
         return torch.ops.capsule_rollout.exact_linear(x, t if t32 is None else t32, bias, shift_scale(bits_in))
     weights = t32.to(torch.float64) if t32 is not None and rows >= NARROW_ROWS and widens(x.device) else t
     y = round_row(x.to(torch.float64), bits_in, -1) @ weights
