@@ -140,8 +140,13 @@ def main(out: str, policy: str, critic: str, nodes: str = "1") -> dict:
                  "--no-progress", "--json", f"{out}/summary.json"]
         if n_nodes > 1:  # one store, a shard per actor; the URL names the path every node mounts
             entry += ["--shards", "true"]
-        submit = subprocess.run([RAY, "job", "submit", "--address", address, "--no-wait", "--", *entry],
-                                env=env, capture_output=True, text=True, timeout=120)
+        deadline = time.monotonic() + 90
+        while True:  # a node's agent registers with the job server a while after the node: Ray says to try again
+            submit = subprocess.run([RAY, "job", "submit", "--address", address, "--no-wait", "--", *entry],
+                                    env=env, capture_output=True, text=True, timeout=120)
+            if "No available agent" not in submit.stderr + submit.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         result["submit"] = {"returncode": submit.returncode, "output": (submit.stdout + submit.stderr)[-2000:]}
         if submit.returncode:
             return result
