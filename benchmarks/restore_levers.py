@@ -10,7 +10,8 @@ targets again), `no_quick_generators` (generator states thawed with the rest, an
 restore's states made as dicts and tuples, then applied, not set straight into the objects), `no_word_copies` (every
 generator state, the global ones too, set through numpy's and random's own setters, not by copying its words),
 `no_kept_arrays` (the env's checks read the capsule through numpy views made from its tensors at every restore,
-torch called each time, not views kept with the capsule). The summary names
+torch called each time, not views kept with the capsule), `no_direct_copies` (the MjData image and the model runs
+copied into the arena, then from there into MjData and MjModel, not straight from the capsule). The summary names
 the package it measured (`code`): to measure another tree the same way, run this from outside the repository with
 both on `PYTHONPATH`, that tree first.
 """
@@ -53,7 +54,8 @@ class RestoreLeversConfig:
             raise ValueError("--rounds must be >= 3 and --env must name one or more envs")
 
 
-LEVERS = ("no_bound", "no_quick_generators", "no_array_templates", "no_direct", "no_word_copies", "no_kept_arrays")
+LEVERS = ("no_bound", "no_quick_generators", "no_array_templates", "no_direct", "no_word_copies", "no_kept_arrays",
+          "no_direct_copies")
 
 
 @contextmanager
@@ -83,6 +85,8 @@ def _turned_off(lever: str, env) -> Iterator[None]:
             random.setstate(python_state)
 
         env._graph._generators.set, env._graph._generators.set_globals = graph_state.set_generator_state, own_globals
+    elif lever == "no_direct_copies":  # read by the arena when it is allocated (`_measure`, after this)
+        env.direct_buffers = ()
     elif lever == "no_kept_arrays":  # the check's numpy views made from the capsule's tensors at every restore
         mujoco_capsule.host_arrays = lambda view: {k: v.numpy() for k, v in view.items() if v.device.type == "cpu"}
     try:
@@ -139,7 +143,8 @@ def _measure(env, other, rounds: int) -> dict:
 
 LEVER_NAMES = {"no_bound": "without bound targets", "no_quick_generators": "without shared generator states",
                "no_array_templates": "without templates", "no_direct": "without states set straight in",
-               "no_word_copies": "without generator words copied", "no_kept_arrays": "without arrays kept per capsule"}
+               "no_word_copies": "without generator words copied", "no_kept_arrays": "without arrays kept per capsule",
+               "no_direct_copies": "without MjData copied straight from the capsule"}
 
 
 def measure_all(config: RestoreLeversConfig) -> dict:

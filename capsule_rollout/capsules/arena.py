@@ -13,7 +13,7 @@ from capsule_rollout.capsules.buffer_spec import BufferSpec, Role
 from capsule_rollout.capsules.component import BufferComponent, CapsuleComponent
 from capsule_rollout.capsules.errors import Mismatch, SpecError
 from capsule_rollout.capsules.layout import SlabLayout, plan_slabs
-from capsule_rollout.capsules.slab_copy import SlabPlace, slab_places
+from capsule_rollout.capsules.slab_copy import SlabPlace, copy_runs, slab_places
 
 FORMAT_FINGERPRINT_KEY = "capsules/format"
 FORMAT_FINGERPRINT = "1"  # bump when the meaning of a state layout changes
@@ -92,6 +92,10 @@ class Arena:
                 self._state.append((layout, slab))
         self.state_signature = tuple(lay.signature for lay, _ in self._state)
         self._places = slab_places(self._state)
+        self._direct = self._direct_buffers()
+        skipped = {f"{name}/{buffer}" for name, _ in self._direct for buffer in self._components[name].direct_buffers}
+        self._runs = tuple(copy_runs(lay, skipped) if any(s.key in skipped for s in lay.slots) else None
+                           for lay, _ in self._state)
         self._restore_checks = tuple(  # the components with a check of their own, found once
             (name, component.check_restore) for name, component in self._components.items()
             if getattr(component, "check_restore", None) is not None
@@ -100,6 +104,34 @@ class Arena:
         for name in self._components:
             self.rebind(name)
         return self
+
+    def _direct_buffers(self) -> tuple[tuple[str, CapsuleComponent], ...]:
+        """The components that copy some of their state buffers from a capsule themselves (`direct_buffers`), each
+        named buffer checked to be one of its host state buffers."""
+        found = []
+        for name, component in self._components.items():
+            direct = tuple(getattr(component, "direct_buffers", ()))
+            if not direct:
+                continue
+            for buffer in direct:
+                spec = self._specs.get(f"{name}/{buffer}")
+                if spec is None or spec.role is not Role.STATE or torch.device(spec.device).type != "cpu":
+                    raise SpecError(f"component {name!r} names {buffer!r} among its direct_buffers, which is not one "
+                                    "of its host state buffers")
+            found.append((name, component))
+        return tuple(found)
+
+    def copy_runs(self) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
+        """Per state slab, the (offset, bytes) runs a restore copies into it (None: the whole slab): all but the
+        buffers components copy from the capsule themselves (`direct_buffers`)."""
+        self._require_allocated()
+        return self._runs
+
+    def restore_direct(self, capsule_tensors: Callable[[str], Mapping[str, torch.Tensor]]) -> None:
+        """Give each component with `direct_buffers` the capsule's buffers (`restore_direct`), after the slabs'
+        copy, before `after_restore`."""
+        for name, component in self._direct:
+            component.restore_direct(capsule_tensors(name))
 
     def rebind(self, name: str) -> None:
         """Bind component `name` to this arena's views (again): a component held by several arenas used one at a

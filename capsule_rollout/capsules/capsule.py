@@ -285,8 +285,10 @@ def restore(arena: Arena, capsule: Capsule, *, check_integrity: bool = False) ->
 
 
 def _copy_into(arena: Arena, capsule: Capsule) -> None:
-    # the specs were compared, so the slabs pair up and their sizes match
-    copy_slabs(arena.slab_places(), capsule.slab_places(), arena.slabs(Role.STATE), capsule.slabs())
+    # the specs were compared, so the slabs pair up and their sizes match; the buffers components copy from the
+    # capsule themselves (`direct_buffers`) are given to them instead of copied into the arena
+    copy_slabs(arena.slab_places(), capsule.slab_places(), arena.slabs(Role.STATE), capsule.slabs(), arena.copy_runs())
+    arena.restore_direct(capsule.component_tensors)
 
 
 def fork(capsule: Capsule, arenas: Sequence[Arena]) -> None:

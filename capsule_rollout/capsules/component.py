@@ -34,6 +34,14 @@ class CapsuleComponent(Protocol):
     the component cannot take that state (e.g. a task of another family); the
     restore is then refused with the arena untouched. Without it a component accepts
     every capsule whose specs and fingerprint match (`BufferComponent` has the default).
+
+    Optional, for state mirrored from elsewhere: `direct_buffers`, names of host state
+    buffers the component copies from the capsule into their live place itself (a
+    MuJoCo env's MjData image, copied once into MjData instead of into the arena and
+    again from there). A restore copies every other byte into the arena, then calls
+    `restore_direct(view)` with the capsule's buffers (as `check_restore` gets them),
+    then `after_restore()`. Between a restore and the next snapshot the arena's copy of
+    such a buffer holds what an earlier snapshot wrote, never read by the component.
     """
 
     name: str
@@ -113,4 +121,12 @@ class BufferComponent:
 
     def check_restore(self, view: Mapping[str, torch.Tensor]) -> None:
         """Raise `ValueError` to refuse a capsule's state before it is copied (default: accept)."""
+        return None
+
+    direct_buffers: tuple[str, ...] = ()
+    """Host state buffers this component copies from a capsule itself (`restore_direct`); none by default."""
+
+    def restore_direct(self, view: Mapping[str, torch.Tensor]) -> None:
+        """Given the capsule's buffers at a restore (after the arena's copy, before `after_restore`) when
+        `direct_buffers` names some: copy those into their live place, here or in `after_restore`."""
         return None

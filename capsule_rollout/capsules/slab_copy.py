@@ -7,12 +7,15 @@ env's whole restore), every other pair by torch's `copy_` on the current stream,
 its env on the host and its policy on a GPU pays the dispatch only for the device slab. (Calling
 the CUDA driver's `cuMemcpyDtoDAsync` directly for device pairs was measured on an H200 host and
 saved nothing: 6.3-6.7 us of host time per restore copy against torch's 5.6-6.1 us.)
+
+A host slab holding buffers a component copies from the capsule itself (`direct_buffers`: a MuJoCo env's MjData
+image goes straight into MjData) is copied around them, in the runs between (`copy_runs`).
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -39,15 +42,41 @@ def slab_places(slabs: Sequence[tuple[SlabLayout, torch.Tensor]]) -> tuple[SlabP
     return tuple(out)
 
 
+Run = tuple[int, int]
+"""(offset, bytes) of a part of a slab a restore copies."""
+
+
+def copy_runs(layout: SlabLayout, skipped: Collection[str]) -> tuple[Run, ...]:
+    """The runs of `layout`'s slab a restore copies: the whole slab, less the slots named in `skipped`
+    ("<component>/<buffer>", copied by their component), the padding between the others kept with them."""
+    runs: list[Run] = []
+    start = 0
+    for slot in layout.slots:
+        if slot.key in skipped:
+            if slot.offset > start:
+                runs.append((start, slot.offset - start))
+            start = slot.offset + slot.nbytes
+    if layout.nbytes > start:
+        runs.append((start, layout.nbytes - start))
+    return tuple(runs)
+
+
 def copy_slabs(
     dst_places: Sequence[SlabPlace], src_places: Sequence[SlabPlace],
     dst_slabs: Sequence[tuple[SlabLayout, torch.Tensor]], src_slabs: Sequence[tuple[SlabLayout, torch.Tensor]],
+    runs: Sequence[tuple[Run, ...] | None] = (),
 ) -> None:
-    """Copy each source slab into its destination slab (sizes already compared by the caller)."""
+    """Copy each source slab into its destination slab (sizes already compared by the caller); a host pair with
+    `runs[i]` (not None) only in those runs."""
     for i, (dst_addr, nbytes, dst_place) in enumerate(dst_places):
         src_addr, _, src_place = src_places[i]
         if dst_place == HOST and src_place == HOST:
-            ctypes.memmove(dst_addr, src_addr, nbytes)
+            parts = runs[i] if i < len(runs) else None
+            if parts is None:
+                ctypes.memmove(dst_addr, src_addr, nbytes)
+            else:
+                for offset, n in parts:
+                    ctypes.memmove(dst_addr + offset, src_addr + offset, n)
         else:
             dst, src = dst_slabs[i][1], src_slabs[i][1]  # pinned host to device: asynchronous
             dst.copy_(src, non_blocking=src_place == HOST and dst.is_cuda and src.is_pinned())

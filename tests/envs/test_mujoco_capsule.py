@@ -9,7 +9,7 @@ import pytest
 
 from capsule_rollout.capsules import Arena, restore, snapshot, verify_steppable
 from capsule_rollout.envs.hidden_state_scan import scan_env
-from capsule_rollout.envs.mujoco_capsule import Attr, CaptureSpec, MujocoCapsuleEnv, MujocoCapsuleError
+from capsule_rollout.envs.mujoco_capsule import Attr, CaptureSpec, MujocoCapsuleEnv, MujocoCapsuleError, memory_view
 from capsule_rollout.envs.mujoco_capsule_steppable import MujocoCapsuleSteppable
 from capsule_rollout.envs.rollout_env import RolloutEnv
 from capsule_rollout.envs.suites import make_env, parse_env_id
@@ -234,3 +234,34 @@ def test_graph_capture_leaves_excluded_attributes_alone():
     restore(arena, capsule)
     assert env.env.unwrapped.count == 4  # excluded: as the env had it, not as the capsule saw it (1)
     assert env.steps == 1  # everything else came back
+
+
+@pytest.mark.parametrize("env_id", ["gymnasium:Ant-v5", "tests.envs.broken_envs:make_rebuilds_model"])
+def test_a_restore_copies_mjdata_and_the_model_straight_from_the_capsule(env_id, monkeypatch):
+    """MjData's image (and with graph capture the model's runs) go from the capsule into MjData and MjModel, not
+    through the arena, from `DIRECT_BYTES` of MjData on (these envs' are smaller: set to 0 here): whatever the
+    arena's copies hold, the restored simulation is the capsule's, byte for byte, and a capsule taken next holds it
+    again."""
+    from capsule_rollout.envs import mujoco_capsule
+
+    assert make_env(env_id, cameras=()).direct_buffers == ()  # smaller than DIRECT_BYTES: through the arena
+    monkeypatch.setattr(mujoco_capsule, "DIRECT_BYTES", 0)
+    env = make_env(env_id, cameras=())
+    arena = Arena([env]).allocate()
+    assert set(env.direct_buffers) == ({"mjdata", "model"} if env._graph is not None else {"mjdata"})
+    env.reset(seed=1)
+    space = env.action_space
+    space.seed(0)
+    env.step(space.sample())
+    capsule = snapshot(arena, step=1, force=True)
+    for _ in range(3):
+        env.step(space.sample())
+    for name in env.direct_buffers:  # garbage in the arena's copies: a restore must not read them
+        arena.numpy(f"env/{name}")[...] = 0xAB
+    restore(arena, capsule)
+    assert np.array_equal(memory_view(env._buffer_ptr, env._buffer_bytes), capsule.buffer("env/mjdata").numpy())
+    assert np.all(arena.numpy("env/mjdata") == 0xAB)  # left as it was: the copy went straight into MjData
+    again = snapshot(arena, step=1, force=True)
+    for key, tensor in capsule.tensors().items():
+        assert np.array_equal(again.buffer(key).numpy(), tensor.numpy()), key
+    env.close()
