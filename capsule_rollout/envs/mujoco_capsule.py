@@ -90,7 +90,6 @@ from capsule_rollout.envs.object_graph import GraphState, GraphStateError
 from capsule_rollout.envs.offscreen_renderer import OffscreenRenderer
 from capsule_rollout.envs.rollout_env import ArraySpec, ObservationSpec, image_key
 
-
 DIRECT_BYTES = 256 * 1024
 """From this size of MjData's buffer on, a restore copies it (and the model's runs) from the capsule straight into
 MjData (`direct_buffers`) instead of into the arena and then from there. Below it the copy saved costs no more than the
