@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from capsule_rollout.capsules import Arena, SpecError, restore, snapshot
+from capsule_rollout.capsules import Arena, SpecError, fork, restore, snapshot
 from capsule_rollout.capsules.buffer_spec import Role
 from capsule_rollout.capsules.slab_copy import HOST, copy_runs, copy_slabs, slab_places
 from tests.capsules.fakes import SpecComponent, basic_specs, fill_state, same_bytes
@@ -92,3 +92,19 @@ def test_copy_runs_cut_out_the_skipped_slots_only():
     assert runs == ((first.offset + first.nbytes, last.offset - first.offset - first.nbytes),) + (
         ((last.offset + last.nbytes, layout.nbytes - last.offset - last.nbytes),)
         if layout.nbytes > last.offset + last.nbytes else ())
+
+
+def test_a_fork_gives_each_arenas_component_the_capsules_direct_buffers():
+    source = Arena([Mirror()]).allocate()
+    fill_state(source, 3)
+    cap = snapshot(source)
+    branches = [Mirror() for _ in range(3)]
+    arenas = [Arena([b]).allocate() for b in branches]
+    for i, arena in enumerate(arenas):
+        fill_state(arena, 10 + i)
+    fork(cap, arenas)
+    for branch, arena in zip(branches, arenas):
+        assert branch.calls[-2:] == ["restore_direct", "after_restore"]
+        assert all(torch.equal(branch.live[name], cap.buffer(f"env/{name}")) for name in branch.direct_buffers)
+        assert same_bytes(arena.buffer("env/count"), cap.buffer("env/count"))
+    assert branches[0].live["img"].data_ptr() != branches[1].live["img"].data_ptr()
