@@ -11,7 +11,8 @@ restore's states made as dicts and tuples, then applied, not set straight into t
 generator state, the global ones too, set through numpy's and random's own setters, not by copying its words),
 `no_kept_arrays` (the env's checks read the capsule through numpy views made from its tensors at every restore,
 torch called each time, not views kept with the capsule), `no_direct_copies` (the MjData image and the model runs
-copied into the arena, then from there into MjData and MjModel, not straight from the capsule). The summary names
+copied into the arena, then from there into MjData and MjModel, not straight from the capsule: only an env whose
+MjData buffer is `envs.mujoco_capsule.DIRECT_BYTES` or more copies them straight). The summary names
 the package it measured (`code`): to measure another tree the same way, run this from outside the repository with
 both on `PYTHONPATH`, that tree first.
 """
