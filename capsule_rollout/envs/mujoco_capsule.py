@@ -413,13 +413,13 @@ class MujocoCapsuleEnv(MujocoPythonState, BufferComponent):
                 _store(attr, value, view, self.capture.task, (self._buffer_ptr, self._buffer_bytes))
 
     def after_restore(self) -> None:
+        arrays, self._direct_from = self._direct_from, None  # the capsule's buffers, given by restore_direct
         if self._graph is not None:
             self._follow_rebuilds()
             prepared = self._prepared_graph()
         memmove = ctypes.memmove
-        plan, arrays = self._arena_plan, self._direct_from
-        if arrays is not None:  # the capsule's buffers, given by restore_direct for this restore
-            self._direct_from = None
+        plan = self._arena_plan
+        if arrays is not None:  # this restore's MjData image and model runs, straight from the capsule
             kept = self._direct_plan  # for the capsule last restored (a host restores one again and again)
             if kept is None or kept[0] is not arrays or kept[1] is not self._plan:
                 direct = {key: arrays[key].ctypes.data for key in self.direct_buffers}
