@@ -212,7 +212,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         obs: dict[str, Any] = {
             image_key(c): self._renderer(self.image_size).render(self.data, c).copy() for c in self.cameras
         } if self.images_wanted else {}
-        world = world or self.world()
+        world = world if world is not None else self.world()
         obs["state"] = self.proprio(world)
         obs[PRIVILEGED_KEY] = self.privileged(world)
         obs["instruction"] = self.instruction
@@ -222,7 +222,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         """`(PRIVILEGED_DIM,) float32`: the sim's own state a robot's sensors do not give (`PRIVILEGED_NAMES`),
         read from the MuJoCo state the env's capsule holds."""
         d = self.data
-        world = world or self.world()
+        world = world if world is not None else self.world()
         parts = [world.ee, d.qvel[self._ee_dof], [float(d.ctrl[3] > 0.5)],
                  [float(world.holding == c) for c in BLOCKS]]
         for c in BLOCKS:
@@ -265,7 +265,7 @@ class TabletopEnv(gym.Env, BufferComponent):
         return bool(info["success"])
 
     def info(self, world: World | None = None, success: bool | None = None) -> dict[str, Any]:
-        world = world or self.world()
+        world = world if world is not None else self.world()
         idx = min(self.subtask_index, len(self.subtasks) - 1)
         return {
             "success": self.family.success(self.params, world) if success is None else success,
