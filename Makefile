@@ -8,6 +8,10 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
+# the MuJoCo the project's venv is tested on (the package's range takes 3.3.0 to 4.0.x): a capsule holds the
+# version it was made with and refuses another (the old runs under tests/data were made on this one); the
+# suites' venv takes 3.3.0 from their extras
+MUJOCO_SPEC ?= mujoco==4.0.0
 PYTEST_ARGS ?=
 DEMO_OUT ?= runs/demo
 
@@ -56,7 +60,7 @@ $(STAMP): pyproject.toml constraints.txt capsule_rollout/models/exact_kernel.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
-	$(PY) -m pip install -e ".[dev]" -c constraints.txt
+	$(PY) -m pip install -e ".[dev]" "$(MUJOCO_SPEC)" -c constraints.txt
 	$(PY) -m capsule_rollout.models.exact_kernel  # the exact linear operator, once per machine (about 40 s)
 	touch $(STAMP)
 

@@ -1,7 +1,8 @@
 """Run directories written before the package was grouped by concept (tests/data/old_runs, made by `sim_rollout`
 at commit 79008e7 under /tmp/oldrun, signed with the key below): copied anywhere, each replays bit for bit from
 its old capsule and resumes where it stopped, with the command that made it. The tabletop run names the shipped
-checkpoints where they lay then (`.../capsule_rollout/experiments/checkpoints/policy`)."""
+checkpoints where they lay then (`.../capsule_rollout/experiments/checkpoints/policy`). Their capsules hold the MuJoCo
+they were made on (MADE_ON): another one is refused, by name, and never replayed as if it were the same."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import mujoco
 import pytest
 
 from capsule_rollout.cli.run import main
@@ -18,6 +20,7 @@ from capsule_rollout.stores import open_episode_reader
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "old_runs"
 KEY = "old-run-fixture-key-2026-12"
+MADE_ON = "4.0.0"  # the Makefile's MUJOCO_SPEC
 OWN_ENV = 'examples.own_env_and_policy:make_env={"steps": 20}'
 COMMANDS = {
     "tabletop_run": ["--family", "pick_place", "--max_steps", "12"],
@@ -37,6 +40,9 @@ def old_run(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_an_old_run_moved_elsewhere_replays_and_resumes(old_run, name):
+    assert mujoco.__version__ == MADE_ON, (
+        f"the old runs were made on mujoco {MADE_ON}, this venv has {mujoco.__version__}: `make install` installs "
+        f"the Makefile's MUJOCO_SPEC")
     run = old_run(name)
     recorded = json.loads((run / "rollout.json").read_text())
     assert recorded["capsule_dir"].startswith("/tmp/oldrun/")  # written where it was made, not where it is now
@@ -49,6 +55,16 @@ def test_an_old_run_moved_elsewhere_replays_and_resumes(old_run, name):
     ids = open_episode_reader(run / "episodes.zarr").episode_ids
     assert ids[0] == old_id and len(ids) == 2  # the old episode kept, the next seed played
     assert replay_episode(run, ids[1]).exact
+
+
+def test_an_old_run_on_another_mujoco_is_refused_by_name(old_run, monkeypatch):
+    run = old_run("own_env_run")
+    [old_id] = open_episode_reader(run / "episodes.zarr").episode_ids
+    monkeypatch.setattr(mujoco, "__version__", "4.0.1")  # what an upgraded install reports
+    with pytest.raises(RuntimeError, match=r"'env/mujoco': capsule has 4\.0\.0, arena has 4\.0\.1") as refused:
+        replay_episode(run, old_id)
+    assert "take a new snapshot" in str(refused.value)
+    assert open_episode_reader(run / "episodes.zarr").episode_ids == [old_id]  # nothing recorded is lost
 
 
 def test_the_shipped_checkpoints_are_found_as_any_install_named_them(tmp_path):
