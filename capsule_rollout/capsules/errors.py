@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import metadata
 
 
 class CapsuleError(Exception):
@@ -25,7 +26,20 @@ class Mismatch:
     def __str__(self) -> str:
         if self.kind == "component":
             return f"component {self.key!r} refused the capsule: {self.capsule}"
-        return f"{self.kind} {self.key!r}: capsule has {self.capsule}, arena has {self.arena}"
+        return f"{self.kind} {self.key!r}: capsule has {self.capsule}, arena has {self.arena}{self._install_hint()}"
+
+    def _install_hint(self) -> str:
+        """Where a fingerprint entry is an installed package's version (`env/mujoco`), how to get the capsule's."""
+        if self.kind != "fingerprint":
+            return ""
+        package = self.key.rsplit("/", 1)[-1]
+        try:
+            installed = metadata.version(package)
+        except (metadata.PackageNotFoundError, ValueError):
+            return ""
+        if installed != self.arena or not self.capsule:
+            return ""
+        return f" (the capsule was made with {package} {self.capsule}: `pip install {package}=={self.capsule}` restores it)"
 
 
 class CapsuleMismatchError(CapsuleError):

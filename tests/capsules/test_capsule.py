@@ -1,3 +1,5 @@
+from importlib import metadata
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from capsule_rollout.capsules import (
     CapsuleAlignmentError,
     CapsuleIntegrityError,
     CapsuleMismatchError,
+    Mismatch,
     Role,
     fork,
     host_arrays,
@@ -84,6 +87,18 @@ def test_spec_mismatch_is_refused(change, key):
     with pytest.raises(CapsuleMismatchError) as err:
         restore(dst, snapshot(src))
     assert key in {m.key for m in err.value.mismatches if m.kind == "spec"}
+
+
+def test_a_fingerprint_of_another_package_version_says_which_to_install():
+    installed = metadata.version("numpy")
+    other = Mismatch("fingerprint", "env/numpy", "1.0.0", installed)
+    assert str(other).endswith(f"arena has {installed} (the capsule was made with numpy 1.0.0: "
+                               "`pip install numpy==1.0.0` restores it)")
+    # no hint where the entry is not the installed package's version, or not a package, or not a fingerprint
+    for plain in (Mismatch("fingerprint", "env/numpy", "1.0.0", "9.9.9"),
+                  Mismatch("fingerprint", "env/task", "pick", "place"),
+                  Mismatch("spec", "env/numpy", "1.0.0", installed)):
+        assert "pip install" not in str(plain)
 
 
 def test_io_and_scratch_changes_do_not_block_restore():
