@@ -10,7 +10,9 @@ LeRobot stored for that id), with an optional teleoperator for takeovers:
 
 or a backend of your own (`--backend package.module:make_backend`, a callable returning a `RobotBackend`). It needs
 numpy only (and LeRobot for a LeRobot robot): `pip install packaging/robot` installs it without torch, Ray or
-MuJoCo. It prints `listening on HOST:PORT` once it serves, then serves until Ctrl-C (or `--seconds`).
+MuJoCo. It prints `listening on HOST:PORT` once it serves, then serves until Ctrl-C, SIGTERM (what `kill`, systemd
+and `docker stop` send) or `--seconds`; each stops it the same way: a running episode held, the backend closed, the
+summary printed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import importlib
 import json
 import os
 import pkgutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import field, make_dataclass
@@ -48,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
                         help=f"shared token every client must present (default: ${TOKEN_ENV})")
     server.add_argument("--heartbeat_timeout_s", type=float, default=1.0,
                         help="a controller silent this long during an episode makes the robot hold")
-    server.add_argument("--seconds", type=float, default=0.0, help="serve this long, then stop (0: until Ctrl-C)")
+    server.add_argument("--seconds", type=float, default=0.0, help="serve this long, then stop (0: until Ctrl-C or SIGTERM)")
     server.add_argument("--keys", action="store_true",
                         help="read operator keys on this terminal too (s/f END, t takeover, c coach, e e-stop)")
     server.add_argument("--backend", default="", help="package.module:make_backend: your own RobotBackend instead of "
@@ -154,7 +158,7 @@ def build(args: argparse.Namespace, lerobot_args: Sequence[str]) -> tuple[RobotB
 
 def serve(backend: RobotBackend, operator: OperatorSource | None, args: argparse.Namespace) -> dict:
     """Connect `backend` (a robot that is not there or not calibrated stops the command here) and serve it until
-    Ctrl-C or `args.seconds`; the server's status and safety events at the end. The server closes the backend
+    Ctrl-C, SIGTERM or `args.seconds`; the server's status and safety events at the end. The server closes the backend
     (from its robot thread) as it stops; before the server runs, this does."""
     try:
         connect = getattr(backend, "connect", None)
@@ -172,13 +176,29 @@ def serve(backend: RobotBackend, operator: OperatorSource | None, args: argparse
         print(f"robot side: {backend.name}, {len(backend.action_low)} action features at {backend.control_hz:g} Hz, "
               f"cameras {list(backend.cameras)}; listening on {host}:{port}", flush=True)
         deadline = time.monotonic() + args.seconds if args.seconds > 0 else None
+        terminated = _terminate_as_interrupt()
         try:
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             pass
+        finally:
+            if terminated is not None:
+                signal.signal(signal.SIGTERM, terminated)
         status = server.status()
     return {"address": [host, port], "events": server.events, "status": status}
+
+
+def _terminate_as_interrupt() -> Any:
+    """SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does (Python's default would end the process
+    with the robot neither held nor closed); returns the handler it replaced (None off the main thread: left)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

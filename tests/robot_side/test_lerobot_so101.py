@@ -116,7 +116,7 @@ def test_real_recap_with_a_lerobot_robot_and_teleoperator(calibration, tmp_path)
             assert np.allclose(sent, np.minimum(present + STEP_LIMIT, high), atol=1e-4)
             with pytest.raises(RobotError, match="unsafe_action"):
                 robot.send_action(np.full(6, np.nan))
-        server.send_signal(signal.SIGINT)
+        server.send_signal(signal.SIGTERM)  # as Ctrl-C; a background job (CI) inherits SIGINT ignored
         out, err = server.communicate(timeout=60)
         assert server.returncode == 0, err[-3000:]
     finally:
