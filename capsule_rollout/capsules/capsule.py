@@ -20,7 +20,13 @@ from capsule_rollout.capsules.arena import Arena
 from capsule_rollout.capsules.buffer_spec import BufferSpec, Role
 from capsule_rollout.capsules.component import BufferViews
 from capsule_rollout.capsules.digest import digest_slab
-from capsule_rollout.capsules.errors import CapsuleAlignmentError, CapsuleIntegrityError, CapsuleMismatchError, Mismatch
+from capsule_rollout.capsules.errors import (
+    MISSING,
+    CapsuleAlignmentError,
+    CapsuleIntegrityError,
+    CapsuleMismatchError,
+    Mismatch,
+)
 from capsule_rollout.capsules.layout import SlabLayout
 from capsule_rollout.capsules.slab_copy import SlabPlace, copy_slabs, slab_places
 from capsule_rollout.capsules.trust import Trust, restoring_as
@@ -242,7 +248,7 @@ def mismatches(arena: Arena, capsule: Capsule) -> list[Mismatch]:
         arena_fp, cap_fp = arena.fingerprint(), dict(capsule.meta.fingerprint)
         for key in sorted(set(arena_fp) | set(cap_fp)):
             if arena_fp.get(key) != cap_fp.get(key):
-                found.append(Mismatch("fingerprint", key, cap_fp.get(key, "<missing>"), arena_fp.get(key, "<missing>")))
+                found.append(Mismatch("fingerprint", key, cap_fp.get(key, MISSING), arena_fp.get(key, MISSING)))
     if arena.state_signature != capsule.signature:
         arena_specs = {k: s for lay in arena.state_layouts for k, s in ((sl.key, sl.spec) for sl in lay.slots)}
         cap_specs = capsule.specs
@@ -250,7 +256,7 @@ def mismatches(arena: Arena, capsule: Capsule) -> list[Mismatch]:
             a, c = arena_specs.get(key), cap_specs.get(key)
             if a is None or c is None or a != c or a.device_type != c.device_type:
                 found.append(
-                    Mismatch("spec", key, c.describe() if c else "<missing>", a.describe() if a else "<missing>")
+                    Mismatch("spec", key, c.describe() if c else MISSING, a.describe() if a else MISSING)
                 )
     return found
 

@@ -14,6 +14,10 @@ class SpecError(CapsuleError, ValueError):
     """A buffer spec or a component registration is invalid."""
 
 
+MISSING = "<missing>"
+"""What a `Mismatch` says for the side that lacks the entry."""
+
+
 @dataclass(frozen=True)
 class Mismatch:
     """One difference between a capsule and the arena it is meant for."""
@@ -37,7 +41,7 @@ class Mismatch:
             installed = metadata.version(package)
         except (metadata.PackageNotFoundError, ValueError):
             return ""
-        if installed != self.arena or not self.capsule:
+        if installed != self.arena or self.capsule in ("", MISSING):
             return ""
         return f" (the capsule was made with {package} {self.capsule}: `pip install {package}=={self.capsule}` restores it)"
 

@@ -176,15 +176,15 @@ def serve(backend: RobotBackend, operator: OperatorSource | None, args: argparse
         print(f"robot side: {backend.name}, {len(backend.action_low)} action features at {backend.control_hz:g} Hz, "
               f"cameras {list(backend.cameras)}; listening on {host}:{port}", flush=True)
         deadline = time.monotonic() + args.seconds if args.seconds > 0 else None
-        terminated = _terminate_as_interrupt()
+        previous = _terminate_as_interrupt()  # SIGTERM stops it as Ctrl-C does
         try:
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             pass
         finally:
-            if terminated is not None:
-                signal.signal(signal.SIGTERM, terminated)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         status = server.status()
     return {"address": [host, port], "events": server.events, "status": status}
 

@@ -96,6 +96,7 @@ def test_a_fingerprint_of_another_package_version_says_which_to_install():
                                "`pip install numpy==1.0.0` restores it)")
     # no hint where the entry is not the installed package's version, or not a package, or not a fingerprint
     for plain in (Mismatch("fingerprint", "env/numpy", "1.0.0", "9.9.9"),
+                  Mismatch("fingerprint", "env/numpy", "<missing>", installed),
                   Mismatch("fingerprint", "env/task", "pick", "place"),
                   Mismatch("spec", "env/numpy", "1.0.0", installed)):
         assert "pip install" not in str(plain)
