@@ -67,13 +67,11 @@ def test_serve_holds_the_robot_and_closes_it_when_stopped(tmp_path, stop):
         line = server.stdout.readline()
         assert "listening on 127.0.0.1:" in line, line + server.stderr.read()
         port = int(line.rsplit(":", 1)[1])
-        client = RobotClient("127.0.0.1", port)
-        client.__enter__()
-        assert client.reset_to_initial(seed=0) == "hold still"
-        client.send_action(np.array([0.5]))  # an episode running when the signal comes
-        server.send_signal(stop)
-        out, err = server.communicate(timeout=30)
-        client.__exit__(None, None, None)
+        with RobotClient("127.0.0.1", port) as client:
+            assert client.reset_to_initial(seed=0) == "hold still"
+            client.send_action(np.array([0.5]))  # an episode running when the signal comes
+            server.send_signal(stop)
+            out, err = server.communicate(timeout=30)
         assert server.returncode == 0, err[-2000:]
         summary = json.loads(out.strip().splitlines()[-1])
         assert any("holding, episode aborted" in event for event in summary["events"]), summary["events"]
