@@ -42,18 +42,24 @@ def _holder_pid(store: Path, timeout: float = 120.0) -> int:
 
 def test_a_second_writer_at_once_is_refused_naming_the_first_and_nothing_is_lost(tmp_path):
     store = tmp_path / "demos.zarr"
-    first = _collect(store, 0, 40)  # long enough to still be writing when the second is refused
+    first = _collect(store, 0, 12)
     pid = _holder_pid(store)
     assert pid == first.pid
-    second = _collect(store, 100, 6)
-    out, err = second.communicate(timeout=300)
-    assert first.poll() is None, "the first writer ended before the second tried: make it record more episodes"
+    # The first writer is stopped while it holds the lock, so it is still writing when the second tries, on
+    # any machine (a fast one finished its episodes before a second process had started).
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = _collect(store, 100, 6)
+        out, err = second.communicate(timeout=300)
+        assert first.poll() is None
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 2, out + err
     assert f"is being written by another process (pid {first.pid} on" in err and "collect_demos" in err
     assert "Traceback" not in err
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, out + err
-    assert ZarrEpisodeReader(store).episode_ids == [f"pick_place-s{s:07d}" for s in range(40)]
+    assert ZarrEpisodeReader(store).episode_ids == [f"pick_place-s{s:07d}" for s in range(12)]
 
 
 def test_writers_one_after_the_other_keep_every_episode(tmp_path, capsys):
