@@ -173,11 +173,12 @@ def serve(backend: RobotBackend, operator: OperatorSource | None, args: argparse
         raise
     with server:
         host, port = server.address
-        print(f"robot side: {backend.name}, {len(backend.action_low)} action features at {backend.control_hz:g} Hz, "
-              f"cameras {list(backend.cameras)}; listening on {host}:{port}", flush=True)
-        deadline = time.monotonic() + args.seconds if args.seconds > 0 else None
-        previous = _terminate_as_interrupt()  # SIGTERM stops it as Ctrl-C does
+        # SIGTERM stops it as Ctrl-C does, from before it says where it listens (a client can stop it at once)
+        previous = _terminate_as_interrupt()
         try:
+            print(f"robot side: {backend.name}, {len(backend.action_low)} action features at "
+                  f"{backend.control_hz:g} Hz, cameras {list(backend.cameras)}; listening on {host}:{port}", flush=True)
+            deadline = time.monotonic() + args.seconds if args.seconds > 0 else None
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(0.2)
         except KeyboardInterrupt:
