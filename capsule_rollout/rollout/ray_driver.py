@@ -101,8 +101,6 @@ class RayDriver:
         self.killed: dict[int, int] = {}  # actor killed for a hang, not yet seen restarted -> its old process id
         self.failures: Counter[str] = Counter()  # episode id -> tries that failed (hung, or its actor died)
         self.hung_at: dict[str, list[tuple[str, int]]] = {}  # episode id -> where it hung (phase, step)
-        self.version = 0  # of the phase times learned; each actor is sent them when it has an older one
-        self.sent: dict[int, int] = {}
         self.timed_out: set = set()
         self.stats = DriverStats()
         self.reports: list[ActorReport] = []
@@ -151,12 +149,10 @@ class RayDriver:
             ahead = [item for call in self.in_flight.values() if call.index == index for item in call.items]
             seconds = self.deadlines.call_s(ahead + batch, first_call=index not in self.warm)
             self.stats.episode_deadline_s = None if seconds is None else seconds / len(batch)
-            actor = self.pool[index]
-            if self.deadlines.watches_phases and self.sent.get(index) != self.version:
-                actor.watch.remote(self.settings, self.deadlines.phases.snapshot())  # runs before the call
-                self.sent[index] = self.version
+            # the phase deadlines go with the call: a call of their own could run after it (two at once, no order)
+            watch = (self.settings, self.deadlines.phases.snapshot()) if self.deadlines.watches_phases else None
             deadline = None if seconds is None else time.monotonic() + seconds
-            self.in_flight[actor.run_batch.remote(batch)] = _Call(index, batch, deadline, seconds,
+            self.in_flight[self.pool[index].run_batch.remote(batch, watch)] = _Call(index, batch, deadline, seconds,
                                                                  self.generation[index])
         self.idle.extend(skipped)
 
@@ -167,7 +163,9 @@ class RayDriver:
     def _wait(self) -> float | None:
         """Seconds until the next deadline (a call's, or placement's while no actor is placed)."""
         now = time.monotonic()
-        waits = [call.deadline - now for call in self.in_flight.values() if call.deadline is not None]
+        # a call killed at its deadline is waited for as it fails (not spun on: its deadline has passed)
+        waits = [call.deadline - now for ref, call in self.in_flight.items()
+                 if call.deadline is not None and ref not in self.timed_out]
         if not (self.placed & self.alive) and self.probes:
             waits.append(self.started + self.placement_timeout_s - now)
         return max(0.0, min(waits)) if waits else None
@@ -238,8 +236,7 @@ class RayDriver:
             return
         hung = any(r.hang is not None for r in got)
         current = call.generation == self.generation[call.index]  # else its process was given up on since
-        if self.deadlines.learn(got, rate=call.index in self.warm and not hung):
-            self.version += 1
+        self.deadlines.learn(got, rate=call.index in self.warm and not hung)
         if hung and current:  # its play thread is stuck: a fresh process (Ray restarts it; no crash), once the
             self.stats.timeouts += 1  # other calls it holds are back (each returns at once: it sees the hang too)
             self.stats.actor_failures += 1
@@ -301,7 +298,6 @@ class RayDriver:
         """Probe actor `index` until Ray has restarted it; `kill`: the process id to kill first (a hung one)."""
         self._not_idle(index)
         self.warm.discard(index)
-        self.sent.pop(index, None)  # a fresh process knows no deadlines
         if kill is not None:
             self.killed[index] = kill
             ray.kill(self.pool[index], no_restart=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -169,7 +170,8 @@ class RolloutActor(SlotCalls):
         self.capsule_key = capsule_key if capsule_key is not None else signing_key()
         self.shard_root = shard_root
         self.clock = PhaseClock()  # the actor's own phases: building a host, writing the shard
-        self._deadlines: PhaseDeadlines | None = None  # once the driver asked to `watch`
+        self._deadlines: PhaseDeadlines | None = None  # once a call came with deadlines to watch
+        self._deadlines_lock = threading.Lock()  # two calls at once (slots) each bring theirs
         # in a Ray actor: build, play and close on one thread of its own, so that the call's thread can watch
         self._player = ThreadPoolExecutor(1, thread_name_prefix="rollout-play") if _in_ray_actor() else None
         self._current: int | None = None  # the index in the call of the item played (or its host built) now
@@ -261,12 +263,15 @@ class RolloutActor(SlotCalls):
 
     def watch(self, settings: DeadlineSettings, times: Times) -> None:
         """Watch every call from now on: its phases against deadlines (`rollout.deadlines.DeadlineSettings`)
-        learned from `times` (what the driver has learned) and from what this actor measures."""
+        learned from `times` (what the driver has learned) and from what this actor measures. The driver hands
+        them with each call (`run_batch(items, watch=...)`): a separate call could run after the one it was
+        meant for (an actor of slots takes two calls at once, in no set order), which then went unwatched."""
         from capsule_rollout.rollout.deadlines import PhaseDeadlines  # it imports this module
 
-        if self._deadlines is None or self._deadlines.settings != settings:
-            self._deadlines = PhaseDeadlines(settings)
-        self._deadlines.merge(times)
+        with self._deadlines_lock:
+            if self._deadlines is None or self._deadlines.settings != settings:
+                self._deadlines = PhaseDeadlines(settings)
+            self._deadlines.merge(times)
 
     def _saved_capsule(self, task: str, seed: int):
         """A seed's initial capsule of `task` saved under `capsule_dir` (by this or another actor), or None."""
@@ -288,23 +293,25 @@ class RolloutActor(SlotCalls):
         """Play one episode (and, sharded, write it to this actor's shard)."""
         return self.run_batch([item])[0]
 
-    def run_batch(self, items: list[WorkItem]) -> list[ActorReport]:
+    def run_batch(self, items: list[WorkItem], watch: tuple[DeadlineSettings, Times] | None = None
+                  ) -> list[ActorReport]:
         """Play `items` (one after another; with slots, side by side on the slots); sharded, write their episodes to
         this actor's shard in one commit (one Ray call for several episodes: `run_rollouts(episodes_per_call=...)`).
-        The reports come back in the items' order. Watched (`watch`), a phase past its deadline ends the call:
-        the hung item's report says where (`hang`), the items not played are marked `unplayed`."""
+        The reports come back in the items' order. Watched (`watch`: the deadlines' settings and the phase times
+        the driver has learned, given with the call), a phase past its deadline ends the call: the hung item's
+        report says where (`hang`), the items not played are marked `unplayed`."""
+        if watch is not None:
+            self.watch(*watch)
         if self.spec.slots > 1 and self.side_by_side:
             return self._run_slot_call(items)
         if self._player is None:
             return self._play_batch(items)
-        if self._deadlines is None:
-            return self._player.submit(self._play_batch, items).result()
         future = self._player.submit(self._play_batch, items)
         while True:
             try:
                 return future.result(timeout=WATCH_POLL_S)
             except FutureTimeout:
-                found = self._overrun()
+                found = None if self._deadlines is None else self._overrun()  # watched from when deadlines come
                 if found is not None:
                     return self._hung(items, *found)
 
@@ -335,15 +342,17 @@ class RolloutActor(SlotCalls):
             report.phases = phases
         if reports:
             reports[0].part_s = combined_totals(clocks)
-        if self._deadlines is not None:
-            self._deadlines.merge(phases)
+        with self._deadlines_lock:
+            if self._deadlines is not None:
+                self._deadlines.merge(phases)
 
     def _overrun(self) -> tuple[PhaseClock, Hang] | None:
         """A clock whose phase has run past its deadline, and where, or None."""
         from capsule_rollout.rollout.deadlines import PhaseDeadlines
 
-        deadlines = PhaseDeadlines(self._deadlines.settings)
-        deadlines.merge(self._deadlines.snapshot())
+        with self._deadlines_lock:
+            deadlines = PhaseDeadlines(self._deadlines.settings)
+            deadlines.merge(self._deadlines.snapshot())
         clocks = self._clocks()
         for clock in clocks:  # what this call measured so far counts at once
             deadlines.merge({phase: (t[0], t[1]) for phase, t in clock.peek_times().items()})

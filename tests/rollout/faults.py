@@ -66,8 +66,8 @@ class ExitAfterRecord(RolloutActor):
     victim = ""
     marker = ""
 
-    def run_batch(self, items):
-        reports = super().run_batch(items)
+    def run_batch(self, items, watch=None):
+        reports = super().run_batch(items, watch)
         if any(item.episode_id == self.victim for item in items) and not Path(self.marker).exists():
             Path(self.marker).write_text("exit_after_record\n")
             os._exit(1)

@@ -5,10 +5,12 @@ that cannot go on gives up saying why (the envs and policy that misbehave: `test
 import dataclasses
 
 import pytest
+import ray
 
 from capsule_rollout.commands.configs import SimRolloutConfig
 from capsule_rollout.rollout.deadlines import FLOOR_S, DeadlineSettings
 from capsule_rollout.rollout.host_factory import RunSpec
+from capsule_rollout.rollout.ray_driver import place_actors
 from capsule_rollout.rollout.ray_rollout import RayStart, run_rollouts
 from capsule_rollout.rollout.rollout_actor import WorkItem
 from capsule_rollout.rollout.rollout_host import HostConfig
@@ -155,6 +157,27 @@ def test_an_episode_that_hangs_in_a_step_every_time_is_lost_at_its_second_hang_a
     assert "it hung at the same place on an earlier try" in lost.error
     assert sorted(ZarrEpisodeReader(tmp_path / "e.zarr").episode_ids) == [items[0].episode_id, items[2].episode_id]
     assert stats.phase_deadlines["step"]["deadline_s"] == 1.0  # learned: 3 x well under a second, the floor
+
+
+def test_an_actor_of_slots_watches_each_call_with_the_deadlines_the_call_brings():
+    """The phase deadlines come with each call. They were sent as a call of their own before it, and an actor of
+    slots takes two calls at once in no set order: a call that began before them was never watched, and its hang
+    held the actor until the driver's deadline of the whole call (40 s here; one run in eight, on a loaded machine).
+    Two calls at once on a fresh actor, the hanging item in the one without deadlines: both come back, the hang
+    found at the step's deadline."""
+    spec = dataclasses.replace(_factory_spec("hangs_in_step"), slots=2)
+    [actor] = place_actors(spec, 1)
+    try:
+        assert isinstance(ray.get(actor.ready.remote(), timeout=120), int)
+        plain, hanging = _seeds("hangs_in_step", 2)
+        unwatched = actor.run_batch.remote([hanging])  # may begin before the other call's deadlines arrive
+        watched = actor.run_batch.remote([plain], (QUICK, {}))
+        [hung] = ray.get(unwatched, timeout=60)
+        [other] = ray.get(watched, timeout=60)
+    finally:
+        ray.kill(actor)
+    assert hung.hang is not None and hung.hang.place == ("step", 3)
+    assert other.episode is not None or other.unplayed
 
 
 def test_an_episode_that_hangs_in_the_policy_is_told_by_its_chunk(tmp_path):

@@ -56,11 +56,8 @@ class SlotCalls:
             if session is not None:
                 session()
             return self._returned(call)
-        if self._deadlines is None:
-            call.done.wait()
-            return self._returned(call)
-        while not call.done.wait(WATCH_POLL_S):
-            found = self._overrun()
+        while not call.done.wait(WATCH_POLL_S):  # watched from when the actor has deadlines (any call's)
+            found = None if self._deadlines is None else self._overrun()
             if found is not None:
                 reports = self._hung_call(call, *found)
                 if reports is not None:
