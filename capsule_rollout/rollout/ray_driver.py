@@ -152,8 +152,8 @@ class RayDriver:
             # the phase deadlines go with the call: a call of their own could run after it (two at once, no order)
             watch = (self.settings, self.deadlines.phases.snapshot()) if self.deadlines.watches_phases else None
             deadline = None if seconds is None else time.monotonic() + seconds
-            self.in_flight[self.pool[index].run_batch.remote(batch, watch)] = _Call(index, batch, deadline, seconds,
-                                                                 self.generation[index])
+            ref = self.pool[index].run_batch.remote(batch, watch)
+            self.in_flight[ref] = _Call(index, batch, deadline, seconds, self.generation[index])
         self.idle.extend(skipped)
 
     def _holds(self, index: int) -> bool:
