@@ -364,7 +364,9 @@ def test_a_client_closed_unheard_connects_again_and_is_served_while_any_other_re
             start = time.monotonic()
             with pytest.raises(RobotError, match="closed to make room") as closed:
                 RobotClient(*front.address, token=TOKEN, timeout_s=0.5, heartbeat_s=None)
-            assert closed.value.unheard and 0.3 < time.monotonic() - start < 2.0  # until its timeout, then told
+            # until its timeout (0.5 s), then told: the upper bound only says it stopped trying (a loaded machine
+            # may take a while over the last connection), not how fast
+            assert closed.value.unheard and 0.3 < time.monotonic() - start < 10.0
             assert 3 <= front.connections < 40
         finally:
             front.close()
