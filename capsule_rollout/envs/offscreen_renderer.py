@@ -17,7 +17,9 @@ from capsule_rollout.envs.gl_backend import (
 )
 from capsule_rollout.envs.gl_current import as_found
 
-MAX_GEOM = 10000  # scene capacity, as mujoco.Renderer's default
+MAX_GEOM = 10000  # the largest scene made: mujoco.Renderer's default
+SCENE_GEOMS = 1000  # the smallest
+_VGEOMFULL = getattr(mujoco.mjtWarning, "mjWARN_VGEOMFULL", None)  # mujoco 3.x counts a full scene in MjData.warning
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # renderers not closed yet: closed at exit, while GL is still loaded
 
 
@@ -27,6 +29,22 @@ def _close_open_renderers() -> None:
             renderer.close()
         except Exception:  # noqa: BLE001 - the process is ending and its GL display is gone already (a suite's
             renderer.abandon()  # own exit hook, dm_control's, terminated it first): nothing left to free
+
+
+def scene_capacity(model: mujoco.MjModel) -> int:
+    """Geoms a renderer's scene holds: four times what `mjv_updateScene` draws of `model` with the default options at
+    most (a geom for each geom, site, flex, skin and rangefinder, a segment for each tendon and three for each of its
+    wrap points), at least `SCENE_GEOMS` and at most `MAX_GEOM`. A scene of 10,000 geoms takes about 10 MB and 6 ms
+    to make (measured); a scene found full is made again at `MAX_GEOM` before its image is drawn (`render`)."""
+    drawn = model.ngeom + model.nsite + model.nflex + model.nskin + model.nsensor + model.ntendon + 3 * model.nwrap
+    return min(MAX_GEOM, max(SCENE_GEOMS, 4 * drawn))
+
+
+def _scene(model: mujoco.MjModel, maxgeom: int) -> mujoco.MjvScene:
+    scene = mujoco.MjvScene(model=model, maxgeom=maxgeom)
+    scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
+    scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
+    return scene
 
 
 def _track(renderer: OffscreenRenderer) -> None:
@@ -72,9 +90,7 @@ class OffscreenRenderer:
                 + INSTALL_HINT
             ) from None
         self.model, self.height, self.width = model, height, width
-        self.scene = mujoco.MjvScene(model=model, maxgeom=MAX_GEOM)
-        self.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
-        self.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
+        self.scene = _scene(model, scene_capacity(model))
         self._option = mujoco.MjvOption()
         self._rect = mujoco.MjrRect(0, 0, width, height)
         self._cameras: dict[str | int, mujoco.MjvCamera] = {}
@@ -108,8 +124,7 @@ class OffscreenRenderer:
         """Image of `camera` for the current `data` (call mj_forward after a state change)."""
         if self._mjr is None:
             raise RuntimeError("render called after close()")
-        mujoco.mjv_updateScene(self.model, data, self._option, None, self._camera(camera),
-                               mujoco.mjtCatBit.mjCAT_ALL.value, self.scene)
+        self._update(data, self._camera(camera))
         shape = (self.height, self.width, 3)
         if out is not None and out.shape != shape:
             raise ValueError(f"out has shape {out.shape}; this renderer makes {shape}")
@@ -123,6 +138,23 @@ class OffscreenRenderer:
             np.copyto(out, buffer, casting="unsafe")
             return out
         return buffer
+
+    def _update(self, data: mujoco.MjData, camera: mujoco.MjvCamera) -> None:
+        """The scene of `data` seen from `camera`. A scene smaller than `MAX_GEOM` found full (`scene_capacity` fell
+        short: the geoms past it were dropped) is made again at `MAX_GEOM` and filled again, with the count of full
+        scenes that mujoco 3.x keeps in `data.warning` put back as it was: the env's state is not the renderer's to
+        change."""
+        scene = self.scene
+        warning = data.warning[_VGEOMFULL] if _VGEOMFULL is not None and scene.maxgeom < MAX_GEOM else None
+        kept = None if warning is None else (warning.lastinfo, warning.number)
+        mujoco.mjv_updateScene(self.model, data, self._option, None, camera, mujoco.mjtCatBit.mjCAT_ALL.value, scene)
+        if scene.ngeom < scene.maxgeom or scene.maxgeom >= MAX_GEOM:
+            return
+        if warning is not None:
+            warning.lastinfo, warning.number = kept
+        self.scene = _scene(self.model, MAX_GEOM)
+        mujoco.mjv_updateScene(self.model, data, self._option, None, camera, mujoco.mjtCatBit.mjCAT_ALL.value,
+                               self.scene)
 
     def close(self) -> None:
         _OPEN.discard(self)
