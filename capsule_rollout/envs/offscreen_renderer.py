@@ -143,7 +143,8 @@ class OffscreenRenderer:
         """The scene of `data` seen from `camera`. A scene smaller than `MAX_GEOM` found full (`scene_capacity` fell
         short: the geoms past it were dropped) is made again at `MAX_GEOM` and filled again, with the count of full
         scenes that mujoco 3.x keeps in `data.warning` put back as it was: the env's state is not the renderer's to
-        change."""
+        change. MuJoCo's own warning is still printed (and appended to `MUJOCO_LOG.TXT` in the working directory)
+        when that happens; no model measured draws more than a quarter of its scene (docs/DESIGN.md)."""
         scene = self.scene
         warning = data.warning[_VGEOMFULL] if _VGEOMFULL is not None and scene.maxgeom < MAX_GEOM else None
         kept = None if warning is None else (warning.lastinfo, warning.number)
