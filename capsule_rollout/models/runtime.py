@@ -230,6 +230,17 @@ class ModelRuntime(BufferComponent):
         """Encode the subtask's language once into the language buffer (read by every later call)."""
         write_language(self.buffers["lang"], self.model, text)
 
+    def rows_together(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
+                      rows: Sequence[torch.Tensor]) -> bool:
+        """Whether this runtime's rows run in one call (`in_rows`): always where it is not batch-invariant; where it
+        sums exactly, where `rows_agree`; never with `sums` "padded" (runs recorded before exact sums), whose rows then
+        each get what a batch of one computes: its activations are the library's kernels over the batch as it is,
+        which can round a row by the batch's shape (seen with oneDNN held to AVX2, `ONEDNN_MAX_CPU_ISA=AVX2`: row 1 of
+        3 differed from the batch of one by 1.2e-7 while `rows_agree`'s random rows agreed)."""
+        if not self.batch_invariant:
+            return True
+        return self.sums == "exact" and rows_agree(fn, rows)
+
     def _compile(self, core: torch.nn.Module, example: tuple, fn: Callable[[], None],
                  preserve: Sequence[torch.Tensor] = ()) -> torch.nn.Module:
         """Trace `core` on the CPU (restoring `preserve` after the trace ran it once) and make the runner

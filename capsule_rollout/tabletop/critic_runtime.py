@@ -19,7 +19,7 @@ import torch
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.critics.rollout_critic import CriticSpec
 from capsule_rollout.models.inputs import all_counts, all_finite, as_state_tensor, load_observation, require_keys
-from capsule_rollout.models.runtime import ModelRuntime, in_rows, rows_agree
+from capsule_rollout.models.runtime import ModelRuntime, in_rows
 from capsule_rollout.stores.episode_schema import PRIVILEGED
 from capsule_rollout.tabletop.value_critic import ACTOR_POLICY, ValueCritic
 
@@ -66,7 +66,7 @@ class CriticRuntime(ModelRuntime):
         b = self.buffers
         example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["step"],
                    self._extra_args())
-        self.together = self.core.together = not self.batch_invariant or rows_agree(
+        self.together = self.core.together = self.rows_together(
             self.core._logits, (*example[0], *example[1:4], *example[4]))
         self.core = self._compile(self.core, example, self._evaluate)
 

@@ -22,7 +22,7 @@ import torch
 from capsule_rollout.capsules import BufferSpec, Role
 from capsule_rollout.models.counter_rng import normal_, normal_rows_
 from capsule_rollout.models.inputs import load_observation
-from capsule_rollout.models.runtime import ModelRuntime, in_rows, rows_agree
+from capsule_rollout.models.runtime import ModelRuntime, in_rows
 from capsule_rollout.policies.conditioning import check_noise_scale
 from capsule_rollout.policies.rollout_policy import PolicySpec
 from capsule_rollout.tabletop.flow_policy import ADV_NONE, FlowPolicy
@@ -94,7 +94,7 @@ class PolicyRuntime(ModelRuntime):
         example = (tuple(b[f"image_{cam}"] for cam in self.config.cameras), b["state"], b["lang"], b["advantage"],
                    b["beta"], b["rng"], b["noise"], *((b["active"],) if self.rows else ()))
         beta = b["beta"][:, None] if self.rows else b["beta"].expand(self.batch)[:, None]
-        self.together = self.core.together = not self.batch_invariant or rows_agree(
+        self.together = self.core.together = self.rows_together(
             self.core._sample, (*example[0], b["state"], b["lang"], b["advantage"], beta, b["noise"]))
         # tracing and warm-up run the function: the noise counter they bump is put back
         self.core = self._compile(self.core, example, self._act, preserve=[b["rng"]])

@@ -1,7 +1,8 @@
 """Batch invariance under every kernel path torch can be forced to on this machine: the default, AVX2 and the
 scalar code of ATen (`ATEN_CPU_CAPABILITY`), oneDNN held to AVX2 (`ONEDNN_MAX_CPU_ISA`), MKL held to AVX2
 (`MKL_ENABLE_INSTRUCTIONS`). Under each, the shipped policy and critic give every row of 8, in one call, what a
-batch of one gives, and the exact sums give the same bits on every path."""
+batch of one gives, and the exact sums give the same bits on every path; and the row tests
+(`tests/policies/test_model_rows.py`) pass under each path, not only the one this machine picks."""
 
 from __future__ import annotations
 
@@ -46,3 +47,20 @@ def test_the_exact_sums_are_the_same_bits_on_every_kernel_path(probes):
     # more than it saves), the same bits either way
     assert {name: probe["widens"] for name, probe in probes.items()} == {name: name != "aten-scalar" for name in probes}
     assert all(probe["same_with_copy"] for probe in probes.values()), probes
+
+
+@pytest.mark.slow
+def test_the_row_tests_pass_under_every_kernel_path():
+    """The default path runs them in the tier itself; the others here, one pytest process after another (a path's
+    variables must be set before torch loads; side by side they oversubscribe the cores several times over)."""
+    failed = {}
+    for name, extra in PATHS.items():
+        if not extra:
+            continue
+        env = {k: v for k, v in os.environ.items() if k not in PATH_VARIABLES and not k.startswith("PYTEST_XDIST")}
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                               "tests/policies/test_model_rows.py"], cwd=ROOT, env={**env, **extra},
+                              capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            failed[name] = (done.stdout + done.stderr)[-3000:]
+    assert not failed, failed
