@@ -18,9 +18,14 @@ from benchmarks.kernel_paths import PATH_VARIABLES, PATHS  # the paths `bench_ke
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _path_env(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment under one kernel path: what any path sets taken out, then `extra` set."""
+    env = {k: v for k, v in os.environ.items() if k not in PATH_VARIABLES and not k.startswith("PYTEST_XDIST")}
+    return {**env, **extra}
+
+
 def _start(extra: dict[str, str]) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in PATH_VARIABLES}
-    return subprocess.Popen([sys.executable, "-m", "tests.models.kernel_path_probe"], cwd=ROOT, env={**env, **extra},
+    return subprocess.Popen([sys.executable, "-m", "tests.models.kernel_path_probe"], cwd=ROOT, env=_path_env(extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -57,9 +62,8 @@ def test_the_row_tests_pass_under_every_kernel_path():
     for name, extra in PATHS.items():
         if not extra:
             continue
-        env = {k: v for k, v in os.environ.items() if k not in PATH_VARIABLES and not k.startswith("PYTEST_XDIST")}
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                               "tests/policies/test_model_rows.py"], cwd=ROOT, env={**env, **extra},
+                               "tests/policies/test_model_rows.py"], cwd=ROOT, env=_path_env(extra),
                               capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             failed[name] = (done.stdout + done.stderr)[-3000:]
