@@ -7,8 +7,9 @@ a chunk now; only their noise counters advance. Each slot is a `models.rows.RowS
 runtime's state buffers and fingerprint, so its capsules are one-row capsules (see `models.rows`).
 
 What a row computes does not depend on which row it is or on what the other rows hold (tested), nor on N: the
-runtimes are batch-invariant (`models.runtime`: linear layers over rows padded to a multiple of 4, the rows in
-one call where that gives each what it gets alone), so a row's chunk and value are the same in a host of any
+runtimes are batch-invariant (`models.runtime`: exact sums, each image through the convolutions alone, the rows
+in one call where that gives each what it gets alone; a run recorded before exact sums plays its padded rows one at
+a time), so a row's chunk and value are the same in a host of any
 number of slots and in a runtime of batch 1: an episode is a function of its work item alone (tested at 1 to 17
 rows and at 1, 2, 4, 8 and 16 slots).
 """
